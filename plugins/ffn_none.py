@@ -1,0 +1,22 @@
+"""No feed-forward sublayer: the ablation that tests whether attention alone suffices.
+The block keeps its norm placement around a branch that contributes nothing."""
+
+import torch
+from torch import Tensor
+
+from workbench import hookimpl
+from workbench.ffn import FeedForward
+
+
+class NoFFN(FeedForward):
+    """No FFN (ablation): the branch adds zero."""
+
+    name = "none"
+
+    def forward(self, x: Tensor) -> Tensor:
+        return torch.zeros_like(x)
+
+
+@hookimpl
+def register_ffn_types():
+    return [NoFFN]

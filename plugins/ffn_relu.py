@@ -1,0 +1,18 @@
+"""Two-layer MLP with ReLU: W2 relu(W1 x)."""
+
+from torch import nn
+
+from workbench import hookimpl
+from workbench.ffn import MLP
+
+
+class ReLU(MLP):
+    """Two-layer MLP with ReLU: W2 relu(W1 x)."""
+
+    name = "relu"
+    activation = nn.ReLU
+
+
+@hookimpl
+def register_ffn_types():
+    return [ReLU]

@@ -1,0 +1,46 @@
+"""ALiBi (Press et al. 2022): no position embedding; each head adds -slope * |i - j| to its
+attention scores. Slopes form the geometric sequence 2^(-8/h), 2^(-16/h), ..., 2^(-8);
+for h not a power of two, the paper's interleaving of the nearest powers is used.
+Symmetric in i - j, so it works for causal and bidirectional attention alike.
+"""
+
+import math
+
+import torch
+from torch import Tensor
+
+from workbench import hookimpl
+from workbench.position import PositionScheme
+
+
+def alibi_slopes(n_heads: int) -> list[float]:
+    """The slopes of Press et al.'s reference code (`get_slopes`)."""
+
+    def power_of_two(n: int) -> list[float]:
+        start = 2 ** (-8 / n)
+        return [start ** (i + 1) for i in range(n)]
+
+    if math.log2(n_heads).is_integer():
+        return power_of_two(n_heads)
+    closest = 2 ** math.floor(math.log2(n_heads))
+    return power_of_two(closest) + power_of_two(2 * closest)[0::2][: n_heads - closest]
+
+
+class Alibi(PositionScheme):
+    """Linear distance penalty on attention scores, one fixed slope per head."""
+
+    name = "alibi"
+    has_score_bias = True
+
+    def __init__(self, params, **dims):
+        super().__init__(params, **dims)
+        self.register_buffer("slopes", torch.tensor(alibi_slopes(self.n_heads)), persistent=False)
+
+    def score_bias(self, rel: Tensor) -> Tensor:
+        shape = (1, self.n_heads) + (1,) * (rel.dim() - 2)
+        return -self.slopes.view(shape) * rel.abs()  # [B, h, ...]
+
+
+@hookimpl
+def register_position_schemes():
+    return [Alibi]

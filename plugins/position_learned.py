@@ -1,0 +1,35 @@
+"""Learned absolute position embeddings (GPT-2, BERT): a table of max_len vectors."""
+
+from pydantic import Field
+from torch import Tensor, nn
+
+from workbench import hookimpl
+from workbench.position import PositionScheme
+from workbench.variants import Params
+
+
+class LearnedParams(Params):
+    max_len: int = Field(1024, gt=0, description="rows in the table; longer inputs are not applicable")
+
+
+class Learned(PositionScheme):
+    """A trained embedding per position, added to the token embeddings."""
+
+    name = "learned"
+    Params = LearnedParams
+
+    def __init__(self, params: LearnedParams, **dims):
+        super().__init__(params, **dims)
+        self.table = nn.Embedding(params.max_len, self.d_model)
+
+    @property
+    def max_length(self) -> int:
+        return self.params.max_len
+
+    def embed(self, x: Tensor, pos: Tensor) -> Tensor:
+        return x + self.table(pos)
+
+
+@hookimpl
+def register_position_schemes():
+    return [Learned]

@@ -1,0 +1,39 @@
+"""User-facing errors: the CLI prints their message and exits non-zero, without a traceback."""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+
+
+class WorkbenchError(Exception):
+    """A mistake in the user's input (study file, model spec, CLI argument)."""
+
+
+class SpecError(WorkbenchError, ValueError):
+    """An invalid model spec or study field. `field` is the dotted path to it."""
+
+    def __init__(self, field: str, problem: str, choices: Iterable[str] | None = None):
+        self.field = field
+        self.problem = problem
+        self.choices = sorted(choices) if choices is not None else None
+        super().__init__(self._message())
+
+    def _message(self) -> str:
+        text = f"{self.field}: {self.problem}" if self.field else self.problem
+        if self.choices:
+            text += f" (valid: {', '.join(self.choices)})"
+        return text
+
+
+def closest(name: str, choices: Iterable[str]) -> str | None:
+    """The registered name closest to a typo, if any is close."""
+    matches = difflib.get_close_matches(str(name), list(choices), n=1, cutoff=0.6)
+    return matches[0] if matches else None
+
+
+def unknown_name(field: str, name: str, choices: Iterable[str], what: str) -> SpecError:
+    choices = list(choices)
+    hint = closest(name, choices)
+    problem = f"unknown {what} {name!r}" + (f"; did you mean {hint!r}?" if hint else "")
+    return SpecError(field, problem, choices)

@@ -1,0 +1,363 @@
+"""Transformer models assembled from one spec. Read this file top to bottom.
+
+    tokens -> token embedding -> position.embed -> Block x n_layers -> final norm (pre) -> head
+    Block:   x = attn_norm(x, self-attention)     pre:  x + f(norm(x))
+             x = cross_norm(x, cross-attention)   post: norm(x + f(x))
+             x = ffn_norm(x, feed-forward)        (cross-attention only in encoder_decoder)
+
+The four pluggable axes enter at four places: `position` (embedding, q/k rotation or score
+bias), `attention` (which keys a query reads, and the kernel), `norm` (the residual wrapper)
+and `ffn`. Families: EncoderModel (bidirectional), DecoderModel (causal LM) and
+EncoderDecoderModel (encoder + causal decoder with cross-attention).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from workbench.attention import AttentionParams
+from workbench.cache import KVCache, LayerCache
+from workbench.registry import get_variant
+from workbench.sampling import next_token
+from workbench.spec import ModelSpec, parse_spec
+
+
+@dataclass
+class Positions:
+    """Per-token bookkeeping of a batch."""
+
+    pos: Tensor  # [B, n] position of each token, counted from its row's first real token
+    mask: Tensor | None  # [B, n] True for real tokens; None when nothing is padding
+
+    @classmethod
+    def of(cls, tokens: Tensor, padding_mask: Tensor | None) -> Positions:
+        B, n = tokens.shape
+        if padding_mask is None or bool(padding_mask.all()):
+            return cls(torch.arange(n, device=tokens.device).expand(B, n), None)
+        mask = padding_mask.bool()
+        # Left padding shifts a row's first real token; it still gets position 0.
+        return cls((mask.cumsum(-1) - 1).clamp(min=0), mask)
+
+
+class SelfAttention(nn.Module):
+    """Multi-head self-attention: one projection reshaped into heads (not slices of x)."""
+
+    def __init__(self, spec: ModelSpec, position: nn.Module):
+        super().__init__()
+        self.n_heads, self.n_kv_heads, self.head_dim = spec.n_heads, spec.kv_heads, spec.dim_head
+        self.tie_qk = spec.tie_qk  # keys = queries: scores x Wq (x Wq)^T are symmetric
+        n_proj_heads = self.n_heads + (0 if self.tie_qk else self.n_kv_heads) + self.n_kv_heads
+        self.qkv = nn.Linear(spec.d_model, n_proj_heads * self.head_dim, bias=spec.bias)
+        self.out = nn.Linear(self.n_heads * self.head_dim, spec.d_model, bias=spec.bias)
+        self.dropout = nn.Dropout(spec.dropout)
+        self.position = position  # shared by every layer of the stack
+        self.variant = spec.attention.cls(
+            spec.attention.params, n_heads=self.n_heads, n_kv_heads=self.n_kv_heads, head_dim=self.head_dim
+        )
+        self.recorded: list[Tensor] | None = None  # set by record_attention()
+
+    def forward(self, x: Tensor, seq: Positions, causal: bool, cache: LayerCache | None = None) -> Tensor:
+        B, n, _ = x.shape
+        h, g, hd = self.n_heads, self.n_kv_heads, self.head_dim
+        if self.tie_qk:
+            q, v = self.qkv(x).split([h * hd, g * hd], dim=-1)
+            k = q
+        else:
+            q, k, v = self.qkv(x).split([h * hd, g * hd, g * hd], dim=-1)
+        q = q.view(B, n, h, hd).transpose(1, 2)  # (B, h, n, hd)
+        k = k.reshape(B, n, g, hd).transpose(1, 2)  # (B, g, n, hd)
+        v = v.view(B, n, g, hd).transpose(1, 2)  # (B, g, n, hd)
+        q, k = self.position.rotate(q, k, seq.pos, seq.pos)
+        bias = self.position.score_bias if self.position.has_score_bias else None
+
+        if cache is None or cache.empty:  # training, or the prompt of a generation
+            k_pos, key_mask = seq.pos, seq.mask
+            if cache is not None:
+                cache.append(k, v, seq.pos, seq.mask)
+        else:  # one decoding step: read every cached key
+            cache.append(k, v, seq.pos, seq.mask)
+            k, v, k_pos, key_mask = cache.k, cache.v, cache.pos, cache.mask
+        kwargs = dict(q_pos=seq.pos, k_pos=k_pos, key_mask=key_mask, causal=causal, score_bias=bias)
+        if self.recorded is not None:
+            y, weights = self.variant.dense(q, k, v, **kwargs, return_weights=True)
+            self.recorded.append(weights.detach())
+        else:
+            y = self.variant(q, k, v, **kwargs)  # (B, h, n, hd)
+        y = y.transpose(1, 2).reshape(B, n, h * hd)
+        return self.dropout(self.out(y))
+
+
+class CrossAttention(nn.Module):
+    """Decoder queries read the encoder output with full attention and no position signal
+    (positions already live in both streams)."""
+
+    def __init__(self, spec: ModelSpec):
+        super().__init__()
+        self.n_heads, self.n_kv_heads, self.head_dim = spec.n_heads, spec.kv_heads, spec.dim_head
+        self.q = nn.Linear(spec.d_model, self.n_heads * self.head_dim, bias=spec.bias)
+        self.kv = nn.Linear(spec.d_model, 2 * self.n_kv_heads * self.head_dim, bias=spec.bias)
+        self.out = nn.Linear(self.n_heads * self.head_dim, spec.d_model, bias=spec.bias)
+        self.dropout = nn.Dropout(spec.dropout)
+        full = get_variant("attention", "full")
+        params = full.Params.model_validate({"scaled": spec.attention.params.scaled})
+        self.variant = full(params, n_heads=self.n_heads, n_kv_heads=self.n_kv_heads, head_dim=self.head_dim)
+        self.recorded: list[Tensor] | None = None
+
+    def forward(self, x: Tensor, seq: Positions, memory: Tensor, memory_seq: Positions,
+                cache: LayerCache | None = None) -> Tensor:
+        B, n, _ = x.shape
+        h, g, hd = self.n_heads, self.n_kv_heads, self.head_dim
+        q = self.q(x).view(B, n, h, hd).transpose(1, 2)  # (B, h, n, hd)
+        if cache is not None and not cache.empty:
+            k, v = cache.k, cache.v
+        else:
+            k, v = self.kv(memory).view(B, -1, 2 * g, hd).transpose(1, 2).chunk(2, dim=1)  # (B, g, m, hd) x2
+            if cache is not None:
+                cache.append(k, v, memory_seq.pos, memory_seq.mask)
+        kwargs = dict(q_pos=seq.pos, k_pos=memory_seq.pos, key_mask=memory_seq.mask, causal=False, score_bias=None)
+        if self.recorded is not None:
+            y, weights = self.variant.dense(q, k, v, **kwargs, return_weights=True)
+            self.recorded.append(weights.detach())
+        else:
+            y = self.variant(q, k, v, **kwargs)
+        y = y.transpose(1, 2).reshape(B, n, h * hd)
+        return self.dropout(self.out(y))
+
+
+def make_placement(spec: ModelSpec) -> nn.Module:
+    return spec.norm.cls(spec.norm.params, d_model=spec.d_model)
+
+
+class Block(nn.Module):
+    def __init__(self, spec: ModelSpec, position: nn.Module, causal: bool, cross: bool):
+        super().__init__()
+        self.causal = causal
+        self.attn = SelfAttention(spec, position)
+        self.attn_norm = make_placement(spec)
+        self.cross = CrossAttention(spec) if cross else None
+        self.cross_norm = make_placement(spec) if cross else None
+        self.ffn = spec.ffn.cls(spec.ffn.params, d_model=spec.d_model, bias=spec.bias)
+        self.ffn_norm = make_placement(spec)
+        self.ffn_dropout = nn.Dropout(spec.dropout)
+
+    def forward(self, x: Tensor, seq: Positions, memory: Tensor | None = None,
+                memory_seq: Positions | None = None, cache: KVCache | None = None, layer: int = 0) -> Tensor:
+        self_cache = cache.self_attn[layer] if cache is not None else None
+        x = self.attn_norm(x, lambda h: self.attn(h, seq, self.causal, self_cache))
+        if self.cross is not None:
+            cross_cache = cache.cross_attn[layer] if cache is not None else None
+            x = self.cross_norm(x, lambda h: self.cross(h, seq, memory, memory_seq, cross_cache))
+        x = self.ffn_norm(x, lambda h: self.ffn_dropout(self.ffn(h)))
+        return x
+
+
+class Stack(nn.Module):
+    """Token embedding, position scheme, blocks and (for pre-norm) a final norm."""
+
+    def __init__(self, spec: ModelSpec, n_layers: int, causal: bool, cross: bool, embedding: nn.Embedding):
+        super().__init__()
+        self.embedding = embedding  # shared by encoder, decoder and the tied output head
+        self.position = spec.position.cls(
+            spec.position.params, d_model=spec.d_model, n_heads=spec.n_heads, head_dim=spec.dim_head
+        )
+        self.dropout = nn.Dropout(spec.dropout)
+        self.blocks = nn.ModuleList(Block(spec, self.position, causal, cross) for _ in range(n_layers))
+        final = spec.norm.cls.final_norm
+        self.final_norm = make_placement(spec).norm if final else nn.Identity()
+
+    def forward(self, tokens: Tensor, seq: Positions, memory: Tensor | None = None,
+                memory_seq: Positions | None = None, cache: KVCache | None = None) -> Tensor:
+        self.position.check_length(seq.pos)
+        x = self.embedding(tokens)  # (B, n, d_model)
+        x = self.dropout(self.position.embed(x, seq.pos))
+        for i, block in enumerate(self.blocks):
+            x = block(x, seq, memory, memory_seq, cache, i)
+        return self.final_norm(x)  # (B, n, d_model)
+
+
+class Transformer(nn.Module):
+    """Parts every family shares: the spec, the token embedding, the LM head, init."""
+
+    def __init__(self, spec: ModelSpec):
+        super().__init__()
+        self.spec = spec
+        self.embedding = nn.Embedding(spec.vocab_size, spec.d_model)
+        self.head = nn.Linear(spec.d_model, spec.vocab_size, bias=False)
+        if spec.tie_embeddings:
+            self.head.weight = self.embedding.weight
+
+    def _init_weights(self) -> None:
+        # GPT-2 init: N(0, 0.02), output projections scaled by depth so residual sums stay O(1).
+        depth = 2 * max(self.spec.encoder_layers, self.spec.decoder_layers)
+        for name, p in self.named_parameters():
+            if p.dim() < 2:
+                continue  # norms keep ones/zeros, biases zeros
+            std = 0.02 / math.sqrt(depth) if name.endswith(("out.weight", "down.weight")) else 0.02
+            nn.init.normal_(p, mean=0.0, std=std)
+        for m in self.modules():
+            if isinstance(m, nn.Linear) and m.bias is not None:
+                nn.init.zeros_(m.bias)
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    # ---- generation (decoder and encoder_decoder) -------------------------------------------
+
+    @torch.no_grad()
+    def _generate(self, prefix: Tensor, step, n_layers: int, max_new_tokens: int, strategy: str,
+                  temperature: float, top_k: int | None, top_p: float | None, eos_id: int | None,
+                  pad_id: int, use_cache: bool, prefix_mask: Tensor | None,
+                  generator: torch.Generator | None, cross_capacity: int = 0) -> Tensor:
+        """Shared loop. `step(tokens, seq, cache)` returns logits of the given tokens."""
+        B, n = prefix.shape
+        cache = None
+        if use_cache:
+            window = self._cache_window()
+            total = n + max_new_tokens
+            cache = KVCache(n_layers, min(total, window) if window else total, cross_capacity)
+        tokens, mask = prefix, prefix_mask
+        seq = Positions.of(prefix, prefix_mask)
+        next_pos = seq.pos[:, -1] + 1  # [B]
+        finished = torch.zeros(B, dtype=torch.bool, device=prefix.device)
+        logits = step(prefix, seq, cache)[:, -1]  # [B, vocab]
+        for _ in range(max_new_tokens):
+            new = next_token(logits, strategy, temperature, top_k, top_p, generator)  # [B]
+            new = torch.where(finished, torch.full_like(new, pad_id), new)
+            tokens = torch.cat([tokens, new[:, None]], dim=1)
+            if mask is not None:
+                mask = torch.cat([mask, torch.ones_like(new[:, None], dtype=torch.bool)], dim=1)
+            if eos_id is not None:
+                finished |= new == eos_id
+                if bool(finished.all()):
+                    break
+            if use_cache:
+                logits = step(new[:, None], Positions(next_pos[:, None], None), cache)[:, -1]
+            else:
+                logits = step(tokens, Positions.of(tokens, mask), None)[:, -1]
+            next_pos = next_pos + 1
+        self.last_cache = cache  # kept for inspection (cache bytes) until the next call
+        return tokens
+
+    def _cache_window(self) -> int | None:
+        return next(m.variant.cache_window for m in self.modules() if isinstance(m, SelfAttention))
+
+
+class EncoderModel(Transformer):
+    """Bidirectional encoder (BERT-like): per-token logits, and a sequence-classification head."""
+
+    def __init__(self, spec: ModelSpec):
+        super().__init__(spec)
+        self.encoder = Stack(spec, spec.encoder_layers, causal=False, cross=False, embedding=self.embedding)
+        self.classifier = nn.Linear(spec.d_model, spec.n_classes) if spec.n_classes else None
+        self._init_weights()
+
+    def encode(self, tokens: Tensor, padding_mask: Tensor | None = None) -> Tensor:
+        return self.encoder(tokens, Positions.of(tokens, padding_mask))  # (B, n, d_model)
+
+    def forward(self, tokens: Tensor, padding_mask: Tensor | None = None) -> Tensor:
+        return self.head(self.encode(tokens, padding_mask))  # (B, n, vocab)
+
+    def classify(self, tokens: Tensor, padding_mask: Tensor | None = None) -> Tensor:
+        """Mean over real tokens, then a linear head: (B, n_classes)."""
+        if self.classifier is None:
+            raise ValueError("this encoder has no classification head: set model.n_classes")
+        hidden = self.encode(tokens, padding_mask)
+        if padding_mask is None:
+            pooled = hidden.mean(dim=1)
+        else:
+            weights = padding_mask.to(hidden.dtype)[..., None]
+            pooled = (hidden * weights).sum(1) / weights.sum(1).clamp(min=1)
+        return self.classifier(pooled)
+
+
+class DecoderModel(Transformer):
+    """Causal language model (GPT-like)."""
+
+    def __init__(self, spec: ModelSpec):
+        super().__init__(spec)
+        self.decoder = Stack(spec, spec.decoder_layers, causal=True, cross=False, embedding=self.embedding)
+        self._init_weights()
+
+    def forward(self, tokens: Tensor, padding_mask: Tensor | None = None) -> Tensor:
+        return self.head(self.decoder(tokens, Positions.of(tokens, padding_mask)))  # (B, n, vocab)
+
+    def generate(self, prompt: Tensor, max_new_tokens: int = 32, strategy: str = "greedy",
+                 temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
+                 eos_id: int | None = None, pad_id: int = 0, use_cache: bool = True,
+                 padding_mask: Tensor | None = None, generator: torch.Generator | None = None) -> Tensor:
+        """Continue `prompt` [B, n] (left-padded when rows differ in length; `padding_mask`
+        marks real tokens). Returns [B, n + new]; rows that emitted `eos_id` continue with
+        `pad_id`. `strategy` is "greedy" or "sample" (temperature, top_k, top_p)."""
+
+        def step(tokens: Tensor, seq: Positions, cache: KVCache | None) -> Tensor:
+            return self.head(self.decoder(tokens, seq, cache=cache))
+
+        return self._generate(prompt, step, len(self.decoder.blocks), max_new_tokens, strategy,
+                              temperature, top_k, top_p, eos_id, pad_id, use_cache, padding_mask,
+                              generator)
+
+
+class EncoderDecoderModel(Transformer):
+    """Encoder + causal decoder whose blocks cross-attend to the encoder output (T5-like)."""
+
+    def __init__(self, spec: ModelSpec):
+        super().__init__(spec)
+        self.encoder = Stack(spec, spec.encoder_layers, causal=False, cross=False, embedding=self.embedding)
+        self.decoder = Stack(spec, spec.decoder_layers, causal=True, cross=True, embedding=self.embedding)
+        self._init_weights()
+
+    def encode(self, src: Tensor, src_padding_mask: Tensor | None = None) -> tuple[Tensor, Positions]:
+        src_seq = Positions.of(src, src_padding_mask)
+        return self.encoder(src, src_seq), src_seq
+
+    def forward(self, src: Tensor, tgt: Tensor, src_padding_mask: Tensor | None = None,
+                tgt_padding_mask: Tensor | None = None) -> Tensor:
+        memory, src_seq = self.encode(src, src_padding_mask)
+        hidden = self.decoder(tgt, Positions.of(tgt, tgt_padding_mask), memory, src_seq)
+        return self.head(hidden)  # (B, n_tgt, vocab)
+
+    def generate(self, src: Tensor, max_new_tokens: int = 32, strategy: str = "greedy",
+                 temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
+                 eos_id: int | None = None, pad_id: int = 0, use_cache: bool = True,
+                 src_padding_mask: Tensor | None = None, bos_id: int = 1,
+                 generator: torch.Generator | None = None) -> Tensor:
+        """Translate `src` [B, m]: the target starts with `bos_id`. Returns [B, 1 + new]."""
+        memory, src_seq = self.encode(src, src_padding_mask)
+
+        def step(tokens: Tensor, seq: Positions, cache: KVCache | None) -> Tensor:
+            return self.head(self.decoder(tokens, seq, memory, src_seq, cache=cache))
+
+        start = torch.full((src.shape[0], 1), bos_id, dtype=torch.long, device=src.device)
+        return self._generate(start, step, len(self.decoder.blocks), max_new_tokens, strategy,
+                              temperature, top_k, top_p, eos_id, pad_id, use_cache, None,
+                              generator, cross_capacity=src.shape[1])
+
+
+FAMILIES = {"encoder": EncoderModel, "decoder": DecoderModel, "encoder_decoder": EncoderDecoderModel}
+
+
+def build_model(spec: Mapping[str, Any] | ModelSpec) -> Transformer:
+    """Build a model from a study's `model:` mapping. Raises SpecError naming a bad field."""
+    spec = parse_spec(spec)
+    return FAMILIES[spec.family](spec)
+
+
+@contextmanager
+def record_attention(model: nn.Module):
+    """Within the block, attention layers record their weights [B, h, nq, nk] (explicit scores:
+    small inputs only). Yields {layer name: [weights per forward call]}."""
+    layers = {name: m for name, m in model.named_modules() if isinstance(m, (SelfAttention, CrossAttention))}
+    for m in layers.values():
+        m.recorded = []
+    try:
+        yield {name: m.recorded for name, m in layers.items()}
+    finally:
+        for m in layers.values():
+            m.recorded = None

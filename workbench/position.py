@@ -1,0 +1,56 @@
+"""Position schemes: how a model learns where each token is.
+
+A scheme may act at three places, each a no-op by default:
+  embed(x, pos)            add a signal to the token embeddings       (sinusoidal, learned)
+  rotate(q, k, q_pos, k_pos)  transform queries and keys             (RoPE)
+  score_bias(rel)          add a bias to attention scores by offset   (ALiBi)
+Positions are integer tensors [B, n] so that left-padded batches count from each row's
+first real token.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import torch
+from torch import Tensor, nn
+
+from workbench.variants import Variant
+
+
+class PositionLimitError(ValueError):
+    """A sequence is longer than the scheme can represent (e.g. a learned table's size)."""
+
+
+class PositionScheme(Variant, nn.Module):
+    axis = "position"
+    has_score_bias: ClassVar[bool] = False  # lets attention skip building offsets when unused
+
+    def __init__(self, params, *, d_model: int, n_heads: int, head_dim: int):
+        super().__init__()
+        self.params = params
+        self.d_model, self.n_heads, self.head_dim = d_model, n_heads, head_dim
+
+    @property
+    def max_length(self) -> int | None:
+        """Longest sequence the scheme can represent; None when unbounded."""
+        return None
+
+    def embed(self, x: Tensor, pos: Tensor) -> Tensor:
+        """x: [B, n, d_model], pos: [B, n] -> x with position information added."""
+        return x
+
+    def rotate(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor]:
+        """q: [B, h, nq, hd], k: [B, h_kv, nk, hd], positions [B, nq] / [B, nk]."""
+        return q, k
+
+    def score_bias(self, rel: Tensor) -> Tensor:
+        """rel = q_pos - k_pos with a singleton head axis: [B, 1, ...] -> bias [B, h, ...]."""
+        raise NotImplementedError(f"{self.name} adds no score bias")
+
+    def check_length(self, pos: Tensor) -> None:
+        limit = self.max_length
+        if limit is not None and pos.numel() and int(pos.max()) >= limit:
+            raise PositionLimitError(
+                f"{self.name} positions end at {limit}; got position {int(pos.max())}"
+            )

@@ -1,0 +1,170 @@
+"""The model spec: the mapping a study's `model:` section holds and `build_model` takes.
+
+Variant fields accept a name (`"rope"`) or a mapping with `name` and parameters
+(`{"name": "sliding_window", "window": 64}`); both resolve to a `Choice` that carries the
+registered class and its validated parameters.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from workbench.errors import SpecError
+from workbench.registry import get_variant
+from workbench.variants import Params
+
+
+class Choice(BaseModel):
+    """A variant selected by name, with its validated parameters."""
+
+    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
+    name: str
+    params: Params
+    cls: type = Field(exclude=True)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"name": self.name, **self.params.model_dump()}
+
+
+def resolve_choice(axis: str, value: Any, field: str) -> Choice:
+    """'rope' or {'name': 'rope', 'base': 500} -> Choice; SpecError naming `field` otherwise."""
+    if isinstance(value, Choice):
+        return value
+    if isinstance(value, str):
+        name, raw = value, {}
+    elif isinstance(value, Mapping):
+        if "name" not in value:
+            raise SpecError(field, "a variant mapping needs a 'name' key")
+        raw = dict(value)
+        name = raw.pop("name")
+    else:
+        raise SpecError(field, f"expected a variant name or a mapping with 'name', got {value!r}")
+    cls = get_variant(axis, str(name), field)
+    try:
+        params = cls.Params.model_validate(raw)
+    except ValidationError as err:
+        raise spec_error_from(err, prefix=field) from None
+    return Choice(name=str(name), params=params, cls=cls)
+
+
+def spec_error_from(err: ValidationError, prefix: str = "") -> SpecError:
+    """Turn pydantic's report into one SpecError naming the first bad field."""
+    first = err.errors()[0]
+    path = ".".join(str(part) for part in (prefix, *first["loc"]) if part != "")
+    problem = first["msg"]
+    if first["type"] == "extra_forbidden":
+        problem = "unknown key"
+        ctx = err.errors()[0].get("ctx") or {}
+        choices = ctx.get("expected")
+        return SpecError(path, problem, choices)
+    if "input" in first and first["type"] != "missing":
+        problem += f" (got {first['input']!r})"
+    return SpecError(path, problem)
+
+
+class ModelSpec(BaseModel):
+    """Everything that defines a model's architecture."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+
+    family: Literal["encoder", "decoder", "encoder_decoder"] = Field(
+        "decoder", description="encoder (bidirectional), decoder (causal LM), or encoder_decoder"
+    )
+    vocab_size: int = Field(256, ge=2, description="token ids are 0..vocab_size-1 (tasks set it)")
+    d_model: int = Field(128, gt=0, description="width of the residual stream")
+    n_layers: int = Field(2, gt=0, description="blocks per stack")
+    n_encoder_layers: int | None = Field(None, gt=0, description="encoder depth (encoder_decoder); default n_layers")
+    n_decoder_layers: int | None = Field(None, gt=0, description="decoder depth (encoder_decoder); default n_layers")
+    n_heads: int = Field(4, gt=0, description="query heads per attention layer")
+    n_kv_heads: int | None = Field(None, gt=0, description="K/V heads: n_heads = MHA, 1 = MQA, between = GQA")
+    head_dim: int | None = Field(None, gt=0, description="width of one head; default d_model // n_heads")
+    position: Any = Field("rope", description="position scheme: a name or {name: ..., params}")
+    attention: Any = Field("full", description="attention variant: a name or {name: ..., params}")
+    norm: Any = Field("pre", description="norm placement: a name or {name: ..., type: layernorm|rmsnorm}")
+    ffn: Any = Field("gelu", description="feed-forward type: a name or {name: ..., d_ff: ...}")
+    tie_qk: bool = Field(False, description="share the query and key projection (symmetric scores)")
+    bias: bool = Field(False, description="biases in linear layers")
+    dropout: float = Field(0.0, ge=0, lt=1, description="dropout on residual branches and embeddings")
+    tie_embeddings: bool = Field(True, description="output head shares the token embedding matrix")
+    n_classes: int | None = Field(None, ge=2, description="encoder: size of the sequence-classification head")
+
+    @field_validator("position", mode="before")
+    @classmethod
+    def _position(cls, v):
+        return resolve_choice("position", v, "model.position")
+
+    @field_validator("attention", mode="before")
+    @classmethod
+    def _attention(cls, v):
+        return resolve_choice("attention", v, "model.attention")
+
+    @field_validator("norm", mode="before")
+    @classmethod
+    def _norm(cls, v):
+        return resolve_choice("norm", v, "model.norm")
+
+    @field_validator("ffn", mode="before")
+    @classmethod
+    def _ffn(cls, v):
+        return resolve_choice("ffn", v, "model.ffn")
+
+    @model_validator(mode="after")
+    def _shapes(self):
+        if self.head_dim is None and self.d_model % self.n_heads:
+            raise SpecError(
+                "model.n_heads",
+                f"{self.n_heads} heads do not divide d_model={self.d_model}; "
+                f"use a divisor of {self.d_model} or set head_dim",
+            )
+        if self.kv_heads > self.n_heads or self.n_heads % self.kv_heads:
+            raise SpecError(
+                "model.n_kv_heads",
+                f"{self.kv_heads} K/V heads must divide n_heads={self.n_heads} "
+                f"(valid: {', '.join(str(g) for g in range(1, self.n_heads + 1) if self.n_heads % g == 0)})",
+            )
+        if self.tie_qk and self.kv_heads != self.n_heads:
+            raise SpecError("model.tie_qk", "tying Q and K needs n_kv_heads == n_heads")
+        if self.n_classes is not None and self.family != "encoder":
+            raise SpecError("model.n_classes", "only the encoder family has a classification head")
+        return self
+
+    @property
+    def kv_heads(self) -> int:
+        return self.n_kv_heads or self.n_heads
+
+    @property
+    def dim_head(self) -> int:
+        return self.head_dim or self.d_model // self.n_heads
+
+    @property
+    def encoder_layers(self) -> int:
+        return self.n_encoder_layers or self.n_layers
+
+    @property
+    def decoder_layers(self) -> int:
+        return self.n_decoder_layers or self.n_layers
+
+    def resolved(self) -> dict[str, Any]:
+        """Plain, fully resolved mapping (variants with all their parameters) for storage."""
+        out = self.model_dump(exclude={"position", "attention", "norm", "ffn"})
+        for axis in ("position", "attention", "norm", "ffn"):
+            out[axis] = getattr(self, axis).as_dict()
+        out["n_kv_heads"], out["head_dim"] = self.kv_heads, self.dim_head
+        return out
+
+
+def parse_spec(spec: Mapping[str, Any] | ModelSpec) -> ModelSpec:
+    """Validate a model mapping; raises SpecError naming the field."""
+    if isinstance(spec, ModelSpec):
+        return spec
+    try:
+        return ModelSpec.model_validate(dict(spec))
+    except ValidationError as err:
+        # A SpecError raised inside a validator arrives wrapped: unwrap it to keep its field.
+        inner = err.errors()[0].get("ctx", {}).get("error")
+        if isinstance(inner, SpecError):
+            raise inner from None
+        raise spec_error_from(err, prefix="model") from None
