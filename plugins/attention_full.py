@@ -23,13 +23,17 @@ class FullAttention(AttentionVariant):
                 return F.scaled_dot_product_attention(q, k, v, **sdpa)
             if nq == nk:  # queries and keys are the same positions: the kernel's own causal mask
                 return F.scaled_dot_product_attention(q, k, v, is_causal=True, **sdpa)
-        keep = self.allowed(q_pos[:, :, None], k_pos[:, None, :], causal)  # [B, nq, nk]
+        if key_mask is None and q_pos.stride(0) == 0 and k_pos.stride(0) == 0:
+            # Every row holds the same positions (an expanded arange): one row of mask and bias
+            # broadcasts over the batch instead of B copies of [h, nq, nk].
+            q_pos, k_pos = q_pos[:1], k_pos[:1]
+        keep = self.allowed(q_pos[:, :, None], k_pos[:, None, :], causal)  # [B or 1, nq, nk]
         if key_mask is not None:
             keep = keep & key_mask[:, None, :]
         keep = keep[:, None]  # [B, 1, nq, nk]
         if score_bias is None:
             return F.scaled_dot_product_attention(q, k, v, attn_mask=keep, **sdpa)
-        bias = score_bias((q_pos[:, :, None] - k_pos[:, None, :])[:, None]).to(q.dtype)  # [B, h, nq, nk]
+        bias = score_bias((q_pos[:, :, None] - k_pos[:, None, :])[:, None]).to(q.dtype)  # [B or 1, h, nq, nk]
         bias = bias.masked_fill(~keep, float("-inf"))
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, **sdpa)
         # Rows with no readable key (padding queries) are NaN under a float mask: zero them.

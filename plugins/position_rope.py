@@ -18,14 +18,24 @@ class RopeParams(Params):
     base: float = Field(10000.0, gt=1, description="theta: wavelength scale of the slowest pair")
 
 
+def rotation(pos: Tensor, head_dim: int, base: float, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """cos and sin of the angles pos * base^(-2i/hd): [B or 1, 1, n, hd/2] each."""
+    if pos.stride(0) == 0:  # every row holds the same positions (an expanded arange): one row of angles
+        pos = pos[:1]
+    inv_freq = base ** (-torch.arange(0, head_dim, 2, device=pos.device, dtype=torch.float32) / head_dim)
+    angles = pos[:, None, :, None].float() * inv_freq  # [B, 1, n, hd/2]
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def apply_rotation(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """x [B, h, n, hd] with pair (i, i + hd/2) rotated by the angle whose cos/sin are given."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+
+
 def rotate(x: Tensor, pos: Tensor, base: float) -> Tensor:
     """x [B, h, n, hd], pos [B, n] -> x with pair i rotated by pos * base^(-2i/hd)."""
-    hd = x.shape[-1]
-    inv_freq = base ** (-torch.arange(0, hd, 2, device=x.device, dtype=torch.float32) / hd)  # [hd/2]
-    angles = pos[:, None, :, None].float() * inv_freq  # [B, 1, n, hd/2]
-    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
-    x1, x2 = x[..., : hd // 2], x[..., hd // 2 :]
-    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+    return apply_rotation(x, *rotation(pos, x.shape[-1], base, x.dtype))
 
 
 class Rope(PositionScheme):
@@ -40,10 +50,13 @@ class Rope(PositionScheme):
             raise SpecError("model.head_dim", f"RoPE rotates pairs of dimensions: head_dim {self.head_dim} must be even")
 
     def rotate(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor]:
+        q_rot = rotation(q_pos, self.head_dim, self.params.base, q.dtype)
         if k is q:  # tied Q/K: rotate once so keys stay identical to queries
-            q = rotate(q, q_pos, self.params.base)
+            q = apply_rotation(q, *q_rot)
             return q, q
-        return rotate(q, q_pos, self.params.base), rotate(k, k_pos, self.params.base)
+        # self-attention passes one positions tensor for both: the angles are computed once
+        k_rot = q_rot if k_pos is q_pos else rotation(k_pos, self.head_dim, self.params.base, k.dtype)
+        return apply_rotation(q, *q_rot), apply_rotation(k, *k_rot)
 
 
 @hookimpl

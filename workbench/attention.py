@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
+import torch.nn.functional as F
 from pydantic import Field
 from torch import Tensor, nn
 
@@ -99,3 +100,120 @@ def masked_softmax(scores: Tensor, keep: Tensor) -> Tensor:
     scores = scores.masked_fill(~keep, torch.finfo(scores.dtype).min)
     weights = torch.softmax(scores, dim=-1)
     return weights * keep.any(dim=-1, keepdim=True)
+
+
+# ---- blocked computation shared by the local and block-sparse variants ------------------------
+
+
+def same_sequence(q_pos: Tensor, k_pos: Tensor) -> bool:
+    """True when queries and keys are the same tokens (a full forward, or a prompt), so that
+    query i and key i are one position; False for a decoding step reading a cache."""
+    return q_pos is k_pos or (q_pos.shape == k_pos.shape and torch.equal(q_pos, k_pos))
+
+
+def aligned_offsets(pos: Tensor, key_mask: Tensor | None) -> Tensor | None:
+    """Per-row shift o [B] with position == index - o for every real token, or None when a
+    row's real tokens do not sit at consecutive positions.
+
+    Blocked paths compute on indices; where this holds, index distance equals position
+    distance for every (query, real key) pair whose query shares the shift, so the index band
+    or block layout is exact on those queries. Padding queries of a left- or right-padded batch
+    do not share it (their positions are clamped): blocked paths return zeros there."""
+    shift = torch.arange(pos.shape[1], device=pos.device) - pos  # [B, n]
+    if key_mask is None:
+        lo, hi = shift.amin(-1), shift.amax(-1)
+    else:
+        lo = shift.masked_fill(~key_mask, torch.iinfo(shift.dtype).max).amin(-1)
+        hi = shift.masked_fill(~key_mask, torch.iinfo(shift.dtype).min).amax(-1)
+        empty = ~key_mask.any(-1)  # rows without a real token: every query row is zeros anyway
+        lo, hi = lo.masked_fill(empty, 0), hi.masked_fill(empty, 0)
+    return lo if bool((lo == hi).all()) else None
+
+
+def zero_unaligned_queries(out: Tensor, q_pos: Tensor, shift: Tensor) -> Tensor:
+    """Zero the rows of queries whose position is not index - shift (padding queries, see
+    `aligned_offsets`)."""
+    aligned = (torch.arange(q_pos.shape[1], device=q_pos.device) - q_pos) == shift[:, None]  # [B, n]
+    return out if bool(aligned.all()) else out * aligned[:, None, :, None]
+
+
+
+def block_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    block: int,
+    q_blocks: Tensor,
+    kv_blocks: Tensor,
+    keep_pair: Callable[[Tensor, Tensor], Tensor] | None,
+    key_mask: Tensor | None,
+    score_bias: ScoreBias | None,
+    scale: float,
+) -> Tensor:
+    """Attention computed only on the kept (query block, key block) tiles. O(T * block * S * block).
+
+    q: [B, h, n, hd], k, v: [B, h_kv, n, hd], indexed so that index distance is position
+    distance (see `aligned_offsets`). The sequence is cut into blocks of `block` tokens
+    (the last one padded). Query block q_blocks[t] ([T]) reads the key blocks kv_blocks[t]
+    ([T, S]; entries outside [0, n_blocks) are empty slots, e.g. the block before the first).
+    Inside the gathered tiles, `keep_pair(q_idx [T, block, 1], k_idx [T, 1, S * block])`
+    (broadcastable bool; None keeps all) and key_mask [B, n] select the pairs; score_bias gets
+    rel = q_idx - k_idx of the tiles only.
+    Returns [B, h, T * block, hd]: the rows of the query blocks in order (rows past n are
+    padding for the caller to drop). Rows with no readable key are zeros.
+
+    Query heads sharing a K/V head are stacked as extra query rows of one tile, so GQA/MQA
+    never copies K/V per query head. Tiles go to F.scaled_dot_product_attention as a batch
+    (measured ~2.7x faster than matmul + softmax on CPU at block 256, and it lets GPUs use a
+    fused masked kernel).
+    """
+    B, h, n, hd = q.shape
+    h_kv = k.shape[1]
+    g = h // h_kv
+    nb = -(-n // block)
+    pad = nb * block - n
+    dev = q.device
+    slot_ok = (kv_blocks >= 0) & (kv_blocks < nb)  # [T, S]
+    used = slot_ok.any(0)  # drop slots that are empty for every query block (e.g. n < block)
+    kv_blocks, slot_ok = kv_blocks[:, used], slot_ok[:, used]
+    kv_idx = kv_blocks.clamp(0, nb - 1)
+    T, S = kv_blocks.shape
+    c = S * block  # keys per tile
+
+    q, k, v = (F.pad(x, (0, 0, 0, pad)) for x in (q, k, v))
+    # [B, h_kv, g, nb, block, hd] -> tiles [B*T, h_kv, g*block, hd] (query heads of a group stacked)
+    q_tiles = q.view(B, h_kv, g, nb, block, hd)[:, :, :, q_blocks].permute(0, 3, 1, 2, 4, 5)
+    q_tiles = q_tiles.reshape(B * T, h_kv, g * block, hd)
+    # [B, h_kv, nb, block, hd] -> [B, h_kv, T, S, block, hd] -> [B*T, h_kv, S*block, hd]
+    k_tiles, v_tiles = (
+        x.view(B, h_kv, nb, block, hd)[:, :, kv_idx].permute(0, 2, 1, 3, 4, 5).reshape(B * T, h_kv, c, hd)
+        for x in (k, v)
+    )
+
+    offsets = torch.arange(block, device=dev)
+    q_idx = (q_blocks[:, None] * block + offsets)[:, :, None]  # [T, block, 1]
+    k_idx = (kv_idx[:, :, None] * block + offsets).reshape(T, 1, c)  # [T, 1, c]
+    keep = slot_ok.repeat_interleave(block, dim=-1)[:, None, :]  # [T, 1, c]
+    if keep_pair is not None:
+        keep = keep & keep_pair(q_idx, k_idx)
+    real = torch.arange(nb * block, device=dev) < n  # the padded tail is never a key
+    real = real.expand(B, -1) if key_mask is None else F.pad(key_mask, (0, pad)) & real
+    real = real.view(B, nb, block)[:, kv_idx].reshape(B, T, 1, c)
+    keep = keep & real  # [B, T, block, c]
+    has_key = keep.any(-1, keepdim=True)  # [B, T, block, 1]
+    # Rows with no readable key read everything and are zeroed after: finite forward and backward.
+    keep = keep | ~has_key
+    keep = keep[:, :, None].expand(B, T, g, block, c).reshape(B, T, 1, g * block, c)
+
+    if score_bias is None:
+        mask = keep.reshape(B * T, 1, g * block, c)
+    else:
+        bias = score_bias((q_idx - k_idx)[None, None])  # [1, h, T, block, c]
+        bias = bias.view(1, h_kv, g, T, block, c).permute(0, 3, 1, 2, 4, 5).reshape(1, T, h_kv, g * block, c)
+        mask = bias.to(q.dtype).masked_fill(~keep, float("-inf")).reshape(B * T, h_kv, g * block, c)
+    out = F.scaled_dot_product_attention(q_tiles, k_tiles, v_tiles, attn_mask=mask, scale=scale)
+    has_key = has_key[:, :, None].expand(B, T, g, block, 1).reshape(B * T, 1, g * block, 1)
+    out = out * has_key  # [B*T, h_kv, g*block, hd]
+    out = out.view(B, T, h_kv, g, block, hd).permute(0, 2, 3, 1, 4, 5)  # [B, h_kv, g, T, block, hd]
+    return out.reshape(B, h, T * block, hd)

@@ -36,7 +36,7 @@ def variant_rows(axis: str) -> list[dict]:
             "name": name,
             "summary": cls.summary(),
             "package": distribution_of(cls),
-            "parameters": cls.parameters(),
+            "parameters": cls.declared_parameters(),
         }
         for name, cls in variants(axis).items()
     ]
@@ -54,8 +54,11 @@ def list_variants(axis: str | None, as_json: bool) -> None:
     console = Console()
     for a in [axis] if axis else AXES:
         table = Table(title=f"{NOUN_OF_AXIS[a]}s ({a})", title_justify="left")
-        for column in ("name", "parameters (type = default)", "description", "package"):
+        for column in ("name", "parameters (type = default)", "description"):
             table.add_column(column)
+        # Names and packages are looked up verbatim: never cut them, wrap the prose instead.
+        table.columns[0].no_wrap = True
+        table.add_column("package", no_wrap=True, min_width=max((len(r["package"]) for r in rows), default=7))
         for row in (r for r in rows if r["axis"] == a):
             params = "\n".join(
                 f"{p['name']}: {p['type']} = {'required' if p['required'] else p['default']!r}  {p['help']}"
@@ -63,6 +66,81 @@ def list_variants(axis: str | None, as_json: bool) -> None:
             )
             table.add_row(row["name"], params or "-", row["summary"], row["package"])
         console.print(table)
+
+
+# ---- studies (issue 4): run, validate, results, schema --------------------------------------
+
+
+@main.command("run")
+@click.argument("study")
+@click.option("--out", default=None, help="output folder (default: runs/<study name>/)")
+@click.option("--jobs", default=1, show_default=True, type=click.IntRange(min=1),
+              help="runs at once, each in its own process (torch threads = cores // jobs)")
+@click.option("--fresh", is_flag=True, help="discard earlier results in the output folder and start over")
+@click.option("--profile", default=None, help="apply the study's named overrides (e.g. gpu)")
+@click.option("--quiet", is_flag=True, help="no progress bar: one plain line per run (for logs)")
+def run_command(study: str, out: str | None, jobs: int, fresh: bool, profile: str | None, quiet: bool) -> None:
+    """Train every run of STUDY (a YAML file); finished runs in the folder are kept."""
+    from workbench.runner import run_study
+
+    summary = run_study(study, out, jobs=jobs, fresh=fresh, profile=profile, quiet=quiet)
+    counts = ", ".join(f"{n} {status}" for status, n in sorted(summary.statuses.items())) or "nothing to run"
+    click.echo(f"{summary.total} runs in {summary.out_dir}: {counts}; {summary.skipped} already done")
+    # REPORT STEP (reports issue): the lead wires `write_report(summary.out_dir)` here.
+
+
+@main.command("validate")
+@click.argument("study")
+@click.option("--profile", default=None, help="validate with the study's named overrides applied")
+def validate_command(study: str, profile: str | None) -> None:
+    """Check STUDY and every run of its sweep, without training."""
+    from workbench.study import load_study
+    from workbench.sweep import expand, sweep_points
+
+    study_file = load_study(study, profile)
+    s = study_file.study
+    if s.kind == "scaling":
+        from workbench.scaling import measurements
+
+        click.echo(f"ok: {study} (scaling study {s.name!r}): {len(measurements(s))} measurements = "
+                   f"{len(s.sweep_points())} sweep points x {len(s.seeds)} seeds x modes x lengths")
+        return
+    runs = expand(study_file)
+    steps = sorted({r.config["train"]["steps"] for r in runs})
+    click.echo(f"ok: {study} ({s.kind} study {s.name!r}): {len(runs)} runs = {len(sweep_points(s))} sweep points "
+               f"x {len(s.seeds)} seeds; task {s.task['name']}; {', '.join(map(str, steps))} steps per run")
+
+
+@main.command("results")
+@click.argument("out_dir")
+@click.option("--format", "fmt", type=click.Choice(["csv", "json"]), default="csv", show_default=True)
+def results_command(out_dir: str, fmt: str) -> None:
+    """One flat row per run of OUT_DIR: swept keys, status, final metrics, cost."""
+    from workbench.store import load_results
+
+    frame = load_results(out_dir)
+    click.echo(frame.to_csv(index=False) if fmt == "csv" else frame.to_json(orient="records", indent=2), nl=False)
+
+
+@main.command("report")
+@click.argument("out_dir")
+@click.option("--out", "reports_dir", default="reports", show_default=True,
+              help="folder that receives <study name>/index.html, report.md, figures/ and results.csv")
+@click.option("--no-pictures", is_flag=True, help="skip the attention heatmaps (which load each variant's weights)")
+def report_command(out_dir: str, reports_dir: str, no_pictures: bool) -> None:
+    """Write the comparison report of the study stored in OUT_DIR (no training)."""
+    from workbench.report import write_report
+
+    index = write_report(out_dir, reports_dir, pictures=not no_pictures)
+    click.echo(f"report: {index} (and {index.parent / 'report.md'})")
+
+
+@main.command("schema")
+def schema_command() -> None:
+    """The JSON Schema of study files (for editors: yaml-language-server, VS Code)."""
+    from workbench.study import study_json_schema
+
+    click.echo(json.dumps(study_json_schema(), indent=2))
 
 
 if __name__ == "__main__":

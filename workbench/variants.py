@@ -31,8 +31,9 @@ class Variant:
         return (cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else ""
 
     @classmethod
-    def parameters(cls) -> list[dict[str, Any]]:
-        """Name, type, default and help of each parameter, for listings and reports."""
+    def declared_parameters(cls) -> list[dict[str, Any]]:
+        """Name, type, default and help of each parameter, for listings and reports.
+        (Not `parameters`: variants are nn.Modules, whose `parameters()` yields tensors.)"""
         rows = []
         for name, field in cls.Params.model_fields.items():
             annotation = field.annotation

@@ -1,0 +1,18 @@
+"""reverse: write a random symbol string backwards."""
+
+from workbench import hookimpl
+from workbench.tasks import SymbolTask
+
+
+class Reverse(SymbolTask):
+    """Reverse a random symbol string."""
+
+    name = "reverse"
+
+    def transform(self, symbols: list[int]) -> list[int]:
+        return symbols[::-1]
+
+
+@hookimpl
+def register_tasks():
+    return [Reverse]

@@ -1,0 +1,149 @@
+"""Shared helpers for model tests: tiny specs, family-aware forward calls, incremental decoding.
+
+Every helper works for any registered variant, so tests parametrized over the registry
+(`registered(axis)`) cover a new plugin without new code here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from workbench import build_model
+from workbench.cache import KVCache
+from workbench.model import EncoderDecoderModel, Positions, Transformer
+from workbench.registry import variants
+
+FAMILIES = ("encoder", "decoder", "encoder_decoder")
+GENERATIVE = ("decoder", "encoder_decoder")
+
+# Test models are tiny: one intra-op thread is fastest, and on a loaded machine (pytest -n 2
+# on 2 cores) extra threads spin against each other and make a 40 ms generation take 1 s.
+torch.set_num_threads(1)
+VOCAB = 32
+
+# Small enough that a model builds and runs in milliseconds; 4 heads so that GQA (2) and
+# MQA (1) are both distinct from MHA.
+TINY: dict[str, Any] = dict(vocab_size=VOCAB, d_model=16, n_layers=1, n_heads=4, dropout=0.0)
+
+# Parameters that make a variant do something visible at n <= 16 (its defaults may be sized
+# for real sequences, e.g. a 256-token window that would equal full attention here).
+# Variants not listed run with their defaults.
+TINY_PARAMS: dict[tuple[str, str], dict[str, Any]] = {
+    ("attention", "sliding_window"): {"window": 3},
+    ("attention", "sparse"): {"block": 2, "n_global_blocks": 1, "n_random_blocks": 1},
+    ("position", "learned"): {"max_len": 64},
+}
+
+
+def registered(axis: str) -> list[str]:
+    """Names registered for an axis, in a stable order (for parametrize)."""
+    return sorted(variants(axis))
+
+
+def choice(axis: str, name: str) -> dict[str, Any]:
+    """A variant mapping with the tiny-size parameters of TINY_PARAMS, where the variant has
+    those parameters (so an unrelated plugin reusing a name is not handed foreign keys)."""
+    if name not in variants(axis):
+        return {"name": name}  # left for the spec to reject
+    known = variants(axis)[name].Params.model_fields
+    params = {k: v for k, v in TINY_PARAMS.get((axis, name), {}).items() if k in known}
+    return {"name": name, **params}
+
+
+def tiny_spec(family: str = "decoder", **overrides: Any) -> dict[str, Any]:
+    """A tiny model spec; variant axes given as names get their TINY_PARAMS."""
+    spec = dict(TINY, family=family, position="rope", attention="full", norm="pre", ffn="gelu")
+    spec.update(overrides)
+    for axis in ("position", "attention", "norm", "ffn"):
+        if isinstance(spec[axis], str):
+            spec[axis] = choice(axis, spec[axis])
+    return spec
+
+
+def build(spec: dict[str, Any], seed: int = 0) -> Transformer:
+    """Build in eval mode (no dropout) with a fixed seed, so two builds have equal weights."""
+    torch.manual_seed(seed)
+    return build_model(spec).eval()
+
+
+def tokens(B: int, n: int, seed: int = 0, low: int = 2) -> Tensor:
+    """Random ids in [low, VOCAB): 0 stays free for padding and 1 for BOS."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(low, VOCAB, (B, n), generator=g)
+
+
+def logits_of(model: Transformer, x: Tensor, tgt: Tensor | None = None, **masks: Tensor | None) -> Tensor:
+    """Family-aware forward: encoder/decoder read x; encoder_decoder reads source x and
+    target tgt (x itself when tgt is None)."""
+    if isinstance(model, EncoderDecoderModel):
+        return model(x, x if tgt is None else tgt, **masks)
+    return model(x, **masks)
+
+
+def incremental_logits(model: Transformer, target: Tensor, prefill: int = 1, src: Tensor | None = None,
+                       src_padding_mask: Tensor | None = None) -> Tensor:
+    """Logits for every position of `target` [B, n], computed as generation does: the first
+    `prefill` tokens in one pass through an empty KV cache, then one token per step reading
+    the cache. The cache has the capacity generation gives it (a sliding window keeps only
+    its last `window` positions), so ring-buffer wrap-around is exercised too."""
+    B, n = target.shape
+    stack = model.decoder
+    memory = memory_seq = None
+    cross = 0
+    if isinstance(model, EncoderDecoderModel):
+        memory, memory_seq = model.encode(src, src_padding_mask)
+        cross = src.shape[1]
+    window = model._cache_window()
+    cache = KVCache(len(stack.blocks), min(n, window) if window else n, cross)
+    pos = torch.arange(n).expand(B, n)
+    out = [model.head(stack(target[:, :prefill], Positions(pos[:, :prefill], None), memory, memory_seq, cache))]
+    for t in range(prefill, n):
+        out.append(model.head(stack(target[:, t : t + 1], Positions(pos[:, t : t + 1], None), memory,
+                                    memory_seq, cache)))
+    return torch.cat(out, dim=1)  # [B, n, vocab]
+
+
+def generate(model: Transformer, x: Tensor, max_new_tokens: int, use_cache: bool, **kw: Any) -> Tensor:
+    return model.generate(x, max_new_tokens=max_new_tokens, strategy="greedy", use_cache=use_cache, **kw)
+
+
+def check_greedy_decoding(model: Transformer, x: Tensor, max_new_tokens: int) -> None:
+    """Greedy generation with cache == without cache == argmax of the teacher-forced forward
+    on the generated sequence (each new token is the argmax at the position before it)."""
+    cached = generate(model, x, max_new_tokens, use_cache=True)
+    uncached = generate(model, x, max_new_tokens, use_cache=False)
+    assert torch.equal(cached, uncached), f"cached {cached.tolist()} != uncached {uncached.tolist()}"
+    with torch.no_grad():
+        if isinstance(model, EncoderDecoderModel):
+            teacher = model(x, cached[:, :-1])  # target starts with BOS
+            new = cached[:, 1:]
+        else:
+            teacher = model(cached[:, :-1])
+            new = cached[:, x.shape[1] :]
+    predicted = teacher[:, -max_new_tokens:].argmax(-1)
+    assert torch.equal(predicted, new), f"teacher-forced argmax {predicted.tolist()} != generated {new.tolist()}"
+
+
+def train_step(model: Transformer, x: Tensor, lr: float = 1e-2) -> float:
+    """One AdamW step on next-token (or, for the encoder, same-token) cross-entropy; returns
+    the loss. Asserts the loss, every gradient and every updated parameter are finite."""
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=lr)
+    logits = logits_of(model, x)
+    if model.spec.family == "encoder":
+        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), x.flatten())
+    else:
+        loss = torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1), x[:, 1:].flatten())
+    loss.backward()
+    assert torch.isfinite(loss), loss
+    for name, p in model.named_parameters():
+        if p.grad is not None:
+            assert torch.isfinite(p.grad).all(), f"non-finite gradient in {name}"
+    opt.step()
+    for name, p in model.named_parameters():
+        assert torch.isfinite(p).all(), f"non-finite parameter {name} after one step"
+    model.eval()
+    return loss.item()

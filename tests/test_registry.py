@@ -1,0 +1,201 @@
+"""The plugin registry: built-ins come in through entry points exactly like third-party
+plugins, a misspelled hook fails loudly, duplicate names warn, and an out-of-tree package
+installed with pip shows up in `workbench list` and in models."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import tomllib
+import types
+from pathlib import Path
+
+import pluggy
+import pytest
+
+from workbench import hookimpl, hookspecs, registry
+from workbench.position import PositionScheme
+from workbench.variants import AXES
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "examples" / "workbench-example-plugin"
+
+
+def entry_points() -> dict[str, str]:
+    with open(ROOT / "pyproject.toml", "rb") as f:
+        return tomllib.load(f)["project"]["entry-points"]["workbench"]
+
+
+def test_every_plugin_module_has_an_entry_point_and_vice_versa():
+    modules = {p.stem for p in (ROOT / "plugins").glob("*.py") if p.stem != "__init__"}
+    declared = entry_points()
+    targets = {value.removeprefix("workbench_plugins.") for value in declared.values()}
+    assert all(v.startswith("workbench_plugins.") for v in declared.values()), declared
+    assert modules - targets == set(), f"plugins without an entry point in pyproject.toml: {modules - targets}"
+    assert targets - modules == set(), f"entry points without a module in plugins/: {targets - modules}"
+    assert set(declared) == targets, "entry point names should be the module names"
+
+
+def test_every_entry_point_is_loaded_and_implements_a_hook():
+    """The installed metadata matches pyproject.toml (else: reinstall with pip install -e .)."""
+    pm = registry.plugin_manager()
+    loaded = {getattr(p, "__name__", "") for p in pm.get_plugins()}
+    for value in entry_points().values():
+        assert value in loaded, f"{value} is declared but not installed: run pip install -e ."
+        module = sys.modules[value]
+        assert pm.get_hookcallers(module), f"{value} implements no workbench hook"
+
+
+def test_every_hookspec_has_an_axis():
+    specs = {name for name in dir(hookspecs) if name.startswith("register_")}
+    assert specs == set(registry.HOOK_OF_AXIS.values())
+    assert set(registry.HOOK_OF_AXIS) == set(AXES)
+
+
+def misspelled_plugin() -> types.ModuleType:
+    module = types.ModuleType("misspelled_plugin")
+
+    @hookimpl
+    def register_position_scheme():  # missing the final "s"
+        return []
+
+    module.register_position_scheme = register_position_scheme
+    return module
+
+
+def test_a_misspelled_hookimpl_fails_loudly(monkeypatch):
+    pm = pluggy.PluginManager(registry.ENTRY_POINT_GROUP)
+    pm.add_hookspecs(hookspecs)
+    pm.register(misspelled_plugin())
+    with pytest.raises(pluggy.PluginValidationError, match="register_position_scheme"):
+        pm.check_pending()
+
+    # And the workbench's own loader runs that check: a misspelled plugin arriving through
+    # entry points stops plugin_manager() instead of being silently ignored.
+    def load_misspelled(self, group, name=None):
+        self.register(misspelled_plugin())
+        return 1
+
+    monkeypatch.setattr(pluggy.PluginManager, "load_setuptools_entrypoints", load_misspelled)
+    with pytest.raises(pluggy.PluginValidationError):
+        registry.plugin_manager.__wrapped__()
+
+
+class DuplicateRope(PositionScheme):
+    """A second scheme that claims the name 'rope'."""
+
+    name = "rope"
+
+
+def test_a_duplicate_name_warns_naming_both_modules():
+    plugin = types.ModuleType("duplicate_rope_plugin")
+    plugin.register_position_schemes = hookimpl(lambda: [DuplicateRope])
+    pm = registry.plugin_manager()
+    pm.register(plugin)
+    registry.variants.cache_clear()
+    try:
+        with pytest.warns(UserWarning, match=r"'rope'.*(test_registry|workbench_plugins).*overrides"):
+            registry.variants("position")
+    finally:
+        pm.unregister(plugin)
+        registry.variants.cache_clear()
+    assert registry.variants("position")["rope"] is not DuplicateRope
+
+
+def test_a_class_registered_under_the_wrong_axis_is_rejected():
+    plugin = types.ModuleType("wrong_axis_plugin")
+    plugin.register_ffn_types = hookimpl(lambda: [DuplicateRope])
+    pm = registry.plugin_manager()
+    pm.register(plugin)
+    registry.variants.cache_clear()
+    try:
+        with pytest.raises(TypeError, match="axis 'position'"):
+            registry.variants("ffn")
+    finally:
+        pm.unregister(plugin)
+        registry.variants.cache_clear()
+
+
+# ---- the example out-of-tree plugin, installed with pip --------------------------------------
+
+
+@pytest.fixture(scope="session")
+def example_plugin_site(tmp_path_factory) -> Path:
+    """pip-install examples/workbench-example-plugin into a private site directory.
+
+    A real install (wheel built by setuptools, dist-info with entry_points.txt), but into a
+    --target folder put on PYTHONPATH of subprocesses rather than into the shared
+    environment, so tests running at the same time in other processes never see a half-
+    installed plugin; deleting the folder uninstalls it. Built from a copy so that the build
+    leaves no build/ or egg-info folders in the source tree."""
+    work = tmp_path_factory.mktemp("example_plugin")
+    source, site = work / "src", work / "site"
+    shutil.copytree(EXAMPLE, source)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
+         "--no-index", "--disable-pip-version-check", "--target", str(site), str(source)],
+        check=True, capture_output=True, text=True, timeout=300,
+    )
+    yield site
+    shutil.rmtree(work, ignore_errors=True)
+
+
+def run_with_plugin(site: Path, args: list[str], timeout: int = 300) -> subprocess.CompletedProcess:
+    path = os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))
+    env = dict(os.environ, PYTHONPATH=path, OMP_NUM_THREADS="1")  # tiny models: one thread is fastest
+    result = subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True,
+                            timeout=timeout)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return result
+
+
+@pytest.mark.slow
+def test_example_plugin_appears_in_workbench_list(example_plugin_site):
+    rows = json.loads(run_with_plugin(example_plugin_site, ["-m", "workbench.cli", "list", "position", "--json"]).stdout)
+    kerple = next(r for r in rows if r["name"] == "kerple")
+    assert kerple["package"] == "workbench-example-plugin 0.1.0"
+    assert [p["name"] for p in kerple["parameters"]] == ["eps"]
+    assert {r["name"] for r in rows} >= {"none", "sinusoidal", "learned", "rope", "alibi", "kerple"}
+
+
+@pytest.mark.slow
+def test_example_plugin_builds_trains_and_decodes(example_plugin_site):
+    script = textwrap.dedent(
+        """
+        import torch, workbench
+        from workbench.registry import get_variant
+        assert get_variant("position", "kerple").__module__ == "workbench_example_plugin"
+        torch.manual_seed(0)
+        for family in ("encoder", "decoder", "encoder_decoder"):
+            model = workbench.build_model({"family": family, "vocab_size": 32, "d_model": 16, "n_heads": 4,
+                                           "n_kv_heads": 2, "position": {"name": "kerple", "eps": 0.02}})
+            x = torch.randint(2, 32, (2, 7))
+            out = model(x, x) if family == "encoder_decoder" else model(x)
+            out.logsumexp(-1).mean().backward()
+            scheme = model.decoder.position if family != "encoder" else model.encoder.position
+            assert scheme.r1.grad is not None and torch.isfinite(scheme.r1.grad).all()
+            if family != "encoder":
+                model.eval()
+                a = model.generate(x, max_new_tokens=5, use_cache=True)
+                b = model.generate(x, max_new_tokens=5, use_cache=False)
+                assert torch.equal(a, b), (a, b)
+        print("ok")
+        """
+    )
+    assert run_with_plugin(example_plugin_site, ["-c", script]).stdout.strip() == "ok"
+
+
+@pytest.mark.slow
+def test_registry_parametrized_contract_tests_cover_the_new_plugin(example_plugin_site):
+    """The timm-style promise: the generic tests pick up an installed plugin by themselves."""
+    result = run_with_plugin(
+        example_plugin_site,
+        ["-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_model_contract.py", "-k", "kerple"],
+    )
+    assert " passed" in result.stdout and "failed" not in result.stdout, result.stdout[-2000:]
+    selected = int(result.stdout.split(" passed")[0].split()[-1])
+    assert selected >= 4, result.stdout[-2000:]  # forward/backward per family, classify, dense-reference cases

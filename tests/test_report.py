@@ -1,0 +1,303 @@
+"""Reports of a tiny training study and a tiny scaling study, written from a results store.
+
+The stores are filled through the store's own API (`Store.record` with `RunResult`s) with
+constructed figures, so the expected intervals, verdicts and exponents are known exactly;
+final weights are real models of the runs' specs (untrained: the pictures code is the same).
+The HTML is checked by parsing, and in headless Chromium when it is installed.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import struct
+import subprocess
+import tempfile
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+import torch
+
+from workbench import build_model
+from workbench.report import write_report
+from workbench.store import Store, run_dir
+from workbench.study import canonical_json, load_study
+from workbench.sweep import RunConfig, expand
+from workbench.train import FINAL_WEIGHTS, RunResult
+
+TRAIN_STUDY = """
+name: positions
+description: "Does ALiBi extrapolate? <script>alert('x')</script> & more"
+notes: |
+  Constructed results for the report tests.
+task: {name: translate, train_length: 6, eval_lengths: [6, 10], n_eval: 8}
+model: {family: encoder_decoder, d_model: 16, n_heads: 2, n_layers: 1}
+train: {steps: 3, batch_size: 4}
+seeds: [0, 1, 2]
+sweep: {model.position: [sinusoidal, alibi, rope]}
+baseline: sinusoidal
+expect:
+  - {metric: accuracy@10, better: alibi, than: sinusoidal}
+  - {metric: accuracy@10, better: sinusoidal, than: alibi}
+  - {metric: accuracy@10, better: rope, than: sinusoidal}
+"""
+# accuracy@10 per variant and seed; rope seed 2 runs out of memory.
+ACCURACY = {"sinusoidal": [0.50, 0.52, 0.51], "alibi": [0.90, 0.91, 0.92], "rope": [0.40, 0.60, None]}
+
+SCALING_STUDY = """
+name: attention-cost
+kind: scaling
+description: How does the cost of attention grow with n?
+model: {family: decoder, vocab_size: 32, d_model: 16, n_heads: 2, n_layers: 1, position: none}
+sweep: {model.attention: [naive, full]}
+scaling: {lengths: [64, 128, 256, 512], modes: [forward, decode], scope: layer, isolate: false, device: cpu}
+"""
+
+
+def save_study(store: Store, study_file) -> None:
+    study = study_file.study
+    store.save_study({"name": study.name, "kind": study.kind, "hash": study_file.study_hash,
+                      "run_defining": canonical_json(study.run_defining()),
+                      "study": json.dumps(study.model_dump(mode="json"), default=str),
+                      "yaml": study_file.text, "source": str(study_file.path), "profile": ""})
+
+
+def png_size(path: Path) -> tuple[int, int]:
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", f"{path} is not a PNG"
+    return struct.unpack(">II", data[16:24])
+
+
+class Page(HTMLParser):
+    """Tables (as lists of cell texts), images, headings, script elements and all text."""
+
+    def __init__(self):
+        super().__init__()
+        self.tables, self.images, self.headings, self.scripts, self.text = [], [], [], 0, []
+        self._cell, self._tag = None, []
+
+    def handle_starttag(self, tag, attrs):
+        self._tag.append(tag)
+        if tag == "table":
+            self.tables.append([])
+        elif tag == "tr":
+            self.tables[-1].append([])
+        elif tag in ("td", "th"):
+            self._cell = []
+        elif tag == "img":
+            self.images.append(dict(attrs))
+        elif tag == "script":
+            self.scripts += 1
+
+    def handle_endtag(self, tag):
+        if tag in ("td", "th"):
+            self.tables[-1][-1].append("".join(self._cell).strip())
+            self._cell = None
+        if self._tag:
+            self._tag.pop()
+
+    def handle_data(self, data):
+        self.text.append(data)
+        if self._cell is not None:
+            self._cell.append(data)
+        if self._tag and self._tag[-1] in ("h1", "h2"):
+            self.headings.append(data.strip())
+
+
+def parse(html: str) -> Page:
+    page = Page()
+    page.feed(html)
+    return page
+
+
+@pytest.fixture(scope="module")
+def train_report(tmp_path_factory):
+    root = tmp_path_factory.mktemp("train")
+    (root / "study.yaml").write_text(TRAIN_STUDY)
+    study_file = load_study(root / "study.yaml")
+    out = root / "out"
+    store = Store(out)
+    save_study(store, study_file)
+    for run in expand(study_file):
+        position = run.swept["model.position"]
+        acc = ACCURACY[position][run.seed]
+        finished = acc is not None
+        metrics = {"accuracy@6": acc + 0.05, "accuracy@10": acc, "loss@6": 1 - acc, "loss@10": 1.5 - acc,
+                   "bleu@6": 50 * acc, "bleu@10": 40 * acc, "exact_match@6": acc / 2,
+                   "exact_match@10": acc / 3} if finished else {}
+        curves = [(s, "train", "loss", 3.0 / s + 0.1 * run.seed) for s in (1, 2, 3)]
+        curves += [(3, "eval", "loss@6", 1 - acc)] if finished else []
+        store.record(run, RunResult(
+            run_id=run.run_id, status="finished" if finished else "oom", steps_done=3 if finished else 1,
+            metrics=metrics, curves=curves, n_params=5000, wall_time_s=10.0 + run.seed,
+            error=None if finished else "CUDA out of memory. Tried to allocate <2 GiB>",
+            tokens=1200, tokens_per_s=120.0, peak_memory_bytes=(5 + run.seed) * 2**20,
+            peak_memory_instrument="process_peak_rss", environment={"torch": torch.__version__, "device": "cpu"}))
+        if finished:
+            folder = run_dir(out, run.run_id)
+            folder.mkdir(parents=True)
+            torch.manual_seed(run.seed)
+            model = build_model(run.config["model"])
+            torch.save({"config": run.config, "state_dict": model.state_dict(), "step": 3}, folder / FINAL_WEIGHTS)
+    index = write_report(out, root / "reports")
+    return out, root, index
+
+
+def test_training_report_files_and_verdicts(train_report):
+    out, root, index = train_report
+    assert index == root / "reports" / "positions" / "index.html"
+    html = index.read_text()
+    page = parse(html)
+    text = " ".join(page.text)
+
+    # Study text is escaped: it shows as text and never becomes an element.
+    assert page.scripts == 0 and "<script>alert('x')</script> & more" in text
+    assert "&lt;script&gt;" in html
+
+    # Verdicts at the top, computed by the rule.
+    assert page.headings[:3] == ["positions", "Verdicts", page.headings[2]]
+    verdicts = re.findall(r'class="outcome [\w-]+">([^<]+)</span>\s*([^<]+)', html)
+    assert [(label.strip(), statement.strip()) for label, statement in verdicts] == [
+        ("holds", "alibi is better than sinusoidal on accuracy@10"),
+        ("does not hold", "sinusoidal is better than alibi on accuracy@10"),
+        ("inconclusive (intervals overlap)", "rope is better than sinusoidal on accuracy@10"),
+    ]
+
+    # Leaderboard for the expectation metric: sorted best first, intervals, baseline differences.
+    board = next(t for t in page.tables if t[0][1] == "accuracy@10 mean [95% CI]")
+    assert [row[0] for row in board[1:]] == ["alibi", "sinusoidal", "rope"]  # means 0.91, 0.51, 0.50
+    alibi = board[1]
+    assert alibi[1] == "0.91 [0.885, 0.935]" and alibi[2] == "3/3"
+    assert alibi[3].startswith("+0.4 [")
+    assert board[2][3] == "baseline"
+    assert board[3][1] == "0.5 [-0.771, 1.77]" and board[3][2] == "2/3"  # two finished seeds, far apart
+    assert "(process_peak_rss)" in alibi[6]
+
+    # Run counts by status, and the failed run with its message and step.
+    status = next(t for t in page.tables if t[0][:3] == ["variant", "finished", "diverged"])
+    assert status[-1] == ["total", "8", "0", "1", "0", "9"]
+    failed = next(t for t in page.tables if t[0] == ["variant", "seed", "status", "step", "message"])
+    assert failed[1] == ["rope", "2", "oom", "1", "CUDA out of memory. Tried to allocate <2 GiB>"]
+
+    # The command that reproduces it, the notes and the environment.
+    assert f"workbench run {root / 'study.yaml'} --out {out}" in text
+    assert "Constructed results for the report tests." in text
+    assert "torch" in [row[0] for t in page.tables for row in t]
+
+
+def test_training_report_figures(train_report):
+    _, _, index = train_report
+    folder = index.parent
+    page = parse(index.read_text())
+    sources = [img["src"] for img in page.images]
+    for src in sources:
+        assert not src.startswith(("/", "http")), src  # relative: opens from disk, no network
+        width, height = png_size(folder / src)
+        assert width > 200 and height > 150
+    names = {Path(s).name for s in sources}
+    assert {"learning_curves.png", "accuracy_vs_length.png", "time_vs_quality.png", "memory_vs_quality.png"} <= names
+    # Cross-attention on 我 爱 猫, the 它 rows of both pronoun sentences, and a position picture per scheme.
+    assert {f"attention_{v}.png" for v in ACCURACY} <= names
+    assert {f"focus_{v}_{i}.png" for v in ACCURACY for i in (0, 1)} <= names
+    assert {f"position_{v}.png" for v in ACCURACY} <= names
+    assert "我 爱 猫" in " ".join(page.text)
+
+    md = (folder / "report.md").read_text()
+    assert "![" in md and "](figures/learning_curves.png)" in md
+    assert "| alibi | 0.91 \\[0.885, 0.935\\] | 3/3 |" in md
+    assert "<script>" not in md and "&lt;script&gt;" in md
+    csv = (folder / "results.csv").read_text().splitlines()
+    assert csv[0].startswith("variant,run_id,position,seed,model.position,status,")
+    assert len(csv) == 1 + 9
+
+
+def test_regenerating_gives_the_same_report(train_report):
+    out, root, index = train_report
+    again = write_report(out, root / "again")
+    first, second = index.parent, again.parent
+    files = sorted(p.relative_to(first) for p in first.rglob("*") if p.is_file())
+    assert files == sorted(p.relative_to(second) for p in second.rglob("*") if p.is_file())
+    for name in files:
+        assert (first / name).read_bytes() == (second / name).read_bytes(), name
+
+
+@pytest.mark.skipif(shutil.which("chromium") is None, reason="Debian chromium is not installed")
+def test_report_renders_in_headless_chromium(train_report):
+    _, _, index = train_report
+    with tempfile.TemporaryDirectory() as profile:
+        dom = subprocess.run(
+            ["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+             "--disable-component-update", "--disable-sync", "--no-first-run", f"--user-data-dir={profile}",
+             "--dump-dom", index.resolve().as_uri()],
+            capture_output=True, text=True, timeout=120, check=True).stdout
+    page = parse(dom)
+    assert page.scripts == 0
+    assert "Verdicts" in page.headings and "Leaderboard" in page.headings
+    assert any(row[0] == "alibi" for t in page.tables for row in t)
+    assert len(page.images) >= 10
+
+
+# ---- scaling ---------------------------------------------------------------------------------
+
+# Constructed costs: naive attention n^2 FLOPs over an n^1 rest, full fused n^2 time; decode
+# with the cache ~n^1, without ~n^2; the cache holds 2 * layers * kv heads * hd * n * 4 bytes.
+def scaling_row(attention: str, mode: str, n: int, cache: bool | None) -> dict:
+    if mode == "forward":
+        attn, rest = 4.0 * n * n * 16, 24.0 * n * 16 * 16
+        return {"time_median_s": 1e-9 * n ** 2, "time_instrument": "perf_counter", "flops": attn + rest,
+                "flops_source": "flop_counter", "flops_counted_attention": attn if attention == "naive" else 0.0,
+                "flops_counted_projections": 8.0 * n * 16 * 16, "flops_counted_ffn": 16.0 * n * 16 * 16}
+    per_token = 1e-6 * n if cache else 1e-8 * n ** 2
+    return {"time_median_s": per_token, "time_instrument": "perf_counter", "flops": 1000.0 * n,
+            "flops_source": "flop_counter", "kv_cache_bytes": 2 * 1 * 2 * 8 * n * 4 if cache else None}
+
+
+@pytest.fixture(scope="module")
+def scaling_report(tmp_path_factory):
+    from workbench.scaling import COORDINATES, measurement_id, measurements
+
+    root = tmp_path_factory.mktemp("scaling")
+    (root / "study.yaml").write_text(SCALING_STUDY)
+    study_file = load_study(root / "study.yaml")
+    out = root / "out"
+    store = Store(out)
+    save_study(store, study_file)
+    for index, (swept, point) in enumerate(measurements(study_file.study)):
+        attention = swept["model.attention"]
+        oom = attention == "naive" and point.mode == "forward" and point.length == 512
+        figures = {} if oom else scaling_row(attention, point.mode, point.length, point.kv_cache)
+        run = RunConfig(run_id=measurement_id(point.model, point), index=index, seed=point.seed,
+                        swept={**swept, **{c: getattr(point, c) for c in COORDINATES}},
+                        config={"model": point.model})
+        store.record(run, RunResult(
+            run_id=run.run_id, status="oom" if oom else "finished", error="RuntimeError: out of memory" if oom else None,
+            metrics={k: v for k, v in figures.items() if v is not None}, wall_time_s=1.0,
+            peak_memory_bytes=None if oom else 1000 * point.length, peak_memory_instrument="process_peak_rss",
+            environment={"device": "cpu", "torch_version": torch.__version__}))
+    return write_report(out, root / "reports")
+
+
+def test_scaling_report(scaling_report):
+    index = scaling_report
+    page = parse(index.read_text())
+    exponents = next(t for t in page.tables if t[0][:4] == ["variant", "mode", "metric", "exponent [95% CI]"])
+    found = {(r[0], r[1], r[2]): r[3] for r in exponents[1:]}
+    assert found[("full", "forward", "time_median_s")].startswith("2.00 [2.00, 2.00]")
+    assert found[("full", "decode (cache)", "time_median_s")].startswith("1.00")
+    assert found[("full", "decode (no cache)", "time_median_s")].startswith("2.00")
+    assert found[("naive", "decode (cache)", "kv_cache_bytes")].startswith("1.00")
+    # naive forward lost its largest length to OOM: fitted on three points, and listed.
+    assert found[("naive", "forward", "time_median_s")].startswith("2.00")
+    failed = next(t for t in page.tables if t[0] == ["variant", "mode", "length", "status", "message"])
+    assert failed[1:] == [["naive", "forward", "512", "oom", "RuntimeError: out of memory"]]
+    # Crossover of the counted FLOPs: 4 n^2 d = 24 n d^2 at n = 6 d = 96, as the analytic formula says.
+    crossover = next(t for t in page.tables if t[0][0] == "variant" and "measured crossover n" in t[0])
+    assert crossover[1][0] == "naive" and crossover[1][1].startswith("96 ")
+    assert crossover[1][2] == "96"
+    names = {Path(img["src"]).name for img in page.images}
+    assert {"time_forward.png", "flops_forward.png", "memory_forward.png", "decode_latency.png",
+            "kv_cache_bytes.png", "crossover_1.png"} <= names
+    for img in page.images:
+        assert min(png_size(index.parent / img["src"])) > 150

@@ -1,0 +1,111 @@
+"""Invalid model specs raise one error type, SpecError, whose message names the field."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import tiny_spec
+from workbench import build_model
+from workbench.errors import SpecError, WorkbenchError
+from workbench.registry import variants
+
+
+def spec_error(**overrides) -> SpecError:
+    with pytest.raises(SpecError) as info:
+        build_model(tiny_spec(**overrides))
+    assert isinstance(info.value, WorkbenchError)  # the CLI's one-line, exit-2 path
+    return info.value
+
+
+def test_n_heads_must_divide_d_model():
+    err = spec_error(d_model=16, n_heads=3)
+    assert err.field == "model.n_heads"
+    assert "16" in str(err) and "model.n_heads" in str(err)
+
+
+def test_an_explicit_head_dim_lifts_the_divisibility_rule():
+    model = build_model(tiny_spec(d_model=16, n_heads=3, head_dim=4))
+    assert model.decoder.blocks[0].attn.qkv.out_features == (3 + 2 * 3) * 4
+
+
+@pytest.mark.parametrize("n_kv_heads", [3, 8])
+def test_n_kv_heads_must_divide_n_heads(n_kv_heads):
+    err = spec_error(n_heads=4, n_kv_heads=n_kv_heads)
+    assert err.field == "model.n_kv_heads"
+    assert "valid: 1, 2, 4" in str(err)
+
+
+@pytest.mark.parametrize(
+    "axis,typo,closest",
+    [("position", "rop", "rope"), ("attention", "ful", "full"), ("ffn", "swiglo", "swiglu"), ("norm", "pree", "pre")],
+)
+def test_unknown_variant_lists_the_registered_names_and_suggests_the_closest(axis, typo, closest):
+    err = spec_error(**{axis: typo})
+    assert err.field == f"model.{axis}"
+    message = str(err)
+    assert f"did you mean {closest!r}" in message
+    for name in variants(axis):
+        assert name in message
+    assert err.choices == sorted(variants(axis))
+
+
+def test_unknown_variant_in_a_mapping_is_reported_the_same_way():
+    err = spec_error(position={"name": "rop", "base": 500.0})
+    assert err.field == "model.position" and "did you mean 'rope'" in str(err)
+
+
+def test_unrelated_name_gets_no_suggestion_but_the_list():
+    err = spec_error(attention="zzzzzz")
+    assert "did you mean" not in str(err) and "full" in str(err)
+
+
+def test_bad_parameter_type_names_the_parameter():
+    err = spec_error(position={"name": "rope", "base": "abc"})
+    assert err.field == "model.position.base"
+    assert "'abc'" in str(err)
+
+
+def test_out_of_range_parameter_names_the_parameter():
+    err = spec_error(position={"name": "learned", "max_len": 0})
+    assert err.field == "model.position.max_len"
+
+
+def test_unknown_parameter_key_names_the_key():
+    err = spec_error(position={"name": "rope", "bsae": 500.0})
+    assert err.field == "model.position.bsae"
+    assert "unknown key" in str(err)
+
+
+def test_variant_mapping_needs_a_name():
+    err = spec_error(attention={"window": 4})
+    assert err.field == "model.attention" and "name" in str(err)
+
+
+def test_unknown_top_level_key_names_the_key():
+    err = spec_error(n_layer=3)
+    assert err.field == "model.n_layer"
+    assert "unknown key" in str(err)
+
+
+@pytest.mark.parametrize(
+    "field,value",
+    [("d_model", "wide"), ("d_model", 0), ("family", "gpt"), ("dropout", 1.5), ("vocab_size", 1)],
+)
+def test_bad_top_level_values_name_the_field(field, value):
+    err = spec_error(**{field: value})
+    assert err.field == f"model.{field}"
+
+
+def test_tied_qk_needs_as_many_kv_heads_as_heads():
+    err = spec_error(tie_qk=True, n_kv_heads=2)
+    assert err.field == "model.tie_qk"
+
+
+def test_only_the_encoder_has_a_classifier():
+    err = spec_error(family="decoder", n_classes=3)
+    assert err.field == "model.n_classes"
+
+
+def test_rope_needs_an_even_head_dim():
+    err = spec_error(position="rope", d_model=12, n_heads=4)  # head_dim 3
+    assert err.field == "model.head_dim"

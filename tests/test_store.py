@@ -1,0 +1,61 @@
+"""The SQLite store: concurrent writer processes, one row per run, curves without duplicates."""
+
+from __future__ import annotations
+
+import multiprocessing
+from types import SimpleNamespace
+
+from workbench.store import Store, load_curves, load_results, load_run_configs
+
+WRITERS, RUNS_EACH = 3, 15
+
+
+def fake(writer: int, i: int, status: str = "finished"):
+    run = SimpleNamespace(run_id=f"w{writer}-{i}", index=writer * 100 + i, seed=i,
+                          swept={"model.position": f"p{writer}"}, config={"seed": i, "writer": writer})
+    result = SimpleNamespace(
+        status=status, metrics={"accuracy@8": i / 100, "loss@8": 1.0, "accuracy@16": 0.5}, not_applicable={},
+        n_params=10, steps_done=5, diverged_step=None, error=None, wall_time_s=1.0, train_time_s=0.5, eval_time_s=0.1, tokens=100,
+        tokens_per_s=200.0, peak_memory_bytes=1, peak_memory_instrument="process_peak_rss", resumed_from_step=None,
+        environment={}, curves=[(s, "train", "loss", 1.0 / s) for s in range(1, 6)] + [(5, "eval", "loss@8", float("nan"))],
+    )
+    return run, result
+
+
+def write_many(out_dir: str, writer: int) -> None:
+    store = Store(out_dir)
+    for i in range(RUNS_EACH):
+        store.record(*fake(writer, i))
+
+
+def test_concurrent_writer_processes_lose_nothing(tmp_path):
+    Store(tmp_path)
+    ctx = multiprocessing.get_context("fork")  # fast start; each writer opens its own connections
+    procs = [ctx.Process(target=write_many, args=(str(tmp_path), w)) for w in range(WRITERS)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=120)
+    assert [p.exitcode for p in procs] == [0] * WRITERS
+    table = load_results(tmp_path)
+    assert len(table) == WRITERS * RUNS_EACH and table.run_id.is_unique
+    curves = load_curves(tmp_path)
+    assert len(curves) == WRITERS * RUNS_EACH * 6
+    assert curves.value.isna().sum() == WRITERS * RUNS_EACH  # NaN stored as NULL, not dropped
+
+
+def test_rewriting_a_run_replaces_it_and_counts_attempts(tmp_path):
+    store = Store(tmp_path)
+    store.record(*fake(0, 1, status="failed"))
+    store.record(*fake(0, 1))
+    (row,) = store.runs()
+    assert row["status"] == "finished" and row["attempts"] == 2
+    assert len(load_curves(tmp_path, "w0-1")) == 6
+    assert load_run_configs(tmp_path) == {"w0-1": {"seed": 1, "writer": 0}}
+
+
+def test_flat_table_orders_metrics_by_length_then_name(tmp_path):
+    Store(tmp_path).record(*fake(0, 2))
+    columns = list(load_results(tmp_path).columns)
+    assert columns[:5] == ["run_id", "position", "seed", "model.position", "status"]
+    assert columns[5:8] == ["accuracy@8", "loss@8", "accuracy@16"]

@@ -1,0 +1,210 @@
+"""Study files: schema, sweep expansion, and one located message per kind of bad input.
+
+No training here: every test runs in well under a second (one subprocess test aside).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import jsonschema
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from workbench.cli import main
+from workbench.study import load_study, study_json_schema
+from workbench.sweep import expand
+
+STUDIES = Path(__file__).resolve().parent.parent / "studies"
+
+BASE = """\
+name: t
+task: {name: copy, train_length: 8, n_eval: 16, alphabet_size: 8}
+model:
+  family: decoder
+  d_model: 32
+  n_layers: 1
+  n_heads: 2
+  position: rope
+train: {steps: 20, batch_size: 8}
+seeds: [0, 1]
+"""
+
+
+def write(tmp_path: Path, text: str, name: str = "study.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def validate(path: Path):
+    return CliRunner().invoke(main, ["validate", str(path)])
+
+
+# ---- expansion ------------------------------------------------------------------------------
+
+
+def test_grid_times_zip_times_seeds(tmp_path):
+    path = write(tmp_path, BASE + """\
+sweep:
+  model.position: [none, rope, {name: alibi}]
+  zip:
+    - {model.d_model: [32, 64], model.n_heads: [2, 4]}
+""")
+    runs = expand(load_study(path))
+    assert len(runs) == 3 * 2 * 2
+    assert len({r.run_id for r in runs}) == len(runs)
+    first = runs[0]
+    assert first.swept == {"model.position": "none", "model.d_model": 32, "model.n_heads": 2}
+    # zipped keys vary together: never d_model 32 with 4 heads
+    assert {(r.swept["model.d_model"], r.swept["model.n_heads"]) for r in runs} == {(32, 2), (64, 4)}
+    # fully resolved: the task set vocab_size, variants carry every parameter
+    cfg = first.config
+    assert cfg["model"]["vocab_size"] == 4 + 8 and cfg["model"]["position"]["name"] == "none"
+    assert cfg["train"]["steps"] == 20 and cfg["train"]["eval_every"] == 2 and cfg["seed"] == 0
+    assert {r.seed for r in runs} == {0, 1}
+
+
+def test_run_ids_are_stable_and_ignore_where_runs_execute(tmp_path):
+    a = expand(load_study(write(tmp_path, BASE, "a.yaml")))
+    b = expand(load_study(write(tmp_path, BASE.replace("batch_size: 8}", "batch_size: 8, accelerator: cpu}"), "b.yaml")))
+    c = expand(load_study(write(tmp_path, BASE.replace("batch_size: 8}", "batch_size: 16}"), "c.yaml")))
+    assert [r.run_id for r in a] == [r.run_id for r in b]
+    assert not {r.run_id for r in a} & {r.run_id for r in c}
+
+
+def test_tokens_budget_gives_equal_tokens_per_run(tmp_path):
+    path = write(tmp_path, BASE.replace("steps: 20", "tokens: 10000") + "sweep: {train.batch_size: [8, 16]}\n")
+    steps = [r.config["train"]["steps"] for r in expand(load_study(path))]
+    assert steps == [157, 157, 79, 79]  # ceil(10000 / (batch * 8 positions))
+
+
+def test_sweep_over_variant_parameter_and_profile(tmp_path):
+    path = write(tmp_path, BASE + """\
+sweep: {model.position.base: [100.0, 10000.0]}
+profiles:
+  big: {train.batch_size: 64, model.d_model: 64}
+""")
+    runs = expand(load_study(path))
+    assert [r.config["model"]["position"]["base"] for r in runs[::2]] == [100.0, 10000.0]
+    big = expand(load_study(path, profile="big"))
+    assert big[0].config["train"]["batch_size"] == 64 and big[0].config["model"]["d_model"] == 64
+
+
+def test_baseline_and_expectations_are_normalised(tmp_path):
+    path = write(tmp_path, BASE + """\
+sweep: {model.position: [none, rope]}
+baseline: none
+expect:
+  - {metric: accuracy@8, better: rope, than: {name: none}, claim: P1}
+""")
+    study = load_study(path).study
+    assert study.baseline == {"model.position": "none"}
+    assert study.expect[0].better == {"model.position": "rope"}
+
+
+def test_yaml_never_builds_python_objects(tmp_path):
+    path = write(tmp_path, BASE.replace("name: t", "name: !!python/object/apply:os.system [echo hacked]"))
+    result = validate(path)
+    assert result.exit_code == 2 and "hacked" not in result.output
+
+
+# ---- bad input: one line, file, field, YAML line, choices, exit 2 ---------------------------
+
+BAD = {
+    # case: (edit of BASE, expected line, fragments of the message)
+    "unknown top-level key": (lambda t: t.replace("seeds:", "seed:"), 10, ["seed", "unknown key", "did you mean 'seeds'"]),
+    "unknown train key": (lambda t: t.replace("steps: 20", "stpes: 20"), 9, ["train.stpes", "unknown key", "steps"]),
+    "unknown variant": (lambda t: t.replace("position: rope", "position: rop"), 8,
+                        ["model.position", "unknown position scheme 'rop'", "did you mean 'rope'", "alibi"]),
+    "unknown task": (lambda t: t.replace("name: copy", "name: cpy"), 2, ["task.name", "unknown task 'cpy'", "copy"]),
+    "wrong type": (lambda t: t.replace("batch_size: 8", "batch_size: big"), 9, ["train.batch_size", "integer", "'big'"]),
+    "n_heads must divide d_model": (lambda t: t.replace("n_heads: 2", "n_heads: 3"), 7,
+                                    ["model.n_heads", "do not divide d_model=32"]),
+    "n_kv_heads must divide n_heads": (lambda t: t.replace("n_heads: 2", "n_heads: 4\n  n_kv_heads: 3"), 8,
+                                       ["model.n_kv_heads", "must divide n_heads=4", "valid: 1, 2, 4"]),
+    "sweep over a missing key": (lambda t: t + "sweep: {model.d_modle: [32, 64]}\n", 11,
+                                 ["sweep.model.d_modle", "no such key", "did you mean 'model.d_model'"]),
+    "empty sweep": (lambda t: t + "sweep:\n  model.position: []\n", 12, ["sweep.model.position", "empty sweep list"]),
+    "bad value inside a sweep": (lambda t: t + "sweep:\n  model.position: [rope, alibbi]\n", 12,
+                                 ["sweep.model.position", "unknown position scheme 'alibbi'", "model.position=alibbi"]),
+    "swept combination invalid": (lambda t: t + "sweep: {model.d_model: [32, 33]}\n", 11,
+                                  ["model.n_heads", "do not divide d_model=33", "model.d_model=33"]),
+    "malformed YAML": (lambda t: t.replace("n_layers: 1", "n_layers: [1"), 7, ["malformed YAML"]),
+    "duplicate key": (lambda t: t.replace("n_layers: 1", "n_layers: 1\n  n_layers: 2"), 7, ["model.n_layers", "duplicate key"]),
+    "baseline not swept": (lambda t: t + "sweep: {model.position: [none, rope]}\nbaseline: alibi\n", 12,
+                           ["baseline", "'alibi' is not a swept value", "none, rope"]),
+    "expectation on an unknown metric": (
+        lambda t: t + "sweep: {model.position: [none, rope]}\nexpect: [{metric: acuracy@8, better: rope, than: none}]\n",
+        12, ["expect.0.metric", "unknown metric 'acuracy'", "did you mean 'accuracy'"]),
+    "two budgets": (lambda t: t.replace("steps: 20", "steps: 20, tokens: 100"), 9, ["train.steps", "exactly one"]),
+}
+
+
+@pytest.mark.parametrize("case", BAD)
+def test_bad_input_names_file_field_line_and_choices(tmp_path, case):
+    edit, line, fragments = BAD[case]
+    path = write(tmp_path, edit(BASE))
+    result = validate(path)
+    assert result.exit_code == 2, result.output
+    message = result.stderr.strip()
+    assert len(message.splitlines()) == 1, message
+    assert message.startswith(f"error: {path}:{line}: "), message
+    for fragment in fragments:
+        assert fragment in message, (fragment, message)
+    assert "Traceback" not in result.output
+
+
+def test_unknown_profile_lists_the_profiles(tmp_path):
+    path = write(tmp_path, BASE + "profiles: {gpu: {train.precision: bf16-mixed}}\n")
+    result = CliRunner().invoke(main, ["validate", str(path), "--profile", "gpx"])
+    assert result.exit_code == 2
+    assert "unknown profile 'gpx'; did you mean 'gpu'?" in result.stderr and "(valid: gpu)" in result.stderr
+
+
+def test_missing_file_is_one_line(tmp_path):
+    result = validate(tmp_path / "nope.yaml")
+    assert result.exit_code == 2 and "study file not found" in result.stderr
+
+
+def test_real_process_prints_no_traceback(tmp_path):
+    """The installed command, not the test runner: exit 2, one line on stderr."""
+    path = write(tmp_path, BASE.replace("n_layers: 1", "n_layers: [1"))
+    proc = subprocess.run([sys.executable, "-m", "workbench.cli", "validate", str(path)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr and proc.stderr.count("\n") == 1
+    assert f"{path}:7: malformed YAML" in proc.stderr
+
+
+# ---- JSON Schema ----------------------------------------------------------------------------
+
+
+def test_schema_is_json_schema_that_accepts_shipped_studies_and_rejects_typos():
+    result = CliRunner().invoke(main, ["schema"])
+    assert result.exit_code == 0
+    schema = json.loads(result.output)
+    jsonschema.Draft202012Validator.check_schema(schema)
+    shipped = sorted(STUDIES.glob("*.yaml"))
+    assert shipped, "no study ships in studies/"
+    for path in shipped:
+        jsonschema.validate(yaml.safe_load(path.read_text()), schema)
+    tiny = yaml.safe_load((STUDIES / "tiny.yaml").read_text())
+    for edit in (lambda s: s["model"].update(position="rop"), lambda s: s["train"].update(stpes=3),
+                 lambda s: s.update(sweep={"model.position": []})):
+        bad = json.loads(json.dumps(tiny))
+        edit(bad)
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(bad, schema)
+
+
+def test_schema_matches_what_the_loader_accepts():
+    """Every shipped study also passes the loader and expands."""
+    for path in sorted(STUDIES.glob("*.yaml")):
+        study = load_study(path)
+        if study.study.kind == "train":
+            assert expand(study)

@@ -1,0 +1,120 @@
+"""Where runs execute. An executor takes jobs and yields their results as they finish; what
+to run, skipping, resuming and recording stay in the runner (the driver process), so a
+cluster executor (Ray, ...) only has to implement `run`.
+
+    InProcessExecutor       --jobs 1: one run after another in this process
+    LocalProcessExecutor    --jobs N: N spawned worker processes, torch threads = cores // N
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Job:
+    """One run to execute: plain, picklable data."""
+
+    run_id: str
+    config: dict[str, Any]
+    run_dir: Path
+
+
+class Executor(ABC):
+    """Runs jobs; yields one RunResult per job, in completion order."""
+
+    on_start: Callable[[Job], None] | None = None  # called as each job starts (progress)
+
+    @abstractmethod
+    def run(self, jobs: Sequence[Job]) -> Iterator[Any]:
+        ...
+
+
+def execute(job: Job):
+    from workbench.train import train_run  # imported here: workers pay for torch once, lazily
+
+    return train_run(job.run_id, job.config, job.run_dir)
+
+
+class InProcessExecutor(Executor):
+    def __init__(self, on_start=None):
+        self.on_start = on_start
+
+    def run(self, jobs: Sequence[Job]) -> Iterator[Any]:
+        for job in jobs:
+            if self.on_start:
+                self.on_start(job)
+            yield execute(job)
+
+
+def init_worker(threads: int) -> None:
+    import torch
+
+    torch.set_num_threads(threads)  # N workers share the cores instead of oversubscribing them
+
+
+class LocalProcessExecutor(Executor):
+    """N runs at once, each in a spawned process (a fresh CUDA context, no forked state).
+
+    At most N jobs are submitted at a time, so every submitted job is running: if a worker
+    dies (killed by the OS, a segfault), the jobs that were running are reported failed and
+    the rest go on in a fresh pool.
+    """
+
+    def __init__(self, jobs: int, threads: int | None = None, on_start=None):
+        self.n = jobs
+        self.threads = threads or max(1, (os.cpu_count() or 1) // jobs)
+        self.on_start = on_start
+
+    def _pool(self) -> ProcessPoolExecutor:
+        return ProcessPoolExecutor(max_workers=self.n, mp_context=multiprocessing.get_context("spawn"),
+                                   initializer=init_worker, initargs=(self.threads,))
+
+    def run(self, jobs: Sequence[Job]) -> Iterator[Any]:
+        from workbench.train import FAILED, RunResult
+
+        queue = list(jobs)
+        pool = self._pool()
+        running: dict[Future, Job] = {}
+        try:
+            while queue or running:
+                while queue and len(running) < self.n:
+                    job = queue.pop(0)
+                    if self.on_start:
+                        self.on_start(job)
+                    running[pool.submit(execute, job)] = job
+                done, _ = wait(running, return_when=FIRST_COMPLETED)
+                for future in done:
+                    job = running.pop(future)
+                    try:
+                        yield future.result()
+                    except BrokenProcessPool:
+                        yield RunResult(job.run_id, FAILED, error=(
+                            f"a worker process died while {len(running) + 1} run(s) were training "
+                            "(killed by the OS, e.g. out of memory?); run the study again to retry"))
+                        for other, other_job in list(running.items()):
+                            running.pop(other)
+                            yield RunResult(other_job.run_id, FAILED, error="its worker pool broke (see above)")
+                        pool.shutdown(wait=False, cancel_futures=True)
+                        pool = self._pool()
+                        break
+                    except Exception as err:  # pickling errors and the like: this run's outcome
+                        yield RunResult(job.run_id, FAILED, error=f"{type(err).__name__}: {err}")
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
+
+
+def make_executor(jobs: int, on_start=None) -> Executor:
+    if jobs < 1:
+        from workbench.errors import WorkbenchError
+
+        raise WorkbenchError(f"--jobs: must be at least 1, got {jobs}")
+    return InProcessExecutor(on_start) if jobs == 1 else LocalProcessExecutor(jobs, on_start=on_start)

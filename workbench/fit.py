@@ -1,0 +1,167 @@
+"""Fits on scaling measurements: log-log exponents and the attention/FFN crossover (claim E2).
+
+Exponents. A cost that grows like c * n^p is a line of slope p in log-log axes. Constant
+overheads flatten the low end, so the slope is fitted over the top `top` lengths only, by
+least squares on (log n, log cost), with the slope's standard error from the same fit
+(scipy.stats.linregress). Two points give a slope and no error estimate (NaN).
+
+Crossover (E2). Per layer and forward pass, with n tokens, width d = h * hd, K/V heads
+h_kv and FFN hidden width d_ff, counting 2 FLOPs per multiply-add:
+
+    attention   scores q.k^T: n * n * hd multiply-adds per head, weighted sum of v: the
+                same again, over h heads                      ->  4 * n^2 * d
+    projections Q: n*d*d, K and V: 2*n*d*(h_kv*hd), output: n*d*d
+                                                              ->  2 * n * d * (2d + 2 h_kv hd)
+    FFN         up and down, n*d*d_ff each (gated: three matrices of d_ff)
+                                                              ->  4 * n * d * d_ff  (6 when gated)
+
+Attention passes the rest when 4 n^2 d > n * (projections + FFN per token), i.e. at
+
+    n* = (2d (2d + 2 h_kv hd) + 4 d d_ff) / (4 d) = d + h_kv hd + d_ff
+
+For multi-head attention (h_kv hd = d) with a 4x FFN (d_ff = 4d): 8 n d^2 + 16 n d^2 =
+24 n d^2 against 4 n^2 d, so n* = 6 d. A kernel that skips the masked half of a causal
+score matrix does half the attention work and moves n* to twice that; FLOP counters
+(and the naive explicit-scores kernel) count the full n x n matrix, which the formula
+above assumes.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+
+from workbench.spec import ModelSpec, parse_spec
+
+
+@dataclass(frozen=True)
+class SlopeFit:
+    exponent: float
+    stderr: float  # standard error of the slope; NaN with two points
+    intercept: float  # log(cost) at log(n) = 0
+    lengths: tuple[int, ...]  # the lengths the fit used
+
+    @property
+    def n_points(self) -> int:
+        return len(self.lengths)
+
+
+def loglog_slope(lengths: Sequence[float], values: Sequence[float], top: int = 4) -> SlopeFit:
+    """Least-squares slope of log(value) against log(length) over the `top` largest lengths.
+
+    Non-finite or non-positive values (failed points) are dropped first; at least two
+    points must remain."""
+    pairs = sorted((float(n), float(v)) for n, v in zip(lengths, values, strict=True)
+                   if v is not None and math.isfinite(float(v)) and float(v) > 0 and float(n) > 0)
+    pairs = pairs[-top:]
+    if len({n for n, _ in pairs}) < 2:
+        raise ValueError(f"a log-log slope needs two distinct lengths with positive values; got {pairs}")
+    x = np.log([n for n, _ in pairs])
+    y = np.log([v for _, v in pairs])
+    if len(pairs) == 2:
+        slope = (y[1] - y[0]) / (x[1] - x[0])
+        return SlopeFit(float(slope), math.nan, float(y[0] - slope * x[0]), tuple(int(n) for n, _ in pairs))
+    fit = stats.linregress(x, y)
+    return SlopeFit(float(fit.slope), float(fit.stderr), float(fit.intercept), tuple(int(n) for n, _ in pairs))
+
+
+METRICS = ("time_median_s", "flops", "activation_bytes", "peak_bytes", "kv_cache_bytes")
+
+
+def fit_exponents(rows: pd.DataFrame | Sequence[dict[str, Any]], *, by: Sequence[str] = ("variant", "scope", "mode", "kv_cache"),
+                  metrics: Sequence[str] = METRICS, top: int = 4) -> pd.DataFrame:
+    """One row per group of `by` and metric: exponent, its standard error and the lengths
+    used. Only rows with status "ok" count; metrics with fewer than two usable points are
+    left out."""
+    df = pd.DataFrame(rows)
+    if "status" in df:
+        df = df[df["status"] == "ok"]
+    keys = [c for c in by if c in df.columns]
+    out = []
+    for group, part in df.groupby(keys, dropna=False, sort=True) if keys else [((), df)]:
+        group = group if isinstance(group, tuple) else (group,)
+        for metric in metrics:
+            if metric not in part:
+                continue
+            values = pd.to_numeric(part[metric], errors="coerce")
+            usable = values.notna() & (values > 0)
+            if part.loc[usable, "length"].nunique() < 2:
+                continue
+            fit = loglog_slope(part.loc[usable, "length"].tolist(), values[usable].tolist(), top=top)
+            out.append({**dict(zip(keys, group, strict=True)), "metric": metric, "exponent": fit.exponent,
+                        "stderr": fit.stderr, "n_points": fit.n_points,
+                        "lengths": ",".join(str(n) for n in fit.lengths)})
+    return pd.DataFrame(out)
+
+
+@dataclass(frozen=True)
+class Crossover:
+    length: float  # n where attention's cost equals the rest's
+    method: str  # "interpolated" between bracketing lengths, or "extrapolated" from a fit
+
+
+def crossover_length(lengths: Sequence[float], attention: Sequence[float], rest: Sequence[float]) -> Crossover:
+    """The length where `attention` (growing faster) reaches `rest` (projections + FFN).
+
+    Between the two measured lengths that bracket the crossing, log(attention / rest) is
+    interpolated linearly in log n (exact for power laws). Without a bracket, a line through
+    all points in (log n, log ratio) is extended to ratio 1 and the result says so."""
+    points = sorted((float(n), float(a) / float(r)) for n, a, r in zip(lengths, attention, rest, strict=True)
+                    if float(a) > 0 and float(r) > 0)
+    if len(points) < 2:
+        raise ValueError("a crossover needs two lengths with positive attention and rest figures")
+    x = np.log([n for n, _ in points])
+    y = np.log([ratio for _, ratio in points])
+    for i in range(len(points) - 1):
+        if y[i] == 0:
+            return Crossover(points[i][0], "interpolated")
+        if y[i] < 0 < y[i + 1] or y[i] > 0 > y[i + 1]:
+            t = -y[i] / (y[i + 1] - y[i])
+            return Crossover(float(np.exp(x[i] + t * (x[i + 1] - x[i]))), "interpolated")
+    if y[-1] == 0:
+        return Crossover(points[-1][0], "interpolated")
+    slope, intercept = np.polyfit(x, y, 1)
+    if slope == 0:
+        raise ValueError("attention's share does not change with length: no crossover")
+    return Crossover(float(np.exp(-intercept / slope)), "extrapolated")
+
+
+def analytic_crossover(spec: ModelSpec | dict[str, Any]) -> float:
+    """n* = d + h_kv * hd + d_ff (derivation in the module docstring); 6 d for MHA with a 4x FFN."""
+    spec = parse_spec(spec)
+    d, kv_width = spec.d_model, spec.kv_heads * spec.dim_head
+    q_width = spec.n_heads * spec.dim_head
+    d_ff, gated = _ffn_width(spec)
+    # Per token, forward FLOPs: projections 2 d (2 q_width + 2 kv_width), FFN (4 or 6) d d_ff;
+    # attention per pair of tokens: 4 q_width.
+    per_token = 2 * d * (2 * q_width + 2 * kv_width) + (6 if gated else 4) * d * d_ff
+    return per_token / (4 * q_width)
+
+
+def _ffn_width(spec: ModelSpec) -> tuple[int, bool]:
+    """(hidden width, gated) of the spec's FFN, read from a built instance so that the
+    defaults (4 d, or 8/3 d when gated) come from the FFN class itself."""
+    ffn = spec.ffn.cls(spec.ffn.params, d_model=spec.d_model, bias=False)
+    if hasattr(ffn, "gate_up"):
+        return ffn.gate_up.out_features // 2, True
+    if hasattr(ffn, "up"):
+        return ffn.up.out_features, False
+    return 0, False  # no FFN
+
+
+def measured_crossover(rows: pd.DataFrame | Sequence[dict[str, Any]]) -> Crossover:
+    """Crossover from per-module FLOP counts of forward rows: attention group against
+    projections + FFN groups. Needs a kernel the counter sees (e.g. `naive`)."""
+    df = pd.DataFrame(rows)
+    df = df[(df["status"] == "ok") & (df["mode"] == "forward")].sort_values("length")
+    if (df["flops_counted_attention"] <= 0).any():
+        raise ValueError("the FLOP counter saw no attention FLOPs in some rows (fused kernel on this "
+                         "device?): measure the crossover with an attention kernel it can count")
+    return crossover_length(df["length"].tolist(), df["flops_counted_attention"].tolist(),
+                            (df["flops_counted_projections"] + df["flops_counted_ffn"]).tolist())

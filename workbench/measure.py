@@ -1,0 +1,613 @@
+"""Cost measurements of one workload at one size: time, FLOPs, activation and peak memory.
+
+A `Point` names what to measure: a model spec, a `scope` (how much of the model), a `mode`
+and a sequence length. `measure_point` builds the workload and applies four instruments,
+each of which labels its figures with what it is:
+
+    time        perf_counter around each call (CUDA: synchronized), warm-up then repeats;
+                median, quartiles, min and max
+    FLOPs       torch.utils.flop_counter.FlopCounterMode, total and per module group;
+                attention kernels the counter cannot see (fused SDPA on CPU) get an
+                analytic figure from the pairs (query, key) the variant lets interact,
+                labelled "analytic"
+    activation  bytes of the tensors autograd saves for backward (saved_tensors_hooks,
+                one count per storage so views are not counted twice): exact on any device
+    peak memory CUDA: max_memory_allocated over the allocation at call start;
+                CPU: growth of the process' peak RSS over its RSS at call start
+
+`run_points` measures each point in a fresh spawned process, so allocator caches, lazy
+kernel initialisation and fragmentation from one point never reach the next; a point that
+runs out of memory or past its time budget is recorded with status "oom" / "timeout" and
+the remaining points still run.
+
+Scopes:  attention  the attention variant alone on given q, k, v (no projections)
+         layer      one self-attention layer: QKV projection, position rotation,
+                    attention, output projection
+         block      one Transformer block: the layer above, norms and the FFN
+         model      the whole model of the spec (embedding, every block, LM head)
+Modes:   forward    inference forward (no autograd graph)
+         train_step forward + backward of the output's sum (parameter and input grads)
+         decode     one generated token at context `length`, with or without the KV
+                    cache (scope model, decoder family)
+"""
+
+from __future__ import annotations
+
+import ctypes
+import gc
+import multiprocessing as mp
+import os
+import platform
+import queue
+import resource
+import signal
+import statistics
+import sys
+import time
+import traceback
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+from torch import Tensor, nn
+from torch.utils.flop_counter import FlopCounterMode
+
+from workbench.attention import AttentionVariant
+from workbench.cache import KVCache
+from workbench.ffn import FeedForward
+from workbench.model import Block, CrossAttention, DecoderModel, Positions, SelfAttention, build_model
+from workbench.spec import ModelSpec, parse_spec
+
+Scope = Literal["attention", "layer", "block", "model"]
+Mode = Literal["forward", "train_step", "decode"]
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+class Point(BaseModel):
+    """One measurement: what to build, at which size, in which mode."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model: dict[str, Any] = Field(description="model spec mapping (as a study's `model:` section)")
+    scope: Scope = "layer"
+    mode: Mode = "forward"
+    length: int = Field(gt=0, description="sequence length; for decode, the context length")
+    batch_size: int = Field(1, gt=0)
+    kv_cache: bool | None = Field(None, description="decode only: read past K/V from the cache")
+    warmup: int = Field(1, ge=0, description="untimed calls before the timed ones")
+    repeats: int = Field(5, gt=0, description="timed calls")
+    seed: int = Field(0, description="seed of the parameters and inputs")
+    device: str = "cpu"
+    dtype: Literal["float32", "float16", "bfloat16"] = "float32"
+    threads: int | None = Field(None, gt=0, description="torch CPU threads (None: torch's default)")
+    memory_limit_gb: float | None = Field(
+        None, gt=0, description="cap on the point's address-space growth (isolated runs only)"
+    )
+
+
+# ---- instruments ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Timing:
+    median_s: float
+    q25_s: float
+    q75_s: float
+    min_s: float
+    max_s: float
+    repeats: int
+    instrument: str
+
+
+def time_call(fn: Callable[[], Any], *, warmup: int, repeats: int, device: torch.device) -> Timing:
+    """Wall time of `fn`: `warmup` untimed calls, then `repeats` timed ones."""
+    cuda = device.type == "cuda"
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    for _ in range(warmup):
+        fn()
+    sync()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        sync()  # CUDA launches are asynchronous: wait for the kernels, not just the launch
+        times.append(time.perf_counter() - start)
+    q25, _, q75 = statistics.quantiles(times, n=4, method="inclusive") if len(times) > 1 else times * 3
+    return Timing(
+        median_s=statistics.median(times), q25_s=q25, q75_s=q75, min_s=min(times), max_s=max(times),
+        repeats=repeats, instrument="perf_counter+cuda_synchronize" if cuda else "perf_counter",
+    )
+
+
+@dataclass(frozen=True)
+class FlopCount:
+    total: int
+    by_module: dict[str, int]  # FlopCounterMode's module names ("Block.attn.qkv") -> FLOPs
+
+
+def count_flops(fn: Callable[[], Any]) -> FlopCount:
+    """FLOPs of one call of `fn` as FlopCounterMode counts them (matmul-like ops only)."""
+    with FlopCounterMode(display=False) as counter:
+        fn()
+    by_module = {name: sum(ops.values()) for name, ops in counter.get_flop_counts().items()}
+    return FlopCount(total=counter.get_total_flops(), by_module=by_module)
+
+
+def _storage_key(t: Tensor) -> tuple[str, int]:
+    return str(t.device), t.untyped_storage().data_ptr()
+
+
+def saved_tensor_bytes(fn: Callable[[], Any], exclude: Iterable[Tensor] = ()) -> int:
+    """Bytes of the storages autograd saves for backward while `fn` runs.
+
+    Each storage counts once, whole: a saved view keeps its entire storage alive, and two
+    views of one storage are one allocation. Storages of `exclude` (the parameters) are
+    not activations and are left out.
+    """
+    skip = {_storage_key(t) for t in exclude}
+    seen: dict[tuple[str, int], int] = {}
+
+    def pack(t: Tensor) -> Tensor:
+        key = _storage_key(t)
+        if key not in skip:
+            seen[key] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fn()
+    return sum(seen.values())
+
+
+def _rss_bytes(field_name: str) -> int:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith(field_name + ":"):
+                return int(line.split()[1]) * 1024
+    raise OSError(f"{field_name} not in /proc/self/status")
+
+
+def _reset_peak_rss() -> bool:
+    """Linux: reset the peak-RSS mark (VmHWM, which ru_maxrss reads) to the current RSS."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def _ru_maxrss_bytes() -> int:
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024  # macOS reports bytes, Linux KiB
+
+
+def peak_memory(fn: Callable[[], Any], device: torch.device) -> tuple[int, str]:
+    """Peak memory growth during one call of `fn`, and the name of the instrument.
+
+    CUDA: torch.cuda.max_memory_allocated after reset_peak_memory_stats, minus the memory
+    allocated when the call starts (parameters, inputs). CPU: the process' peak RSS
+    (getrusage ru_maxrss, its mark reset to the current RSS first) minus the RSS when the
+    call starts. Where the mark cannot be reset, the baseline is the peak so far, which is
+    only meaningful as the first large computation of a fresh process (what run_points gives).
+    """
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+        base = torch.cuda.memory_allocated(device)
+        fn()
+        torch.cuda.synchronize(device)
+        return torch.cuda.max_memory_allocated(device) - base, "cuda_max_allocated_delta"
+    base = _rss_bytes("VmRSS") if _reset_peak_rss() else _ru_maxrss_bytes()
+    fn()
+    return max(_ru_maxrss_bytes() - base, 0), "cpu_peak_rss_delta"
+
+
+def return_freed_memory_to_os() -> None:
+    """glibc: serve every allocation over 128 KiB by mmap, so freed buffers leave the RSS.
+
+    glibc otherwise raises its mmap threshold after the first large free and keeps later
+    buffers in the heap; the RSS would then stay high after a warm-up and hide the next
+    call's peak. Setting the threshold explicitly switches that adjustment off.
+    """
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return
+    m_mmap_threshold = -3
+    libc.mallopt(m_mmap_threshold, 128 * 1024)
+
+
+def is_out_of_memory(err: BaseException) -> bool:
+    if isinstance(err, (torch.OutOfMemoryError, MemoryError)):
+        return True
+    # The CPU allocator raises a plain RuntimeError when malloc fails.
+    return isinstance(err, RuntimeError) and ("can't allocate memory" in str(err) or "out of memory" in str(err))
+
+
+# ---- analytic attention FLOPs --------------------------------------------------------------
+
+
+def allowed_pairs(variant: AttentionVariant, q_pos: Tensor, k_pos: Tensor, causal: bool,
+                  key_mask: Tensor | None = None, chunk: int = 1024) -> int:
+    """Number of (query, key) pairs the variant lets interact, summed over the batch.
+
+    q_pos [B, nq], k_pos [B, nk]; evaluated in row chunks so n x n never lives in memory."""
+    total = 0
+    for start in range(0, q_pos.shape[1], chunk):
+        rows = q_pos[:, start : start + chunk, None]  # [B, c, 1]
+        keep = variant.allowed(rows, k_pos[:, None, :], causal)  # [B, c, nk]
+        if key_mask is not None:
+            keep = keep & key_mask[:, None, :]
+        total += int(keep.expand(rows.shape[0], rows.shape[1], k_pos.shape[1]).sum())
+    return total
+
+
+@contextmanager
+def analytic_attention_flops(root: nn.Module) -> Iterator[list[int]]:
+    """Within the block, each attention-variant call adds its forward FLOPs to the yielded
+    list: 4 * h * hd per allowed (query, key) pair (q.k and the weighted sum of v, 2 FLOPs
+    per multiply-add each). This is the work the variant's pattern requires; a kernel that
+    computes whole tiles, or masks a full matrix, does more."""
+    flops: list[int] = []
+
+    def hook(module: AttentionVariant, args, kwargs) -> None:
+        q = args[0]  # [B, h, nq, hd]
+        pairs = allowed_pairs(module, kwargs["q_pos"], kwargs["k_pos"], kwargs["causal"], kwargs["key_mask"])
+        flops.append(4 * q.shape[1] * q.shape[3] * pairs)
+
+    handles = [m.register_forward_pre_hook(hook, with_kwargs=True)
+               for m in root.modules() if isinstance(m, AttentionVariant)]
+    try:
+        yield flops
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def module_groups(root: nn.Module) -> dict[str, str]:
+    """FlopCounterMode module name -> cost group ("attention", "projections", "ffn") for the
+    outermost module of each group, so that no FLOP is counted in two groups."""
+    prefix = type(root).__name__
+    groups: dict[str, str] = {}
+    for name, module in root.named_modules():
+        if isinstance(module, AttentionVariant):
+            group = "attention"
+        elif isinstance(module, FeedForward):
+            group = "ffn"
+        elif isinstance(module, nn.Linear) and isinstance(_parent(root, name), (SelfAttention, CrossAttention)):
+            group = "projections"
+        else:
+            continue
+        groups[f"{prefix}.{name}" if name else prefix] = group
+    return groups
+
+
+def _parent(root: nn.Module, name: str) -> nn.Module | None:
+    if not name:
+        return None
+    parent = name.rpartition(".")[0]
+    return root.get_submodule(parent) if parent else root
+
+
+# ---- workloads -----------------------------------------------------------------------------
+
+
+@dataclass
+class Workload:
+    """A built module and a zero-argument call that runs the measured computation once."""
+
+    root: nn.Module
+    run: Callable[[], None]
+    backward_factor: int = 1  # analytic FLOPs: forward only (1) or forward + backward (3)
+    kv_cache_bytes: int | None = None
+    kv_cache_bytes_formula: int | None = None
+    notes: dict[str, Any] = field(default_factory=dict)
+
+
+def _causal(spec: ModelSpec) -> bool:
+    return spec.family != "encoder"
+
+
+def _inputs_and_module(spec: ModelSpec, scope: Scope, n: int, B: int, device, dtype):
+    """(module, forward callable taking nothing and returning the output tensor)."""
+    causal = _causal(spec)
+    seq = Positions(torch.arange(n, device=device).expand(B, n), None)
+    make_position = lambda: spec.position.cls(  # noqa: E731
+        spec.position.params, d_model=spec.d_model, n_heads=spec.n_heads, head_dim=spec.dim_head)
+    if scope == "attention":
+        module = spec.attention.cls(spec.attention.params, n_heads=spec.n_heads,
+                                    n_kv_heads=spec.kv_heads, head_dim=spec.dim_head)
+        q = torch.randn(B, spec.n_heads, n, spec.dim_head, device=device, dtype=dtype, requires_grad=True)
+        k, v = (torch.randn(B, spec.kv_heads, n, spec.dim_head, device=device, dtype=dtype,
+                            requires_grad=True) for _ in range(2))
+        return module.to(device), lambda: module(q, k, v, q_pos=seq.pos, k_pos=seq.pos, key_mask=None,
+                                                 causal=causal, score_bias=None)
+    if scope in ("layer", "block"):
+        position = make_position()
+        module = SelfAttention(spec, position) if scope == "layer" else Block(spec, position, causal, cross=False)
+        module = module.to(device=device, dtype=dtype)
+        x = torch.randn(B, n, spec.d_model, device=device, dtype=dtype, requires_grad=True)
+        if scope == "layer":
+            return module, lambda: module(x, seq, causal)
+        return module, lambda: module(x, seq)
+    model = build_model(spec).to(device=device, dtype=dtype)
+    tokens = torch.randint(spec.vocab_size, (B, n), device=device)
+    if spec.family == "encoder_decoder":
+        return model, lambda: model(tokens, tokens)
+    return model, lambda: model(tokens)
+
+
+def _decode_workload(spec: ModelSpec, point: Point, device, dtype) -> Workload:
+    """One new token at context `length`: with the cache, a single-token step against the
+    cached K/V of the prefilled context; without it, a forward over context + 1 tokens."""
+    if point.scope != "model" or spec.family != "decoder":
+        raise ValueError(f"decode measures a decoder model at scope 'model' (got scope {point.scope!r}, "
+                         f"family {spec.family!r})")
+    model = build_model(spec).to(device=device, dtype=dtype).eval()
+    B, L = point.batch_size, point.length
+    n_layers = len(model.decoder.blocks)
+
+    def logits(tokens: Tensor, seq: Positions, cache: KVCache | None) -> Tensor:
+        return model.head(model.decoder(tokens, seq, cache=cache))[:, -1]  # [B, vocab]
+
+    if not point.kv_cache:
+        tokens = torch.randint(spec.vocab_size, (B, L + 1), device=device)
+        seq = Positions.of(tokens, None)
+        return Workload(model, torch.no_grad()(lambda: logits(tokens, seq, None)))
+
+    # Every call appends one token: room for all calls measure_point makes (warm-up, peak,
+    # FLOPs, repeats). The context thus grows from L to at most L + calls during measurement.
+    calls = point.warmup + point.repeats + 4
+    window = model._cache_window()
+    capacity = min(L + calls, window) if window else L + calls
+    cache = KVCache(n_layers, capacity)
+    prompt = torch.randint(spec.vocab_size, (B, L), device=device)
+    with torch.no_grad():
+        logits(prompt, Positions.of(prompt, None), cache)
+    held_tokens = min(L, window) if window else L
+    formula = 2 * n_layers * spec.kv_heads * spec.dim_head * held_tokens * B * torch.empty((), dtype=dtype).element_size()
+    measured = cache.nbytes  # after the prompt: exactly the context's K/V
+    next_pos = [L]
+
+    @torch.no_grad()
+    def step() -> None:
+        token = torch.randint(spec.vocab_size, (B, 1), device=device)
+        logits(token, Positions(torch.full((B, 1), next_pos[0], device=device), None), cache)
+        next_pos[0] += 1
+
+    return Workload(model, step, kv_cache_bytes=measured, kv_cache_bytes_formula=formula)
+
+
+def parameters_of(module: nn.Module) -> list[Tensor]:
+    # Not module.parameters(): on variant classes the Variant mixin's `parameters()` (the
+    # listing of declared Params) shadows nn.Module's.
+    return [p for _, p in module.named_parameters()]
+
+
+def build_workload(point: Point) -> Workload:
+    spec = parse_spec(point.model)
+    device, dtype = torch.device(point.device), DTYPES[point.dtype]
+    torch.manual_seed(point.seed)
+    if point.mode == "decode":
+        return _decode_workload(spec, point, device, dtype)
+    module, forward = _inputs_and_module(spec, point.scope, point.length, point.batch_size, device, dtype)
+    if point.mode == "forward":
+        module.eval()
+
+        @torch.no_grad()
+        def infer() -> None:
+            forward()
+
+        return Workload(module, infer)
+    module.train()
+    params = parameters_of(module)
+
+    def train_step() -> None:
+        for p in params:
+            p.grad = None  # free last step's grads first: their memory is not this step's
+        forward().float().sum().backward()
+
+    # Backward of attention: grads of scores, of v, of q and of k: twice the forward's work.
+    return Workload(module, train_step, backward_factor=3)
+
+
+# ---- one point -----------------------------------------------------------------------------
+
+
+def measure_point(point: Point) -> dict[str, Any]:
+    """Build the workload and measure it: one flat row of figures, each with its label."""
+    if point.threads:
+        torch.set_num_threads(point.threads)
+    device = torch.device(point.device)
+    workload = build_workload(point)
+    row: dict[str, Any] = {"status": "ok", "error": None}
+
+    # Warm-up first: lazy initialisation (thread pools, kernel selection) is not the point's
+    # memory. Peak memory is measured before the timed repeats, once per clean state.
+    timing_warmup = time_call(workload.run, warmup=point.warmup, repeats=1, device=device)
+    peak, peak_instrument = peak_memory(workload.run, device)
+    row.update(peak_bytes=peak, peak_instrument=peak_instrument)
+
+    if point.mode == "train_step":
+        row.update(activation_bytes=saved_tensor_bytes(workload.run, exclude=parameters_of(workload.root)),
+                   activation_instrument="saved_tensors_hooks")
+    else:
+        row.update(activation_bytes=None, activation_instrument=None)
+
+    with analytic_attention_flops(workload.root) as analytic:
+        counted = count_flops(workload.run)
+    row.update(flop_figures(counted, module_groups(workload.root), sum(analytic) * workload.backward_factor))
+
+    timing = time_call(workload.run, warmup=0, repeats=point.repeats, device=device)
+    row.update(
+        time_median_s=timing.median_s, time_q25_s=timing.q25_s, time_q75_s=timing.q75_s,
+        time_min_s=timing.min_s, time_max_s=timing.max_s, time_repeats=timing.repeats,
+        time_instrument=timing.instrument, time_first_call_s=timing_warmup.max_s,
+        kv_cache_bytes=workload.kv_cache_bytes, kv_cache_bytes_formula=workload.kv_cache_bytes_formula,
+    )
+    return row
+
+
+def flop_figures(counted: FlopCount, groups: dict[str, str], analytic_attention: int) -> dict[str, Any]:
+    """Counted FLOPs per group, the analytic attention figure, and the best total with its
+    source: the counter's when it saw attention, else the counter's plus the analytic one."""
+    by_group = {"attention": 0, "projections": 0, "ffn": 0}
+    for name, group in groups.items():
+        by_group[group] += counted.by_module.get(name, 0)
+    invisible = by_group["attention"] == 0 and analytic_attention > 0
+    return {
+        "flops": counted.total + (analytic_attention if invisible else 0),
+        "flops_source": "flop_counter+analytic_attention" if invisible else "flop_counter",
+        "flops_counted": counted.total,
+        "flops_counted_attention": by_group["attention"],
+        "flops_counted_projections": by_group["projections"],
+        "flops_counted_ffn": by_group["ffn"],
+        "flops_analytic_attention": analytic_attention,
+    }
+
+
+# ---- many points, each in a clean process --------------------------------------------------
+
+def _child(point: Point, results: mp.Queue) -> None:
+    """Entry point of a spawned measuring process: reports ("ready",) then ("row", row)."""
+    return_freed_memory_to_os()
+    if point.memory_limit_gb:
+        # Cap the address space above what the interpreter and torch already hold, so a size
+        # that does not fit fails with an allocation error instead of the kernel's OOM killer.
+        limit = _rss_bytes("VmSize") + int(point.memory_limit_gb * 2**30)
+        resource.setrlimit(resource.RLIMIT_AS, (limit, resource.getrlimit(resource.RLIMIT_AS)[1]))
+    results.put(("ready",))
+    results.put(("row", measure_point_safely(point)))
+
+
+def measure_point_safely(point: Point) -> dict[str, Any]:
+    """measure_point, with failures as data: "oom" for allocation failures, "error" otherwise."""
+    try:
+        return measure_point(point)
+    except Exception as err:  # noqa: BLE001 - every failure of a point is recorded, not raised
+        status = "oom" if is_out_of_memory(err) else "error"
+        detail = f"{type(err).__name__}: {err}"
+        if status == "error":
+            detail += "\n" + traceback.format_exc(limit=-3)
+        return {"status": status, "error": detail[:2000]}
+    finally:
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+
+def run_points(points: Iterable[Point], *, time_budget_s: float = 600.0, isolate: bool = True,
+               startup_timeout_s: float = 300.0,
+               on_row: Callable[[Point, dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
+    """Measure each point; each row is the point's fields, figures and status.
+
+    isolate: each point in a fresh spawned process (allocator and RSS state start clean);
+    a process still measuring after `time_budget_s` is killed and recorded as "timeout",
+    one that dies from SIGKILL (the kernel's OOM killer) as "oom". Without isolation the
+    points run here, one after the other, and the time budget is not enforced.
+    """
+    rows = []
+    for point in points:
+        started = time.perf_counter()
+        figures = _run_isolated(point, time_budget_s, startup_timeout_s) if isolate else measure_point_safely(point)
+        row = {**point_columns(point), **figures, "wall_s": time.perf_counter() - started,
+               **environment_columns(point)}
+        rows.append(row)
+        if on_row is not None:
+            on_row(point, row)
+    return rows
+
+
+def _run_isolated(point: Point, time_budget_s: float, startup_timeout_s: float) -> dict[str, Any]:
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    process = ctx.Process(target=_child, args=(point, results), daemon=True)
+    process.start()
+    try:
+        deadline = time.monotonic() + startup_timeout_s
+        ready = False
+        while True:
+            try:
+                message = results.get(timeout=0.2)
+            except queue.Empty:
+                if not process.is_alive() and results.empty():
+                    return _died(process)
+                if time.monotonic() > deadline:
+                    what = "measuring" if ready else "starting"
+                    limit = time_budget_s if ready else startup_timeout_s
+                    return {"status": "timeout", "error": f"still {what} after {limit:g} s"}
+                continue
+            if message[0] == "ready":
+                ready, deadline = True, time.monotonic() + time_budget_s
+            else:
+                return message[1]
+    finally:
+        if process.is_alive():
+            process.kill()
+        process.join(timeout=30)
+        results.close()
+
+
+def _died(process) -> dict[str, Any]:
+    process.join(timeout=5)
+    code = process.exitcode
+    if code == -signal.SIGKILL:
+        return {"status": "oom", "error": "measuring process killed by SIGKILL (the kernel's OOM killer)"}
+    return {"status": "error", "error": f"measuring process exited with code {code}"}
+
+
+def point_columns(point: Point) -> dict[str, Any]:
+    spec = parse_spec(point.model)
+    attention = spec.attention.as_dict()
+    return {
+        "variant": variant_label(attention),
+        "scope": point.scope, "mode": point.mode, "length": point.length,
+        "batch_size": point.batch_size, "kv_cache": point.kv_cache,
+        "n_layers": spec.decoder_layers if spec.family != "encoder" else spec.encoder_layers,
+        "d_model": spec.d_model, "n_heads": spec.n_heads, "n_kv_heads": spec.kv_heads,
+        "head_dim": spec.dim_head, "dtype": point.dtype,
+    }
+
+
+def variant_label(attention: dict[str, Any]) -> str:
+    """'sliding_window(window=256)': the attention name with its non-default parameters."""
+    from workbench.registry import get_variant
+
+    cls = get_variant("attention", attention["name"])
+    defaults = cls.Params().model_dump() if _all_defaulted(cls) else {}
+    shown = {k: v for k, v in attention.items() if k != "name" and defaults.get(k, object()) != v}
+    inner = ",".join(f"{k}={v}" for k, v in shown.items())
+    return f"{attention['name']}({inner})" if inner else attention["name"]
+
+
+def _all_defaulted(cls) -> bool:
+    return all(not f.is_required() for f in cls.Params.model_fields.values())
+
+
+def environment_columns(point: Point) -> dict[str, Any]:
+    return {
+        "device": point.device, "threads": point.threads or torch.get_num_threads(),
+        "machine": f"{platform.machine()} {os.cpu_count()} cpus",
+        "torch_version": torch.__version__,
+    }
+
+
+def resolve_device(name: str) -> str:
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device 'cuda' requested but torch sees no CUDA device")
+    return name
+
+
+__all__ = [
+    "FlopCount", "Point", "Timing", "Workload", "allowed_pairs", "build_workload", "count_flops",
+    "measure_point", "peak_memory", "run_points", "saved_tensor_bytes", "time_call",
+]

@@ -1,0 +1,118 @@
+"""Comparison reports: `write_report(out_dir)` reads a study's results store and writes
+
+    reports/<study>/index.html   one self-contained page (inline CSS, relative PNG links)
+    reports/<study>/report.md    the same content for code-hosting sites
+    reports/<study>/figures/*.png
+    reports/<study>/results.csv  every run, one row each, variant label first
+
+Nothing is trained or measured here: a report is a pure function of the store (and, for the
+attention pictures, of the final weights runs left in their folders), so regenerating it
+gives the same files byte for byte: rows are sorted, there are no timestamps, and PNGs carry
+no creation date or software version.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from workbench.errors import WorkbenchError
+from workbench.report.document import Report
+from workbench.report.render import render_html, render_markdown
+
+REPORT_FILES = ("index.html", "report.md", "results.csv")
+
+
+def merged_environment(environments: Sequence[Mapping[str, Any]]) -> dict[str, str]:
+    """One entry per key; several distinct values (runs on different machines) are all listed."""
+    keys = sorted({k for env in environments for k in env})
+    out = {}
+    for key in keys:
+        values = sorted({str(env.get(key)) for env in environments if env.get(key) is not None})
+        out[key] = ", ".join(values) if values else "–"
+    return out
+
+
+def reproduce_command(info: Mapping[str, Any], out_dir: Path) -> str:
+    source = info.get("source") or f"<the study file of {info.get('name', 'this study')}>"
+    profile = info.get("profile")
+    run = f"workbench run {source}" + (f" --profile {profile}" if profile else "") + f" --out {out_dir}"
+    return f"{run}\nworkbench report {out_dir}"
+
+
+def write_files(report: Report, results: pd.DataFrame, dest: Path) -> Path:
+    """index.html, report.md and results.csv into `dest` (figures are already there)."""
+    dest.mkdir(parents=True, exist_ok=True)
+    (dest / "index.html").write_text(render_html(report), encoding="utf-8")
+    (dest / "report.md").write_text(render_markdown(report), encoding="utf-8")
+    results.to_csv(dest / "results.csv", index=False, lineterminator="\n")
+    return dest / "index.html"
+
+
+def fresh_folder(dest: Path) -> None:
+    """Remove what an earlier report wrote here (a variant dropped since must not linger)."""
+    figures = dest / "figures"
+    if figures.exists():
+        shutil.rmtree(figures)
+    for name in REPORT_FILES:
+        (dest / name).unlink(missing_ok=True)
+
+
+def study_of(info: Mapping[str, Any]):
+    """The validated study object stored with the results."""
+    from workbench.scaling import ScalingStudy
+    from workbench.study import STUDY_KINDS
+
+    kinds = {"scaling": ScalingStudy, **STUDY_KINDS}
+    data = info.get("study")
+    if not isinstance(data, Mapping):
+        raise WorkbenchError("the results store holds no study description; rerun `workbench run` into it")
+    kind = data.get("kind", "train")
+    if kind not in kinds:
+        raise WorkbenchError(f"the stored study has kind {kind!r}, which this workbench does not know "
+                             f"(valid: {', '.join(sorted(kinds))})")
+    data = dict(data)
+    sweep = data.get("sweep")
+    if isinstance(sweep, Mapping) and set(sweep) == {"grid", "zip"}:
+        # The stored study is Sweep.model_dump(); the validator reads the YAML form.
+        data["sweep"] = {**sweep["grid"], **({"zip": sweep["zip"]} if sweep["zip"] else {})}
+    return kinds[kind].model_validate(data)
+
+
+def write_report(out_dir: str | Path, reports_dir: str | Path = "reports", *, pictures: bool = True) -> Path:
+    """Write the report of the study stored in `out_dir`; returns the path of index.html.
+
+    `pictures=False` skips the attention heatmaps (which load each variant's final weights)."""
+    from workbench import store
+
+    out_dir = Path(out_dir)
+    info = store.load_study_info(out_dir)
+    study = study_of(info)
+    dest = Path(reports_dir) / study.name
+    fresh_folder(dest)
+    if study.kind == "train":
+        from workbench.report.pictures import ModelPictures
+        from workbench.report.train_report import TrainInputs, TrainReport
+
+        runs = store.load_results(out_dir)
+        environment = merged_environment([r["environment"] for r in store.Store(out_dir, create=False).runs()])
+        inputs = TrainInputs(
+            study=study, runs=runs, curves=store.load_curves(out_dir), environment=environment,
+            command=reproduce_command({**info, "name": study.name}, out_dir),
+            pictures=ModelPictures(lambda run_id: store.run_dir(out_dir, run_id)) if pictures else None,
+        )
+        builder = TrainReport(inputs, dest)
+        return write_files(builder.build(), builder.results_csv(), dest)
+    if study.kind == "scaling":
+        from workbench.report.scaling_report import scaling_report_from_store
+
+        report, results = scaling_report_from_store(out_dir, study, info, dest)
+        return write_files(report, results, dest)
+    raise WorkbenchError(f"no report for study kind {study.kind!r}")
+
+
+__all__ = ["write_report", "Report"]

@@ -1,0 +1,137 @@
+"""What a report says, independent of its format: sections of paragraphs, tables, figures and
+code. `render.py` turns one `Report` into HTML and into Markdown, so both always agree.
+
+All text here is plain (unescaped): the HTML template escapes it, the Markdown writer
+escapes what Markdown would misread.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Literal
+
+
+@dataclass
+class Paragraph:
+    text: str
+    kind: Literal["paragraph"] = "paragraph"
+
+
+@dataclass
+class Code:
+    """A shell command or a YAML/JSON block, shown verbatim."""
+
+    text: str
+    kind: Literal["code"] = "code"
+
+
+@dataclass
+class Table:
+    columns: list[str]
+    rows: list[list[str]]
+    caption: str = ""
+    # Which columns hold numbers (right-aligned); the first column is a row label.
+    numeric: list[bool] | None = None
+    kind: Literal["table"] = "table"
+
+    def __post_init__(self) -> None:
+        if self.numeric is None:
+            self.numeric = [False] * len(self.columns)
+
+
+@dataclass
+class Figure:
+    """A PNG written next to the report; `path` is relative to the report folder."""
+
+    path: str
+    caption: str
+    alt: str
+    legend: list[str] = field(default_factory=list)  # e.g. token ids the figure shows as #i
+    kind: Literal["figure"] = "figure"
+
+
+Item = Paragraph | Code | Table | Figure
+
+
+@dataclass
+class Section:
+    title: str
+    items: list[Item] = field(default_factory=list)
+
+    @property
+    def anchor(self) -> str:
+        return "".join(c if c.isalnum() else "-" for c in self.title.lower()).strip("-")
+
+
+@dataclass
+class VerdictLine:
+    """One `expect:` entry's outcome, formatted for the top of the report."""
+
+    statement: str  # "alibi is better than sinusoidal on accuracy@128"
+    outcome: str  # "holds" | "does not hold" | "inconclusive"
+    label: str  # outcome with its reason for inconclusive ones
+    detail: str  # the two intervals and the Welch difference
+    note: str = ""
+
+
+@dataclass
+class Report:
+    name: str
+    kind: str
+    question: str
+    verdicts: list[VerdictLine]
+    sections: list[Section]
+
+
+# ---- number formatting (one place, so tables, captions and figures agree) ---------------------
+
+
+def fmt(x: float | int | None, digits: int = 3) -> str:
+    """3 significant digits for small values, thousands separators for large ones."""
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "–"
+    if isinstance(x, (int,)) or (abs(x) >= 1000 and float(x).is_integer()):
+        return f"{int(x):,}"
+    if abs(x) >= 1000:
+        return f"{x:,.0f}"
+    return f"{x:.{digits}g}" if x != 0 else "0"
+
+
+def fmt_interval(mean: float, lo: float, hi: float) -> str:
+    """'0.912 [0.899, 0.925]'; a single seed has no interval: '0.912 (1 seed)'."""
+    if math.isnan(mean):
+        return "–"
+    if math.isnan(lo):
+        return f"{fmt(mean)} (no CI: 1 seed)"
+    return f"{fmt(mean)} [{fmt(lo)}, {fmt(hi)}]"
+
+
+def fmt_signed_interval(mean: float, lo: float, hi: float) -> str:
+    if math.isnan(mean):
+        return "–"
+    sign = "+" if mean > 0 else ""
+    if math.isnan(lo):
+        return f"{sign}{fmt(mean)} (no CI)"
+    return f"{sign}{fmt(mean)} [{fmt(lo)}, {fmt(hi)}]"
+
+
+def fmt_bytes(n: float | None) -> str:
+    if n is None or (isinstance(n, float) and math.isnan(n)):
+        return "–"
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= size:
+            return f"{n / size:.3g} {unit}"
+    return f"{int(n)} B"
+
+
+def fmt_seconds(s: float | None) -> str:
+    if s is None or (isinstance(s, float) and math.isnan(s)):
+        return "–"
+    if s >= 120:
+        return f"{s / 60:.3g} min"
+    if s >= 1:
+        return f"{s:.3g} s"
+    if s >= 1e-3:
+        return f"{s * 1e3:.3g} ms"
+    return f"{s * 1e6:.3g} µs"

@@ -1,0 +1,311 @@
+"""The figures of a report: plain functions from tidy DataFrames to PNG files.
+
+Every figure is drawn with the Agg backend (no display) and saved without a creation date or
+software version, so regenerating a report gives byte-identical PNGs. One palette, keyed by
+variant label, is passed to every figure of a report: a variant keeps its colour throughout.
+Bands are the same 95% t intervals over seeds as the tables (stats.mean_ci), not bootstraps.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+from collections.abc import Callable, Mapping, Sequence
+from functools import lru_cache
+from pathlib import Path
+from typing import ParamSpec, TypeVar
+
+import matplotlib
+
+matplotlib.use("Agg")  # before pyplot: reports are written headless
+
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+import seaborn as sns  # noqa: E402
+from matplotlib import font_manager  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+
+from workbench.report.stats import mean_ci  # noqa: E402
+
+# A CJK font often ships one weight (500): matplotlib would log a warning for every text.
+logging.getLogger("matplotlib.font_manager").addFilter(lambda r: "Failed to find font weight" not in r.getMessage())
+
+P = ParamSpec("P")
+R = TypeVar("R")
+Palette = Mapping[str, tuple[float, float, float]]
+DPI = 110
+# PNG metadata matplotlib would otherwise write: its version, which changes between installs.
+PNG_METADATA = {"Software": None}
+
+
+def styled(draw: Callable[P, R]) -> Callable[P, R]:
+    """Draw under the report's style: DejaVu Sans with a CJK fallback font when one is
+    installed (token labels such as 我 爱 猫), the same sizes in every figure."""
+
+    @functools.wraps(draw)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        with plt.rc_context({"font.family": ["DejaVu Sans", *_fallback_fonts()], "font.size": 9,
+                             "axes.titlesize": 10, "svg.hashsalt": "workbench"}):
+            return draw(*args, **kwargs)
+
+    return wrapper
+
+
+def variant_palette(labels: Sequence[str]) -> dict[str, tuple[float, float, float]]:
+    """A fixed colour per variant label, in sorted order (colour-blind safe up to 10 variants)."""
+    labels = sorted(set(map(str, labels)))
+    colours = sns.color_palette("colorblind" if len(labels) <= 10 else "husl", len(labels))
+    return dict(zip(labels, colours))
+
+
+def t_band(values: pd.Series) -> tuple[float, float]:
+    """seaborn errorbar callable: the 95% t interval over seeds (no band for one seed)."""
+    iv = mean_ci(values)
+    return (iv.mean, iv.mean) if math.isnan(iv.lo) else (iv.lo, iv.hi)
+
+
+def save(fig: Figure, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=DPI, metadata=PNG_METADATA)  # constrained layout already fits the labels
+    plt.close(fig)
+    return path
+
+
+def new_axes(width: float = 6.4, height: float = 4.0):
+    fig, ax = plt.subplots(figsize=(width, height), layout="constrained")
+    ax.grid(True, which="major", alpha=0.3)
+    return fig, ax
+
+
+# ---------------------------------------------------------------- training studies
+
+
+@styled
+def learning_curves(curves: pd.DataFrame, palette: Palette, path: Path, *, panels: Sequence[str]) -> Path | None:
+    """curves: long rows (variant, seed, step, metric, value) -> one panel per metric in
+    `panels` order, a line per variant with its 95% seed band."""
+    panels = [p for p in panels if (curves["metric"] == p).any()]
+    if not panels:
+        return None
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels), 3.6), layout="constrained", squeeze=False)
+    for ax, metric in zip(axes[0], panels):
+        part = curves[curves["metric"] == metric]
+        few_points = part["step"].nunique() <= 12
+        sns.lineplot(data=part, x="step", y="value", hue="variant", hue_order=[v for v in palette if v in set(part["variant"])],
+                     palette=palette, errorbar=t_band, marker="o" if few_points else None, ax=ax)
+        ax.set(xlabel="training step", ylabel=metric, title=metric)
+        if "loss" in metric and (part["value"] > 0).all():
+            ax.set_yscale("log")
+        ax.grid(True, alpha=0.3)
+        ax.legend(title="variant", fontsize="small")
+    return save(fig, path)
+
+
+@styled
+def quality_vs_length(by_length: pd.DataFrame, palette: Palette, path: Path, *, metric: str,
+                      train_length: int | None = None) -> Path | None:
+    """by_length: rows (variant, seed, length, value) for one metric evaluated at several
+    lengths -> extrapolation curves with seed bands; the training length is marked."""
+    if by_length["length"].nunique() < 2:
+        return None
+    fig, ax = new_axes()
+    sns.lineplot(data=by_length, x="length", y="value", hue="variant",
+                 hue_order=[v for v in palette if v in set(by_length["variant"])], palette=palette,
+                 errorbar=t_band, marker="o", ax=ax)
+    ax.set_xscale("log", base=2)
+    lengths = sorted(by_length["length"].unique())
+    ax.set_xticks(lengths, [str(int(n)) for n in lengths])
+    if train_length:
+        ax.axvline(train_length, color="grey", linestyle="--", linewidth=1, label=f"training length ({train_length})")
+    ax.set(xlabel="evaluation length (tokens, log scale)", ylabel=metric, title=f"{metric} against evaluation length")
+    ax.legend(title="variant", fontsize="small")
+    return save(fig, path)
+
+
+@styled
+def quality_vs_cost(summary: pd.DataFrame, palette: Palette, path: Path, *, metric: str, cost: str,
+                    cost_label: str) -> Path | None:
+    """summary: one row per variant with mean, ci_lo, ci_hi of the metric and the mean `cost`
+    -> scatter with the metric's interval as a vertical error bar, cost on a log axis."""
+    data = summary.dropna(subset=["mean", cost])
+    data = data[data[cost] > 0]
+    if data.empty:
+        return None
+    fig, ax = new_axes()
+    for row in data.itertuples(index=False):
+        row = row._asdict()
+        lo = row["mean"] - row["ci_lo"] if not math.isnan(row["ci_lo"]) else 0.0
+        hi = row["ci_hi"] - row["mean"] if not math.isnan(row["ci_hi"]) else 0.0
+        ax.errorbar([row[cost]], [row["mean"]], yerr=[[lo], [hi]], fmt="o", capsize=4, markersize=7,
+                    color=palette[row["variant"]], label=row["variant"])
+    ax.set_xscale("log")
+    ax.set(xlabel=f"{cost_label} (log scale)", ylabel=f"{metric} (mean, 95% CI)", title=f"{metric} against cost")
+    ax.legend(title="variant", fontsize="small")
+    return save(fig, path)
+
+
+# ---------------------------------------------------------------- scaling studies
+
+
+@styled
+def loglog(rows: pd.DataFrame, palette: Palette, path: Path, *, y: str, ylabel: str, title: str,
+           exponents: Mapping[str, str] | None = None, x: str = "length", xlabel: str = "sequence length n (tokens)",
+           reference: Mapping[str, pd.DataFrame] | None = None) -> Path | None:
+    """rows: (variant, x, y) measurements -> log-log lines per variant; `exponents` maps a
+    variant to its fitted-exponent text for the legend; `reference` adds dashed lines."""
+    data = rows.dropna(subset=[y])
+    data = data[data[y] > 0]
+    if data[x].nunique() < 2:
+        return None
+    fig, ax = new_axes()
+    for variant in [v for v in palette if v in set(data["variant"])]:
+        part = data[data["variant"] == variant].groupby(x, as_index=False)[y].median().sort_values(x)
+        label = variant if not exponents or variant not in exponents else f"{variant}: {exponents[variant]}"
+        ax.plot(part[x], part[y], marker="o", color=palette[variant], label=label)
+    for label, ref in (reference or {}).items():
+        ax.plot(ref[x], ref[y], linestyle="--", color="grey", label=label)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set(xlabel=f"{xlabel}, log scale", ylabel=f"{ylabel}, log scale", title=title)
+    ax.legend(fontsize="small")
+    return save(fig, path)
+
+
+@styled
+def crossover(rows: pd.DataFrame, path: Path, *, y: str, ylabel: str, parts: Mapping[str, str],
+              measured: float | None, analytic: float | None) -> Path | None:
+    """rows: (part, length, y) for the attention and projection parts of one layer -> both on
+    log-log axes with the measured and the analytic crossover length marked."""
+    data = rows.dropna(subset=[y])
+    data = data[data[y] > 0]
+    if data.empty:
+        return None
+    fig, ax = new_axes()
+    colours = dict(zip(parts, sns.color_palette("dark", len(parts))))
+    for part, label in parts.items():
+        sub = data[data["part"] == part].groupby("length", as_index=False)[y].median().sort_values("length")
+        ax.plot(sub["length"], sub[y], marker="o", color=colours[part], label=label)
+    if measured is not None and math.isfinite(measured):
+        ax.axvline(measured, color="black", linestyle="-", linewidth=1, label=f"measured crossover n = {measured:,.0f}")
+    if analytic is not None and math.isfinite(analytic):
+        ax.axvline(analytic, color="grey", linestyle="--", linewidth=1, label=f"analytic crossover n = {analytic:,.0f}")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set(xlabel="sequence length n (tokens), log scale", ylabel=f"{ylabel}, log scale",
+           title="attention against projections, per layer")
+    ax.legend(fontsize="small")
+    return save(fig, path)
+
+
+# ---------------------------------------------------------------- what the model does
+
+
+# Font families (and file names) that cover Chinese, e.g. Debian's fonts-wqy-zenhei or
+# fonts-noto-cjk; the first installed one is used as a fallback after DejaVu Sans.
+CJK_FONTS = ("Noto Sans CJK", "Noto Serif CJK", "WenQuanYi", "Source Han Sans", "Droid Sans Fallback", "AR PL")
+CJK_FILES = ("notosanscjk", "notoserifcjk", "wqy", "sourcehansans", "droidsansfallback", "uming", "ukai")
+
+
+@lru_cache(maxsize=1)
+def _fallback_fonts() -> tuple[str, ...]:
+    """Installed font families that cover CJK. Matplotlib's font cache predates fonts
+    installed after it was built, so system font files are also searched and registered."""
+    def known() -> list[str]:
+        return sorted({f.name for f in font_manager.fontManager.ttflist if f.name.startswith(CJK_FONTS)})
+
+    if not known():
+        for path in sorted(font_manager.findSystemFonts()):
+            if any(tag in Path(path).name.lower().replace("-", "").replace("_", "") for tag in CJK_FILES):
+                try:
+                    font_manager.fontManager.addfont(path)
+                except (OSError, RuntimeError, ValueError):  # unreadable or a format FreeType rejects
+                    continue
+    return tuple(known()[:1])
+
+
+@lru_cache(maxsize=None)
+def _renderable(ch: str) -> bool:
+    """Whether some installed font the figures use has a glyph for `ch`."""
+    for family in ("DejaVu Sans", *_fallback_fonts()):
+        path = font_manager.findfont(font_manager.FontProperties(family=family), fallback_to_default=False)
+        if ord(ch) in matplotlib.ft2font.FT2Font(path).get_charmap():
+            return True
+    return False
+
+
+def printable(text: str, fallback: str) -> str:
+    """`text` when the installed fonts can draw it, else `fallback` (for titles and labels)."""
+    return text if all(_renderable(ch) for ch in text) else fallback
+
+
+def tick_labels(tokens: Sequence[str]) -> tuple[list[str], bool]:
+    """Tokens as tick labels; those with glyphs no installed font has become `#i` (their text
+    is then listed next to the figure). Returns the labels and whether any was replaced."""
+    labels, replaced = [], False
+    for i, token in enumerate(tokens):
+        if all(_renderable(ch) for ch in token):
+            labels.append(token)
+        else:
+            labels.append(f"#{i}")
+            replaced = True
+    return labels, replaced
+
+
+@styled
+def heatmaps(panels: Sequence[tuple[str, np.ndarray]], path: Path, *, x_tokens: Sequence[str], y_tokens: Sequence[str],
+             xlabel: str, ylabel: str, title: str, cmap: str = "viridis", vmin: float | None = 0.0,
+             vmax: float | None = 1.0, center: float | None = None, colorbar_label: str = "attention weight") -> Path:
+    """A row of annotated heatmaps (one per head or layer) sharing token axes."""
+    n = len(panels)
+    cols = min(n, 4)
+    rows = math.ceil(n / cols)
+    longest = max(len(x_tokens), len(y_tokens))
+    size = min(4.2, max(2.6, 0.38 * longest + 1.2))  # one readable cell per token, up to a point
+    fig, axes = plt.subplots(rows, cols, figsize=(size * cols + 1.0, size * rows), layout="constrained", squeeze=False)
+    x_labels, _ = tick_labels(x_tokens)
+    y_labels, _ = tick_labels(y_tokens)
+    for ax, (name, matrix) in zip(axes.flat, panels):
+        sns.heatmap(matrix, ax=ax, cmap=cmap, vmin=vmin, vmax=vmax, center=center, square=True, cbar=False,
+                    xticklabels=x_labels if len(x_tokens) <= 24 else max(1, len(x_tokens) // 8),
+                    yticklabels=y_labels if len(y_tokens) <= 24 else max(1, len(y_tokens) // 8))
+        ax.set_title(name, fontsize="small")
+        ax.set(xlabel=xlabel, ylabel=ylabel)
+        ax.tick_params(axis="x", labelrotation=90)
+        ax.tick_params(axis="y", labelrotation=0)
+    for ax in list(axes.flat)[n:]:
+        ax.set_visible(False)
+    mappable = axes.flat[0].collections[0]
+    fig.colorbar(mappable, ax=axes.ravel().tolist(), label=colorbar_label, shrink=0.8)
+    fig.suptitle(title)
+    return save(fig, path)
+
+
+@styled
+def attention_row(weights: np.ndarray, path: Path, *, query: str, key_tokens: Sequence[str], title: str) -> Path:
+    """One query token's attention over the keys, one bar group per head: e.g. where 它 looks."""
+    heads = weights.shape[0]
+    labels, _ = tick_labels(key_tokens)
+    frame = pd.DataFrame(
+        [{"head": f"head {h}", "key": k, "weight": float(weights[h, k])} for h in range(heads) for k in range(len(key_tokens))]
+    )
+    fig, ax = new_axes(width=max(6.4, 0.45 * len(key_tokens) + 2), height=3.6)
+    sns.barplot(data=frame, x="key", y="weight", hue="head", ax=ax, palette="dark")
+    ax.set_xticks(range(len(key_tokens)), labels)
+    ax.set(xlabel="key token", ylabel=f"attention weight of {printable(repr(query), 'the query')}",
+           title=title, ylim=(0, 1))
+    ax.legend(fontsize="small", ncols=min(heads, 4))
+    return save(fig, path)
+
+
+@styled
+def matrix_heatmap(matrix: np.ndarray, path: Path, *, xlabel: str, ylabel: str, title: str, colorbar_label: str,
+                   cmap: str = "RdBu_r", center: float | None = 0.0) -> Path:
+    """A plain numeric heatmap (position encodings, score biases) without token labels."""
+    fig, ax = new_axes(width=6.4, height=4.4)
+    sns.heatmap(matrix, ax=ax, cmap=cmap, center=center, cbar_kws={"label": colorbar_label},
+                xticklabels=max(1, matrix.shape[1] // 8), yticklabels=max(1, matrix.shape[0] // 8))
+    ax.set(xlabel=xlabel, ylabel=ylabel, title=title)
+    return save(fig, path)
+

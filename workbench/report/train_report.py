@@ -1,0 +1,397 @@
+"""The report of a training study: verdicts, setup, leaderboards with intervals, curves,
+extrapolation, cost, failures, notes and environment, from the store's flat run table.
+
+Every table keeps every variant: one whose runs all failed is listed with "–" and its
+status counts, and each failed, diverged or out-of-memory run appears with its message and
+the step it reached.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import yaml
+
+from workbench.registry import get_variant
+from workbench.report import figures
+from workbench.report.document import (
+    Code,
+    Figure,
+    Item,
+    Paragraph,
+    Report,
+    Section,
+    Table,
+    VerdictLine,
+    fmt,
+    fmt_bytes,
+    fmt_interval,
+    fmt_seconds,
+    fmt_signed_interval,
+)
+from workbench.report.stats import Verdict, higher_is_better, mean_ci, verdict, welch_diff
+from workbench.report.variants import Variants, short_key, value_text
+from workbench.study import RUN_MEASURES
+
+FINISHED = "finished"
+FAILED_STATUSES = ("diverged", "oom", "failed")
+
+# Run measures shown next to each leaderboard (column in the store -> heading, formatter).
+MEASURES: dict[str, tuple[str, Callable[[float], str]]] = {
+    "n_params": ("parameters", lambda x: fmt(int(x)) if not math.isnan(x) else "–"),
+    "tokens_per_s": ("tokens/s", fmt),
+    "peak_memory_bytes": ("peak memory", fmt_bytes),
+    "wall_time_s": ("wall time", fmt_seconds),
+}
+MEASURE_HIGHER = {"tokens_per_s": True}  # every other run measure: lower is better
+
+
+@dataclass
+class TrainInputs:
+    """Everything a training report is computed from (all read from the store)."""
+
+    study: Any  # workbench.study.TrainStudy
+    runs: pd.DataFrame  # one row per run (store.load_results)
+    curves: pd.DataFrame  # long rows: run_id, step, metric, value
+    environment: dict[str, str]
+    command: str  # the command that reproduces the runs
+    pictures: Callable[[Variants, pd.DataFrame, Path], list[Item]] | None = None
+
+
+def metric_direction(metric: str, task_name: str) -> bool:
+    """True when higher is better: the task declares its metrics' directions, loss is lower."""
+    base = metric.split("@")[0]
+    if base in RUN_MEASURES:
+        return MEASURE_HIGHER.get(base, False)
+    if base == "loss":
+        return False
+    try:
+        declared = get_variant("task", task_name).metrics
+    except Exception:  # noqa: BLE001 - a task no longer installed: fall back to the name
+        declared = {}
+    return declared.get(base, higher_is_better(base))
+
+
+def metric_columns(runs: pd.DataFrame, task_cls_metrics: Sequence[str]) -> list[str]:
+    """Final-metric columns (`accuracy@64`, `loss@64`, `bleu`), task metrics first, by length."""
+    names = [*task_cls_metrics, "loss"]
+    found = []
+    for col in runs.columns:
+        m = re.fullmatch(r"(\w+)(?:@(\d+))?", str(col))
+        if m and m.group(1) in names:
+            found.append((names.index(m.group(1)), int(m.group(2) or 0), col))
+    return [col for *_, col in sorted(found)]
+
+
+def split_metric(col: str) -> tuple[str, int | None]:
+    name, _, length = col.partition("@")
+    return name, int(length) if length else None
+
+
+class TrainReport:
+    """Computes the sections of one training study's report; figures go to `dest/figures/`."""
+
+    def __init__(self, inputs: TrainInputs, dest: Path):
+        self.inputs, self.dest = inputs, dest
+        self.study = inputs.study
+        self.task_name = self.study.task["name"]
+        self.keys = list(self.study.sweep.keys)
+        swept = {k: self.study.sweep.values(k) for k in self.keys}
+        runs = inputs.runs.copy()
+        self.variants = Variants.of(self.keys, runs, swept)
+        runs["variant"] = self.variants.label_runs(runs)
+        order = ["position", "seed"] if "position" in runs else ["variant", "seed"]
+        self.runs = runs.sort_values(order, key=self._variant_order).reset_index(drop=True)
+        self.finished = self.runs[self.runs["status"] == FINISHED]
+        self.palette = figures.variant_palette(self.variants.labels)
+        self.palette = {v: self.palette[v] for v in self.variants.labels}  # sweep order for legends
+        try:
+            task_metrics = list(get_variant("task", self.task_name).metrics)
+        except Exception:  # noqa: BLE001
+            task_metrics = []
+        self.metrics = metric_columns(self.runs, task_metrics)
+        self.primary = task_metrics[0] if task_metrics else "loss"
+
+    def _variant_order(self, col: pd.Series) -> pd.Series:
+        if col.name == "variant":
+            return col.map({v: i for i, v in enumerate(self.variants.labels)})
+        return col
+
+    # ---- headline metrics and baseline -------------------------------------------------------
+
+    @property
+    def headline(self) -> list[str]:
+        """Expectation metrics, then the task's first metric at each evaluation length."""
+        wanted = [e.metric for e in self.study.expect]
+        wanted += [m for m in self.metrics if split_metric(m)[0] == self.primary]
+        out = []
+        for m in wanted:
+            if m in self.runs.columns and m not in out:
+                out.append(m)
+        return out or self.metrics[:1]
+
+    def baseline_of(self, variant: str) -> str | None:
+        if self.study.baseline is None:
+            return None
+        return self.variants.counterpart(variant, self.study.baseline)
+
+    def values(self, variant: str, metric: str) -> pd.Series:
+        return self.finished.loc[self.finished["variant"] == variant, metric]
+
+    # ---- verdicts ----------------------------------------------------------------------------
+
+    def verdicts(self) -> list[tuple[Verdict, str]]:
+        out = []
+        for exp in self.study.expect:
+            higher = metric_direction(exp.metric, self.task_name)
+            pairs = self.variants.pairs(exp.better, exp.than)
+            if not pairs:  # neither point was run (e.g. a profile dropped it): say so
+                a = ", ".join(f"{short_key(k)}={value_text(v)}" for k, v in exp.better.items())
+                b = ", ".join(f"{short_key(k)}={value_text(v)}" for k, v in exp.than.items())
+                out.append((verdict([], [], exp.metric, a, b, higher), exp.note))
+                continue
+            for a, b in pairs:
+                column = exp.metric if exp.metric in self.finished else None
+                va = self.values(a, column) if column else []
+                vb = self.values(b, column) if column else []
+                out.append((verdict(va, vb, exp.metric, a, b, higher), exp.note))
+        return out
+
+    @staticmethod
+    def verdict_line(v: Verdict, note: str) -> VerdictLine:
+        detail = (f"{v.better}: {fmt_interval(v.better_ci.mean, v.better_ci.lo, v.better_ci.hi)} "
+                  f"({v.better_ci.n} seeds); {v.than}: {fmt_interval(v.than_ci.mean, v.than_ci.lo, v.than_ci.hi)} "
+                  f"({v.than_ci.n} seeds); difference {fmt_signed_interval(v.diff.mean, v.diff.lo, v.diff.hi)} (Welch)")
+        return VerdictLine(statement=v.statement, outcome=v.outcome, label=v.label, detail=detail, note=note)
+
+    # ---- sections ----------------------------------------------------------------------------
+
+    def setup(self) -> Section:
+        s = self.study
+        items: list[Item] = []
+        task = dict(s.task)
+        items.append(Paragraph(f"Task: {task.pop('name')}; " + ", ".join(f"{k}={v}" for k, v in sorted(task.items()))))
+        train = s.train.resolved(s.task["train_length"])
+        budget = (f"Budget per run: {train['steps']:,} steps of {train['batch_size']} sequences "
+                  f"(lr {train['lr']:g}, {train['schedule']} schedule, {train['warmup_steps']} warmup steps, "
+                  f"precision {train['precision']}); seeds {', '.join(map(str, s.seeds))}.")
+        items.append(Paragraph(budget))
+        swept_model = {k.split(".", 1)[1] for k in self.keys if k.startswith("model.")}
+        fixed = {k: v for k, v in s.model.items() if k not in swept_model}
+        items.append(Paragraph("Fixed model parts (everything else at its default):"))
+        items.append(Code(yaml.safe_dump(fixed, sort_keys=True).strip() if fixed else "{} (all defaults)"))
+        if self.keys:
+            items.append(Paragraph("Swept: " + "; ".join(
+                f"{k} over {', '.join(value_text(v) for v in s.sweep.values(k))}" for k in self.keys)))
+        if s.baseline is not None:
+            items.append(Paragraph("Baseline: " + ", ".join(f"{k}={value_text(v)}" for k, v in s.baseline.items())))
+        items.append(self.status_table())
+        items.append(Paragraph("Reproduce:"))
+        items.append(Code(self.inputs.command))
+        return Section("Setup", items)
+
+    def status_table(self) -> Table:
+        statuses = [FINISHED, *FAILED_STATUSES]
+        statuses += sorted(set(self.runs["status"]) - set(statuses))
+        rows = []
+        for variant in self.variants.labels:
+            mine = self.runs[self.runs["variant"] == variant]
+            counts = [int((mine["status"] == st).sum()) for st in statuses]
+            rows.append([variant, *map(str, counts), str(len(mine))])
+        totals = [int((self.runs["status"] == st).sum()) for st in statuses]
+        rows.append(["total", *map(str, totals), str(len(self.runs))])
+        columns = ["variant", *statuses, "runs"]
+        return Table(columns, rows, caption="Runs by status", numeric=[False] + [True] * (len(columns) - 1))
+
+    def leaderboard(self, metric: str) -> Table:
+        higher = metric_direction(metric, self.task_name)
+        rows = []
+        for variant in self.variants.labels:
+            iv = mean_ci(self.values(variant, metric))
+            n_runs = int((self.runs["variant"] == variant).sum())
+            base = self.baseline_of(variant)
+            if base is None:
+                diff = "–"
+            elif base == variant:
+                diff = "baseline"
+            else:
+                d = welch_diff(self.values(variant, metric), self.values(base, metric))
+                diff = fmt_signed_interval(d.mean, d.lo, d.hi) + ("" if len(self.variants.keys) == 1 or
+                                                                  not self.study.baseline else f" vs {base}")
+            measures = []
+            mine = self.finished[self.finished["variant"] == variant]
+            for col, (_, formatter) in MEASURES.items():
+                value = float(mine[col].mean()) if col in mine and len(mine) else math.nan
+                text = formatter(value)
+                if col == "peak_memory_bytes" and "peak_memory_instrument" in mine and len(mine) and text != "–":
+                    text += f" ({', '.join(sorted(set(mine['peak_memory_instrument'].dropna().astype(str))))})"
+                measures.append(text)
+            rows.append(((iv.mean if not math.isnan(iv.mean) else None),
+                         [variant, fmt_interval(iv.mean, iv.lo, iv.hi), f"{iv.n}/{n_runs}", diff, *measures]))
+        # Best first by mean; variants without a finished run last, in sweep order.
+        scored = sorted([r for r in rows if r[0] is not None], key=lambda r: -r[0] if higher else r[0])
+        rows = [r for _, r in scored] + [r for m, r in rows if m is None]
+        columns = ["variant", f"{metric} mean [95% CI]", "finished seeds", "Δ to baseline [95% CI]",
+                   *(heading for heading, _ in MEASURES.values())]
+        better = "higher" if higher else "lower"
+        return Table(columns, rows, caption=f"{metric} ({better} is better; sorted best first)",
+                     numeric=[False] + [True] * (len(columns) - 1))
+
+    def all_metrics_table(self) -> Table | None:
+        if len(self.metrics) <= 1:
+            return None
+        rows = []
+        for variant in self.variants.labels:
+            cells = []
+            for metric in self.metrics:
+                iv = mean_ci(self.values(variant, metric))
+                cells.append(fmt_interval(iv.mean, iv.lo, iv.hi))
+            rows.append([variant, *cells])
+        arrows = ["↑" if metric_direction(m, self.task_name) else "↓" for m in self.metrics]
+        return Table(["variant", *(f"{m} {a}" for m, a in zip(self.metrics, arrows))], rows,
+                     caption="Every final metric: mean [95% CI] over finished seeds (↑ higher is better, ↓ lower)",
+                     numeric=[False] + [True] * len(self.metrics))
+
+    def leaderboards(self) -> Section:
+        items: list[Item] = [Paragraph(
+            "Means over finished seeds with 95% t intervals; Δ is the difference to the baseline with "
+            "Welch's 95% interval. Run measures (parameters, tokens/s, peak memory, wall time) are means "
+            "over finished runs; peak memory names its instrument.")]
+        items += [self.leaderboard(m) for m in self.headline]
+        table = self.all_metrics_table()
+        if table is not None:
+            items.append(table)
+        return Section("Leaderboard", items)
+
+    def figure(self, path: Path | None, caption: str, alt: str) -> Figure | None:
+        if path is None:
+            return None
+        return Figure(path.relative_to(self.dest).as_posix(), caption, alt)
+
+    def figures_section(self) -> Section:
+        fig_dir = self.dest / "figures"
+        items: list[Item] = []
+        curves = self.curves()
+        if not curves.empty:
+            items.append(self.figure(
+                figures.learning_curves(curves, self.palette, fig_dir / "learning_curves.png",
+                                        panels=[f"{split} {metric}" for split, metric in self.curve_panels()]),
+                "Learning curves: mean over seeds with a 95% t band (all runs, including those that stopped early).",
+                "learning curves per variant"))
+        for name in dict.fromkeys(split_metric(m)[0] for m in self.metrics):
+            long = self.by_length(name)
+            if long is None:
+                continue
+            items.append(self.figure(
+                figures.quality_vs_length(long, self.palette, fig_dir / f"{name}_vs_length.png", metric=name,
+                                          train_length=self.study.task.get("train_length")),
+                f"{name} against evaluation length (extrapolation beyond the dashed training length); "
+                "95% t bands over seeds.", f"{name} against evaluation length"))
+        headline = self.headline[0] if self.headline else None
+        if headline is not None:
+            summary = self.cost_summary(headline)
+            for cost, label, slug in (("wall_time_s", "wall time per run (s)", "time"),
+                                      ("peak_memory_bytes", "peak memory (bytes)", "memory")):
+                if cost in summary:
+                    items.append(self.figure(
+                        figures.quality_vs_cost(summary, self.palette, fig_dir / f"{slug}_vs_quality.png",
+                                                metric=headline, cost=cost, cost_label=label),
+                        f"{headline} against {label.split(' (')[0]}: mean with 95% CI over seeds.",
+                        f"{headline} against {label}"))
+        return Section("Figures", [i for i in items if i is not None])
+
+    def curve_panels(self) -> list[tuple[str, str]]:
+        """(split, metric) of the learning-curve panels: the training loss, and the evaluation
+        loss and headline metric at the training length (or the first evaluation length)."""
+        lengths = self.study.task.get("eval_lengths") or [self.study.task["train_length"]]
+        length = self.study.task["train_length"] if self.study.task["train_length"] in lengths else lengths[0]
+        return [("train", "loss"), ("eval", f"loss@{length}"), ("eval", f"{self.primary}@{length}")]
+
+    def curves(self) -> pd.DataFrame:
+        """Long rows (variant, seed, step, metric, value) of the curve panels, every run."""
+        curves = self.inputs.curves
+        columns = ["variant", "seed", "step", "metric", "value"]
+        if curves is None or curves.empty:
+            return pd.DataFrame(columns=columns)
+        parts = []
+        for split, metric in self.curve_panels():
+            part = curves[(curves["split"] == split) & (curves["metric"] == metric)].copy()
+            part["metric"] = f"{split} {metric}"
+            parts.append(part)
+        joined = pd.concat(parts).merge(self.runs[["run_id", "variant", "seed"]], on="run_id", how="inner")
+        joined = joined.dropna(subset=["value"])
+        return joined.sort_values(["metric", "variant", "seed", "step"])[columns].reset_index(drop=True)
+
+    def by_length(self, name: str) -> pd.DataFrame | None:
+        cols = [m for m in self.metrics if split_metric(m)[0] == name and split_metric(m)[1] is not None]
+        if len(cols) < 2:
+            return None
+        long = self.finished.melt(id_vars=["variant", "seed"], value_vars=cols, var_name="metric", value_name="value")
+        long["length"] = long["metric"].map(lambda m: split_metric(m)[1])
+        return long.dropna(subset=["value"])
+
+    def cost_summary(self, metric: str) -> pd.DataFrame:
+        rows = []
+        for variant in self.variants.labels:
+            mine = self.finished[self.finished["variant"] == variant]
+            iv = mean_ci(mine[metric]) if metric in mine else mean_ci([])
+            row = {"variant": variant, "mean": iv.mean, "ci_lo": iv.lo, "ci_hi": iv.hi}
+            for cost in ("wall_time_s", "peak_memory_bytes"):
+                if cost in mine:
+                    row[cost] = float(mine[cost].mean()) if len(mine) else math.nan
+            rows.append(row)
+        return pd.DataFrame(rows)
+
+    def failures(self) -> Section:
+        failed = self.runs[self.runs["status"] != FINISHED]
+        if failed.empty:
+            return Section("Failed runs", [Paragraph("Every run finished.")])
+        rows = []
+        for row in failed.to_dict("records"):
+            step = row.get("diverged_step")
+            if step is None or pd.isna(step):
+                step = row.get("steps_done")
+            rows.append([row["variant"], str(row["seed"]), str(row["status"]),
+                         "–" if step is None or pd.isna(step) else f"{int(step):,}",
+                         str(row.get("error") or "").strip() or "–"])
+        return Section("Failed runs", [
+            Paragraph("Runs that failed, diverged or ran out of memory are kept here and counted in the tables; "
+                      "their metrics do not enter the means. Step: where the run stopped (for a diverged run, "
+                      "the step whose loss was not finite)."),
+            Table(["variant", "seed", "status", "step", "message"], rows, numeric=[False, True, False, True, False])])
+
+    def environment(self) -> Section:
+        env = self.inputs.environment
+        rows = [[k, str(env[k])] for k in sorted(env)]
+        return Section("Environment", [Table(["", "value"], rows)])
+
+    def build(self) -> Report:
+        sections = [self.setup(), self.leaderboards(), self.figures_section()]
+        if self.inputs.pictures is not None:
+            items = self.inputs.pictures(self.variants, self.finished, self.dest)
+            if items:
+                sections.append(Section("What the model does", items))
+        sections.append(self.failures())
+        if self.study.notes.strip():
+            sections.append(Section("Notes", [Paragraph(p.strip()) for p in self.study.notes.split("\n\n") if p.strip()]))
+        sections.append(self.environment())
+        verdicts = [self.verdict_line(v, note) for v, note in self.verdicts()]
+        return Report(name=self.study.name, kind="train", question=self.study.description or "(no description)",
+                      verdicts=verdicts, sections=sections)
+
+
+    def results_csv(self) -> pd.DataFrame:
+        """Every run, one row each, in sweep order, with its variant label first."""
+        frame = self.runs.drop(columns=["variant"])
+        frame.insert(0, "variant", self.runs["variant"])
+        return frame
+
+
+def train_report(inputs: TrainInputs, dest: Path) -> Report:
+    return TrainReport(inputs, dest).build()

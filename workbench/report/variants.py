@@ -1,0 +1,87 @@
+"""Variants of a study: the distinct points of its sweep, their labels, and which variant a
+`baseline:` or `expect:` point denotes for each other.
+
+A run's variant is its values on the swept keys (seeds aside). With one swept key the label
+is the value itself (`alibi`); with several it names each key by its last part
+(`position=alibi, norm=pre`). A point such as `{model.position: sinusoidal}` fixes some keys;
+a variant's counterpart under that point is the variant with those keys replaced and every
+other swept key unchanged, so with position x depth swept, "alibi beats sinusoidal" is
+checked at each depth separately instead of pooling depths.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pandas as pd
+
+from workbench.study import label
+
+
+def short_key(key: str) -> str:
+    """model.position -> position; task.train_length -> train_length."""
+    return key.rsplit(".", 1)[-1]
+
+
+def value_text(value: Any) -> str:
+    return str(label(value))
+
+
+@dataclass(frozen=True)
+class Variants:
+    """The swept keys and, in sweep order, every variant's values on them."""
+
+    keys: tuple[str, ...]
+    points: tuple[tuple[str, ...], ...]  # one tuple of value texts per variant, in `keys` order
+
+    @classmethod
+    def of(cls, keys: Sequence[str], runs: pd.DataFrame, swept_values: Mapping[str, Sequence[Any]] | None = None) -> Variants:
+        """Variants present in `runs`, ordered as the sweep lists the values (then by text)."""
+        keys = tuple(keys)
+        order = {k: [value_text(v) for v in (swept_values or {}).get(k, [])] for k in keys}
+
+        def rank(point: tuple[str, ...]) -> tuple:
+            return tuple((order[k].index(v) if v in order[k] else len(order[k]), v) for k, v in zip(keys, point))
+
+        present = {tuple(value_text(row[k]) for k in keys) for _, row in runs.iterrows()} if keys else {()}
+        return cls(keys, tuple(sorted(present, key=rank)))
+
+    def label(self, point: Sequence[str]) -> str:
+        if not self.keys:
+            return "all runs"
+        if len(self.keys) == 1:
+            return point[0]
+        return ", ".join(f"{short_key(k)}={v}" for k, v in zip(self.keys, point))
+
+    @property
+    def labels(self) -> list[str]:
+        return [self.label(p) for p in self.points]
+
+    def label_runs(self, runs: pd.DataFrame) -> pd.Series:
+        """The variant label of every run (row)."""
+        if runs.empty:
+            return pd.Series([], dtype=str, index=runs.index)
+        return runs.apply(lambda row: self.label([value_text(row[k]) for k in self.keys]), axis=1)
+
+    def counterpart(self, variant: str, point: Mapping[str, Any]) -> str | None:
+        """The variant equal to `variant` except on the keys `point` fixes; None if not run."""
+        values = dict(zip(self.keys, self.points[self.labels.index(variant)]))
+        values.update({k: value_text(v) for k, v in point.items()})
+        target = tuple(values[k] for k in self.keys)
+        return self.label(target) if target in self.points else None
+
+    def matching(self, point: Mapping[str, Any]) -> list[str]:
+        """Variants whose values agree with `point` on the keys it fixes."""
+        fixed = {k: value_text(v) for k, v in point.items()}
+        return [self.label(p) for p in self.points if all(dict(zip(self.keys, p))[k] == v for k, v in fixed.items())]
+
+    def pairs(self, better: Mapping[str, Any], than: Mapping[str, Any]) -> list[tuple[str, str]]:
+        """(A, B) for each variant A matching `better` whose counterpart under `than` was run."""
+        out = []
+        for a in self.matching(better):
+            b = self.counterpart(a, than)
+            if b is not None and b != a:
+                out.append((a, b))
+        return out

@@ -1,0 +1,216 @@
+"""Running a study: expand, skip what is done, execute the rest, record every outcome.
+
+    load_study -> expand -> out_dir/results.db (study hash checked) -> pending runs
+               -> executor (in-process or N processes) -> store.record, one run at a time
+
+Resume is by construction: a run is recorded only when it ends (one transaction), finished
+and diverged runs are skipped next time, an interrupted run continues from its last
+checkpoint, and a run whose result.json was written but not recorded (the driver died in
+between) is recorded from that file without training again. Failed and oom runs are retried.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import TimeRemainingColumn
+
+from workbench.errors import WorkbenchError
+from workbench.executor import Job, make_executor
+from workbench.store import DB_FILE, RUNS_DIR, Store, run_dir
+from workbench.study import StudyFile, canonical_json, load_study
+from workbench.sweep import RunConfig, expand
+
+DONE = ("finished", "diverged")  # outcomes a rerun keeps; failed and oom are retried
+
+
+@dataclass
+class Summary:
+    out_dir: Path
+    total: int
+    skipped: int = 0
+    statuses: Counter = field(default_factory=Counter)
+
+    @property
+    def failures(self) -> int:
+        return sum(n for status, n in self.statuses.items() if status != "finished")
+
+
+def default_out_dir(study_file: StudyFile) -> Path:
+    return Path("runs") / study_file.study.name
+
+
+def flatten(value: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(value, dict) and value:
+        out: dict[str, Any] = {}
+        for key, item in value.items():
+            out.update(flatten(item, f"{prefix}.{key}" if prefix else str(key)))
+        return out
+    return {prefix: value}
+
+
+def study_changes(old: dict[str, Any], new: dict[str, Any], limit: int = 4) -> str:
+    a, b = flatten(old), flatten(new)
+    changes = [f"{key}: {json.dumps(a.get(key, '(absent)'))} -> {json.dumps(b.get(key, '(absent)'))}"
+               for key in sorted(set(a) | set(b)) if a.get(key, "(absent)") != b.get(key, "(absent)")]
+    more = f"; and {len(changes) - limit} more" if len(changes) > limit else ""
+    return "; ".join(changes[:limit]) + more
+
+
+def check_study(store: Store, study_file: StudyFile) -> None:
+    """Refuse to mix two versions of a study in one folder; record the current one.
+    Only what defines the runs counts (description, notes, expectations may change)."""
+    info = store.study_info()
+    new = study_file.study.run_defining()
+    if info and info.get("hash") != study_file.study_hash:
+        old = json.loads(info["run_defining"])
+        raise WorkbenchError(
+            f"{store.out_dir} holds results of a different version of study {info.get('name')!r} "
+            f"(changed: {study_changes(old, new)}); finished runs there would not match the file. "
+            "Run with --fresh to start that folder over, or --out to use another folder"
+        )
+    store.save_study({
+        "name": study_file.study.name,
+        "kind": study_file.study.kind,
+        "hash": study_file.study_hash,
+        "run_defining": canonical_json(new),
+        "study": json.dumps(study_file.study.model_dump(mode="json"), default=str),
+        "yaml": study_file.text,
+        "source": str(study_file.path),
+        "profile": study_file.profile or "",
+    })
+
+
+def clear_outputs(out_dir: Path) -> None:
+    """--fresh: remove what the workbench wrote there (the store and the run folders) only."""
+    for name in (DB_FILE, f"{DB_FILE}-wal", f"{DB_FILE}-shm"):
+        (out_dir / name).unlink(missing_ok=True)
+    shutil.rmtree(out_dir / RUNS_DIR, ignore_errors=True)
+
+
+def recorded_result(run: RunConfig, out_dir: Path):
+    """The result.json of a run that ended but was not recorded (the driver died between)."""
+    from workbench.train import RESULT_FILE, RunResult
+
+    path = run_dir(out_dir, run.run_id) / RESULT_FILE
+    if not path.exists():
+        return None
+    result = RunResult.from_json(json.loads(path.read_text()))
+    return result if result.status in DONE else None
+
+
+class SweepProgress:
+    """One bar for the sweep (done/total, ETA, failures) and one line per finished run;
+    plain lines only with quiet=True (for logs)."""
+
+    def __init__(self, study_name: str, total: int, quiet: bool, console: Console | None = None):
+        self.console = console or Console(highlight=False)
+        self.quiet = quiet
+        self.failures = 0
+        self.done = 0
+        self.total = total
+        self.progress = None
+        if not quiet:
+            self.progress = Progress(
+                TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                TextColumn("{task.fields[failures]} failed"), TimeElapsedColumn(), TextColumn("ETA"),
+                TimeRemainingColumn(), console=self.console, transient=False,
+            )
+            self.task = self.progress.add_task(study_name, total=total, failures=0)
+            self.progress.start()
+
+    def print(self, text: str) -> None:
+        if self.quiet:
+            print(text, flush=True)
+        else:
+            self.console.print(text, markup=False, soft_wrap=True)
+
+    def advance(self, n: int = 1) -> None:
+        self.done += n
+        if self.progress is not None:
+            self.progress.update(self.task, advance=n, failures=self.failures)
+
+    def run_done(self, run: RunConfig, result) -> None:
+        if result.status != "finished":
+            self.failures += 1
+        self.advance()
+        self.print(f"[{self.done}/{self.total}] {run_line(run, result)}")
+
+    def close(self) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+
+
+def run_line(run: RunConfig, result) -> str:
+    """`finished  model.position=rope seed=0  accuracy@16=0.981 loss@16=0.05  3.2s 41k tok/s`"""
+    head = f"{result.status:<8} {run.describe}"
+    if result.status == "diverged":
+        return f"{head}  at step {result.diverged_step}"
+    if result.status != "finished":
+        return f"{head}  {result.error}"
+    shown = [f"{k}={v:.3g}" for k, v in result.metrics.items() if not k.startswith("exact_match")][:4]
+    shown += [f"@{n} n/a" for n in result.not_applicable]
+    speed = f"{result.tokens_per_s / 1000:.0f}k tok/s" if result.tokens_per_s else ""
+    resumed = f" (resumed at step {result.resumed_from_step})" if result.resumed_from_step else ""
+    return f"{head}  {' '.join(shown)}  {result.wall_time_s:.1f}s {speed}{resumed}"
+
+
+def run_study(path: str | Path, out_dir: str | Path | None = None, jobs: int = 1, fresh: bool = False,
+              profile: str | None = None, quiet: bool = False, console: Console | None = None) -> Summary:
+    """Run every pending run of a study into `out_dir` (default runs/<study name>/)."""
+    study_file = load_study(path, profile)
+    if study_file.study.kind == "scaling":  # cost measurements, not training runs
+        from workbench.scaling import run_scaling_study
+
+        return run_scaling_study(study_file, out_dir, fresh=fresh, quiet=quiet, console=console)
+    runs = expand(study_file)
+    out = Path(out_dir) if out_dir is not None else default_out_dir(study_file)
+    if fresh:
+        clear_outputs(out)
+    store = Store(out)
+    check_study(store, study_file)
+
+    from workbench.train import check_device  # torch and Lightning load only when training
+
+    for train in {canonical_json(r.config["train"]): r.config["train"] for r in runs}.values():
+        check_device(train)
+
+    statuses = store.statuses()
+    summary = Summary(out_dir=out, total=len(runs))
+    pending: list[RunConfig] = []
+    unrecorded: list[tuple[RunConfig, Any]] = []
+    for run in runs:
+        if statuses.get(run.run_id) in DONE:
+            summary.skipped += 1
+        elif (result := recorded_result(run, out)) is not None:
+            unrecorded.append((run, result))
+        else:
+            pending.append(run)
+
+    progress = SweepProgress(study_file.study.name, len(runs), quiet, console)
+    try:
+        if summary.skipped:
+            progress.print(f"{summary.skipped} of {len(runs)} runs already done in {out}: skipped")
+            progress.advance(summary.skipped)
+        for run, result in unrecorded:
+            store.record(run, result)
+            summary.statuses[result.status] += 1
+            progress.run_done(run, result)
+        by_id = {run.run_id: run for run in pending}
+        executor = make_executor(jobs)
+        jobs_ = [Job(run.run_id, run.config, run_dir(out, run.run_id)) for run in pending]
+        for result in executor.run(jobs_):
+            run = by_id[result.run_id]
+            store.record(run, result)  # the driver is the only writer of a sweep
+            summary.statuses[result.status] += 1
+            progress.run_done(run, result)
+    finally:
+        progress.close()
+    return summary

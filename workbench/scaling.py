@@ -1,0 +1,236 @@
+"""Scaling studies (`kind: scaling`): cost against sequence length, one row per measurement.
+
+    name: attention-cost
+    kind: scaling
+    model: {d_model: 256, n_heads: 4, n_layers: 1, position: none}
+    sweep: {model.attention: [full, naive, {name: sliding_window, window: 256}]}
+    scaling:
+      lengths: [1024, 2048, 4096, 8192]
+      modes: [forward, train_step]
+      scope: layer
+      time_budget_s: 300
+
+Every sweep point (same sweep syntax as training studies, over `model.*` keys) is measured
+at every length in every mode (workbench.measure: time, FLOPs, activation and peak memory,
+KV-cache bytes), each (point, length, mode) in a fresh process. A point that runs out of
+memory or time is a row with status "oom" / "timeout"; the others still run. Rows go to the
+same results store as training runs, so `workbench results` exports them flat; fits
+(workbench.fit) read that table.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, field_validator, model_validator
+
+from workbench.errors import SpecError
+from workbench.measure import Mode, Point, Scope, resolve_device, run_points
+from workbench.spec import parse_spec
+from workbench.study import SWEEP_JSON_SCHEMA, StudyBase, Sweep, check_key, digest, label, set_dotted
+
+MEASURE_STATUS = {"ok": "finished", "oom": "oom", "timeout": "timeout", "error": "failed"}
+KEEP_ON_RERUN = ("finished", "oom", "timeout")  # limits are data: measuring them again gives the same
+
+
+class ScalingSection(BaseModel):
+    """What to measure at which lengths, and the limits of each measurement."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    lengths: list[Annotated[int, Field(gt=0)]] = Field(min_length=1, description="sequence lengths (tokens)")
+    modes: list[Mode] = Field(["forward", "train_step"], min_length=1,
+                              description="forward (inference), train_step (forward + backward), decode (one token)")
+    scope: Scope = Field("layer", description="attention (the kernel alone), layer (projections + attention), "
+                         "block (+ norms and FFN), model (the whole model); decode always measures the model")
+    batch_size: int = Field(1, gt=0, description="sequences per measured call")
+    warmup: int = Field(1, ge=0, description="untimed calls before timing")
+    repeats: int = Field(5, gt=0, description="timed calls; the median and quartiles are kept")
+    time_budget_s: float = Field(600, gt=0, description="a measurement still running after this is recorded as timeout")
+    memory_limit_gb: float | None = Field(
+        None, gt=0, description="cap on each measurement's memory growth; past it the point is recorded as oom")
+    decode_lengths: list[Annotated[int, Field(gt=0)]] | None = Field(
+        None, description="context lengths of decode measurements (default: lengths)")
+    decode_cache: list[bool] = Field([True, False], min_length=1, description="decode with and/or without the KV cache")
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: CUDA when present")
+    dtype: Literal["float32", "float16", "bfloat16"] = Field("float32", description="parameter and activation dtype")
+    threads: int | None = Field(None, gt=0, description="torch CPU threads per measurement (default: torch's)")
+    isolate: bool = Field(True, description="each measurement in a fresh process (false: in this one, no time budget)")
+
+    def points(self, model: dict[str, Any], seed: int) -> list[Point]:
+        """The measurements of one model: modes x lengths (decode: x cache on/off)."""
+        common = dict(model=model, batch_size=self.batch_size, warmup=self.warmup, repeats=self.repeats,
+                      device=resolve_device(self.device), dtype=self.dtype, threads=self.threads,
+                      memory_limit_gb=self.memory_limit_gb, seed=seed)
+        out = []
+        for mode in self.modes:
+            if mode == "decode":
+                for cache, n in itertools.product(self.decode_cache, self.decode_lengths or self.lengths):
+                    out.append(Point(scope="model", mode=mode, length=n, kv_cache=cache, **common))
+            else:
+                out.extend(Point(scope=self.scope, mode=mode, length=n, **common) for n in self.lengths)
+        return out
+
+
+class ScalingStudy(StudyBase):
+    """Measure cost against sequence length for every sweep point."""
+
+    kind: Literal["scaling"] = Field("scaling", description="scaling: cost against sequence length")
+    model: Annotated[dict[str, Any], WithJsonSchema({"$ref": "#/$defs/ModelSection"})] = Field(
+        default_factory=dict, description="the model spec (see the README)")
+    sweep: Annotated[Sweep, WithJsonSchema(SWEEP_JSON_SCHEMA)] = Field(default_factory=Sweep)
+    scaling: ScalingSection
+
+    @field_validator("model", mode="before")
+    @classmethod
+    def _model(cls, v):
+        if v is None:
+            return {}
+        if not isinstance(v, Mapping):
+            raise SpecError("model", f"expected a mapping of model fields, got {v!r}")
+        return dict(v)
+
+    @model_validator(mode="after")
+    def _checks(self):
+        for key in self.sweep.keys:
+            if not key.startswith("model."):
+                raise SpecError(self.sweep.field(key), f"a scaling study sweeps model keys only, got {key!r}",
+                                ["model.<field>"])
+            check_key(key, self.sweep.field(key), task={})
+        for model in self.models():
+            if "decode" in self.scaling.modes and model["family"] != "decoder":
+                raise SpecError("scaling.modes", f"decode needs a decoder model (family is {model['family']!r})")
+        return self
+
+    def sweep_points(self) -> list[dict[str, Any]]:
+        axes = [[{key: v} for v in values] for key, values in self.sweep.grid.items()]
+        for group in self.sweep.zip:
+            n = len(next(iter(group.values())))
+            axes.append([{key: values[i] for key, values in group.items()} for i in range(n)])
+        return [{k: v for part in combo for k, v in part.items()} for combo in itertools.product(*axes)]
+
+    def model_of(self, point: dict[str, Any]) -> dict[str, Any]:
+        """The resolved model spec of one sweep point; a SpecError names the swept field."""
+        raw = {"model": copy.deepcopy(self.model)}
+        for key, value in point.items():
+            set_dotted(raw, key, value)
+        try:
+            return parse_spec(raw["model"]).resolved()
+        except SpecError as err:
+            field = self.sweep.field(err.field) if err.field in point else err.field
+            raise SpecError(field, err.problem, err.choices) from None
+
+    def models(self) -> list[dict[str, Any]]:
+        return [self.model_of(point) for point in self.sweep_points()]
+
+    def run_defining(self) -> dict[str, Any]:
+        execution = {"time_budget_s", "memory_limit_gb", "device", "threads", "isolate"}
+        return {"kind": self.kind, "model": self.model, "sweep": self.sweep.model_dump(), "seeds": self.seeds,
+                "scaling": self.scaling.model_dump(exclude=execution)}
+
+
+# ---- running --------------------------------------------------------------------------------
+
+
+def measurements(study: ScalingStudy) -> list[tuple[dict[str, Any], Point]]:
+    """(swept labels, point) for every sweep point x seed x mode x length, in that order."""
+    out = []
+    for point in study.sweep_points():
+        model = study.model_of(point)
+        swept = {key: label(value) for key, value in point.items()}
+        for seed in study.seeds:
+            out.extend((swept, p) for p in study.scaling.points(model, seed))
+    return out
+
+
+def run_scaling(study: ScalingStudy, on_row: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
+    """Measure every point of the study; one flat row each (swept keys, the measurement's
+    coordinates, figures with their instrument labels, status). No store involved."""
+    rows = []
+    for swept, point in measurements(study):
+        row = {**swept, "seed": point.seed,
+               **run_points([point], time_budget_s=study.scaling.time_budget_s, isolate=study.scaling.isolate)[0]}
+        rows.append(row)
+        if on_row is not None:
+            on_row(row)
+    return rows
+
+
+COORDINATES = ("scope", "mode", "length", "kv_cache")
+
+
+def measurement_id(model: dict[str, Any], point: Point) -> str:
+    """What a measurement computes (not where or under which limits it runs)."""
+    what = point.model_dump(exclude={"time_budget_s", "memory_limit_gb", "device", "threads"})
+    return digest({"model": model, "point": what})
+
+
+def run_result(run_id: str, row: dict[str, Any]):
+    """A measured row as the store's RunResult: figures and their labels as metrics, peak
+    memory in the store's own peak-memory columns."""
+    from workbench.train import RunResult  # the store's record type; loads Lightning
+
+    status = MEASURE_STATUS[row["status"]]
+    skip = {"status", "error", "peak_bytes", "peak_instrument", "wall_s", "variant", "seed",
+            "device", "threads", "machine", "torch_version", *COORDINATES}
+    metrics = {k: v for k, v in row.items() if k not in skip and v is not None}
+    return RunResult(
+        run_id=run_id, status=status, metrics=metrics, error=row.get("error"),
+        wall_time_s=row["wall_s"], peak_memory_bytes=row.get("peak_bytes"),
+        peak_memory_instrument=row.get("peak_instrument"),
+        environment={k: row.get(k) for k in ("device", "threads", "machine", "torch_version")},
+    )
+
+
+def run_scaling_study(study_file, out_dir: str | Path | None = None, fresh: bool = False, quiet: bool = False,
+                      console=None):
+    """`workbench run` for a scaling study: each measurement is one row ("run") of the output
+    folder's store; measurements already recorded (including oom and timeout) are kept."""
+    from workbench.runner import Summary, SweepProgress, check_study, clear_outputs, default_out_dir
+    from workbench.store import Store
+    from workbench.sweep import RunConfig
+
+    study: ScalingStudy = study_file.study
+    out = Path(out_dir) if out_dir is not None else default_out_dir(study_file)
+    if fresh:
+        clear_outputs(out)
+    store = Store(out)
+    check_study(store, study_file)
+    todo = measurements(study)
+    summary = Summary(out_dir=out, total=len(todo))
+    done = store.statuses()
+    progress = SweepProgress(study.name, len(todo), quiet, console)
+    try:
+        for index, (swept, point) in enumerate(todo):
+            model = point.model
+            run = RunConfig(run_id=measurement_id(model, point), index=index, seed=point.seed,
+                            swept={**swept, **{c: getattr(point, c) for c in COORDINATES}},
+                            config={"model": model, "scaling": point.model_dump(exclude={"model"})})
+            if done.get(run.run_id) in KEEP_ON_RERUN:
+                summary.skipped += 1
+                progress.advance()
+                continue
+            started = time.perf_counter()
+            row = run_points([point], time_budget_s=study.scaling.time_budget_s, isolate=study.scaling.isolate)[0]
+            row["wall_s"] = time.perf_counter() - started
+            result = run_result(run.run_id, row)
+            store.record(run, result)
+            summary.statuses[result.status] += 1
+            progress.failures += result.status != "finished"
+            progress.advance()
+            progress.print(f"[{progress.done}/{len(todo)}] {result.status:<8} {run_line(run.swept, row)}")
+    finally:
+        progress.close()
+    return summary
+
+
+def run_line(swept: dict[str, Any], row: dict[str, Any]) -> str:
+    where = " ".join(f"{k}={v}" for k, v in swept.items() if v is not None)
+    if row["status"] != "ok":
+        return f"{where}  {str(row.get('error') or '').splitlines()[0] if row.get('error') else ''}"
+    return f"{where}  {row['time_median_s'] * 1e3:.1f} ms  {row['flops'] / 1e9:.2f} GFLOP"

@@ -1,0 +1,227 @@
+"""The results store: one SQLite file per output folder (`results.db`).
+
+    study   key -> value: the study's name, kind, hash, canonical run-defining JSON, YAML text
+    runs    one row per run: status, swept values, config, final metrics, cost (JSON columns)
+    curves  (run_id, step, split, metric) -> value: learning curves, train and eval
+
+WAL mode and a busy timeout make it safe for several processes to write at once (a run is
+recorded in one transaction: a reader never sees a run without its curves). Every table or
+figure is computed from `load_results` (one flat row per run), `load_curves` and
+`load_run_configs`.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from workbench.errors import WorkbenchError
+
+DB_FILE = "results.db"
+RUNS_DIR = "runs"  # out_dir/runs/<run_id>/: checkpoints, logs, final.pt, result.json
+BUSY_TIMEOUT_MS = 60_000
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS study (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS runs (
+    run_id TEXT PRIMARY KEY,
+    position INTEGER NOT NULL,          -- order in the sweep
+    seed INTEGER NOT NULL,
+    status TEXT NOT NULL,               -- finished | diverged | oom | failed
+    swept TEXT NOT NULL,                -- JSON {dotted.key: value label}
+    config TEXT NOT NULL,               -- JSON: the fully resolved run config
+    metrics TEXT NOT NULL,              -- JSON {metric@length: value}, final
+    not_applicable TEXT NOT NULL,       -- JSON {eval length: reason}
+    n_params INTEGER,
+    steps_done INTEGER,
+    diverged_step INTEGER,
+    error TEXT,
+    wall_time_s REAL,
+    train_time_s REAL,
+    eval_time_s REAL,
+    tokens INTEGER,
+    tokens_per_s REAL,
+    peak_memory_bytes INTEGER,
+    peak_memory_instrument TEXT,
+    resumed_from_step INTEGER,
+    environment TEXT NOT NULL,          -- JSON: versions, device, commit
+    attempts INTEGER NOT NULL DEFAULT 1,
+    recorded_at TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS curves (
+    run_id TEXT NOT NULL,
+    step INTEGER NOT NULL,
+    split TEXT NOT NULL,                -- train | eval
+    metric TEXT NOT NULL,               -- loss, lr, accuracy@64, ...
+    value REAL,
+    PRIMARY KEY (run_id, step, split, metric)
+);
+"""
+
+# Run-level columns of the flat table, in order (swept keys and metrics go in between).
+LEADING = ["run_id", "position", "seed"]
+TRAILING = ["n_params", "steps_done", "tokens", "tokens_per_s", "train_time_s", "eval_time_s", "wall_time_s",
+            "peak_memory_bytes", "peak_memory_instrument", "diverged_step", "resumed_from_step",
+            "not_applicable", "error", "attempts"]
+
+
+@contextmanager
+def connect(path: Path) -> Iterator[sqlite3.Connection]:
+    """A short-lived connection (never shared across processes), committed on success."""
+    conn = sqlite3.connect(path, timeout=BUSY_TIMEOUT_MS / 1000)
+    try:
+        conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+        yield conn
+        conn.commit()
+    except BaseException:
+        conn.rollback()
+        raise
+    finally:
+        conn.close()
+
+
+class Store:
+    """Read and write one output folder's results.db."""
+
+    def __init__(self, out_dir: str | Path, create: bool = True):
+        self.out_dir = Path(out_dir)
+        self.path = self.out_dir / DB_FILE
+        if not create:
+            if not self.path.exists():
+                raise WorkbenchError(f"{self.out_dir}: no results here (no {DB_FILE}); run a study into it first")
+            return
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        with connect(self.path) as conn:
+            conn.execute("PRAGMA journal_mode = WAL")  # persistent: readers never block the writer
+            conn.executescript(SCHEMA)
+
+    # ---- the study ------------------------------------------------------------------------
+
+    def study_info(self) -> dict[str, str]:
+        with connect(self.path) as conn:
+            return dict(conn.execute("SELECT key, value FROM study").fetchall())
+
+    def save_study(self, info: dict[str, str]) -> None:
+        with connect(self.path) as conn:
+            conn.executemany("INSERT OR REPLACE INTO study (key, value) VALUES (?, ?)", info.items())
+
+    # ---- runs -----------------------------------------------------------------------------
+
+    def statuses(self) -> dict[str, str]:
+        with connect(self.path) as conn:
+            return dict(conn.execute("SELECT run_id, status FROM runs").fetchall())
+
+    def record(self, run, result) -> None:
+        """Write a run's outcome and curves in one transaction (replacing an earlier attempt)."""
+        r = result
+        with connect(self.path) as conn:
+            row = conn.execute("SELECT attempts FROM runs WHERE run_id = ?", (run.run_id,)).fetchone()
+            attempts = row[0] + 1 if row else 1
+            conn.execute(
+                """INSERT OR REPLACE INTO runs VALUES
+                   (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)""",
+                (run.run_id, run.index, run.seed, r.status, dumps(run.swept), dumps(run.config),
+                 dumps(r.metrics), dumps(r.not_applicable), r.n_params, r.steps_done, r.diverged_step, r.error,
+                 r.wall_time_s, r.train_time_s, r.eval_time_s, r.tokens, r.tokens_per_s, r.peak_memory_bytes,
+                 r.peak_memory_instrument, r.resumed_from_step, dumps(r.environment), attempts,
+                 datetime.now(timezone.utc).isoformat(timespec="seconds")),
+            )
+            conn.execute("DELETE FROM curves WHERE run_id = ?", (run.run_id,))
+            conn.executemany(
+                "INSERT OR REPLACE INTO curves VALUES (?, ?, ?, ?, ?)",
+                [(run.run_id, int(step), split, metric, finite_or_none(value))
+                 for step, split, metric, value in r.curves],
+            )
+
+    def runs(self) -> list[dict[str, Any]]:
+        """Every recorded run with its JSON columns decoded, in sweep order."""
+        with connect(self.path) as conn:
+            conn.row_factory = sqlite3.Row
+            rows = conn.execute("SELECT * FROM runs ORDER BY position").fetchall()
+        out = []
+        for row in rows:
+            d = dict(row)
+            for key in ("swept", "config", "metrics", "not_applicable", "environment"):
+                d[key] = json.loads(d[key])
+            out.append(d)
+        return out
+
+
+def run_dir(out_dir: str | Path, run_id: str) -> Path:
+    """The folder of one run (its checkpoints, Lightning logs, final.pt)."""
+    return Path(out_dir) / RUNS_DIR / run_id
+
+
+def dumps(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, default=str, allow_nan=True)
+
+
+def finite_or_none(value: Any) -> float | None:
+    value = float(value)
+    return value if value == value and abs(value) != float("inf") else None
+
+
+# ---- reading, for `workbench results` and the reports -------------------------------------
+
+
+def load_results(out_dir: str | Path) -> pd.DataFrame:
+    """One flat row per run: run_id, position, seed, the swept keys, status, final metrics
+    (`accuracy@64`, `loss@64`, ...; NaN where not applicable or not finished), then cost
+    columns. Sorted in sweep order."""
+    runs = Store(out_dir, create=False).runs()
+    swept = list(dict.fromkeys(k for r in runs for k in r["swept"]))
+    metrics = sorted({k for r in runs for k in r["metrics"]}, key=metric_order)
+    rows = []
+    for r in runs:
+        row = {key: r[key] for key in LEADING}
+        row.update({key: r["swept"].get(key) for key in swept})
+        row["status"] = r["status"]
+        row.update({m: r["metrics"].get(m) for m in metrics})
+        row.update({key: r[key] for key in TRAILING if key != "not_applicable"})
+        row["not_applicable"] = "; ".join(f"@{n}: {why}" for n, why in r["not_applicable"].items()) or None
+        rows.append(row)
+    columns = [*LEADING, *swept, "status", *metrics, *TRAILING]
+    frame = pd.DataFrame(rows, columns=columns)
+    for m in metrics:
+        if not frame[m].map(lambda v: isinstance(v, str)).any():  # scaling rows keep instrument labels as text
+            frame[m] = pd.to_numeric(frame[m], errors="coerce")
+    return frame
+
+
+def metric_order(name: str) -> tuple[int, str]:
+    """accuracy@8, exact_match@8, loss@8, accuracy@64, ...: by eval length, then name."""
+    metric, _, length = name.partition("@")
+    return (int(length) if length.isdigit() else -1, metric)
+
+
+def load_curves(out_dir: str | Path, run_id: str | None = None) -> pd.DataFrame:
+    """Learning curves: columns run_id, step, split (train | eval), metric, value."""
+    store = Store(out_dir, create=False)
+    query = "SELECT run_id, step, split, metric, value FROM curves"
+    params: tuple = ()
+    if run_id is not None:
+        query, params = query + " WHERE run_id = ?", (run_id,)
+    with connect(store.path) as conn:
+        return pd.read_sql_query(query + " ORDER BY run_id, split, metric, step", conn, params=params)
+
+
+def load_run_configs(out_dir: str | Path) -> dict[str, dict[str, Any]]:
+    """run_id -> the fully resolved config it trained with."""
+    return {r["run_id"]: r["config"] for r in Store(out_dir, create=False).runs()}
+
+
+def load_study_info(out_dir: str | Path) -> dict[str, Any]:
+    """The stored study: `study` (the validated study as JSON: name, description, notes,
+    baseline, expect, ...), `yaml` (its text), `hash`, `source` (file path)."""
+    info = Store(out_dir, create=False).study_info()
+    out: dict[str, Any] = dict(info)
+    if "study" in info:
+        out["study"] = json.loads(info["study"])
+    return out

@@ -1,0 +1,620 @@
+"""Study files: the YAML schema, loading with line numbers, profiles.
+
+A study names a task, a model, a training budget and the seeds, and sweeps dotted keys:
+
+    name: positions            task: {name: copy, train_length: 16}
+    model: {d_model: 64, ...}  train: {steps: 500, batch_size: 32, lr: 1.0e-3}
+    seeds: [0, 1]              sweep: {model.position: [none, rope, alibi]}
+
+Loading is three steps, each reporting the first mistake as one line with file, line, field
+path, problem and valid choices:
+
+    YAML text --SafeLoader compose--> node tree (key -> line) + plain data
+              --profile overrides--> data --pydantic (Study kind)--> validated study
+    `workbench.sweep.expand` then validates every run's model spec.
+
+The `kind` field selects the study class (`STUDY_KINDS`); a new kind (e.g. "scaling") is a
+StudyBase subclass with its own section, registered in STUDY_KINDS.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, ClassVar, Literal, Union
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, WithJsonSchema, field_validator
+from pydantic import model_validator
+
+from workbench.errors import SpecError, WorkbenchError, closest
+from workbench.registry import get_variant, variants
+from workbench.spec import ModelSpec, spec_error_from
+
+VARIANT_AXES = ("position", "attention", "norm", "ffn")
+SWEEPABLE_SECTIONS = ("task", "model", "train")
+# Columns every run records (besides metrics), usable in `expect` records.
+RUN_MEASURES = ("tokens_per_s", "peak_memory_bytes", "n_params", "wall_time_s", "train_time_s")
+
+
+class StudyError(WorkbenchError):
+    """A mistake in a study file, located as `file:line: field: problem (valid: ...)`."""
+
+    def __init__(self, file: str, line: int | None, error: SpecError | str):
+        self.file, self.line = file, line
+        self.field = error.field if isinstance(error, SpecError) else ""
+        where = f"{file}:{line}" if line else file
+        super().__init__(f"{where}: {error}")
+
+
+# ---- YAML with line numbers -----------------------------------------------------------------
+
+
+class LineMap:
+    """Dotted field path -> 1-based line of the YAML key (or list item) that holds it."""
+
+    def __init__(self) -> None:
+        self.lines: dict[str, int] = {}
+
+    @classmethod
+    def of(cls, node: yaml.Node | None, file: str) -> LineMap:
+        out = cls()
+        if node is not None:
+            out._walk(node, "", file)
+        return out
+
+    def _walk(self, node: yaml.Node, prefix: str, file: str) -> None:
+        if isinstance(node, yaml.MappingNode):
+            seen: set[str] = set()
+            for key_node, value_node in node.value:
+                key = str(key_node.value)
+                path = f"{prefix}.{key}" if prefix else key
+                if key in seen:  # SafeLoader would silently keep the last one
+                    raise StudyError(file, key_node.start_mark.line + 1, SpecError(path, "duplicate key"))
+                seen.add(key)
+                self.lines[path] = key_node.start_mark.line + 1
+                self._walk(value_node, path, file)
+        elif isinstance(node, yaml.SequenceNode):
+            for i, item in enumerate(node.value):
+                path = f"{prefix}.{i}"
+                self.lines[path] = item.start_mark.line + 1
+                self._walk(item, path, file)
+
+    def line(self, field: str) -> int | None:
+        """Line of `field`, or of its closest enclosing field that the file spells out."""
+        parts = field.split(".")
+        while parts:
+            found = self.lines.get(".".join(parts))
+            if found is not None:
+                return found
+            parts.pop()
+        return None
+
+
+def read_yaml(path: Path) -> tuple[str, Any, LineMap]:
+    """Text, plain data and line map of a YAML file; safe loading only (no Python objects)."""
+    file = str(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise WorkbenchError(f"{file}: study file not found") from None
+    except OSError as err:
+        raise WorkbenchError(f"{file}: cannot read the study file ({err.strerror})") from None
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        data = loader.construct_document(node) if node is not None else None
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None) or getattr(err, "context_mark", None)
+        problem = getattr(err, "problem", None) or str(err)
+        context = getattr(err, "context", None)
+        message = f"malformed YAML: {problem}" + (f" ({context})" if context else "")
+        raise StudyError(file, mark.line + 1 if mark else None, message) from None
+    finally:
+        loader.dispose()
+    return text, data, LineMap.of(node, file)
+
+
+# ---- dotted keys ----------------------------------------------------------------------------
+
+
+def get_dotted(data: Mapping[str, Any], key: str) -> Any:
+    node: Any = data
+    for part in key.split("."):
+        node = node[part]
+    return node
+
+
+def set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
+    """data[a][b][c] = value for key "a.b.c"; a variant given by name becomes {name: ...} when a
+    parameter below it is set (model.attention.window on `attention: sliding_window`)."""
+    *parents, last = key.split(".")
+    node = data
+    for part in parents:
+        child = node.get(part)
+        if isinstance(child, str):
+            child = {"name": child}
+        elif not isinstance(child, dict):
+            child = {}
+        node[part] = child
+        node = child
+    node[last] = copy.deepcopy(value)
+
+
+def label(value: Any) -> Any:
+    """A swept value as one flat column entry: scalars as they are, a variant mapping as
+    `name(param=value, ...)`, anything else as compact JSON."""
+    if isinstance(value, Mapping) and "name" in value:
+        params = ", ".join(f"{k}={v}" for k, v in value.items() if k != "name")
+        return f"{value['name']}({params})" if params else str(value["name"])
+    if isinstance(value, (Mapping, list)):
+        return json.dumps(value, sort_keys=True)
+    return value
+
+
+def canonical_json(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
+
+
+def digest(value: Any, n: int = 12) -> str:
+    return hashlib.sha256(canonical_json(value).encode()).hexdigest()[:n]
+
+
+# ---- sections -------------------------------------------------------------------------------
+
+
+class TrainConfig(BaseModel):
+    """How each run trains. Execution fields (where and how it runs) do not change a run's id."""
+
+    model_config = ConfigDict(extra="forbid")
+    EXECUTION: ClassVar[tuple[str, ...]] = (
+        "accelerator", "devices", "strategy", "num_nodes", "logger", "checkpoint_every", "eval_batch_size",
+    )
+
+    steps: int | None = Field(None, gt=0, description="optimizer steps per run (give steps or tokens)")
+    tokens: int | None = Field(
+        None, gt=0, description="training tokens per run: steps = ceil(tokens / (batch_size * task.train_length))"
+    )
+    batch_size: int = Field(32, gt=0, description="sequences per optimizer step")
+    lr: float = Field(1e-3, gt=0, description="peak learning rate (AdamW)")
+    weight_decay: float = Field(0.01, ge=0, description="AdamW decay on weight matrices (not norms or biases)")
+    warmup_steps: int = Field(0, ge=0, description="linear warmup from 0 to lr")
+    schedule: Literal["cosine", "linear", "constant"] = Field("cosine", description="decay after warmup")
+    min_lr_ratio: float = Field(0.1, ge=0, le=1, description="final lr / peak lr for cosine and linear decay")
+    grad_clip: float | None = Field(1.0, gt=0, description="clip the gradient norm to this (null: no clipping)")
+    eval_every: int | None = Field(None, gt=0, description="evaluate every N steps (default steps // 10); always at the end")
+    eval_batch_size: int = Field(128, gt=0, description="sequences per evaluation batch")
+    log_every: int = Field(10, gt=0, description="record the training loss every N steps")
+    precision: Literal["32", "bf16-mixed", "16-mixed"] = Field(
+        "32", description="'32' anywhere; 'bf16-mixed' on GPUs with bfloat16 (Ampere+); '16-mixed' on GPUs"
+    )
+    accelerator: str = Field("auto", description="Lightning accelerator: auto (GPU when present), cpu, gpu, mps")
+    devices: int | str = Field(1, description="devices per run (Lightning `devices`)")
+    strategy: str = Field("auto", description="Lightning strategy (auto, ddp, ...)")
+    num_nodes: int = Field(1, gt=0, description="nodes per run (Lightning `num_nodes`)")
+    logger: Literal["csv", "tensorboard"] = Field("csv", description="Lightning logger writing each run's log folder")
+    checkpoint_every: int | None = Field(None, gt=0, description="checkpoint every N steps for resume (default: eval_every)")
+
+    @field_validator("precision", mode="before")
+    @classmethod
+    def _precision_text(cls, v):
+        return str(v) if isinstance(v, int) else v  # `precision: 32` in YAML is an int
+
+    @model_validator(mode="after")
+    def _one_budget(self):
+        if (self.steps is None) == (self.tokens is None):
+            raise SpecError("train.steps", "give exactly one training budget: steps or tokens")
+        return self
+
+    def resolved(self, train_length: int) -> dict[str, Any]:
+        """Every field filled in: steps from tokens, eval and checkpoint intervals."""
+        out = self.model_dump()
+        steps = self.steps or -(-self.tokens // (self.batch_size * train_length))
+        out["steps"] = steps
+        out["eval_every"] = min(self.eval_every or max(1, steps // 10), steps)
+        out["checkpoint_every"] = min(self.checkpoint_every or out["eval_every"], steps)
+        out["log_every"] = min(self.log_every, steps)
+        return out
+
+
+class Expectation(BaseModel):
+    """A claim the report checks: `better` is expected to beat `than` on `metric`."""
+
+    model_config = ConfigDict(extra="forbid")
+    metric: str = Field(description="metric[@eval_length] (e.g. accuracy@64, loss) or a run measure (tokens_per_s)")
+    better: Any = Field(description="the swept value (or {dotted.key: value}) expected to be better")
+    than: Any = Field(description="the swept value (or {dotted.key: value}) it is compared against")
+    claim: str | None = Field(None, description="id of the claim it tests (e.g. E6)")
+    note: str = Field("", description="free text shown with the verdict")
+
+
+SWEEP_JSON_SCHEMA = {
+    "type": "object",
+    "description": "dotted.key: [values] (a grid over every key); `zip: [{key: [...], key2: [...]}]` for keys "
+    "that vary together (lists of equal length)",
+    "properties": {
+        "zip": {
+            "type": "array",
+            "items": {"type": "object", "additionalProperties": {"type": "array", "minItems": 1}},
+        }
+    },
+    "additionalProperties": {"type": "array", "minItems": 1},
+}
+
+
+class Sweep(BaseModel):
+    """The sweep as a grid over `grid` keys times each `zip` group (keys that vary together)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    grid: dict[str, list[Any]] = {}
+    zip: list[dict[str, list[Any]]] = []
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_yaml(cls, data: Any) -> Any:
+        if isinstance(data, Sweep):
+            return data
+        if data is None:
+            return {}
+        if not isinstance(data, Mapping):
+            raise SpecError("sweep", f"expected a mapping of dotted keys to lists, got {data!r}")
+        data = dict(data)
+        groups = data.pop("zip", [])
+        if isinstance(groups, Mapping):
+            groups = [groups]
+        if not isinstance(groups, list) or not all(isinstance(g, Mapping) for g in groups):
+            raise SpecError("sweep.zip", "expected a list of mappings {dotted.key: [values]}")
+        for key, values in data.items():
+            check_values(f"sweep.{key}", values)
+        seen = set(data)
+        for i, group in enumerate(groups):
+            lengths = {key: check_values(f"sweep.zip.{i}.{key}", values) for key, values in group.items()}
+            if len(set(lengths.values())) > 1:
+                sizes = ", ".join(f"{k}: {n}" for k, n in lengths.items())
+                raise SpecError(f"sweep.zip.{i}", f"zipped lists must have equal lengths ({sizes})")
+            for key in group:
+                if key in seen:
+                    raise SpecError(f"sweep.zip.{i}.{key}", "key is swept twice")
+                seen.add(key)
+        return {"grid": data, "zip": [dict(g) for g in groups]}
+
+    @property
+    def keys(self) -> list[str]:
+        return [*self.grid, *(k for group in self.zip for k in group)]
+
+    def values(self, key: str) -> list[Any]:
+        if key in self.grid:
+            return self.grid[key]
+        return next(group[key] for group in self.zip if key in group)
+
+    def field(self, key: str) -> str:
+        """The YAML field path where `key` is swept (for line numbers)."""
+        if key in self.grid:
+            return f"sweep.{key}"
+        return next(f"sweep.zip.{i}.{key}" for i, g in enumerate(self.zip) if key in g)
+
+
+def check_values(field: str, values: Any) -> int:
+    if not isinstance(values, list):
+        raise SpecError(field, f"a sweep key takes a list of values, got {values!r}")
+    if not values:
+        raise SpecError(field, "empty sweep list: give at least one value")
+    return len(values)
+
+
+def task_section(value: Any) -> dict[str, Any]:
+    """{name, **params} validated through the task registry; returns the resolved mapping."""
+    if not isinstance(value, Mapping):
+        raise SpecError("task", f"expected a mapping {{name: <task>, <params>}}, got {value!r}")
+    raw = dict(value)
+    if "name" not in raw:
+        raise SpecError("task.name", "missing: the task section needs a name", sorted(variants("task")))
+    name = raw.pop("name")
+    cls = get_variant("task", str(name), "task.name")
+    try:
+        params = cls.Params.model_validate(raw)
+    except ValidationError as err:
+        raise unwrap(err, "task") from None
+    return {"name": str(name), **params.model_dump()}
+
+
+def unwrap(err: ValidationError, prefix: str = "") -> SpecError:
+    """A pydantic report as one SpecError: a SpecError raised inside a validator keeps its own
+    field; otherwise the first error's location becomes the field path."""
+    first = err.errors()[0]
+    inner = (first.get("ctx") or {}).get("error")
+    if isinstance(inner, SpecError):
+        return inner
+    if first["type"] == "extra_forbidden":
+        path = ".".join(str(p) for p in (prefix, *first["loc"]) if p != "")
+        parent = ".".join(path.split(".")[:-1])
+        return SpecError(path, "unknown key" + suggest(path.split(".")[-1], known_keys(parent)), known_keys(parent))
+    return spec_error_from(err, prefix)
+
+
+def suggest(name: str, choices: list[str] | None) -> str:
+    hint = closest(name, choices or [])
+    return f"; did you mean {hint!r}?" if hint else ""
+
+
+def known_keys(section: str) -> list[str] | None:
+    """Field names valid inside a dotted section of a train study (for 'unknown key' hints)."""
+    tops = {
+        "": list(TrainStudy.model_fields),
+        "train": list(TrainConfig.model_fields),
+        "model": list(ModelSpec.model_fields),
+        "sweep": None,
+    }
+    if section in tops:
+        return tops[section]
+    if re.fullmatch(r"expect\.\d+", section):
+        return list(Expectation.model_fields)
+    return None
+
+
+# ---- studies --------------------------------------------------------------------------------
+
+
+class StudyBase(BaseModel):
+    """Fields every kind of study has."""
+
+    model_config = ConfigDict(extra="forbid")
+    kind: str
+    name: str = Field(
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$",
+        description="study name: letters, digits, '-', '_', '.'; the default output folder is runs/<name>/",
+    )
+    description: str = Field("", description="one line: the question the study answers")
+    notes: str = Field("", description="free text shown in reports")
+    seeds: list[int] = Field([0], min_length=1, description="every sweep point trains once per seed")
+    profiles: dict[str, dict[str, Any]] = Field(
+        {}, description="named overrides {profile: {dotted.key: value}}, applied by `workbench run --profile NAME`"
+    )
+
+    def run_defining(self) -> dict[str, Any]:
+        """The part of the study that determines which runs exist and what they compute: a
+        change here, against an existing output folder, is a different study."""
+        raise NotImplementedError
+
+
+class TrainStudy(StudyBase):
+    """Train every sweep point on a task and compare the final metrics."""
+
+    kind: Literal["train"] = Field("train", description="train: a sweep of trained models")
+    task: Annotated[
+        dict[str, Any], WithJsonSchema({"x-section": "TaskSection"})
+    ] = Field(description="{name: <task>, <task params>}; see `workbench list task`")
+    model: Annotated[dict[str, Any], WithJsonSchema({"x-section": "ModelSection"})] = Field(
+        default_factory=dict, description="the model spec (see the README); the task sets vocab_size"
+    )
+    train: TrainConfig
+    sweep: Annotated[Sweep, WithJsonSchema(SWEEP_JSON_SCHEMA)] = Field(default_factory=Sweep)
+    baseline: Any = Field(
+        None, description="the swept value (or {dotted.key: value}) the others are compared against"
+    )
+    expect: list[Expectation] = Field([], description="claims the report checks")
+
+    @field_validator("task", mode="before")
+    @classmethod
+    def _task(cls, v):
+        return task_section(v)
+
+    @field_validator("model", mode="before")
+    @classmethod
+    def _model(cls, v):
+        if v is None:
+            return {}
+        if not isinstance(v, Mapping):
+            raise SpecError("model", f"expected a mapping of model fields, got {v!r}")
+        return dict(v)
+
+    @model_validator(mode="after")
+    def _cross_checks(self):
+        for key in self.sweep.keys:
+            check_key(key, self.sweep.field(key), self.task)
+        if self.baseline is not None:
+            self.baseline = self.sweep_point(self.baseline, "baseline")
+        for i, exp in enumerate(self.expect):
+            check_metric(exp.metric, f"expect.{i}.metric", self)
+            exp.better = self.sweep_point(exp.better, f"expect.{i}.better")
+            exp.than = self.sweep_point(exp.than, f"expect.{i}.than")
+        for profile, overrides in self.profiles.items():
+            for key in overrides:
+                if key != "seeds":
+                    check_key(key, f"profiles.{profile}.{key}", self.task)
+        return self
+
+    def sweep_point(self, value: Any, field: str) -> dict[str, Any]:
+        """A swept value (when one key is swept) or {dotted.key: value} -> {key: value}, each
+        value checked against the key's swept values (a variant by name equals {name: ...})."""
+        keys = self.sweep.keys
+        if not keys:
+            raise SpecError(field, "the study sweeps nothing, so there is nothing to compare")
+        if isinstance(value, Mapping) and value and all(k in keys for k in value):
+            point = dict(value)
+        elif len(keys) == 1:
+            point = {keys[0]: value}
+        else:
+            raise SpecError(field, "several keys are swept: give {dotted.key: value}", keys)
+        for key, v in point.items():
+            options = [label(x) for x in self.sweep.values(key)]
+            if label(v) not in options:
+                raise SpecError(f"{field}.{key}" if len(point) > 1 or isinstance(value, Mapping) else field,
+                                f"{label(v)!r} is not a swept value of {key}", [str(o) for o in options])
+        return point
+
+    def run_defining(self) -> dict[str, Any]:
+        train = {k: v for k, v in self.train.model_dump().items() if k not in TrainConfig.EXECUTION}
+        return {"kind": self.kind, "task": self.task, "model": self.model, "train": train,
+                "seeds": self.seeds, "sweep": self.sweep.model_dump()}
+
+
+def check_key(key: str, field: str, task: dict[str, Any]) -> None:
+    """A dotted key that a sweep or profile sets must name an existing field."""
+    section, _, rest = key.partition(".")
+    if section not in SWEEPABLE_SECTIONS or not rest:
+        valid = [f"{s}.<field>" for s in SWEEPABLE_SECTIONS]
+        raise SpecError(field, f"{key!r} is not a dotted key of a study field", valid)
+    head, _, deeper = rest.partition(".")
+    if section == "model":
+        fields = list(ModelSpec.model_fields)
+        if deeper and head not in VARIANT_AXES:
+            raise SpecError(field, f"model.{head} has no sub-keys (only variant axes do: {', '.join(VARIANT_AXES)})")
+    elif section == "train":
+        fields = list(TrainConfig.model_fields)
+    else:
+        fields = ["name", *get_variant("task", task["name"]).Params.model_fields]
+    if head not in fields:
+        choices = [f"{section}.{f}" for f in fields]
+        raise SpecError(field, f"no such key {key!r}" + suggest(f"{section}.{head}", choices), choices)
+    if section != "model" and deeper:
+        raise SpecError(field, f"{section}.{head} has no sub-keys")
+
+
+def check_metric(metric: str, field: str, study: TrainStudy) -> None:
+    task_cls = get_variant("task", study.task["name"])
+    names = [*task_cls.metrics, "loss"]
+    name, _, length = metric.partition("@")
+    if metric in RUN_MEASURES:
+        return
+    if name not in names:
+        choices = [*names, *RUN_MEASURES]
+        raise SpecError(field, f"unknown metric {name!r}" + suggest(name, choices), choices)
+    lengths = study.task.get("eval_lengths") or [study.task["train_length"]]
+    if length and "task.eval_lengths" not in study.sweep.keys and (not length.isdigit() or int(length) not in lengths):
+        raise SpecError(field, f"{metric!r}: no evaluation at length {length}", [f"{name}@{n}" for n in lengths])
+
+
+STUDY_KINDS: dict[str, type[StudyBase]] = {"train": TrainStudy}
+
+
+def study_kinds() -> dict[str, type[StudyBase]]:
+    """Every study kind by name. Kinds defined in other modules register here on first use:
+    workbench.scaling imports this module, so it cannot be imported at this module's top."""
+    from workbench.scaling import ScalingStudy
+
+    STUDY_KINDS.setdefault("scaling", ScalingStudy)
+    return STUDY_KINDS
+
+
+# ---- loading --------------------------------------------------------------------------------
+
+
+@dataclass
+class StudyFile:
+    """A loaded study with where it came from, so later checks can point into the file."""
+
+    path: Path
+    text: str
+    data: dict[str, Any]  # the YAML data after profile overrides
+    lines: LineMap
+    study: StudyBase
+    profile: str | None = None
+
+    def error(self, err: SpecError, context: str = "") -> StudyError:
+        if context:
+            err = SpecError(err.field, f"{err.problem} ({context})", err.choices)
+        return StudyError(str(self.path), self.lines.line(err.field), err)
+
+    @property
+    def study_hash(self) -> str:
+        return digest(self.study.run_defining())
+
+
+def apply_profile(data: dict[str, Any], profile: str, file: str, lines: LineMap) -> dict[str, Any]:
+    profiles = data.get("profiles") or {}
+    if not isinstance(profiles, Mapping) or profile not in profiles:
+        names = sorted(profiles) if isinstance(profiles, Mapping) else []
+        raise StudyError(file, lines.line("profiles"),
+                         SpecError("--profile", f"unknown profile {profile!r}" + suggest(profile, names), names))
+    overrides = profiles[profile]
+    if not isinstance(overrides, Mapping):
+        raise StudyError(file, lines.line(f"profiles.{profile}"),
+                         SpecError(f"profiles.{profile}", "expected a mapping {dotted.key: value}"))
+    data = copy.deepcopy(data)
+    for key, value in overrides.items():
+        set_dotted(data, str(key), value)
+        # An error in an overridden field points at the profile line that set it.
+        lines.lines[str(key)] = lines.line(f"profiles.{profile}.{key}") or 0
+    return data
+
+
+def load_study(path: str | Path, profile: str | None = None) -> StudyFile:
+    """Read and validate a study file. Raises StudyError (a WorkbenchError) with file and line."""
+    path = Path(path)
+    file = str(path)
+    text, data, lines = read_yaml(path)
+    if not isinstance(data, Mapping):
+        raise StudyError(file, 1, SpecError("", f"a study file is a mapping of fields (name, task, ...), got {type(data).__name__}"))
+    data = dict(data)
+    if profile is not None:
+        data = apply_profile(data, profile, file, lines)
+    kind = data.get("kind", "train")
+    if kind not in study_kinds():
+        raise StudyError(file, lines.line("kind"),
+                         SpecError("kind", f"unknown study kind {kind!r}" + suggest(str(kind), list(STUDY_KINDS)),
+                                   STUDY_KINDS))
+    cls = STUDY_KINDS[kind]
+    try:
+        study = cls.model_validate(data)
+    except ValidationError as err:
+        spec_err = unwrap(err)
+        raise StudyError(file, lines.line(spec_err.field), spec_err) from None
+    except SpecError as err:
+        raise StudyError(file, lines.line(err.field), err) from None
+    return StudyFile(path=path, text=text, data=data, lines=lines, study=study, profile=profile)
+
+
+# ---- JSON Schema ----------------------------------------------------------------------------
+
+
+def variant_json_schema(axis: str) -> dict[str, Any]:
+    """A variant field: a registered name, or {name: <registered>, <its params>}."""
+    options: list[dict[str, Any]] = [{"type": "string", "enum": sorted(variants(axis))}]
+    for name, cls in variants(axis).items():
+        params = cls.Params.model_json_schema()
+        options.append({
+            "type": "object",
+            "properties": {"name": {"const": name}, **params.get("properties", {})},
+            "required": ["name"],
+            "additionalProperties": False,
+        })
+    return {"anyOf": options}
+
+
+def study_json_schema() -> dict[str, Any]:
+    """JSON Schema of a study file (every kind), with registered variants and tasks spelled
+    out so editors can complete names and parameters."""
+    kinds = list(study_kinds().values())
+    target = kinds[0] if len(kinds) == 1 else Union[tuple(kinds)]  # noqa: UP007 (runtime union)
+    schema = TypeAdapter(target).json_schema()
+    defs = schema.setdefault("$defs", {})
+    model = ModelSpec.model_json_schema()
+    for axis in VARIANT_AXES:
+        model["properties"][axis] = {**variant_json_schema(axis), "description": model["properties"][axis].get("description", "")}
+    model["properties"].pop("vocab_size", None)  # the task sets it
+    defs["ModelSection"] = model
+    tasks = variant_json_schema("task")
+    defs["TaskSection"] = {"anyOf": tasks["anyOf"][1:], "description": "{name: <task>, <task params>}"}
+    schema = link_sections(schema)
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["title"] = "Transformer Workbench study"
+    return schema
+
+
+def link_sections(node: Any) -> Any:
+    """Fields typed `{"x-section": NAME}` (a placeholder pydantic accepts) -> a $ref to the
+    registry-derived definition NAME."""
+    if isinstance(node, dict):
+        if "x-section" in node:
+            extra = {k: v for k, v in node.items() if k != "x-section"}
+            return {"$ref": f"#/$defs/{node['x-section']}", **extra}
+        return {k: link_sections(v) for k, v in node.items()}
+    if isinstance(node, list):
+        return [link_sections(v) for v in node]
+    return node

@@ -1,0 +1,421 @@
+"""Tasks: the data, vocabulary and metrics a study trains and evaluates on (the fifth axis).
+
+A task generates `Example`s (a source and a target sequence of token ids) from a seeded
+random stream, and formats them for the model family that trains on them:
+
+    decoder          tokens      [B, n]  <bos> source <sep> target <eos>, right-padded
+                     padding_mask[B, n]  True for real tokens
+                     loss_mask   [B, n]  True on tokens the model must predict (target and
+                                         <eos>): logits at t-1 are scored against token t
+    encoder_decoder  src, src_mask       source, right-padded
+                     tgt, tgt_mask       <bos> target <eos>, right-padded (teacher forcing
+                                         feeds tgt[:, :-1] and scores tgt[:, 1:])
+    encoder          tokens, padding_mask
+                     labels      [B]     class ids (sequence classification), or
+                                 [B, n]  per-token target ids, -100 = not scored
+
+Tasks with another layout (associative recall, byte-level LM) override the formatting of
+one example; the loss and the teacher-forced metrics live here once, for every task.
+
+Determinism: batch `index` of training is a pure function of (seed, index), so a resumed run
+sees the same batches; held-out sets come from a separate seed stream per evaluation length,
+and training never emits an example whose source is in a held-out set.
+"""
+
+from __future__ import annotations
+
+import math
+import pathlib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from pydantic import Field, model_validator
+from torch import Tensor
+
+from workbench.errors import SpecError, WorkbenchError
+from workbench.variants import Params, Variant
+
+FAMILIES = ("decoder", "encoder_decoder", "encoder")
+IGNORE = -100  # label of an encoder position that is not scored (torch's cross_entropy default)
+SPECIALS = ("<pad>", "<bos>", "<eos>", "<sep>")  # ids 0..3 in every built-in vocabulary
+
+# Seed streams: training and each held-out set draw from disjoint numpy SeedSequences.
+TRAIN_STREAM, EVAL_STREAM, SAMPLE_STREAM = 0, 1, 2
+
+
+class TaskParams(Params):
+    train_length: int = Field(gt=0, description="sequence-length knob used for training (meaning per task)")
+    eval_lengths: list[int] | None = Field(
+        None, description="lengths to evaluate at (extrapolation); default: train_length only"
+    )
+    n_eval: int = Field(512, gt=0, description="held-out examples per evaluation length")
+
+    @model_validator(mode="after")
+    def _positive_lengths(self):
+        if self.eval_lengths is not None and (not self.eval_lengths or min(self.eval_lengths) <= 0):
+            raise ValueError("eval_lengths must be a non-empty list of positive lengths")
+        return self
+
+
+@dataclass(frozen=True)
+class Example:
+    """One generated example before family formatting (token ids, no specials)."""
+
+    source: tuple[int, ...]
+    target: tuple[int, ...]
+    meta: dict[str, Any] = field(default_factory=dict, compare=False)
+
+
+@dataclass
+class Tally:
+    """Sums over an evaluation set, so metrics weight every token / row equally."""
+
+    nll: float = 0.0  # summed negative log-likelihood (nats) over target tokens
+    tokens: int = 0
+    correct: int = 0  # target tokens whose argmax is right (teacher forcing)
+    rows: int = 0
+    exact: int = 0  # rows whose target tokens are all right
+
+    def add(self, logits: Tensor, targets: Tensor, mask: Tensor) -> None:
+        nll = F.cross_entropy(logits.transpose(1, 2).float(), targets.clamp(min=0), reduction="none")
+        right = (logits.argmax(-1) == targets) | ~mask
+        self.nll += float((nll * mask).sum())
+        self.tokens += int(mask.sum())
+        self.correct += int((right & mask).sum())
+        scored_rows = mask.any(-1)
+        self.rows += int(scored_rows.sum())
+        self.exact += int((right.all(-1) & scored_rows).sum())
+
+    def scores(self) -> dict[str, float]:
+        return {
+            "loss": self.nll / self.tokens if self.tokens else math.nan,
+            "accuracy": self.correct / self.tokens if self.tokens else math.nan,
+            "exact_match": self.exact / self.rows if self.rows else math.nan,
+        }
+
+
+def length_window(length: int, train_length: int, min_length: int, training: bool) -> tuple[int, int]:
+    """Accepted example lengths [lo, hi]: training and evaluation at or below train_length
+    take [min_length, length]; evaluation past train_length takes only the new lengths
+    (train_length, length], so an extrapolation score measures unseen lengths."""
+    if training or length <= train_length:
+        return min(min_length, length), length
+    return train_length + 1, length
+
+
+def draw_within(make, size, lo: int, hi: int, what: str, attempts: int = 10_000):
+    """Rejection-sample `make()` until `lo <= size(result) <= hi`."""
+    for _ in range(attempts):
+        result = make()
+        if lo <= size(result) <= hi:
+            return result
+    raise WorkbenchError(f"{what}: no example of length {lo}..{hi} in {attempts} draws; "
+                         "adjust the lengths or the generator's size parameters")
+
+
+def rng_for(*stream: int) -> np.random.Generator:
+    """A numpy generator for one stream of integers (seed, purpose, index...)."""
+    return np.random.default_rng(np.random.SeedSequence([int(s) for s in stream]))
+
+
+def pad(rows: Sequence[Sequence[int]], value: int, left: bool = False) -> Tensor:
+    """Ragged rows -> [B, max_len] long tensor."""
+    width = max((len(r) for r in rows), default=0)
+    out = torch.full((len(rows), width), value, dtype=torch.long)
+    for i, r in enumerate(rows):
+        if len(r):
+            if left:
+                out[i, width - len(r):] = torch.as_tensor(r, dtype=torch.long)
+            else:
+                out[i, : len(r)] = torch.as_tensor(r, dtype=torch.long)
+    return out
+
+
+def real(rows: Sequence[Sequence[int]], left: bool = False) -> Tensor:
+    """Padding mask for `pad(rows)`: True where a row has a real token."""
+    width = max((len(r) for r in rows), default=0)
+    lengths = torch.tensor([len(r) for r in rows])
+    ar = torch.arange(width)[None]
+    return ar >= (width - lengths)[:, None] if left else ar < lengths[:, None]
+
+
+class Task(Variant):
+    """Base of every task: seeded examples, family formatting, loss and metrics."""
+
+    axis = "task"
+    Params = TaskParams
+    families: ClassVar[tuple[str, ...]] = FAMILIES
+    metrics: ClassVar[dict[str, bool]] = {"accuracy": True, "exact_match": True}
+    sequence_labels: ClassVar[bool] = False  # encoder: one class per sequence instead of per token
+    decoder_eos: ClassVar[bool] = True  # decoder: the target ends with a scored <eos>
+    hold_out: ClassVar[bool] = True  # training skips examples whose source is in a held-out set
+
+    pad_id, bos_id, eos_id, sep_id = 0, 1, 2, 3
+
+    def __init__(self, params: TaskParams, *, seed: int, data_dir: pathlib.Path | None = None):
+        self.params = params
+        self.seed = int(seed)
+        self.data_dir = data_dir
+        self.vocab: list[str] = list(SPECIALS)
+        self._eval_cache: dict[int, list[Example]] = {}
+        self._held_out: set[tuple[int, ...]] | None = None
+
+    # ---- vocabulary -------------------------------------------------------------------------
+
+    def _set_vocab(self, words: Sequence[str]) -> None:
+        self.vocab = list(SPECIALS) + [w for w in words if w not in SPECIALS]
+        self.token_id = {w: i for i, w in enumerate(self.vocab)}
+        if len(self.token_id) != len(self.vocab):
+            raise ValueError(f"{self.name}: duplicate words in the vocabulary")
+
+    def encode(self, words: Sequence[str]) -> tuple[int, ...]:
+        return tuple(self.token_id[w] for w in words)
+
+    def decode(self, ids: Sequence[int]) -> list[str]:
+        return [self.vocab[int(i)] for i in ids]
+
+    # ---- what subclasses provide ------------------------------------------------------------
+
+    def example(self, rng: np.random.Generator, length: int, training: bool) -> Example:
+        """One example. `length` is train_length when training, an eval length otherwise."""
+        raise NotImplementedError
+
+    def model_overrides(self, family: str) -> dict[str, Any]:
+        """Model spec fields this task fixes, merged into the study's model spec."""
+        self.check_family(family)
+        return {"vocab_size": len(self.vocab)}
+
+    @property
+    def eval_lengths(self) -> list[int]:
+        return list(self.params.eval_lengths or [self.params.train_length])
+
+    # ---- batches ----------------------------------------------------------------------------
+
+    def check_family(self, family: str) -> None:
+        if family not in self.families:
+            raise SpecError("model.family", f"task {self.name!r} does not support family {family!r}",
+                            self.families)
+
+    def train_batch(self, index: int, batch_size: int, family: str) -> dict[str, Tensor]:
+        """Batch `index` of training: the same (seed, index) always gives the same batch."""
+        self.check_family(family)
+        rng = rng_for(self.seed, TRAIN_STREAM, index)
+        return self.collate([self._train_example(rng) for _ in range(batch_size)], family)
+
+    def _train_example(self, rng: np.random.Generator, attempts: int = 1000) -> Example:
+        held = self.held_out_sources() if self.hold_out else set()
+        for _ in range(attempts):
+            ex = self.example(rng, self.params.train_length, training=True)
+            if ex.source not in held:
+                return ex
+        raise WorkbenchError(
+            f"task {self.name}: {attempts} training examples in a row were in the held-out set; "
+            "the example space is too small for n_eval (raise the lengths or the alphabet)"
+        )
+
+    def held_out_sources(self) -> set[tuple[int, ...]]:
+        if self._held_out is None:
+            self._held_out = {ex.source for n in self.eval_lengths for ex in self.eval_examples(n)}
+        return self._held_out
+
+    def eval_examples(self, length: int) -> list[Example]:
+        """The fixed held-out set at one length (cached)."""
+        if length not in self._eval_cache:
+            rng = rng_for(self.seed, EVAL_STREAM, length)
+            self._eval_cache[length] = [self.example(rng, length, training=False) for _ in range(self.params.n_eval)]
+        return self._eval_cache[length]
+
+    def eval_batches(self, length: int, batch_size: int, family: str) -> list[dict[str, Tensor]]:
+        self.check_family(family)
+        examples = self.eval_examples(length)
+        return [self.collate(examples[i: i + batch_size], family) for i in range(0, len(examples), batch_size)]
+
+    def collate(self, examples: Sequence[Example], family: str) -> dict[str, Tensor]:
+        """Format and pad examples for one family (layouts in the module docstring)."""
+        if family == "decoder":
+            rows = [self.format_decoder(ex) for ex in examples]
+            tokens = [r[0] for r in rows]
+            return {
+                "tokens": pad(tokens, self.pad_id),
+                "padding_mask": real(tokens),
+                "loss_mask": pad([r[1] for r in rows], 0).bool(),
+            }
+        if family == "encoder_decoder":
+            rows = [self.format_encoder_decoder(ex) for ex in examples]
+            src, tgt = [r[0] for r in rows], [r[1] for r in rows]
+            return {"src": pad(src, self.pad_id), "src_mask": real(src),
+                    "tgt": pad(tgt, self.pad_id), "tgt_mask": real(tgt)}
+        if family == "encoder":
+            rows = [self.format_encoder(ex) for ex in examples]
+            tokens = [r[0] for r in rows]
+            labels = (torch.tensor([r[1] for r in rows]) if self.sequence_labels
+                      else pad([r[1] for r in rows], IGNORE))
+            return {"tokens": pad(tokens, self.pad_id), "padding_mask": real(tokens), "labels": labels}
+        raise SpecError("model.family", f"unknown family {family!r}", FAMILIES)
+
+    def format_decoder(self, ex: Example) -> tuple[list[int], list[bool]]:
+        """<bos> source <sep> target <eos>; the loss covers target and <eos>."""
+        target = [*ex.target, self.eos_id] if self.decoder_eos else list(ex.target)
+        tokens = [self.bos_id, *ex.source, self.sep_id, *target]
+        return tokens, [False] * (len(ex.source) + 2) + [True] * len(target)
+
+    def format_encoder_decoder(self, ex: Example) -> tuple[list[int], list[int]]:
+        return list(ex.source), [self.bos_id, *ex.target, self.eos_id]
+
+    def format_encoder(self, ex: Example) -> tuple[list[int], Any]:
+        """Per-token labels (source and target aligned one to one), or one class id."""
+        if self.sequence_labels:
+            return list(ex.source), self.class_of(ex)
+        if len(ex.source) != len(ex.target):
+            raise ValueError(f"{self.name}: per-token labels need len(source) == len(target)")
+        return list(ex.source), list(ex.target)
+
+    def class_of(self, ex: Example) -> int:
+        raise NotImplementedError(f"{self.name} has no sequence labels")
+
+    # ---- loss and metrics -------------------------------------------------------------------
+
+    def scored(self, model, batch: dict[str, Tensor], family: str) -> tuple[Tensor, Tensor, Tensor]:
+        """Run the model; return logits [B, T, C], targets [B, T] and the scored mask [B, T]."""
+        device = next(model.parameters()).device
+        b = {k: v.to(device) for k, v in batch.items()}
+        if family == "decoder":
+            logits = model(b["tokens"], b["padding_mask"])[:, :-1]  # predicts tokens[:, 1:]
+            return logits, b["tokens"][:, 1:], b["loss_mask"][:, 1:]
+        if family == "encoder_decoder":
+            tgt, tgt_mask = b["tgt"], b["tgt_mask"]
+            logits = model(b["src"], tgt[:, :-1], src_padding_mask=b["src_mask"], tgt_padding_mask=tgt_mask[:, :-1])
+            return logits, tgt[:, 1:], tgt_mask[:, 1:]
+        if family == "encoder":
+            labels = b["labels"]
+            if labels.dim() == 1:  # one class per sequence
+                logits = model.classify(b["tokens"], b["padding_mask"])[:, None]
+                labels = labels[:, None]
+            else:
+                logits = model(b["tokens"], b["padding_mask"])
+            return logits, labels, labels != IGNORE
+        raise SpecError("model.family", f"unknown family {family!r}", FAMILIES)
+
+    def loss(self, model, batch: dict[str, Tensor], family: str) -> Tensor:
+        """Mean cross-entropy over scored target tokens."""
+        logits, targets, mask = self.scored(model, batch, family)
+        return F.cross_entropy(logits[mask].float(), targets[mask])
+
+    @torch.no_grad()
+    def evaluate(self, model, batches: Sequence[dict[str, Tensor]], family: str) -> dict[str, float]:
+        """Every metric in `metrics`, plus "loss" (nats per target token). Teacher-forced
+        exact match equals greedy-decoding exact match: a row is exact when every target token
+        (and <eos>) is the argmax given a correct prefix, which is what greedy decoding emits.
+        A learned-position model evaluated past its table raises PositionLimitError."""
+        was_training = model.training
+        model.eval()
+        try:
+            tally = Tally()
+            for batch in batches:
+                tally.add(*self.scored(model, batch, family))
+            scores = tally.scores()
+            scores.update(self.extra_metrics(model, batches, family, scores))
+        finally:
+            model.train(was_training)
+        return {name: scores[name] for name in [*self.metrics, "loss"]}
+
+    def extra_metrics(self, model, batches, family: str, scores: dict[str, float]) -> dict[str, float]:
+        """Metrics beyond loss / accuracy / exact_match (e.g. BLEU on generations)."""
+        return {}
+
+    # ---- generation -------------------------------------------------------------------------
+
+    def generate(self, model, batch: dict[str, Tensor], family: str, max_new_tokens: int) -> list[list[int]]:
+        """Greedy continuations of each row's source, cut at <eos> (target ids only)."""
+        device = next(model.parameters()).device
+        if family == "encoder_decoder":
+            out = model.generate(batch["src"].to(device), max_new_tokens, eos_id=self.eos_id, pad_id=self.pad_id,
+                                 bos_id=self.bos_id, src_padding_mask=batch["src_mask"].to(device))[:, 1:]
+        elif family == "decoder":
+            # The prompt is everything before the first scored token; generation wants it left-padded.
+            starts = batch["loss_mask"].int().argmax(-1).tolist()
+            prompts = [row[:s] for row, s in zip(batch["tokens"].tolist(), starts)]
+            prompt = pad(prompts, self.pad_id, left=True).to(device)
+            out = model.generate(prompt, max_new_tokens, eos_id=self.eos_id, pad_id=self.pad_id,
+                                 padding_mask=real(prompts, left=True).to(device))[:, prompt.shape[1]:]
+        else:
+            raise SpecError("model.family", f"generation needs a decoder; got {family!r}", ("decoder", "encoder_decoder"))
+        rows = []
+        for row in out.tolist():
+            rows.append(row[: row.index(self.eos_id)] if self.eos_id in row else row)
+        return rows
+
+    # ---- a readable example for attention maps ----------------------------------------------
+
+    def sample_examples(self) -> list[Example]:
+        """Examples shown in attention heatmaps; tasks with canonical sentences override."""
+        return [self.example(rng_for(self.seed, SAMPLE_STREAM), self.params.train_length, training=False)]
+
+    def sample(self, family: str | None = None) -> dict[str, Any]:
+        """{"examples": [{source, source_ids, target, target_ids}], "batch": the examples
+        formatted for `family` (when given), "batch_tokens": token strings of each batch input}."""
+        examples = self.sample_examples()
+        out: dict[str, Any] = {"examples": [
+            {"source": self.decode(ex.source), "source_ids": list(ex.source),
+             "target": self.decode(ex.target), "target_ids": list(ex.target)} for ex in examples
+        ]}
+        if family is not None:
+            batch = self.collate(examples, family)
+            out["batch"] = batch
+            out["batch_tokens"] = {
+                key: [self.decode(row) for row in value.tolist()]
+                for key, value in batch.items() if key in ("tokens", "src", "tgt")
+            }
+        return out
+
+
+# ---- copy / reverse / sort ------------------------------------------------------------------
+
+
+def symbol_names(n: int) -> list[str]:
+    """Readable names for an alphabet: a..z, A..Z, 0..9, then s62, s63, ..."""
+    import string
+
+    base = string.ascii_lowercase + string.ascii_uppercase + string.digits
+    return [base[i] if i < len(base) else f"s{i}" for i in range(n)]
+
+
+class SymbolParams(TaskParams):
+    train_length: int = Field(16, gt=0, description="longest training string; eval strings have exactly each eval length")
+    min_length: int = Field(1, gt=0, description="shortest training string")
+    alphabet_size: int = Field(16, ge=2, le=1024, description="distinct symbols")
+
+    @model_validator(mode="after")
+    def _range(self):
+        if self.min_length > self.train_length:
+            raise ValueError(f"min_length {self.min_length} exceeds train_length {self.train_length}")
+        return self
+
+
+class SymbolTask(Task):
+    """Base of copy / reverse / sort: the target is a fixed function of a random symbol string.
+
+    Families: decoder (string <sep> answer), encoder_decoder, and encoder with per-token
+    labels (label i = answer[i]) for reverse and sort, which need reads across the whole
+    string, as a bidirectional encoder has. Copy has no encoder form: a tied-embedding
+    encoder solves the identity map before any training.
+    """
+
+    Params = SymbolParams
+
+    def __init__(self, params: SymbolParams, **kw):
+        super().__init__(params, **kw)
+        self._set_vocab(symbol_names(params.alphabet_size))
+        self.first_symbol = len(SPECIALS)
+
+    def transform(self, symbols: list[int]) -> list[int]:
+        raise NotImplementedError
+
+    def example(self, rng, length, training):
+        n = int(rng.integers(self.params.min_length, length + 1)) if training else length
+        symbols = (rng.integers(0, self.params.alphabet_size, n) + self.first_symbol).tolist()
+        return Example(tuple(symbols), tuple(self.transform(symbols)))

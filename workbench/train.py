@@ -1,0 +1,503 @@
+"""Training one run with PyTorch Lightning, and what the run records.
+
+    RunConfig --train_run--> RunResult (status, final metrics, curves, cost, environment)
+
+    TaskDataModule  batch i of training = task.train_batch(i): a pure function of (seed, i),
+                    so a run resumed at step k continues with batch k (the sampler starts at
+                    the restored global step).
+    RunModule       build_model(spec) + task.loss; AdamW; warmup + decay (LambdaLR); a NaN/inf
+                    loss stops training and marks the run diverged.
+    RunRecorder     train loss every `log_every` steps, evaluation on every eval length every
+                    `eval_every` steps and at the end, training time and tokens; its state is
+                    saved in checkpoints, so a resumed run keeps its whole history.
+
+A run folder holds config.json, checkpoints/last.ckpt (resume), logs/ (Lightning CSV or
+TensorBoard logger), final.pt (weights + config, for reports) and result.json.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import math
+import os
+import platform
+import resource
+import subprocess
+import sys
+import time
+import traceback
+import warnings
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytorch_lightning as pl
+import torch
+from pytorch_lightning.callbacks import Callback, ModelCheckpoint
+from torch.utils.data import DataLoader, Dataset
+
+from workbench.errors import WorkbenchError
+from workbench.model import Transformer, build_model
+from workbench.position import PositionLimitError
+from workbench.registry import get_variant
+
+# Status of a run, as stored.
+FINISHED, DIVERGED, OOM, FAILED = "finished", "diverged", "oom", "failed"
+# Inputs whose real (non-padding) tokens count as training tokens, with their padding masks.
+INPUT_MASKS = {"tokens": "padding_mask", "src": "src_mask", "tgt": "tgt_mask"}
+
+
+def quiet_lightning() -> None:
+    """Lightning's per-Trainer banners and tips, and warnings that do not apply here, off."""
+    for name in ("pytorch_lightning", "lightning_fabric", "lightning"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    for message in (
+        r".*does not have many workers.*",  # batches are generated in-process on purpose
+        r".*resuming from a checkpoint that ended before the epoch ended.*",  # our sampler resumes
+        r".*isinstance\(treespec, LeafSpec\).*",
+        r".*GPU available but not used.*",
+        r".*The number of training batches .* is smaller than the logging interval.*",
+        r".*Experiment logs directory .* exists and is not empty.*",
+        r".*`training_step` returned `None`.*",  # how a diverged step skips its update
+    ):
+        warnings.filterwarnings("ignore", message=message)
+
+
+# ---- data -----------------------------------------------------------------------------------
+
+
+def count_tokens(batch: dict[str, torch.Tensor]) -> int:
+    """Real (non-padding) input tokens of a batch."""
+    total = 0
+    for key, mask_key in INPUT_MASKS.items():
+        if key in batch:
+            total += int(batch[mask_key].sum()) if mask_key in batch else batch[key].numel()
+    return total
+
+
+class StepBatches(Dataset):
+    """Item i is training batch i (already batched), with its token count."""
+
+    def __init__(self, task, batch_size: int, family: str, steps: int):
+        self.task, self.batch_size, self.family, self.steps = task, batch_size, family, steps
+
+    def __len__(self) -> int:
+        return self.steps
+
+    def __getitem__(self, index: int) -> tuple[dict[str, torch.Tensor], int]:
+        batch = self.task.train_batch(index, self.batch_size, self.family)
+        return batch, count_tokens(batch)
+
+
+class TaskDataModule(pl.LightningDataModule):
+    def __init__(self, task, family: str, batch_size: int, steps: int):
+        super().__init__()
+        self.dataset = StepBatches(task, batch_size, family, steps)
+
+    def train_dataloader(self) -> DataLoader:
+        # Lightning restores the global step before asking for the dataloader: start there, so
+        # a resumed run continues with the batch it would have seen next.
+        start = self.trainer.global_step if self.trainer is not None else 0
+        return DataLoader(self.dataset, batch_size=None, sampler=range(start, len(self.dataset)))
+
+
+# ---- model and optimisation -----------------------------------------------------------------
+
+
+def lr_factor(step: int, warmup: int, total: int, schedule: str, min_ratio: float) -> float:
+    """Multiplier of the peak lr at `step`: linear warmup, then cosine / linear / no decay."""
+    if step < warmup:
+        return (step + 1) / warmup
+    if schedule == "constant":
+        return 1.0
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    decay = 0.5 * (1 + math.cos(math.pi * progress)) if schedule == "cosine" else 1 - progress
+    return min_ratio + (1 - min_ratio) * decay
+
+
+def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
+    """Weight decay on matrices only; norms, biases and 1-d parameters are not decayed."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    return [
+        {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
+        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+    ]
+
+
+class RunModule(pl.LightningModule):
+    def __init__(self, config: dict[str, Any], task):
+        super().__init__()
+        self.model: Transformer = build_model(config["model"])
+        self.task = task
+        self.family = config["model"]["family"]
+        self.train_cfg = config["train"]
+        self.diverged_step: int | None = None
+
+    def training_step(self, batch, batch_idx: int):
+        inputs, _ = batch
+        loss = self.task.loss(self.model, inputs, self.family)
+        if not torch.isfinite(loss):
+            # Returning None skips the optimizer step; the run stops as diverged at this step.
+            self.diverged_step = self.global_step + 1
+            self.trainer.should_stop = True
+            return None
+        return loss
+
+    def configure_optimizers(self):
+        cfg = self.train_cfg
+        optimizer = torch.optim.AdamW(param_groups(self.model, cfg["weight_decay"]), lr=cfg["lr"], betas=(0.9, 0.95))
+        schedule = functools.partial(lr_factor, warmup=cfg["warmup_steps"], total=cfg["steps"],
+                                     schedule=cfg["schedule"], min_ratio=cfg["min_lr_ratio"])
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+
+# ---- measuring ------------------------------------------------------------------------------
+
+
+class PeakMemory:
+    """Peak memory of one run, with the instrument that measured it.
+
+    cuda_max_allocated: torch.cuda.max_memory_allocated (tensors allocated by PyTorch on the
+        GPU, reset at the start of the run; excludes the CUDA context and allocator caching).
+    process_peak_rss: peak resident set size of the whole process (Python, libraries, data,
+        tensors) since the start of the run (Linux resets it through /proc/self/clear_refs).
+    process_peak_rss_lifetime: the same, where it cannot be reset: the high-water mark of
+        the process so far, which includes earlier runs in the same process.
+    """
+
+    def __init__(self, on_cuda: bool):
+        self.on_cuda = on_cuda
+        if on_cuda:
+            torch.cuda.reset_peak_memory_stats()
+            self.instrument = "cuda_max_allocated"
+        else:
+            self.instrument = "process_peak_rss" if reset_peak_rss() else "process_peak_rss_lifetime"
+
+    def peak_bytes(self) -> int:
+        if self.on_cuda:
+            return int(torch.cuda.max_memory_allocated())
+        if self.instrument == "process_peak_rss":
+            with open("/proc/self/status") as f:
+                line = next(line for line in f if line.startswith("VmHWM:"))
+            return int(line.split()[1]) * 1024
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * (1 if sys.platform == "darwin" else 1024)
+
+
+def reset_peak_rss() -> bool:
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # "5": reset the peak RSS (VmHWM) to the current RSS (Linux >= 4.0)
+        return True
+    except OSError:
+        return False
+
+
+@functools.cache
+def environment(device: str) -> dict[str, Any]:
+    """Versions and device a run trained with (the same for every run of a process)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        project = version("transformer-workbench")
+    except PackageNotFoundError:
+        project = None
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "lightning": pl.__version__,
+        "device": device,
+        "cpu": platform.processor() or platform.machine(),
+        "threads": torch.get_num_threads(),
+        "workbench": project,
+        "git_commit": git_commit(),
+    }
+
+
+def git_commit() -> str | None:
+    """The commit of the workbench source tree, when it is a git checkout ("+dirty" if edited)."""
+    root = Path(__file__).resolve().parent.parent
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=5)
+        if commit.returncode:
+            return None
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                               capture_output=True, text=True, timeout=5)
+        return commit.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def resolve_accelerator(train: dict[str, Any]) -> str:
+    """'cuda', 'mps' or 'cpu' for the study's accelerator setting; explains impossible choices."""
+    wanted = train["accelerator"]
+    if wanted == "auto":
+        if torch.cuda.is_available():
+            return "cuda"
+        return "mps" if torch.backends.mps.is_available() else "cpu"
+    if wanted in ("gpu", "cuda"):
+        if not torch.cuda.is_available():
+            raise WorkbenchError("train.accelerator: 'gpu' asked for, but PyTorch sees no CUDA GPU here "
+                                 "(use 'auto' or 'cpu')")
+        return "cuda"
+    return wanted
+
+
+def check_device(train: dict[str, Any]) -> str:
+    """The device the runs will use; a WorkbenchError, before anything trains, when the
+    precision cannot run on it or the chosen logger is not installed."""
+    device = resolve_accelerator(train)
+    precision = train["precision"]
+    if precision != "32" and device == "cpu":
+        raise WorkbenchError(
+            f"train.precision: {precision!r} runs on a GPU; this machine trains on the CPU, where only '32' "
+            "is supported (set precision: \"32\", or put the GPU setting in a profile: --profile gpu)"
+        )
+    if precision == "bf16-mixed" and device == "cuda" and not torch.cuda.is_bf16_supported():
+        raise WorkbenchError(
+            f"train.precision: 'bf16-mixed' needs bfloat16 support (Ampere or newer); "
+            f"{torch.cuda.get_device_name()} lacks it: use '16-mixed' or '32'"
+        )
+    if train["logger"] == "tensorboard":
+        import importlib.util
+
+        if importlib.util.find_spec("tensorboard") is None and importlib.util.find_spec("tensorboardX") is None:
+            raise WorkbenchError("train.logger: 'tensorboard' needs the tensorboard package: "
+                                 "pip install 'transformer-workbench[tensorboard]', or use 'csv'")
+    return device
+
+
+def device_name(device: str) -> str:
+    if device == "cuda":
+        return f"cuda: {torch.cuda.get_device_name()}"
+    return device if device != "cpu" else f"cpu: {platform.processor() or platform.machine()}"
+
+
+# ---- recording ------------------------------------------------------------------------------
+
+
+class RunRecorder(Callback):
+    """Learning curves, evaluations, training time and tokens; all restored on resume."""
+
+    def __init__(self, task, family: str, train: dict[str, Any]):
+        self.task, self.family, self.train = task, family, train
+        self.curves: list[tuple[int, str, str, float]] = []  # (step, split, metric, value)
+        self.last_eval: dict[str, Any] = {"step": None, "metrics": {}, "not_applicable": {}}
+        self.tokens = 0
+        self.prior_train_time = 0.0  # training time of earlier sessions (from the checkpoint)
+        self.session_start: float | None = None
+        self.session_eval_time = 0.0
+        self._eval_batches: dict[int, list] = {}
+
+    # -- time: training time excludes evaluation; both need a GPU sync to be true
+    def _sync(self, module: pl.LightningModule) -> None:
+        if module.device.type == "cuda":
+            torch.cuda.synchronize(module.device)
+
+    def train_time(self) -> float:
+        if self.session_start is None:
+            return self.prior_train_time
+        return self.prior_train_time + time.perf_counter() - self.session_start - self.session_eval_time
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        self.session_start = time.perf_counter()
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        step = trainer.global_step
+        if outputs is None:  # diverged: no optimizer step was taken
+            return
+        self.tokens += batch[1]
+        if step % self.train["log_every"] == 0 or step == self.train["steps"]:
+            lr = trainer.optimizers[0].param_groups[0]["lr"]
+            loss = float(outputs["loss"])
+            self.curves += [(step, "train", "loss", loss), (step, "train", "lr", lr)]
+            self._log(trainer, {"train/loss": loss, "train/lr": lr}, step)
+        if step % self.train["eval_every"] == 0 or step == self.train["steps"]:
+            self.evaluate(trainer, pl_module, step)
+
+    def evaluate(self, trainer, pl_module, step: int) -> None:
+        self._sync(pl_module)
+        start = time.perf_counter()
+        metrics, not_applicable = evaluate_lengths(
+            self.task, pl_module.model, self.family, self.train["eval_batch_size"], self._eval_batches,
+            trainer.precision_plugin.forward_context,
+        )
+        self._sync(pl_module)
+        self.session_eval_time += time.perf_counter() - start
+        self.curves += [(step, "eval", name, value) for name, value in metrics.items()]
+        self.last_eval = {"step": step, "metrics": metrics, "not_applicable": not_applicable}
+        self._log(trainer, {f"eval/{k}": v for k, v in metrics.items()}, step)
+
+    @staticmethod
+    def _log(trainer, metrics: dict[str, float], step: int) -> None:
+        for logger in trainer.loggers:
+            logger.log_metrics(metrics, step=step)
+            logger.save()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"curves": self.curves, "last_eval": self.last_eval, "tokens": self.tokens,
+                "train_time": self.train_time()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.curves = [tuple(c) for c in state["curves"]]
+        self.last_eval = state["last_eval"]
+        self.tokens = state["tokens"]
+        self.prior_train_time = state["train_time"]
+
+
+def evaluate_lengths(task, model, family: str, batch_size: int, cache: dict[int, list],
+                     context=None) -> tuple[dict[str, float], dict[str, str]]:
+    """Every metric at every eval length (`accuracy@64`); a length the position scheme cannot
+    represent is recorded as not applicable, with the reason."""
+    metrics: dict[str, float] = {}
+    not_applicable: dict[str, str] = {}
+    for length in task.eval_lengths:
+        if length not in cache:
+            cache[length] = task.eval_batches(length, batch_size, family)
+        try:
+            if context is None:
+                scores = task.evaluate(model, cache[length], family)
+            else:
+                with context():
+                    scores = task.evaluate(model, cache[length], family)
+        except PositionLimitError as err:
+            not_applicable[str(length)] = f"not applicable: {err}"
+            continue
+        metrics.update({f"{name}@{length}": float(value) for name, value in scores.items()})
+    return metrics, not_applicable
+
+
+# ---- one run --------------------------------------------------------------------------------
+
+
+@dataclass
+class RunResult:
+    """Everything a run records; the driver writes it to the store."""
+
+    run_id: str
+    status: str
+    steps_done: int = 0
+    metrics: dict[str, float] = field(default_factory=dict)  # final, per eval length
+    not_applicable: dict[str, str] = field(default_factory=dict)  # eval length -> reason
+    curves: list[tuple[int, str, str, float]] = field(default_factory=list)
+    n_params: int | None = None
+    diverged_step: int | None = None
+    error: str | None = None
+    wall_time_s: float = 0.0
+    train_time_s: float = 0.0  # training steps only (evaluation excluded), over every attempt
+    eval_time_s: float = 0.0  # evaluation, this attempt
+    tokens: int = 0
+    tokens_per_s: float | None = None
+    peak_memory_bytes: int | None = None
+    peak_memory_instrument: str | None = None
+    resumed_from_step: int | None = None
+    environment: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> RunResult:
+        data = dict(data)
+        data["curves"] = [tuple(c) for c in data.get("curves", [])]
+        return cls(**data)
+
+
+RESULT_FILE, FINAL_WEIGHTS, LAST_CHECKPOINT = "result.json", "final.pt", "checkpoints/last.ckpt"
+
+
+def make_task(config: dict[str, Any]):
+    spec = dict(config["task"])
+    cls = get_variant("task", spec.pop("name"))
+    return cls(cls.Params.model_validate(spec), seed=config["seed"])
+
+
+def make_logger(kind: str, run_dir: Path):
+    if kind == "tensorboard":
+        from pytorch_lightning.loggers import TensorBoardLogger
+
+        return TensorBoardLogger(save_dir=run_dir, name="logs", default_hp_metric=False)
+    from pytorch_lightning.loggers import CSVLogger
+
+    return CSVLogger(save_dir=run_dir, name="logs")  # a resumed session logs to the next version_N
+
+
+def train_run(run_id: str, config: dict[str, Any], run_dir: Path) -> RunResult:
+    """Train one run to completion (or divergence / error) and write its result.json and
+    final weights. Continues from checkpoints/last.ckpt when an earlier attempt left one.
+    Never raises for a run's own failure: outcomes are data."""
+    quiet_lightning()
+    start = time.perf_counter()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
+    train = config["train"]
+    device = resolve_accelerator(train)
+    memory = PeakMemory(on_cuda=device == "cuda")
+    result = RunResult(run_id=run_id, status=FAILED, peak_memory_instrument=memory.instrument,
+                       environment=environment(device_name(device)))
+    recorder = None
+    deterministic_before = torch.are_deterministic_algorithms_enabled()
+    try:
+        pl.seed_everything(config["seed"], workers=True, verbose=False)
+        task = make_task(config)
+        module = RunModule(config, task)
+        result.n_params = module.model.num_parameters()
+        recorder = RunRecorder(task, module.family, train)
+        checkpoint = ModelCheckpoint(dirpath=run_dir / "checkpoints", save_last=True, save_top_k=0,
+                                     every_n_train_steps=train["checkpoint_every"])
+        ckpt = run_dir / LAST_CHECKPOINT
+        trainer = pl.Trainer(
+            max_steps=train["steps"], max_epochs=-1, limit_val_batches=0, num_sanity_val_steps=0,
+            accelerator=train["accelerator"], devices=train["devices"], strategy=train["strategy"],
+            num_nodes=train["num_nodes"], precision=train["precision"],
+            gradient_clip_val=train["grad_clip"], gradient_clip_algorithm="norm",
+            deterministic=device == "cpu", logger=make_logger(train["logger"], run_dir),
+            callbacks=[recorder, checkpoint], log_every_n_steps=train["log_every"],
+            enable_progress_bar=False, enable_model_summary=False, default_root_dir=run_dir,
+        )
+        datamodule = TaskDataModule(task, module.family, train["batch_size"], train["steps"])
+        if ckpt.exists():
+            result.resumed_from_step = torch.load(ckpt, map_location="cpu", weights_only=False)["global_step"]
+        trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt if ckpt.exists() else None)
+        result.steps_done = trainer.global_step
+        if module.diverged_step is not None:
+            result.status, result.diverged_step = DIVERGED, module.diverged_step
+        else:
+            result.status = FINISHED
+            result.metrics = recorder.last_eval["metrics"]
+            result.not_applicable = recorder.last_eval["not_applicable"]
+            torch.save({"config": config, "state_dict": module.model.state_dict(), "step": trainer.global_step},
+                       run_dir / FINAL_WEIGHTS)
+    except (torch.OutOfMemoryError, MemoryError) as err:
+        result.status, result.error = OOM, f"{type(err).__name__}: {err}".splitlines()[0]
+    except Exception as err:  # any other error is this run's outcome; the sweep goes on
+        result.status, result.error = FAILED, f"{type(err).__name__}: {err}".splitlines()[0]
+        (run_dir / "error.txt").write_text(traceback.format_exc())
+    finally:
+        torch.use_deterministic_algorithms(deterministic_before)  # Trainer(deterministic=True) sets it globally
+    if recorder is not None:
+        result.curves = recorder.curves
+        result.tokens = recorder.tokens
+        result.train_time_s = recorder.train_time()
+        result.eval_time_s = recorder.session_eval_time
+        result.tokens_per_s = result.tokens / result.train_time_s if result.tokens and result.train_time_s > 0 else None
+    result.peak_memory_bytes = memory.peak_bytes()
+    result.wall_time_s = time.perf_counter() - start
+    write_json_atomic(run_dir / RESULT_FILE, result.to_json())
+    return result
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(data, default=str))
+    os.replace(tmp, path)  # a reader sees the old file or the whole new one, never half
+
+
+def load_final_model(run_dir: str | Path) -> tuple[Transformer, dict[str, Any]]:
+    """The trained model of a finished run (eval mode) and its resolved run config."""
+    saved = torch.load(Path(run_dir) / FINAL_WEIGHTS, map_location="cpu", weights_only=False)
+    model = build_model(saved["config"]["model"])
+    model.load_state_dict(saved["state_dict"])
+    return model.eval(), saved["config"]
