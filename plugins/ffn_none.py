@@ -1,5 +1,5 @@
 """No feed-forward sublayer: the ablation that tests whether attention alone suffices.
-The block keeps its norm placement around a branch that contributes nothing."""
+Blocks leave the sublayer out entirely (with its norm), so no unused parameters are counted."""
 
 import torch
 from torch import Tensor
@@ -12,6 +12,7 @@ class NoFFN(FeedForward):
     """No FFN (ablation): the branch adds zero."""
 
     name = "none"
+    is_sublayer = False
 
     def forward(self, x: Tensor) -> Tensor:
         return torch.zeros_like(x)

@@ -1,18 +1,22 @@
 """recall: multi-query associative recall (MQAR; Arora et al. 2023, "Zoology").
 
-Decoder layout (one row):
+One row (decoder and encoder alike):
 
-    <bos> k1 v1 k2 v2 ... kP vP  <gap> x gap  q1 a1 q2 a2 ... qQ aQ
-          '---- P key-value pairs ----'        each q is a key from the context,
-                                               a its value (the only scored tokens)
+    <bos> k1 v1 k2 v2 ... kP vP  <gap> x gap  q1 q2 ... qQ
+          '---- P key-value pairs ----'        each q is a key of the row; the label at q
+                                               is its value (the only scored positions)
 
-Keys are distinct within a row; values are drawn with replacement. A query sits at least
-`gap + 2` positions after its key and reads the value `gap + 1` or more positions back, so
-one layer of sliding-window attention with window <= gap + 1 cannot answer any query, while
-full attention can. A stack of L windowed layers can relay information through the gap
-tokens and reaches about L * (window - 1) back: choose gap >= L * window for a clean failure.
+Keys and values come from disjoint alphabets and are distinct within a row, so the answer to
+a query is determined by the context and "some value of the row" scores 1 / P. As in the
+Zoology generator, the answer is a label on the query position and never enters the input:
+with answers teacher-forced into the row ("q1 a1 q2 a2 ..."), a model that only counts which
+values were already given answers later queries by elimination (the last one for free).
 
-Encoder layout: the same row with each answer replaced by <mask>, labelled with its value.
+A query sits at least `gap + 2` positions after its key and `gap + 1` after the value, so one
+layer of sliding-window attention with window <= gap + 1 cannot answer any query, while full
+attention can. A stack of L windowed layers can relay information through the gap tokens and
+reaches about L * (window - 1) back: choose gap >= L * window for a clean failure.
+
 Encoder-decoder: source = pairs, gap and queries; target = the answers in query order.
 """
 
@@ -25,15 +29,16 @@ from workbench.tasks import IGNORE, Example, Task, TaskParams
 class RecallParams(TaskParams):
     train_length: int = Field(8, gt=0, description="key-value pairs per row (eval_lengths: pairs at evaluation)")
     n_keys: int = Field(64, gt=0, description="key alphabet (keys in a row are distinct, so >= pairs)")
-    n_values: int = Field(64, ge=2, description="value alphabet; chance accuracy is 1 / n_values")
+    n_values: int = Field(64, ge=2, description="value alphabet (values in a row are distinct, so >= pairs)")
     gap: int = Field(0, ge=0, description="filler tokens between the pairs and the queries (key-to-query distance knob)")
     n_queries: int | None = Field(None, gt=0, description="queries per row; default one per pair, in random order")
 
     @model_validator(mode="after")
-    def _enough_keys(self):
+    def _enough_symbols(self):
         longest = max([self.train_length, *(self.eval_lengths or [])])
-        if self.n_keys < longest:
-            raise ValueError(f"n_keys={self.n_keys} cannot give {longest} distinct keys per row")
+        for name in ("n_keys", "n_values"):
+            if getattr(self, name) < longest:
+                raise ValueError(f"{name}={getattr(self, name)} cannot give {longest} distinct symbols per row")
         return self
 
 
@@ -48,38 +53,34 @@ class Recall(Task):
         super().__init__(params, **kw)
         keys = [f"k{i}" for i in range(params.n_keys)]
         values = [f"v{i}" for i in range(params.n_values)]
-        self._set_vocab(["<gap>", "<mask>", *keys, *values])
-        self.gap_id, self.mask_id = self.token_id["<gap>"], self.token_id["<mask>"]
+        self._set_vocab(["<gap>", *keys, *values])
+        self.gap_id = self.token_id["<gap>"]
         self.first_key, self.first_value = self.token_id["k0"], self.token_id["v0"]
 
     def example(self, rng, length, training):
         p = self.params
         n_queries = min(p.n_queries or length, length)
         keys = (rng.choice(p.n_keys, size=length, replace=False) + self.first_key).tolist()
-        values = (rng.integers(0, p.n_values, size=length) + self.first_value).tolist()
+        values = (rng.choice(p.n_values, size=length, replace=False) + self.first_value).tolist()
         asked = rng.permutation(length)[:n_queries].tolist()
         pairs = [t for kv in zip(keys, values) for t in kv]
         source = pairs + [self.gap_id] * p.gap + [keys[i] for i in asked]
         return Example(tuple(source), tuple(values[i] for i in asked))
 
-    def _split(self, ex: Example) -> tuple[list[int], list[int]]:
-        n_queries = len(ex.target)
-        return list(ex.source[:-n_queries]), list(ex.source[-n_queries:])
-
-    def format_decoder(self, ex):
-        context, queries = self._split(ex)
-        tokens = [self.bos_id, *context]
-        for q, a in zip(queries, ex.target):
-            tokens += [q, a]
-        return tokens, [False] * (len(context) + 1) + [False, True] * len(queries)
-
     def format_encoder(self, ex):
-        context, queries = self._split(ex)
-        tokens, labels = [self.bos_id, *context], [IGNORE] * (len(context) + 1)
-        for q, a in zip(queries, ex.target):
-            tokens += [q, self.mask_id]
-            labels += [IGNORE, a]
-        return tokens, labels
+        """<bos> source, labelled with the answer at each query (the last len(target) tokens)."""
+        n_context = len(ex.source) - len(ex.target)
+        return [self.bos_id, *ex.source], [IGNORE] * (n_context + 1) + list(ex.target)
+
+    def collate(self, examples, family):
+        # A decoder reads the same labelled rows as the encoder (causally): labels sit on the
+        # query positions instead of being the next input token, which would reveal answers.
+        return super().collate(examples, "encoder" if family == "decoder" else family)
+
+    def scored(self, model, batch, family):
+        # Per-position labels, no shift: the base class's per-token encoder scoring; whether
+        # attention is causal is the model's business (its family), not the batch's.
+        return super().scored(model, batch, "encoder" if family == "decoder" else family)
 
 
 @hookimpl

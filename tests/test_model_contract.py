@@ -29,7 +29,7 @@ from conftest import (
     train_step,
 )
 from workbench.ffn import MLP, GatedMLP
-from workbench.model import Positions, SelfAttention
+from workbench.model import Positions
 from workbench.registry import variants
 
 MODEL_AXES = ("position", "attention", "norm", "ffn")
@@ -56,10 +56,6 @@ def test_variant_forward_backward_finite_with_documented_shapes(axis, name, fami
         assert all(isinstance(p, torch.nn.Parameter) for p in module.parameters())
     logits.float().logsumexp(-1).mean().backward()
     for pname, p in model.named_parameters():
-        if p.grad is None and name == "none" and axis == "ffn" and ".ffn_norm." in pname:
-            # Documented in plugins/ffn_none.py: the block keeps its norm around a branch that
-            # adds zero, so under pre-norm that norm's weights are counted but never used.
-            continue
         assert p.grad is not None, f"{pname} gets no gradient: is the module wired into forward?"
         assert torch.isfinite(p.grad).all(), f"non-finite gradient in {pname}"
 

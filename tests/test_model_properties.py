@@ -25,7 +25,7 @@ from conftest import (
     tiny_spec,
     tokens,
 )
-from workbench.model import Positions, SelfAttention
+from workbench.model import Positions, SelfAttention, record_attention
 
 ATTENTION = registered("attention")
 POSITIONS = registered("position")
@@ -203,8 +203,6 @@ def test_p4_alibi_reaches_the_attention_weights(family):
     attn = next(m for m in model.modules() if isinstance(m, SelfAttention))
     with torch.no_grad():
         attn.qkv.weight.zero_()
-    from workbench.model import record_attention
-
     with record_attention(model) as records, torch.no_grad():
         model(tokens(1, 6))
     weights = next(iter(records.values()))[0][0]  # [h, 6, 6]
@@ -243,7 +241,7 @@ def test_p5_tied_qk_scores_are_symmetric_and_untied_are_not(position):
 
 
 def test_p5_tied_qk_drops_the_key_projection():
-    d, h = 16, 4
+    d = 16
     tied = build(tiny_spec(tie_qk=True)).num_parameters()
     untied = build(tiny_spec()).num_parameters()
     assert untied - tied == d * d  # one d x (h * head_dim) matrix per layer, one layer

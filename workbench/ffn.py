@@ -19,6 +19,7 @@ class FFNParams(Params):
 class FeedForward(Variant, nn.Module):
     axis = "ffn"
     Params = FFNParams
+    is_sublayer: ClassVar[bool] = True  # False: blocks have no FFN sublayer at all (ablation)
 
     def __init__(self, params: FFNParams, *, d_model: int, bias: bool):
         super().__init__()

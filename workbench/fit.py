@@ -71,17 +71,18 @@ def loglog_slope(lengths: Sequence[float], values: Sequence[float], top: int = 4
     return SlopeFit(float(fit.slope), float(fit.stderr), float(fit.intercept), tuple(int(n) for n, _ in pairs))
 
 
+MEASURED = ("ok", "finished")  # a measurement's status in run_scaling rows / in the store
 METRICS = ("time_median_s", "flops", "activation_bytes", "peak_bytes", "kv_cache_bytes")
 
 
 def fit_exponents(rows: pd.DataFrame | Sequence[dict[str, Any]], *, by: Sequence[str] = ("variant", "scope", "mode", "kv_cache"),
                   metrics: Sequence[str] = METRICS, top: int = 4) -> pd.DataFrame:
     """One row per group of `by` and metric: exponent, its standard error and the lengths
-    used. Only rows with status "ok" count; metrics with fewer than two usable points are
-    left out."""
+    used. Only measured rows count (status "ok", or "finished" as the store records them);
+    metrics with fewer than two usable points are left out."""
     df = pd.DataFrame(rows)
     if "status" in df:
-        df = df[df["status"] == "ok"]
+        df = df[df["status"].isin(MEASURED)]
     keys = [c for c in by if c in df.columns]
     out = []
     for group, part in df.groupby(keys, dropna=False, sort=True) if keys else [((), df)]:
@@ -159,7 +160,7 @@ def measured_crossover(rows: pd.DataFrame | Sequence[dict[str, Any]]) -> Crossov
     """Crossover from per-module FLOP counts of forward rows: attention group against
     projections + FFN groups. Needs a kernel the counter sees (e.g. `naive`)."""
     df = pd.DataFrame(rows)
-    df = df[(df["status"] == "ok") & (df["mode"] == "forward")].sort_values("length")
+    df = df[df["status"].isin(MEASURED) & (df["mode"] == "forward")].sort_values("length")
     if (df["flops_counted_attention"] <= 0).any():
         raise ValueError("the FLOP counter saw no attention FLOPs in some rows (fused kernel on this "
                          "device?): measure the crossover with an attention kernel it can count")

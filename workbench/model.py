@@ -143,8 +143,10 @@ class Block(nn.Module):
         self.attn_norm = make_placement(spec)
         self.cross = CrossAttention(spec) if cross else None
         self.cross_norm = make_placement(spec) if cross else None
-        self.ffn = spec.ffn.cls(spec.ffn.params, d_model=spec.d_model, bias=spec.bias)
-        self.ffn_norm = make_placement(spec)
+        self.ffn = self.ffn_norm = None  # `ffn: none` leaves the sublayer out, its norm included
+        if spec.ffn.cls.is_sublayer:
+            self.ffn = spec.ffn.cls(spec.ffn.params, d_model=spec.d_model, bias=spec.bias)
+            self.ffn_norm = make_placement(spec)
         self.ffn_dropout = nn.Dropout(spec.dropout)
 
     def forward(self, x: Tensor, seq: Positions, memory: Tensor | None = None,
@@ -154,7 +156,8 @@ class Block(nn.Module):
         if self.cross is not None:
             cross_cache = cache.cross_attn[layer] if cache is not None else None
             x = self.cross_norm(x, lambda h: self.cross(h, seq, memory, memory_seq, cross_cache))
-        x = self.ffn_norm(x, lambda h: self.ffn_dropout(self.ffn(h)))
+        if self.ffn is not None:
+            x = self.ffn_norm(x, lambda h: self.ffn_dropout(self.ffn(h)))
         return x
 
 

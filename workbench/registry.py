@@ -12,6 +12,7 @@ from workbench.errors import unknown_name
 from workbench.variants import AXES
 
 ENTRY_POINT_GROUP = "workbench"
+BUILTIN_PACKAGE = "workbench_plugins."  # plugins/, as installed
 
 HOOK_OF_AXIS = {
     "position": "register_position_schemes",
@@ -44,17 +45,19 @@ def variants(axis: str) -> dict[str, type]:
     if axis not in AXES:
         raise ValueError(f"unknown axis {axis!r}; axes are {AXES}")
     found: dict[str, type] = {}
-    for batch in getattr(plugin_manager().hook, HOOK_OF_AXIS[axis])():
-        for cls in batch:
-            if cls.axis != axis:
-                raise TypeError(f"{cls.__qualname__} has axis {cls.axis!r} but was registered as {axis}")
-            if cls.name in found and found[cls.name] is not cls:
-                warnings.warn(
-                    f"{NOUN_OF_AXIS[axis]} {cls.name!r} from {cls.__module__} overrides "
-                    f"{found[cls.name].__module__}",
-                    stacklevel=2,
-                )
-            found[cls.name] = cls
+    # Built-ins first, so that an installed package that reuses a name overrides the built-in.
+    classes = [cls for batch in getattr(plugin_manager().hook, HOOK_OF_AXIS[axis])() for cls in batch]
+    classes.sort(key=lambda cls: not cls.__module__.startswith(BUILTIN_PACKAGE))
+    for cls in classes:
+        if cls.axis != axis:
+            raise TypeError(f"{cls.__qualname__} has axis {cls.axis!r} but was registered as {axis}")
+        if cls.name in found and found[cls.name] is not cls:
+            warnings.warn(
+                f"{NOUN_OF_AXIS[axis]} {cls.name!r} from {cls.__module__} overrides "
+                f"{found[cls.name].__module__}",
+                stacklevel=2,
+            )
+        found[cls.name] = cls
     return dict(sorted(found.items()))
 
 

@@ -590,10 +590,12 @@ def variant_json_schema(axis: str) -> dict[str, Any]:
 def study_json_schema() -> dict[str, Any]:
     """JSON Schema of a study file (every kind), with registered variants and tasks spelled
     out so editors can complete names and parameters."""
-    kinds = list(study_kinds().values())
-    target = kinds[0] if len(kinds) == 1 else Union[tuple(kinds)]  # noqa: UP007 (runtime union)
-    schema = TypeAdapter(target).json_schema()
-    defs = schema.setdefault("$defs", {})
+    # One schema per kind, joined by anyOf: pydantic cannot generate a Union of models whose
+    # fields $ref definitions (ModelSection, TaskSection) that are only added below.
+    per_kind = [cls.model_json_schema() for cls in study_kinds().values()]
+    defs = {name: d for s in per_kind for name, d in s.pop("$defs", {}).items()}
+    schema = per_kind[0] if len(per_kind) == 1 else {"anyOf": per_kind}
+    schema["$defs"] = defs
     model = ModelSpec.model_json_schema()
     for axis in VARIANT_AXES:
         model["properties"][axis] = {**variant_json_schema(axis), "description": model["properties"][axis].get("description", "")}
