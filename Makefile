@@ -2,11 +2,12 @@
 PYTHON ?= python3
 VENV ?= .venv
 BIN = $(VENV)/bin
+JOBS ?= 2
 
 .PHONY: quickstart test install
 
 quickstart: $(VENV)/.installed
-	$(BIN)/workbench list
+	$(BIN)/workbench run studies/quickstart.yaml --jobs $(JOBS)
 
 test: $(VENV)/.installed
 	$(BIN)/python -m pytest -q -n 2

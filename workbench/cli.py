@@ -79,14 +79,36 @@ def list_variants(axis: str | None, as_json: bool) -> None:
 @click.option("--fresh", is_flag=True, help="discard earlier results in the output folder and start over")
 @click.option("--profile", default=None, help="apply the study's named overrides (e.g. gpu)")
 @click.option("--quiet", is_flag=True, help="no progress bar: one plain line per run (for logs)")
-def run_command(study: str, out: str | None, jobs: int, fresh: bool, profile: str | None, quiet: bool) -> None:
-    """Train every run of STUDY (a YAML file); finished runs in the folder are kept."""
+@click.option("--executor", "executor_name", type=click.Choice(["local", "ray"]), default="local", show_default=True,
+              help="local processes (--jobs), or one Ray task per run on a Ray cluster")
+@click.option("--address", default=None, help="Ray cluster address HOST:PORT (default: a private local cluster)")
+@click.option("--cpus-per-run", default=1.0, show_default=True, type=click.FloatRange(min=0),
+              help="Ray: CPUs reserved for each run (also its torch threads)")
+@click.option("--gpus-per-run", default=0.0, show_default=True, type=click.FloatRange(min=0),
+              help="Ray: GPUs reserved for each run")
+@click.option("--runs-dir", default=None,
+              help="where run folders (checkpoints, final weights) go; default OUT/runs. Use shared storage on a cluster")
+@click.option("--reports", "reports_dir", default="reports", show_default=True,
+              help="folder that receives the study's report when the sweep ends")
+def run_command(study: str, out: str | None, jobs: int, fresh: bool, profile: str | None, quiet: bool,
+                executor_name: str, address: str | None, cpus_per_run: float, gpus_per_run: float,
+                runs_dir: str | None, reports_dir: str) -> None:
+    """Train every run of STUDY (a YAML file); finished runs in the folder are kept. Writes the
+    study's report at the end."""
+    from workbench.report import write_report
     from workbench.runner import run_study
 
-    summary = run_study(study, out, jobs=jobs, fresh=fresh, profile=profile, quiet=quiet)
+    executor = None
+    if executor_name == "ray":
+        from workbench.executor_ray import RayExecutor
+
+        executor = RayExecutor(address, cpus=cpus_per_run, gpus=gpus_per_run)
+    summary = run_study(study, out, jobs=jobs, fresh=fresh, profile=profile, quiet=quiet,
+                        executor=executor, runs_dir=runs_dir)
     counts = ", ".join(f"{n} {status}" for status, n in sorted(summary.statuses.items())) or "nothing to run"
     click.echo(f"{summary.total} runs in {summary.out_dir}: {counts}; {summary.skipped} already done")
-    # REPORT STEP (reports issue): the lead wires `write_report(summary.out_dir)` here.
+    index = write_report(summary.out_dir, reports_dir)
+    click.echo(f"report: {index} (and {index.parent / 'report.md'})")
 
 
 @main.command("validate")

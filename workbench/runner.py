@@ -23,8 +23,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.progress import TimeRemainingColumn
 
 from workbench.errors import WorkbenchError
-from workbench.executor import Job, make_executor
-from workbench.store import DB_FILE, RUNS_DIR, Store, run_dir
+from workbench.executor import Executor, Job, make_executor
+from workbench.store import DB_FILE, RUNS_DIR, Store, run_dir, runs_root
 from workbench.study import StudyFile, canonical_json, load_study
 from workbench.sweep import RunConfig, expand
 
@@ -88,8 +88,12 @@ def check_study(store: Store, study_file: StudyFile) -> None:
     })
 
 
-def clear_outputs(out_dir: Path) -> None:
+def clear_outputs(out_dir: Path, run_ids: list[str]) -> None:
     """--fresh: remove what the workbench wrote there (the store and the run folders) only."""
+    root = runs_root(out_dir)
+    if root != out_dir / RUNS_DIR:  # folders elsewhere (--runs-dir) may sit beside other studies'
+        for run_id in run_ids:
+            shutil.rmtree(root / run_id, ignore_errors=True)
     for name in (DB_FILE, f"{DB_FILE}-wal", f"{DB_FILE}-shm"):
         (out_dir / name).unlink(missing_ok=True)
     shutil.rmtree(out_dir / RUNS_DIR, ignore_errors=True)
@@ -163,19 +167,29 @@ def run_line(run: RunConfig, result) -> str:
 
 
 def run_study(path: str | Path, out_dir: str | Path | None = None, jobs: int = 1, fresh: bool = False,
-              profile: str | None = None, quiet: bool = False, console: Console | None = None) -> Summary:
-    """Run every pending run of a study into `out_dir` (default runs/<study name>/)."""
+              profile: str | None = None, quiet: bool = False, console: Console | None = None,
+              executor: Executor | None = None, runs_dir: str | Path | None = None) -> Summary:
+    """Run every pending run of a study into `out_dir` (default runs/<study name>/).
+
+    `executor` defaults to local processes (`jobs` at once); `runs_dir` puts the run folders
+    (checkpoints, final weights) elsewhere, e.g. on storage shared by a cluster's nodes,
+    while the results store stays in `out_dir`."""
     study_file = load_study(path, profile)
     if study_file.study.kind == "scaling":  # cost measurements, not training runs
         from workbench.scaling import run_scaling_study
 
+        if executor is not None or runs_dir is not None:
+            raise WorkbenchError("--executor/--runs-dir: a scaling study measures cost on this machine, "
+                                 "one point at a time in fresh processes; run it without them")
         return run_scaling_study(study_file, out_dir, fresh=fresh, quiet=quiet, console=console)
     runs = expand(study_file)
     out = Path(out_dir) if out_dir is not None else default_out_dir(study_file)
     if fresh:
-        clear_outputs(out)
+        clear_outputs(out, [run.run_id for run in runs])
     store = Store(out)
     check_study(store, study_file)
+    if runs_dir is not None:
+        store.save_study({"runs_dir": str(Path(runs_dir).resolve())})
 
     from workbench.train import check_device  # torch and Lightning load only when training
 
@@ -204,7 +218,7 @@ def run_study(path: str | Path, out_dir: str | Path | None = None, jobs: int = 1
             summary.statuses[result.status] += 1
             progress.run_done(run, result)
         by_id = {run.run_id: run for run in pending}
-        executor = make_executor(jobs)
+        executor = executor or make_executor(jobs)
         jobs_ = [Job(run.run_id, run.config, run_dir(out, run.run_id)) for run in pending]
         for result in executor.run(jobs_):
             run = by_id[result.run_id]

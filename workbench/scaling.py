@@ -200,7 +200,7 @@ def run_scaling_study(study_file, out_dir: str | Path | None = None, fresh: bool
     study: ScalingStudy = study_file.study
     out = Path(out_dir) if out_dir is not None else default_out_dir(study_file)
     if fresh:
-        clear_outputs(out)
+        clear_outputs(out, [])  # measurements keep no run folders
     store = Store(out)
     check_study(store, study_file)
     todo = measurements(study)

@@ -154,9 +154,19 @@ class Store:
         return out
 
 
+def runs_root(out_dir: str | Path) -> Path:
+    """Where the run folders of `out_dir` live: out_dir/runs/, or the folder the study was run
+    with (`--runs-dir`, e.g. shared storage for a cluster)."""
+    if (Path(out_dir) / DB_FILE).exists():
+        root = Store(out_dir, create=False).study_info().get("runs_dir")
+        if root:
+            return Path(root)
+    return Path(out_dir) / RUNS_DIR
+
+
 def run_dir(out_dir: str | Path, run_id: str) -> Path:
     """The folder of one run (its checkpoints, Lightning logs, final.pt)."""
-    return Path(out_dir) / RUNS_DIR / run_id
+    return runs_root(out_dir) / run_id
 
 
 def dumps(value: Any) -> str:

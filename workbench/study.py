@@ -263,6 +263,8 @@ class Sweep(BaseModel):
             return {}
         if not isinstance(data, Mapping):
             raise SpecError("sweep", f"expected a mapping of dotted keys to lists, got {data!r}")
+        if set(data) == {"grid", "zip"}:  # our own model_dump(), e.g. a study read back from a store
+            return dict(data)
         data = dict(data)
         groups = data.pop("zip", [])
         if isinstance(groups, Mapping):
@@ -557,9 +559,9 @@ def load_study(path: str | Path, profile: str | None = None) -> StudyFile:
     kind = data.get("kind", "train")
     if kind not in study_kinds():
         raise StudyError(file, lines.line("kind"),
-                         SpecError("kind", f"unknown study kind {kind!r}" + suggest(str(kind), list(STUDY_KINDS)),
-                                   STUDY_KINDS))
-    cls = STUDY_KINDS[kind]
+                         SpecError("kind", f"unknown study kind {kind!r}" + suggest(str(kind), list(study_kinds())),
+                                   study_kinds()))
+    cls = study_kinds()[kind]
     try:
         study = cls.model_validate(data)
     except ValidationError as err:

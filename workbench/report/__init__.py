@@ -64,10 +64,9 @@ def fresh_folder(dest: Path) -> None:
 
 def study_of(info: Mapping[str, Any]):
     """The validated study object stored with the results."""
-    from workbench.scaling import ScalingStudy
-    from workbench.study import STUDY_KINDS
+    from workbench.study import study_kinds
 
-    kinds = {"scaling": ScalingStudy, **STUDY_KINDS}
+    kinds = study_kinds()
     data = info.get("study")
     if not isinstance(data, Mapping):
         raise WorkbenchError("the results store holds no study description; rerun `workbench run` into it")
@@ -75,11 +74,6 @@ def study_of(info: Mapping[str, Any]):
     if kind not in kinds:
         raise WorkbenchError(f"the stored study has kind {kind!r}, which this workbench does not know "
                              f"(valid: {', '.join(sorted(kinds))})")
-    data = dict(data)
-    sweep = data.get("sweep")
-    if isinstance(sweep, Mapping) and set(sweep) == {"grid", "zip"}:
-        # The stored study is Sweep.model_dump(); the validator reads the YAML form.
-        data["sweep"] = {**sweep["grid"], **({"zip": sweep["zip"]} if sweep["zip"] else {})}
     return kinds[kind].model_validate(data)
 
 
