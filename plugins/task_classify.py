@@ -13,10 +13,10 @@ Families: encoder (mean-pooled classification head, n_classes = 10) and decoder
 
 from __future__ import annotations
 
-from pydantic import Field, model_validator
+from pydantic import Field
 
 from workbench import hookimpl
-from workbench.tasks import Example, Task, TaskParams, draw_within, length_window
+from workbench.tasks import Example, LengthRangeParams, Task, draw_within, length_window
 
 OPERATORS = ("[MAX", "[MIN", "[MED", "[SM")
 END = "]"
@@ -51,18 +51,12 @@ def random_tree(rng, depth: int, max_depth: int, max_args: int, op_probability: 
     return [DIGITS[digit]], digit
 
 
-class ListOpsParams(TaskParams):
+class ListOpsParams(LengthRangeParams):
     train_length: int = Field(48, gt=2, description="longest training expression in tokens")
     min_length: int = Field(8, gt=2, description="shortest training expression in tokens")
     max_depth: int = Field(3, ge=2, description="deepest nesting (the root is depth 1)")
     max_args: int = Field(4, ge=2, description="most arguments of one operator")
     op_probability: float = Field(0.25, ge=0, le=1, description="chance that a non-root node is an operator")
-
-    @model_validator(mode="after")
-    def _range(self):
-        if self.min_length > self.train_length:
-            raise ValueError(f"min_length {self.min_length} exceeds train_length {self.train_length}")
-        return self
 
 
 class ListOps(Task):

@@ -27,9 +27,9 @@ from workbench.tasks import IGNORE, Example, Task, TaskParams
 
 
 class RecallParams(TaskParams):
-    train_length: int = Field(8, gt=0, description="key-value pairs per row (eval_lengths: pairs at evaluation)")
-    n_keys: int = Field(64, gt=0, description="key alphabet (keys in a row are distinct, so >= pairs)")
-    n_values: int = Field(64, ge=2, description="value alphabet (values in a row are distinct, so >= pairs)")
+    train_length: int = Field(4, gt=0, description="key-value pairs per row (eval_lengths: pairs at evaluation)")
+    n_keys: int = Field(16, gt=0, description="key alphabet (keys in a row are distinct, so >= pairs)")
+    n_values: int = Field(16, ge=2, description="value alphabet (values in a row are distinct, so >= pairs)")
     gap: int = Field(0, ge=0, description="filler tokens between the pairs and the queries (key-to-query distance knob)")
     n_queries: int | None = Field(None, gt=0, description="queries per row; default one per pair, in random order")
 

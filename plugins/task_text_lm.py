@@ -10,6 +10,18 @@ in TRAIN_FILES and VALID_FILES below, read from the running interpreter's standa
 model never saw. With `path:` the corpus is that one file; its last `valid_fraction` of
 bytes is the validation text. Evaluation windows are `n_eval` windows spread evenly over
 the validation text (the same for every seed); training windows start at random offsets.
+
+Decoding metrics (claim E12: greedy decoding is stable but repetitive, sampling adds
+diversity): at every evaluation, the first `decode_samples` evaluation windows are cut into a
+prompt (all but the last `decode_tokens` bytes) and a continuation that the model writes with
+the task's decoding strategy (greedy, or sampling with temperature / top-p, from a generator
+seeded with the run's seed, through the KV cache). Prompt + continuation fill exactly one
+window, so the model never runs past the length being evaluated. On the continuations:
+
+    distinct_2    distinct byte bigrams / all bigrams, over all continuations (Li et al.
+                  2016, "distinct-n"): higher = more diverse
+    repetition_4  per continuation, the share of its 4-grams that repeat an earlier 4-gram of
+                  the same continuation, averaged (Welleck et al. 2020, "rep-n"): higher = loops
 """
 
 from __future__ import annotations
@@ -17,9 +29,12 @@ from __future__ import annotations
 import math
 import pathlib
 import sysconfig
+from collections.abc import Sequence
+from typing import Literal
 
 import numpy as np
-from pydantic import Field
+import torch
+from pydantic import Field, model_validator
 
 from workbench import hookimpl
 from workbench.errors import SpecError, WorkbenchError
@@ -60,6 +75,39 @@ class TextParams(TaskParams):
     train_length: int = Field(128, ge=2, description="bytes per training window (the model's sequence length)")
     path: str | None = Field(None, description="a text file to model; default: Python stdlib sources (see module)")
     valid_fraction: float = Field(0.1, gt=0, lt=1, description="with path: share of the file (its end) held out")
+    decode_strategy: Literal["greedy", "sample"] = Field(
+        "greedy", description="how continuations for distinct_2 / repetition_4 are decoded")
+    temperature: float = Field(1.0, gt=0, description="sample: divide logits by this (< 1 sharper, > 1 flatter)")
+    top_p: float | None = Field(None, gt=0, le=1, description="sample: keep the smallest set of bytes reaching this "
+                                "probability (nucleus); null: all")
+    decode_samples: int = Field(32, ge=1, description="evaluation windows continued by the model per evaluation")
+    decode_tokens: int = Field(32, ge=4, description="bytes the model writes after each prompt (the window's "
+                               "last bytes); must be below every evaluation length")
+
+    @model_validator(mode="after")
+    def _continuation_fits(self):
+        shortest = min(self.eval_lengths or [self.train_length])
+        if self.decode_tokens >= shortest:
+            raise SpecError("task.decode_tokens", f"{self.decode_tokens} must be below the shortest evaluation "
+                            f"length ({shortest}): the prompt is the rest of the window")
+        return self
+
+
+def ngrams(seq: Sequence[int], n: int) -> list[tuple[int, ...]]:
+    return [tuple(seq[i: i + n]) for i in range(len(seq) - n + 1)]
+
+
+def distinct_n(seqs: Sequence[Sequence[int]], n: int) -> float:
+    """Distinct n-grams / all n-grams, pooled over `seqs` (NaN when none has n tokens)."""
+    grams = [g for s in seqs for g in ngrams(s, n)]
+    return len(set(grams)) / len(grams) if grams else math.nan
+
+
+def repetition_n(seqs: Sequence[Sequence[int]], n: int) -> float:
+    """Mean over `seqs` of the share of n-grams that repeat an earlier n-gram of the same
+    sequence (1 - distinct / all, per sequence); sequences shorter than n are skipped."""
+    shares = [1 - len(set(g)) / len(g) for g in (ngrams(s, n) for s in seqs) if g]
+    return float(np.mean(shares)) if shares else math.nan
 
 
 class TextLM(Task):
@@ -68,7 +116,7 @@ class TextLM(Task):
     name = "text_lm"
     Params = TextParams
     families = ("decoder",)
-    metrics = {"bpc": False, "perplexity": False}
+    metrics = {"bpc": False, "perplexity": False, "distinct_2": True, "repetition_4": False}
     hold_out = False  # the split is by file (or by position in the file), not by example
 
     def __init__(self, params: TextParams, **kw):
@@ -111,7 +159,24 @@ class TextLM(Task):
         return list(ex.target), [False] + [True] * (len(ex.target) - 1)
 
     def extra_metrics(self, model, batches, family, scores):
-        return {"bpc": scores["loss"] / math.log(2), "perplexity": math.exp(scores["loss"])}
+        return {"bpc": scores["loss"] / math.log(2), "perplexity": math.exp(scores["loss"]),
+                **self.decoding_metrics(model, batches)}
+
+    def continuations(self, model, batches) -> list[list[int]]:
+        """The model's continuations of the first `decode_samples` evaluation windows (their
+        last `decode_tokens` bytes replaced by what the model writes)."""
+        p = self.params
+        windows = torch.cat([b["tokens"] for b in batches])[: p.decode_samples]  # [S, length], no padding
+        prompt = windows[:, : windows.shape[1] - p.decode_tokens]
+        device = next(model.parameters()).device
+        generator = torch.Generator(device=device).manual_seed(self.seed)
+        out = model.generate(prompt.to(device), p.decode_tokens, strategy=p.decode_strategy,
+                             temperature=p.temperature, top_p=p.top_p, use_cache=True, generator=generator)
+        return out[:, prompt.shape[1]:].tolist()
+
+    def decoding_metrics(self, model, batches) -> dict[str, float]:
+        written = self.continuations(model, batches)
+        return {"distinct_2": distinct_n(written, 2), "repetition_4": repetition_n(written, 4)}
 
 
 @hookimpl

@@ -30,10 +30,10 @@ from typing import Literal
 
 import numpy as np
 import sacrebleu
-from pydantic import Field, model_validator
+from pydantic import Field
 
 from workbench import hookimpl
-from workbench.tasks import Example, Task, TaskParams, draw_within, length_window
+from workbench.tasks import Example, LengthRangeParams, Task, draw_within, length_window
 
 # ---- lexicon --------------------------------------------------------------------------------
 
@@ -331,19 +331,13 @@ def corpus_bleu(hypotheses: list[list[str]], references: list[list[str]]) -> flo
                                  tokenize="none").score
 
 
-class TranslateParams(TaskParams):
+class TranslateParams(LengthRangeParams):
     train_length: int = Field(16, gt=2, description="longest training source sentence in words")
     min_length: int = Field(1, gt=0, description="shortest training source sentence in words")
     pronoun: Literal["it", "referent"] = Field(
         "it", description="translate 它 as 'it', or as the noun phrase it refers to (makes resolution scored)"
     )
     and_probability: float = Field(0.2, ge=0, lt=1, description="chance of one more 而且-clause while it fits")
-
-    @model_validator(mode="after")
-    def _range(self):
-        if self.min_length > self.train_length:
-            raise ValueError(f"min_length {self.min_length} exceeds train_length {self.train_length}")
-        return self
 
 
 class Translate(Task):

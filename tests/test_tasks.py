@@ -93,28 +93,30 @@ def test_listops_labels_match_reference_evaluator():
 
 
 def test_recall_answers_are_recoverable_from_context():
-    gap = 5
-    task = make("recall", train_length=6, gap=gap, n_keys=8, n_values=4)
+    gap, pairs = 5, 6
+    task = make("recall", train_length=pairs, gap=gap, n_keys=8, n_values=6)
     batch = task.train_batch(0, 16, "decoder")
-    for row, scored in zip(batch["tokens"].tolist(), batch["loss_mask"].tolist()):
+    for row, labels in zip(batch["tokens"].tolist(), batch["labels"].tolist()):
         words = task.decode(row)
-        pairs = words[1: 1 + 2 * 6]
-        keys = pairs[0::2]
-        assert len(set(keys)) == 6 and words[13: 13 + gap] == ["<gap>"] * gap
-        value_of = dict(zip(keys, pairs[1::2]))
-        answers = [t for t, m in enumerate(scored) if m]
-        assert len(answers) == 6
-        for t in answers:
-            query = words[t - 1]
-            assert words[t] == value_of[query]
-            assert (t - 1) - (1 + 2 * keys.index(query)) >= gap + 2  # query is far from its key
+        keys, values = words[1: 1 + 2 * pairs: 2], words[2: 2 + 2 * pairs: 2]
+        assert len(set(keys)) == pairs and all(k.startswith("k") for k in keys)
+        assert len(set(values)) == pairs and all(v.startswith("v") for v in values)
+        assert words[1 + 2 * pairs: 1 + 2 * pairs + gap] == ["<gap>"] * gap
+        value_of = dict(zip(keys, values))
+        queries = [t for t, label in enumerate(labels) if label != IGNORE]
+        assert queries == list(range(1 + 2 * pairs + gap, len(row)))  # one label per query, nothing else
+        for t in queries:
+            assert task.vocab[labels[t]] == value_of[words[t]]
+            assert t - (1 + 2 * keys.index(words[t])) >= gap + 2  # query is far from its key
+        # The answers never enter the input after the pairs: no answering by elimination.
+        assert not set(words[1 + 2 * pairs:]) & set(values)
 
 
-def test_recall_encoder_masks_answers():
-    task = make("recall", train_length=4)
-    batch = task.train_batch(0, 2, "encoder")
-    scored = batch["labels"] != IGNORE
-    assert (batch["tokens"][scored] == task.token_id["<mask>"]).all() and scored.sum() == 8
+def test_recall_decoder_and_encoder_read_the_same_labelled_rows():
+    task = make("recall", train_length=4, n_eval=8)
+    decoder, encoder = task.train_batch(0, 2, "decoder"), task.train_batch(0, 2, "encoder")
+    assert decoder.keys() == encoder.keys() and all(torch.equal(decoder[k], encoder[k]) for k in decoder)
+    assert int((decoder["labels"] != IGNORE).sum()) == 8
 
 
 def test_sort_and_reverse_targets():

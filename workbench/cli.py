@@ -7,6 +7,7 @@ import sys
 
 import click
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from workbench.errors import WorkbenchError
@@ -64,7 +65,8 @@ def list_variants(axis: str | None, as_json: bool) -> None:
                 f"{p['name']}: {p['type']} = {'required' if p['required'] else p['default']!r}  {p['help']}"
                 for p in row["parameters"]
             )
-            table.add_row(row["name"], params or "-", row["summary"], row["package"])
+            # Help text and types hold brackets ("list[int]", "[MAX ...]") that rich would read as markup.
+            table.add_row(row["name"], escape(params) if params else "-", escape(row["summary"]), row["package"])
         console.print(table)
 
 
@@ -155,6 +157,17 @@ def report_command(out_dir: str, reports_dir: str, no_pictures: bool) -> None:
 
     index = write_report(out_dir, reports_dir, pictures=not no_pictures)
     click.echo(f"report: {index} (and {index.parent / 'report.md'})")
+
+
+@main.command("report-index")
+@click.option("--studies", "studies_dir", default="studies", show_default=True, help="folder of study YAML files")
+@click.option("--reports", "reports_dir", default="reports", show_default=True,
+              help="folder of written reports; the table goes to its README.md")
+def report_index_command(studies_dir: str, reports_dir: str) -> None:
+    """Rebuild REPORTS/README.md: every study with its question, verdicts, run time and report link."""
+    from workbench.report.index import write_index
+
+    click.echo(f"index: {write_index(studies_dir, reports_dir)}")
 
 
 @main.command("schema")

@@ -88,14 +88,6 @@ class ScalingStudy(StudyBase):
     sweep: Annotated[Sweep, WithJsonSchema(SWEEP_JSON_SCHEMA)] = Field(default_factory=Sweep)
     scaling: ScalingSection
 
-    @field_validator("model", mode="before")
-    @classmethod
-    def _model(cls, v):
-        if v is None:
-            return {}
-        if not isinstance(v, Mapping):
-            raise SpecError("model", f"expected a mapping of model fields, got {v!r}")
-        return dict(v)
 
     @model_validator(mode="after")
     def _checks(self):

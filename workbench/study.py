@@ -378,6 +378,15 @@ class StudyBase(BaseModel):
         {}, description="named overrides {profile: {dotted.key: value}}, applied by `workbench run --profile NAME`"
     )
 
+    @field_validator("model", mode="before", check_fields=False)  # each kind declares its model field
+    @classmethod
+    def _model(cls, v):
+        if v is None:
+            return {}
+        if not isinstance(v, Mapping):
+            raise SpecError("model", f"expected a mapping of model fields, got {v!r}")
+        return dict(v)
+
     def run_defining(self) -> dict[str, Any]:
         """The part of the study that determines which runs exist and what they compute: a
         change here, against an existing output folder, is a different study."""
@@ -406,14 +415,6 @@ class TrainStudy(StudyBase):
     def _task(cls, v):
         return task_section(v)
 
-    @field_validator("model", mode="before")
-    @classmethod
-    def _model(cls, v):
-        if v is None:
-            return {}
-        if not isinstance(v, Mapping):
-            raise SpecError("model", f"expected a mapping of model fields, got {v!r}")
-        return dict(v)
 
     @model_validator(mode="after")
     def _cross_checks(self):

@@ -384,16 +384,22 @@ def symbol_names(n: int) -> list[str]:
     return [base[i] if i < len(base) else f"s{i}" for i in range(n)]
 
 
-class SymbolParams(TaskParams):
-    train_length: int = Field(16, gt=0, description="longest training string; eval strings have exactly each eval length")
-    min_length: int = Field(1, gt=0, description="shortest training string")
-    alphabet_size: int = Field(16, ge=2, le=1024, description="distinct symbols")
+class LengthRangeParams(TaskParams):
+    """Parameters of tasks whose training examples range over [min_length, train_length]."""
+
+    min_length: int = Field(1, gt=0, description="shortest training example")
 
     @model_validator(mode="after")
     def _range(self):
         if self.min_length > self.train_length:
             raise ValueError(f"min_length {self.min_length} exceeds train_length {self.train_length}")
         return self
+
+
+class SymbolParams(LengthRangeParams):
+    train_length: int = Field(16, gt=0, description="longest training string; eval strings have exactly each eval length")
+    min_length: int = Field(1, gt=0, description="shortest training string")
+    alphabet_size: int = Field(16, ge=2, le=1024, description="distinct symbols")
 
 
 class SymbolTask(Task):

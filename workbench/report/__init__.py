@@ -4,6 +4,8 @@
     reports/<study>/report.md    the same content for code-hosting sites
     reports/<study>/figures/*.png
     reports/<study>/results.csv  every run, one row each, variant label first
+    reports/<study>/summary.json verdicts, run counts and run time (read by the index of
+                                 shipped studies, workbench.report.index)
 
 Nothing is trained or measured here: a report is a pure function of the store (and, for the
 attention pictures, of the final weights runs left in their folders), so regenerating it
@@ -22,9 +24,10 @@ import pandas as pd
 
 from workbench.errors import WorkbenchError
 from workbench.report.document import Report
+from workbench.report.index import write_summary
 from workbench.report.render import render_html, render_markdown
 
-REPORT_FILES = ("index.html", "report.md", "results.csv")
+REPORT_FILES = ("index.html", "report.md", "results.csv", "summary.json")
 
 
 def merged_environment(environments: Sequence[Mapping[str, Any]]) -> dict[str, str]:
@@ -100,13 +103,16 @@ def write_report(out_dir: str | Path, reports_dir: str | Path = "reports", *, pi
             pictures=ModelPictures(lambda run_id: store.run_dir(out_dir, run_id)) if pictures else None,
         )
         builder = TrainReport(inputs, dest)
-        return write_files(builder.build(), builder.results_csv(), dest)
-    if study.kind == "scaling":
+        report, results = builder.build(), builder.results_csv()
+    elif study.kind == "scaling":
         from workbench.report.scaling_report import scaling_report_from_store
 
         report, results = scaling_report_from_store(out_dir, study, info, dest)
-        return write_files(report, results, dest)
-    raise WorkbenchError(f"no report for study kind {study.kind!r}")
+    else:
+        raise WorkbenchError(f"no report for study kind {study.kind!r}")
+    index = write_files(report, results, dest)
+    write_summary(dest, report, store.Store(out_dir, create=False).runs())
+    return index
 
 
 __all__ = ["write_report", "Report"]

@@ -11,7 +11,10 @@ For each variant, the finished run with the lowest seed is loaded (no training h
     - the position scheme as a heatmap, by the hook it uses: the encoding it adds to the
       embeddings (sinusoidal, learned), the q.k score of identical vectors placed at every
       pair of positions (RoPE: depends only on the offset), or the score bias per head
-      (ALiBi). A scheme with no hook (NoPE) has nothing to draw.
+      (ALiBi). A scheme with no hook (NoPE) has nothing to draw;
+    - head similarity (claim E13: heads are often redundant): per attention layer, the
+      Jensen-Shannon divergence between every two heads' attention rows on the sample,
+      averaged over query rows (0 = the two heads attend identically, 1 bit = disjoint).
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from torch import Tensor
 from workbench.model import record_attention
 from workbench.position import PositionScheme
 from workbench.report import figures
-from workbench.report.document import Figure, Item, Paragraph
+from workbench.report.document import Figure, Item, Paragraph, Table, fmt
 from workbench.report.variants import Variants
 
 # Referring words whose attention row is drawn when a sample contains them.
@@ -55,6 +58,23 @@ def last_layer(recorded: dict[str, list[Tensor]], kind: str, stack: str) -> tupl
         return None
     name = max(names, key=lambda n: int(n.split(".")[2]))
     return name, recorded[name][0][0].float().cpu()  # first call, first example: [h, nq, nk]
+
+
+def js_divergence(p: Tensor, q: Tensor) -> Tensor:
+    """Jensen-Shannon divergence in bits between distributions on the last axis (0..1)."""
+    m = (p + q) / 2
+
+    def kl(a: Tensor) -> Tensor:  # KL(a || m); 0 * log 0 = 0
+        return torch.where(a > 0, a * torch.log2(a / m.clamp_min(1e-30)), torch.zeros_like(a)).sum(-1)
+
+    return (kl(p) + kl(q)) / 2
+
+
+def head_divergence(weights: Tensor) -> np.ndarray:
+    """[h, nq, nk] attention of one layer -> [h, h] JS divergence of every two heads' rows,
+    averaged over query rows."""
+    w = weights.double()
+    return js_divergence(w[:, None], w[None, :]).mean(-1).float().numpy()  # [h, h, nq] -> [h, h]
 
 
 def forward_sample(model, batch: dict[str, Tensor], family: str) -> dict[str, list[Tensor]]:
@@ -147,6 +167,7 @@ class ModelPictures:
                               f"\"{' '.join(x_tokens)}\", one panel per head (rows sum to 1).",
                               f"attention heatmap of {variant}", token_legend(list(dict.fromkeys(x_tokens + y_tokens)))))
         out += self.focus_items(recorded_for_samples(model, task, family), task, family, dest, variant, caption_run)
+        out += head_similarity_items(recorded, real_lengths(batch, family), caption_run)
         return out
 
     def focus_items(self, per_sample, task, family: str, dest: Path, variant: str, caption_run: str) -> list[Item]:
@@ -206,6 +227,47 @@ class ModelPictures:
         }[kind]
         return [Figure(path.relative_to(dest).as_posix(), f"{caption_run}: {labels[2]} ({explain}).",
                        f"position scheme of {variant}")]
+
+
+def real_lengths(batch: dict[str, Tensor], family: str) -> dict[str, int]:
+    """Real (unpadded) query/key lengths of the first sample row, by stack name."""
+    if family == "encoder_decoder":
+        # The decoder reads tgt[:, :-1] (teacher forcing), so one position fewer than tgt.
+        return {"encoder": real_length(batch["src_mask"][0]), "decoder": real_length(batch["tgt_mask"][0]) - 1}
+    n = real_length(batch["padding_mask"][0])
+    return {"encoder": n, "decoder": n}
+
+
+def head_similarity_items(recorded: dict[str, list[Tensor]], lengths: dict[str, int], caption_run: str) -> list[Item]:
+    """One table: per attention layer of the sample forward, how alike its heads attend."""
+    rows = []
+    for name in sorted(recorded, key=layer_order):
+        if not recorded[name]:
+            continue
+        stack, kind = name.split(".")[0], name.split(".")[-1]
+        nq = lengths[stack]
+        nk = lengths["encoder"] if kind == "cross" else nq
+        weights = recorded[name][0][0, :, :nq, :nk].float().cpu()  # first call, first example: [h, nq, nk]
+        h = weights.shape[0]
+        if h < 2:
+            continue
+        div = head_divergence(weights)
+        pairs = [(float(div[i, j]), i, j) for i in range(h) for j in range(i + 1, h)]
+        low, high = min(pairs), max(pairs)
+        rows.append([name, str(h), fmt(float(np.mean([d for d, _, _ in pairs]))),
+                     f"{low[1]}-{low[2]}: {fmt(low[0])}", f"{high[1]}-{high[2]}: {fmt(high[0])}"])
+    if not rows:
+        return []
+    return [Table(["layer", "heads", "mean JS between heads (bits)", "most alike pair", "most different pair"], rows,
+                  caption=f"{caption_run}: head similarity on the sample (Jensen-Shannon divergence of two heads' "
+                          "attention rows, averaged over query rows; 0 = identical, 1 = disjoint)",
+                  numeric=[False, True, True, False, False])]
+
+
+def layer_order(name: str) -> tuple:
+    """encoder before decoder, blocks in order, self-attention before cross-attention."""
+    parts = name.split(".")
+    return (parts[0] != "encoder", *(int(p) if p.isdigit() else p for p in parts[1:]))
 
 
 def recorded_for_samples(model, task, family: str) -> list[tuple[list[str], dict[str, list[Tensor]]]]:

@@ -1,0 +1,82 @@
+"""The index of shipped studies (reports/README.md), built from study files and the
+summary.json / results.csv that reports leave behind; no training here."""
+
+import json
+import textwrap
+
+from click.testing import CliRunner
+
+from workbench.cli import main
+from workbench.report.document import Report, VerdictLine
+from workbench.report.index import build_index, run_span_s, scaling_findings, summary
+
+STUDY = """\
+# Claims E1-E3 (and P9): a header comment names them.
+name: {name}
+description: Does it hold?
+task: {{name: copy, train_length: 4}}
+train: {{steps: 1}}
+sweep: {{model.position: [none, rope]}}
+expect:
+  - {{metric: accuracy@4, better: rope, than: none, claim: E6}}
+"""
+
+
+def write_study(folder, name):
+    (folder / f"{name}.yaml").write_text(textwrap.dedent(STUDY.format(name=name)))
+
+
+def test_summary_counts_runs_and_spans_the_sweep():
+    runs = [{"status": "finished", "recorded_at": "2026-01-01T10:00:10+00:00", "wall_time_s": 10.0},
+            {"status": "diverged", "recorded_at": "2026-01-01T10:01:00+00:00", "wall_time_s": 30.0}]
+    assert run_span_s(runs) == 60.0  # 10:00:00 (first start) to 10:01:00 (last end)
+    verdict = VerdictLine("rope is better than none on accuracy@4", "holds", "holds", "detail", "note")
+    s = summary(Report("x", "train", "q?", [verdict], []), runs)
+    assert s["statuses"] == {"diverged": 1, "finished": 1} and s["run_span_s"] == 60
+    assert s["verdicts"] == [{"statement": verdict.statement, "outcome": "holds", "label": "holds", "note": "note"}]
+
+
+def test_index_rows_read_summaries_and_mark_studies_not_run(tmp_path):
+    studies, reports = tmp_path / "studies", tmp_path / "reports"
+    studies.mkdir()
+    write_study(studies, "ran")
+    write_study(studies, "pending")
+    (reports / "ran").mkdir(parents=True)
+    (reports / "ran" / "report.md").write_text("# ran\n")
+    (reports / "ran" / "summary.json").write_text(json.dumps({
+        "name": "ran", "kind": "train", "question": "Does it hold?", "runs": 4,
+        "statuses": {"finished": 3, "diverged": 1}, "run_span_s": 150,
+        "verdicts": [{"statement": "rope is better than none on accuracy@4", "outcome": "does not hold",
+                      "label": "does not hold", "note": ""}]}))
+    text = build_index(studies, reports)
+    ran = next(line for line in text.splitlines() if line.startswith("| [ran]"))
+    assert "(ran/report.md)" in ran and "E1, E2, E3, E6, P9" in ran
+    assert "**does not hold**: rope is better than none on accuracy@4" in ran
+    assert "2.5 min, 4 runs (1 diverged)" in ran
+    pending = next(line for line in text.splitlines() if line.startswith("| pending"))
+    assert "| not run |" in pending
+    result = CliRunner().invoke(main, ["report-index", "--studies", str(studies), "--reports", str(reports)])
+    assert result.exit_code == 0 and (reports / "README.md").read_text() == text
+
+
+def test_scaling_findings_fit_exponents_per_variant():
+    import pandas as pd
+
+    rows = [{"variant": v, "status": "finished", "mode": "train_step", "kv_cache": None, "length": n,
+             "time_median_s": 1e-6 * n ** p, "activation_bytes": 4.0 * n ** p}
+            for v, p in (("full", 2), ("sliding", 1)) for n in (64, 128, 256, 512)]
+    lines = scaling_findings(pd.DataFrame(rows))
+    assert lines == ["full: train_step time n^2.00, train_step memory n^2.00",
+                     "sliding: train_step time n^1.00, train_step memory n^1.00"]
+
+
+def test_scaling_findings_of_decode_rows_read_back_from_csv(tmp_path):
+    import pandas as pd
+
+    rows = [{"variant": "mha", "status": "finished", "mode": "decode", "kv_cache": cache, "length": n,
+             "time_median_s": 1e-3 * n ** (0.5 if cache else 1.0), "kv_cache_bytes": 8.0 * n if cache else None}
+            for cache in (True, False) for n in (64, 128, 256)]
+    pd.DataFrame(rows).to_csv(tmp_path / "results.csv", index=False)
+    [line] = scaling_findings(pd.read_csv(tmp_path / "results.csv"))
+    assert "cached decode time n^0.50" in line and "uncached decode time n^1.00" in line
+    assert "cache bytes n^1.00" in line

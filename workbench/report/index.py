@@ -1,0 +1,190 @@
+"""The index of shipped studies: `reports/README.md`, one row per study in `studies/`.
+
+    python -m workbench.report.index [--studies studies] [--reports reports]
+    workbench report-index                     (the same, from the CLI)
+
+Each row is read from committed files only (no results store needed): the study file (its
+question, and the claim ids its header comment or `expect:` names), and what `workbench
+run` / `workbench report` wrote to `reports/<name>/`: `summary.json` (verdicts, run counts,
+run time) and, for scaling studies, `results.csv` (refitted here to one exponent line per
+variant). A study that was never run is listed as "not run".
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from collections.abc import Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from workbench.report.document import Report, fmt_seconds
+
+SUMMARY_FILE = "summary.json"
+CLAIM_ID = re.compile(r"\b[EP]\d{1,2}\b")
+
+
+# ---- summary.json (written with every report) -------------------------------------------------
+
+
+def run_span_s(runs: Sequence[dict[str, Any]]) -> float | None:
+    """Seconds from the first run's start to the last run's end, from the store's records
+    (`recorded_at` at each run's end, minus its wall time): the sweep's elapsed time when it
+    ran in one go (a resumed sweep includes the pause)."""
+    ends, starts = [], []
+    for r in runs:
+        if not r.get("recorded_at") or r.get("wall_time_s") is None:
+            continue
+        end = datetime.fromisoformat(r["recorded_at"]).timestamp()
+        ends.append(end)
+        starts.append(end - float(r["wall_time_s"]))
+    return max(ends) - min(starts) if ends else None
+
+
+def summary(report: Report, runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """What the index needs from one report, as plain JSON."""
+    statuses: dict[str, int] = {}
+    for r in runs:
+        statuses[r["status"]] = statuses.get(r["status"], 0) + 1
+    span = run_span_s(runs)
+    return {
+        "name": report.name,
+        "kind": report.kind,
+        "question": report.question,
+        "verdicts": [{"statement": v.statement, "outcome": v.outcome, "label": v.label, "note": v.note}
+                     for v in report.verdicts],
+        "runs": len(runs),
+        "statuses": dict(sorted(statuses.items())),
+        "run_span_s": None if span is None else round(span),
+    }
+
+
+def write_summary(dest: Path, report: Report, runs: Sequence[dict[str, Any]]) -> Path:
+    path = dest / SUMMARY_FILE
+    path.write_text(json.dumps(summary(report, runs), indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    return path
+
+
+# ---- the index ------------------------------------------------------------------------------
+
+
+def claim_ids(study_path: Path, study) -> list[str]:
+    """Claim ids named in the file's leading comment block and in `expect:` entries."""
+    header = []
+    for line in study_path.read_text(encoding="utf-8").splitlines():
+        if not line.startswith("#"):
+            break
+        header.append(line)
+    found = CLAIM_ID.findall("\n".join(header))
+    found += [e.claim for e in getattr(study, "expect", []) if e.claim]
+    # Ranges like "E1-E4" name their ends only: spell them out.
+    text = "\n".join(header)
+    for lo, hi in re.findall(r"\bE(\d{1,2})-E(\d{1,2})\b", text):
+        found += [f"E{i}" for i in range(int(lo), int(hi) + 1)]
+    return sorted(set(found), key=lambda c: (c[0], int(c[1:])))
+
+
+def scaling_findings(results: pd.DataFrame) -> list[str]:
+    """One line per variant: fitted exponents of time and memory (train/forward) or of decode
+    time with and without the cache and of cache bytes (decode)."""
+    from workbench import fit
+
+    ok = results[results["status"] == "finished"]
+    exps = fit.fit_exponents(ok, by=("variant", "mode", "kv_cache"),
+                             metrics=("time_median_s", "activation_bytes", "kv_cache_bytes"))
+    lines = []
+    for variant in dict.fromkeys(results["variant"]):
+        parts = []
+        for r in exps[exps["variant"] == variant].to_dict("records"):
+            what = {"time_median_s": "time", "activation_bytes": "memory", "kv_cache_bytes": "cache bytes"}[r["metric"]]
+            if r["mode"] == "decode":
+                cached = str(r["kv_cache"]) == "True"  # a bool, numpy bool or text, as read from CSV
+                if r["metric"] == "kv_cache_bytes" and not cached:
+                    continue
+                cache = "cached" if cached else "uncached"
+                what = "cache bytes" if r["metric"] == "kv_cache_bytes" else f"{cache} decode time"
+            else:
+                what = f"{r['mode']} {what}"
+            parts.append(f"{what} n^{r['exponent']:.2f}")
+        if parts:
+            lines.append(f"{variant}: {', '.join(parts)}")
+    return lines
+
+
+def cell(lines: Sequence[str]) -> str:
+    """Several lines in one Markdown table cell."""
+    return "<br>".join(line.replace("|", "\\|").replace("\n", " ") for line in lines) or "–"
+
+
+def study_row(study_path: Path, reports_dir: Path) -> list[str]:
+    from workbench.study import load_study
+
+    study = load_study(study_path).study
+    folder = reports_dir / study.name
+    name = f"[{study.name}]({study.name}/report.md)" if (folder / "report.md").exists() else study.name
+    claims = ", ".join(claim_ids(study_path, study)) or "–"
+    question = " ".join(study.description.split()) or "–"
+    summary_path = folder / SUMMARY_FILE
+    if not summary_path.exists():
+        return [name, claims, question, "not run", "–", f"`{study_path.as_posix()}`"]
+    s = json.loads(summary_path.read_text(encoding="utf-8"))
+    if s["verdicts"]:
+        findings = [f"**{v['label']}**: {v['statement']}" for v in s["verdicts"]]
+    elif s["kind"] == "scaling" and (folder / "results.csv").exists():
+        findings = ["measured (no verdict): fitted exponents"] + scaling_findings(pd.read_csv(folder / "results.csv"))
+    else:
+        findings = ["descriptive (no `expect:`): see the report"]
+    failed = {k: n for k, n in s["statuses"].items() if k != "finished"}
+    runs = f"{s['runs']} runs" + (" (" + ", ".join(f"{n} {k}" for k, n in failed.items()) + ")" if failed else "")
+    return [name, claims, question, cell(findings), f"{fmt_seconds(s['run_span_s'])}, {runs}",
+            f"`{study_path.as_posix()}`"]
+
+
+def build_index(studies_dir: Path, reports_dir: Path) -> str:
+    paths = sorted(studies_dir.glob("*.yaml"))
+    rows = [study_row(p, reports_dir) for p in paths]
+    header = ["study (report)", "claims", "question", "verdicts", "run time", "study file"]
+    lines = [
+        "# Shipped studies and their reports",
+        "",
+        "Every study in `studies/` tests claims of the tutorials the workbench started from",
+        "(`E*`: empirical, `P*`: exact properties; see the project's claims list). Verdicts come from",
+        "each study's `expect:` entries: **holds** when the 95% intervals over seeds separate in the",
+        "expected direction, **does not hold** when they separate the other way, **inconclusive**",
+        "otherwise. Scaling studies have no verdict line; their fitted log-log exponents are listed.",
+        "Run time: first run start to last run end on the machine named in each report, with",
+        "`--jobs 2` on a 2-core CPU unless the report says otherwise.",
+        "",
+        "Regenerate a report: `workbench run studies/<name>.yaml --jobs 2` (writes `reports/<name>/`);",
+        "regenerate this table: `workbench report-index`.",
+        "",
+        "| " + " | ".join(header) + " |",
+        "|" + "|".join("---" for _ in header) + "|",
+        *("| " + " | ".join(row) + " |" for row in rows),
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def write_index(studies_dir: str | Path = "studies", reports_dir: str | Path = "reports") -> Path:
+    reports_dir = Path(reports_dir)
+    reports_dir.mkdir(parents=True, exist_ok=True)
+    path = reports_dir / "README.md"
+    path.write_text(build_index(Path(studies_dir), reports_dir), encoding="utf-8")
+    return path
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m workbench.report.index", description=__doc__.splitlines()[0])
+    parser.add_argument("--studies", default="studies", help="folder of study YAML files")
+    parser.add_argument("--reports", default="reports", help="folder of reports; README.md is written here")
+    args = parser.parse_args(argv)
+    print(f"index: {write_index(args.studies, args.reports)}")
+
+
+if __name__ == "__main__":
+    main()
