@@ -31,7 +31,8 @@ def test_cpu_peak_memory_sees_a_known_buffer():
     size = 64 * 2**20
     peak, instrument = peak_memory(lambda: torch.ones(size // 4), torch.device("cpu"))
     assert instrument == "cpu_peak_rss_delta"
-    assert size <= peak <= size + 16 * 2**20
+    # RSS counts pages: a few already-resident freed pages may be reused by the buffer
+    assert 0.97 * size <= peak <= size + 16 * 2**20
 
 
 def test_time_call_reports_order_statistics():
