@@ -1,5 +1,6 @@
 """The Ray executor on a real local cluster (loopback): same results as the local executor,
-and a sweep survives a killed worker with every run recorded once. Skipped without Ray."""
+and a sweep survives a killed worker with every run recorded once (skipped without Ray);
+without Ray, `--executor ray` says how to install it."""
 
 from __future__ import annotations
 
@@ -13,11 +14,10 @@ from pathlib import Path
 
 import pytest
 
-ray = pytest.importorskip("ray")
+from click.testing import CliRunner
 
-from workbench.store import Store, load_results  # noqa: E402
-
-pytestmark = pytest.mark.slow
+from workbench.cli import main
+from workbench.store import Store, load_results
 
 STUDY = """\
 name: ray-e2e
@@ -48,6 +48,7 @@ def ray_cli() -> str:
 @pytest.fixture(scope="module")
 def cluster():
     """A two-CPU Ray head node on 127.0.0.1, stopped at the end of the module."""
+    pytest.importorskip("ray")
     port = free_port()
     subprocess.run(
         [ray_cli(), "start", "--head", "--node-ip-address=127.0.0.1", f"--port={port}", "--num-cpus=2",
@@ -70,6 +71,17 @@ def metrics_by_run(out: Path):
     return frame[["status", "accuracy@6", "loss@6"]]
 
 
+def test_without_ray_the_executor_explains_how_to_install_it(tmp_path, monkeypatch):
+    study = tmp_path / "study.yaml"
+    study.write_text(STUDY.format(steps=2, seeds=[0]))
+    monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` now fails as if not installed
+    result = CliRunner().invoke(main, ["run", str(study), "--out", str(tmp_path / "out"), "--executor", "ray"])
+    assert result.exit_code == 2
+    assert "pip install 'transformer-workbench[ray]'" in result.output
+    assert "Traceback" not in result.output
+
+
+@pytest.mark.slow
 def test_ray_executor_matches_local_executor(cluster, tmp_path):
     study = tmp_path / "study.yaml"
     study.write_text(STUDY.format(steps=10, seeds=[0]))
@@ -92,6 +104,7 @@ def ray_task_pids() -> list[int]:
     return [int(line.split()[0]) for line in out.splitlines() if "ray::execute_with_threads" in line]
 
 
+@pytest.mark.slow
 def test_sweep_survives_a_killed_worker(cluster, tmp_path):
     study = tmp_path / "study.yaml"
     study.write_text(STUDY.format(steps=60, seeds=[0, 1]))
