@@ -61,8 +61,8 @@ def cluster():
         subprocess.run([ray_cli(), "stop", "--force"], env=env(), capture_output=True, timeout=120)
 
 
-def workbench(*args: str, **kwargs) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "workbench.cli", *args], env=env(),
+def workbench(*args: str, reports: Path, **kwargs) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "workbench.cli", *args, "--reports", str(reports)], env=env(),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kwargs)
 
 
@@ -75,7 +75,8 @@ def test_without_ray_the_executor_explains_how_to_install_it(tmp_path, monkeypat
     study = tmp_path / "study.yaml"
     study.write_text(STUDY.format(steps=2, seeds=[0]))
     monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` now fails as if not installed
-    result = CliRunner().invoke(main, ["run", str(study), "--out", str(tmp_path / "out"), "--executor", "ray"])
+    result = CliRunner().invoke(main, ["run", str(study), "--out", str(tmp_path / "out"), "--executor", "ray",
+                                       "--reports", str(tmp_path / "reports")])
     assert result.exit_code == 2
     assert "pip install 'transformer-workbench[ray]'" in result.output
     assert "Traceback" not in result.output
@@ -85,10 +86,10 @@ def test_without_ray_the_executor_explains_how_to_install_it(tmp_path, monkeypat
 def test_ray_executor_matches_local_executor(cluster, tmp_path):
     study = tmp_path / "study.yaml"
     study.write_text(STUDY.format(steps=10, seeds=[0]))
-    local = workbench("run", str(study), "--out", str(tmp_path / "local"), "--quiet")
+    local = workbench("run", str(study), "--out", str(tmp_path / "local"), "--quiet", reports=tmp_path / "reports")
     assert local.wait(timeout=600) == 0, local.stdout.read()
     remote = workbench("run", str(study), "--out", str(tmp_path / "ray"), "--quiet",
-                       "--executor", "ray", "--address", cluster)
+                       "--executor", "ray", "--address", cluster, reports=tmp_path / "reports")
     assert remote.wait(timeout=600) == 0, remote.stdout.read()
 
     a, b = metrics_by_run(tmp_path / "local"), metrics_by_run(tmp_path / "ray")
@@ -109,7 +110,8 @@ def test_sweep_survives_a_killed_worker(cluster, tmp_path):
     study = tmp_path / "study.yaml"
     study.write_text(STUDY.format(steps=60, seeds=[0, 1]))
     out = tmp_path / "out"
-    sweep = workbench("run", str(study), "--out", str(out), "--quiet", "--executor", "ray", "--address", cluster)
+    sweep = workbench("run", str(study), "--out", str(out), "--quiet", "--executor", "ray", "--address", cluster,
+                      reports=tmp_path / "reports")
     deadline = time.monotonic() + 300
     killed = None
     while killed is None and time.monotonic() < deadline and sweep.poll() is None:

@@ -167,7 +167,8 @@ def test_sigkilled_sweep_loses_and_repeats_nothing(tmp_path):
     study, out = write(tmp_path, text), tmp_path / "out"
     first, second = expand(load_study(study))
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "workbench.cli", "run", str(study), "--out", str(out), "--quiet"],
+    proc = subprocess.Popen([sys.executable, "-m", "workbench.cli", "run", str(study), "--out", str(out), "--quiet",
+                             "--reports", str(tmp_path / "reports")],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     deadline = time.monotonic() + 120
     try:
@@ -203,14 +204,16 @@ def test_a_changed_study_is_explained_and_fresh_starts_over(tmp_path):
     changed = write(tmp_path, STUDY.replace("batch_size: 8", "batch_size: 4"), "changed.yaml")
     with pytest.raises(WorkbenchError, match=r"train\.batch_size: 8 -> 4.*--fresh"):
         check_study(store, load_study(changed))
-    result = CliRunner().invoke(main, ["run", str(changed), "--out", str(tmp_path / "out"), "--quiet"])
+    result = CliRunner().invoke(main, ["run", str(changed), "--out", str(tmp_path / "out"), "--quiet",
+                                       "--reports", str(tmp_path / "reports")])
     assert result.exit_code == 2 and "different version of study 'tiny-e2e'" in result.stderr
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU message")
 def test_mixed_precision_on_cpu_is_refused_before_training(tmp_path):
     study = write(tmp_path, STUDY.replace("checkpoint_every: 5}", "checkpoint_every: 5, precision: bf16-mixed}"))
-    result = CliRunner().invoke(main, ["run", str(study), "--out", str(tmp_path / "out")])
+    result = CliRunner().invoke(main, ["run", str(study), "--out", str(tmp_path / "out"),
+                                       "--reports", str(tmp_path / "reports")])
     assert result.exit_code == 2
     assert "train.precision: 'bf16-mixed' runs on a GPU" in result.stderr
     assert not (tmp_path / "out" / "runs").exists()
