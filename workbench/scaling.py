@@ -81,9 +81,7 @@ class ScalingStudy(StudyBase):
     """Measure cost against sequence length for every sweep point."""
 
     kind: Literal["scaling"] = Field("scaling", description="scaling: cost against sequence length")
-    # A plain object in the JSON Schema: pydantic fails on a $ref to ModelSection here (a def
-    # study_json_schema adds afterwards), unlike on TrainStudy's. TODO(lead): share the $ref.
-    model: Annotated[dict[str, Any], WithJsonSchema({"type": "object"})] = Field(
+    model: Annotated[dict[str, Any], WithJsonSchema({"x-section": "ModelSection"})] = Field(
         default_factory=dict, description="the model spec (see the README)")
     sweep: Annotated[Sweep, WithJsonSchema(SWEEP_JSON_SCHEMA)] = Field(default_factory=Sweep)
     scaling: ScalingSection

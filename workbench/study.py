@@ -602,7 +602,6 @@ def study_json_schema() -> dict[str, Any]:
     model = ModelSpec.model_json_schema()
     for axis in VARIANT_AXES:
         model["properties"][axis] = {**variant_json_schema(axis), "description": model["properties"][axis].get("description", "")}
-    model["properties"].pop("vocab_size", None)  # the task sets it
     defs["ModelSection"] = model
     tasks = variant_json_schema("task")
     defs["TaskSection"] = {"anyOf": tasks["anyOf"][1:], "description": "{name: <task>, <task params>}"}
