@@ -12,8 +12,9 @@ bytes is the validation text. Evaluation windows are `n_eval` windows spread eve
 the validation text (the same for every seed); training windows start at random offsets.
 
 Decoding metrics (claim E12: greedy decoding is stable but repetitive, sampling adds
-diversity): at every evaluation, the first `decode_samples` evaluation windows are cut into a
-prompt (all but the last `decode_tokens` bytes) and a continuation that the model writes with
+diversity), unless `decode_samples` is 0: at every evaluation, the first `decode_samples`
+evaluation windows are cut into a
+prompt and a continuation of `decode_tokens` bytes (at most half the window) that the model writes with
 the task's decoding strategy (greedy, or sampling with temperature / top-p, from a generator
 seeded with the run's seed, through the KV cache). Prompt + continuation fill exactly one
 window, so the model never runs past the length being evaluated. On the continuations:
@@ -34,7 +35,7 @@ from typing import Literal
 
 import numpy as np
 import torch
-from pydantic import Field, model_validator
+from pydantic import Field
 
 from workbench import hookimpl
 from workbench.errors import SpecError, WorkbenchError
@@ -80,17 +81,10 @@ class TextParams(TaskParams):
     temperature: float = Field(1.0, gt=0, description="sample: divide logits by this (< 1 sharper, > 1 flatter)")
     top_p: float | None = Field(None, gt=0, le=1, description="sample: keep the smallest set of bytes reaching this "
                                 "probability (nucleus); null: all")
-    decode_samples: int = Field(32, ge=1, description="evaluation windows continued by the model per evaluation")
+    decode_samples: int = Field(16, ge=0, description="evaluation windows continued by the model per evaluation "
+                                "(0: no generation; distinct_2 and repetition_4 are NaN)")
     decode_tokens: int = Field(32, ge=4, description="bytes the model writes after each prompt (the window's "
-                               "last bytes); must be below every evaluation length")
-
-    @model_validator(mode="after")
-    def _continuation_fits(self):
-        shortest = min(self.eval_lengths or [self.train_length])
-        if self.decode_tokens >= shortest:
-            raise SpecError("task.decode_tokens", f"{self.decode_tokens} must be below the shortest evaluation "
-                            f"length ({shortest}): the prompt is the rest of the window")
-        return self
+                               "last bytes; at most half the window)")
 
 
 def ngrams(seq: Sequence[int], n: int) -> list[tuple[int, ...]]:
@@ -164,17 +158,20 @@ class TextLM(Task):
 
     def continuations(self, model, batches) -> list[list[int]]:
         """The model's continuations of the first `decode_samples` evaluation windows (their
-        last `decode_tokens` bytes replaced by what the model writes)."""
+        last `decode_tokens` bytes, at most half the window, replaced by what the model writes)."""
         p = self.params
         windows = torch.cat([b["tokens"] for b in batches])[: p.decode_samples]  # [S, length], no padding
-        prompt = windows[:, : windows.shape[1] - p.decode_tokens]
+        new = min(p.decode_tokens, windows.shape[1] // 2)
+        prompt = windows[:, : windows.shape[1] - new]
         device = next(model.parameters()).device
         generator = torch.Generator(device=device).manual_seed(self.seed)
-        out = model.generate(prompt.to(device), p.decode_tokens, strategy=p.decode_strategy,
+        out = model.generate(prompt.to(device), new, strategy=p.decode_strategy,
                              temperature=p.temperature, top_p=p.top_p, use_cache=True, generator=generator)
         return out[:, prompt.shape[1]:].tolist()
 
     def decoding_metrics(self, model, batches) -> dict[str, float]:
+        if self.params.decode_samples == 0:  # generation off (e.g. a scoring-only model)
+            return {"distinct_2": math.nan, "repetition_4": math.nan}
         written = self.continuations(model, batches)
         return {"distinct_2": distinct_n(written, 2), "repetition_4": repetition_n(written, 4)}
 

@@ -6,9 +6,7 @@ import math
 import pytest
 import torch
 
-from workbench.errors import WorkbenchError
 from workbench.model import build_model
-from workbench.study import task_section
 from workbench_plugins.task_text_lm import TextLM, TextParams, distinct_n, repetition_n
 
 
@@ -53,8 +51,23 @@ def test_continuations_fill_the_window_and_follow_the_strategy():
     assert s1 != a  # an untrained model at temperature 2 does not sample its argmax 32 times
     scores = sampled.evaluate(model, batches, "decoder")
     assert 0 < scores["distinct_2"] <= 1 and 0 <= scores["repetition_4"] < 1
+    off = task(decode_samples=0).evaluate(model, batches, "decoder")  # generation off
+    assert math.isnan(off["distinct_2"]) and math.isnan(off["repetition_4"]) and off["bpc"] == scores["bpc"]
 
 
-def test_decode_tokens_must_leave_a_prompt():
-    with pytest.raises(WorkbenchError, match="task.decode_tokens"):
-        task_section({"name": "text_lm", "train_length": 16, "eval_lengths": [8, 16], "decode_tokens": 8})
+def test_short_windows_continue_their_second_half():
+    t = task(train_length=10, decode_tokens=32)
+    rows = t.continuations(model_for(t), t.eval_batches(10, 8, "decoder"))
+    assert [len(r) for r in rows] == [5] * 4  # half of a 10-byte window, not 32 bytes past it
+
+
+def test_a_swept_null_matches_its_expectation_point():
+    # top_p: null comes back from the results table as NaN; the report must still find it.
+    import pandas as pd
+
+    from workbench.report.variants import Variants
+
+    runs = pd.DataFrame({"task.top_p": [float("nan"), 0.9]})
+    variants = Variants.of(["task.top_p"], runs, {"task.top_p": [None, 0.9]})
+    assert variants.labels == ["None", "0.9"]
+    assert variants.pairs({"task.top_p": 0.9}, {"task.top_p": None}) == [("0.9", "None")]

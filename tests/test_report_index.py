@@ -73,10 +73,10 @@ def test_scaling_findings_fit_exponents_per_variant():
 def test_scaling_findings_of_decode_rows_read_back_from_csv(tmp_path):
     import pandas as pd
 
-    rows = [{"variant": "mha", "status": "finished", "mode": "decode", "kv_cache": cache, "length": n,
+    rows = [{"variant": 4, "model.n_kv_heads": 4, "status": "finished", "mode": "decode", "kv_cache": cache, "length": n,
              "time_median_s": 1e-3 * n ** (0.5 if cache else 1.0), "kv_cache_bytes": 8.0 * n if cache else None}
             for cache in (True, False) for n in (64, 128, 256)]
     pd.DataFrame(rows).to_csv(tmp_path / "results.csv", index=False)
     [line] = scaling_findings(pd.read_csv(tmp_path / "results.csv"))
     assert "cached decode time n^0.50" in line and "uncached decode time n^1.00" in line
-    assert "cache bytes n^1.00" in line
+    assert "cache bytes n^1.00" in line and line.startswith("n_kv_heads=4: ")

@@ -96,8 +96,11 @@ def scaling_findings(results: pd.DataFrame) -> list[str]:
     ok = results[results["status"] == "finished"]
     exps = fit.fit_exponents(ok, by=("variant", "mode", "kv_cache"),
                              metrics=("time_median_s", "activation_bytes", "kv_cache_bytes"))
+    # With one swept key a variant is labelled by its bare value ("4"): name the key then.
+    swept = [c for c in results.columns if c.startswith("model.")]
     lines = []
     for variant in dict.fromkeys(results["variant"]):
+        name = f"{swept[0].rsplit('.', 1)[-1]}={variant}" if len(swept) == 1 and str(variant)[:1].isdigit() else variant
         parts = []
         for r in exps[exps["variant"] == variant].to_dict("records"):
             what = {"time_median_s": "time", "activation_bytes": "memory", "kv_cache_bytes": "cache bytes"}[r["metric"]]
@@ -111,7 +114,7 @@ def scaling_findings(results: pd.DataFrame) -> list[str]:
                 what = f"{r['mode']} {what}"
             parts.append(f"{what} n^{r['exponent']:.2f}")
         if parts:
-            lines.append(f"{variant}: {', '.join(parts)}")
+            lines.append(f"{name}: {', '.join(parts)}")
     return lines
 
 
@@ -135,7 +138,8 @@ def study_row(study_path: Path, reports_dir: Path) -> list[str]:
     if s["verdicts"]:
         findings = [f"**{v['label']}**: {v['statement']}" for v in s["verdicts"]]
     elif s["kind"] == "scaling" and (folder / "results.csv").exists():
-        findings = ["measured (no verdict): fitted exponents"] + scaling_findings(pd.read_csv(folder / "results.csv"))
+        exponents = scaling_findings(pd.read_csv(folder / "results.csv"))
+        findings = ["measured (no `expect:`; verdicts in the report's Notes); fitted exponents:", *exponents]
     else:
         findings = ["descriptive (no `expect:`): see the report"]
     failed = {k: n for k, n in s["statuses"].items() if k != "finished"}
@@ -155,7 +159,8 @@ def build_index(studies_dir: Path, reports_dir: Path) -> str:
         "(`E*`: empirical, `P*`: exact properties; see the project's claims list). Verdicts come from",
         "each study's `expect:` entries: **holds** when the 95% intervals over seeds separate in the",
         "expected direction, **does not hold** when they separate the other way, **inconclusive**",
-        "otherwise. Scaling studies have no verdict line; their fitted log-log exponents are listed.",
+        "otherwise. Scaling studies have no `expect:`; their fitted log-log exponents are listed here",
+        "and what they say about each claim is in the report's Notes.",
         "Run time: first run start to last run end on the machine named in each report, with",
         "`--jobs 2` on a 2-core CPU unless the report says otherwise.",
         "",

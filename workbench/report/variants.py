@@ -11,6 +11,7 @@ checked at each depth separately instead of pooling depths.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -26,6 +27,8 @@ def short_key(key: str) -> str:
 
 
 def value_text(value: Any) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "None"  # a swept null (e.g. top_p: null) reads back from the results table as NaN
     return str(label(value))
 
 
