@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from workbench.errors import SpecError
 from workbench.registry import get_variant
@@ -91,25 +91,10 @@ class ModelSpec(BaseModel):
     tie_embeddings: bool = Field(True, description="output head shares the token embedding matrix")
     n_classes: int | None = Field(None, ge=2, description="encoder: size of the sequence-classification head")
 
-    @field_validator("position", mode="before")
+    @field_validator("position", "attention", "norm", "ffn", mode="before")
     @classmethod
-    def _position(cls, v):
-        return resolve_choice("position", v, "model.position")
-
-    @field_validator("attention", mode="before")
-    @classmethod
-    def _attention(cls, v):
-        return resolve_choice("attention", v, "model.attention")
-
-    @field_validator("norm", mode="before")
-    @classmethod
-    def _norm(cls, v):
-        return resolve_choice("norm", v, "model.norm")
-
-    @field_validator("ffn", mode="before")
-    @classmethod
-    def _ffn(cls, v):
-        return resolve_choice("ffn", v, "model.ffn")
+    def _variant(cls, v, info: ValidationInfo):
+        return resolve_choice(info.field_name, v, f"model.{info.field_name}")
 
     @model_validator(mode="after")
     def _shapes(self):
