@@ -100,11 +100,7 @@ class ScalingStudy(StudyBase):
         return self
 
     def sweep_points(self) -> list[dict[str, Any]]:
-        axes = [[{key: v} for v in values] for key, values in self.sweep.grid.items()]
-        for group in self.sweep.zip:
-            n = len(next(iter(group.values())))
-            axes.append([{key: values[i] for key, values in group.items()} for i in range(n)])
-        return [{k: v for part in combo for k, v in part.items()} for combo in itertools.product(*axes)]
+        return self.sweep.points()
 
     def model_of(self, point: dict[str, Any]) -> dict[str, Any]:
         """The resolved model spec of one sweep point; a SpecError names the swept field."""

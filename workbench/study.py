@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import itertools
 import json
 import re
 from collections.abc import Mapping
@@ -288,6 +289,15 @@ class Sweep(BaseModel):
     @property
     def keys(self) -> list[str]:
         return [*self.grid, *(k for group in self.zip for k in group)]
+
+    def points(self) -> list[dict[str, Any]]:
+        """Every combination of swept values as {dotted.key: value} (one {} when nothing is swept):
+        the grid's product, times each zip group's aligned rows."""
+        axes = [[{key: v} for v in values] for key, values in self.grid.items()]
+        for group in self.zip:
+            n = len(next(iter(group.values())))
+            axes.append([{key: values[i] for key, values in group.items()} for i in range(n)])
+        return [{key: value for part in combo for key, value in part.items()} for combo in itertools.product(*axes)]
 
     def values(self, key: str) -> list[Any]:
         if key in self.grid:

@@ -10,7 +10,6 @@ section), so `workbench validate` catches a bad combination before anything trai
 from __future__ import annotations
 
 import copy
-import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,11 +48,7 @@ class RunConfig:
 
 def sweep_points(study: TrainStudy) -> list[dict[str, Any]]:
     """Every combination of swept values as {dotted.key: value} (one {} when nothing is swept)."""
-    axes = [[{key: v} for v in values] for key, values in study.sweep.grid.items()]
-    for group in study.sweep.zip:
-        n = len(next(iter(group.values())))
-        axes.append([{key: values[i] for key, values in group.items()} for i in range(n)])
-    return [{key: value for part in combo for key, value in part.items()} for combo in itertools.product(*axes)]
+    return study.sweep.points()
 
 
 def run_identity(config: dict[str, Any]) -> dict[str, Any]:
