@@ -10,6 +10,8 @@ in TRAIN_FILES and VALID_FILES below, read from the running interpreter's standa
 model never saw. With `path:` the corpus is that one file; its last `valid_fraction` of
 bytes is the validation text. Evaluation windows are `n_eval` windows spread evenly over
 the validation text (the same for every seed); training windows start at random offsets.
+A tuning run (a study's `tune:`) never reads the validation text: it trains on the first
+1 - `valid_fraction` of the training text and is scored on the rest.
 
 Decoding metrics (claim E12: greedy decoding is stable but repetitive, sampling adds
 diversity), unless `decode_samples` is 0: at every evaluation, the first `decode_samples`
@@ -39,7 +41,7 @@ from pydantic import Field
 
 from workbench import hookimpl
 from workbench.errors import SpecError, WorkbenchError
-from workbench.tasks import Example, Task, TaskParams
+from workbench.tasks import VALIDATION, Example, Task, TaskParams
 
 # Plain-file stdlib modules present in CPython 3.10 to 3.13 (~1.1 MB train, ~0.1 MB valid).
 TRAIN_FILES = (
@@ -75,7 +77,8 @@ def read_files(root: pathlib.Path, names: tuple[str, ...]) -> np.ndarray:
 class TextParams(TaskParams):
     train_length: int = Field(128, ge=2, description="bytes per training window (the model's sequence length)")
     path: str | None = Field(None, description="a text file to model; default: Python stdlib sources (see module)")
-    valid_fraction: float = Field(0.1, gt=0, lt=1, description="with path: share of the file (its end) held out")
+    valid_fraction: float = Field(0.1, gt=0, lt=1, description="with path: share of the file (its end) held out; "
+                                  "in tuning runs also the share of the training text (its end) they validate on")
     decode_strategy: Literal["greedy", "sample"] = Field(
         "greedy", description="how continuations for distinct_2 / repetition_4 are decoded")
     temperature: float = Field(1.0, gt=0, description="sample: divide logits by this (< 1 sharper, > 1 flatter)")
@@ -118,6 +121,9 @@ class TextLM(Task):
         self._set_vocab([byte_name(b) for b in range(256)])
         self.first_byte = self.token_id[byte_name(0)]
         self.train_text, self.valid_text = self._load()
+        if self.split == VALIDATION:  # a tuning run: score on the training text's tail, never on the evaluation text
+            cut = int(len(self.train_text) * (1 - self.params.valid_fraction))
+            self.train_text, self.valid_text = self.train_text[:cut], self.train_text[cut:]
 
     def _load(self) -> tuple[np.ndarray, np.ndarray]:
         if self.params.path is None:

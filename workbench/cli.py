@@ -119,7 +119,7 @@ def run_command(study: str, out: str | None, jobs: int, fresh: bool, profile: st
 def validate_command(study: str, profile: str | None) -> None:
     """Check STUDY and every run of its sweep, without training."""
     from workbench.study import load_study
-    from workbench.sweep import expand, sweep_points
+    from workbench.sweep import expand, sweep_points, tuning_runs
 
     study_file = load_study(study, profile)
     s = study_file.study
@@ -130,9 +130,13 @@ def validate_command(study: str, profile: str | None) -> None:
                    f"{len(s.sweep_points())} sweep points x {len(s.seeds)} seeds x modes x lengths")
         return
     runs = expand(study_file)
-    steps = sorted({r.config["train"]["steps"] for r in runs})
-    click.echo(f"ok: {study} ({s.kind} study {s.name!r}): {len(runs)} runs = {len(sweep_points(s))} sweep points "
-               f"x {len(s.seeds)} seeds; task {s.task['name']}; {', '.join(map(str, steps))} steps per run")
+    tuning = tuning_runs(study_file)  # with `tune:`, the final runs exist once each point has chosen
+    steps = sorted({r.config["train"]["steps"] for r in [*runs, *tuning]})
+    n_final = len(sweep_points(s)) * len(s.seeds)
+    tuned = (f" (at values chosen by {len(tuning)} tuning runs = {len(sweep_points(s))} sweep points x "
+             f"{len(s.tune.points())} candidates x {s.tune.seeds} seeds)" if tuning else "")
+    click.echo(f"ok: {study} ({s.kind} study {s.name!r}): {n_final} runs = {len(sweep_points(s))} sweep points "
+               f"x {len(s.seeds)} seeds{tuned}; task {s.task['name']}; {', '.join(map(str, steps))} steps per run")
 
 
 @main.command("results")

@@ -7,6 +7,9 @@ Resume is by construction: a run is recorded only when it ends (one transaction)
 and diverged runs are skipped next time, an interrupted run continues from its last
 checkpoint, and a run whose result.json was written but not recorded (the driver died in
 between) is recorded from that file without training again. Failed and oom runs are retried.
+
+A study with `tune:` runs in two stages through the same executor: its tuning runs, then
+the final runs at each point's chosen values (workbench.tuning); both resume the same way.
 """
 
 from __future__ import annotations
@@ -26,7 +29,8 @@ from workbench.errors import WorkbenchError
 from workbench.executor import Executor, Job, make_executor
 from workbench.store import DB_FILE, RUNS_DIR, Store, run_dir, runs_root
 from workbench.study import StudyFile, canonical_json, load_study
-from workbench.sweep import RunConfig, expand
+from workbench.sweep import RunConfig, expand, point_key, tuning_runs
+from workbench.tuning import PointTuning, choose, chosen_values, labels
 
 DONE = ("finished", "diverged")  # outcomes a rerun keeps; failed and oom are retried
 
@@ -182,10 +186,12 @@ def run_study(path: str | Path, out_dir: str | Path | None = None, jobs: int = 1
             raise WorkbenchError("--executor/--runs-dir: a scaling study measures cost on this machine, "
                                  "one point at a time in fresh processes; run it without them")
         return run_scaling_study(study_file, out_dir, fresh=fresh, quiet=quiet, console=console)
-    runs = expand(study_file)
+    study = study_file.study
+    tuning = tuning_runs(study_file)  # none without `tune:`
+    finals = expand(study_file) if study.tune is None else None  # with `tune:`, known once tuning is done
     out = Path(out_dir) if out_dir is not None else default_out_dir(study_file)
     if fresh:
-        clear_outputs(out, [run.run_id for run in runs])
+        clear_outputs(out, [run.run_id for run in [*tuning, *(finals or candidate_final_runs(study_file))]])
     store = Store(out)
     check_study(store, study_file)
     if runs_dir is not None:
@@ -193,38 +199,83 @@ def run_study(path: str | Path, out_dir: str | Path | None = None, jobs: int = 1
 
     from workbench.train import check_device  # torch and Lightning load only when training
 
-    for train in {canonical_json(r.config["train"]): r.config["train"] for r in runs}.values():
+    for train in {canonical_json(r.config["train"]): r.config["train"] for r in tuning or finals}.values():
         check_device(train)
 
+    total = len(tuning) + len(study.sweep.points()) * len(study.seeds)
+    summary = Summary(out_dir=out, total=total)
+    progress = SweepProgress(study.name, total, quiet, console)
+    executor = executor or make_executor(jobs)
+    try:
+        if finals is None:
+            execute_runs(tuning, "tuning runs", store, executor, summary, progress)
+            tunings = choose(study, store.runs())
+            for tuned in tunings:
+                report_choice(tuned, study, summary, progress)
+            finals = expand(study_file, chosen_values(tunings, study.sweep.keys))
+        execute_runs(finals, "runs", store, executor, summary, progress)
+    finally:
+        progress.close()
+    return summary
+
+
+def execute_runs(runs: list[RunConfig], what: str, store: Store, executor: Executor, summary: Summary,
+                 progress: SweepProgress) -> None:
+    """Run the pending ones of `runs` through `executor`, recording each outcome as it comes;
+    done runs are skipped, and a result.json left unrecorded is recorded without training."""
+    out = store.out_dir
     statuses = store.statuses()
-    summary = Summary(out_dir=out, total=len(runs))
     pending: list[RunConfig] = []
     unrecorded: list[tuple[RunConfig, Any]] = []
+    skipped = 0
     for run in runs:
         if statuses.get(run.run_id) in DONE:
-            summary.skipped += 1
+            skipped += 1
         elif (result := recorded_result(run, out)) is not None:
             unrecorded.append((run, result))
         else:
             pending.append(run)
+    summary.skipped += skipped
+    if skipped:
+        progress.print(f"{skipped} of {len(runs)} {what} already done in {out}: skipped")
+        progress.advance(skipped)
+    for run, result in unrecorded:
+        store.record(run, result)
+        summary.statuses[result.status] += 1
+        progress.run_done(run, result)
+    by_id = {run.run_id: run for run in pending}
+    jobs_ = [Job(run.run_id, run.config, run_dir(out, run.run_id)) for run in pending]
+    for result in executor.run(jobs_) if jobs_ else ():  # (a Ray executor would start a cluster for nothing)
+        run = by_id[result.run_id]
+        store.record(run, result)  # the driver is the only writer of a sweep
+        summary.statuses[result.status] += 1
+        progress.run_done(run, result)
 
-    progress = SweepProgress(study_file.study.name, len(runs), quiet, console)
-    try:
-        if summary.skipped:
-            progress.print(f"{summary.skipped} of {len(runs)} runs already done in {out}: skipped")
-            progress.advance(summary.skipped)
-        for run, result in unrecorded:
-            store.record(run, result)
-            summary.statuses[result.status] += 1
-            progress.run_done(run, result)
-        by_id = {run.run_id: run for run in pending}
-        executor = executor or make_executor(jobs)
-        jobs_ = [Job(run.run_id, run.config, run_dir(out, run.run_id)) for run in pending]
-        for result in executor.run(jobs_):
-            run = by_id[result.run_id]
-            store.record(run, result)  # the driver is the only writer of a sweep
-            summary.statuses[result.status] += 1
-            progress.run_done(run, result)
-    finally:
-        progress.close()
-    return summary
+
+def report_choice(tuned: PointTuning, study, summary: Summary, progress: SweepProgress) -> None:
+    """One line per sweep point: its chosen values, or why its seeds cannot run yet (they
+    count as "untuned" in the summary)."""
+    where = " ".join(f"{k}={v}" for k, v in tuned.swept.items()) or "the study"
+    metric = study.tune.metric
+    curve = ", ".join(f"{' '.join(f'{v}' for v in labels(c.values).values())}: "
+                      + (f"{c.mean:.4g}" if c.eligible else "/".join(sorted(set(c.statuses))) or "not run")
+                      for c in tuned.candidates)
+    if tuned.chosen is not None:
+        chosen = " ".join(f"{k}={v}" for k, v in labels(tuned.chosen.values).items())
+        progress.print(f"tuned    {where}: {chosen} (validation {metric}: {curve})")
+        return
+    summary.statuses["untuned"] += len(study.seeds)
+    progress.advance(len(study.seeds))
+    if not tuned.done:
+        progress.print(f"untuned  {where}: a tuning run did not finish (failed or out of memory); run the study "
+                       f"again to retry it; its {len(study.seeds)} runs wait for the choice")
+    else:
+        progress.print(f"untuned  {where}: no candidate finished with a finite {metric} ({curve}); "
+                       f"its {len(study.seeds)} runs are not run")
+
+
+def candidate_final_runs(study_file: StudyFile) -> list[RunConfig]:
+    """Every final run a study with `tune:` could have: each point at each candidate."""
+    study = study_file.study
+    points = [point_key(labels(p), study.sweep.keys) for p in study.sweep.points()]
+    return [run for values in study.tune.points() for run in expand(study_file, dict.fromkeys(points, values))]

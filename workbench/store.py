@@ -23,6 +23,7 @@ from typing import Any
 import pandas as pd
 
 from workbench.errors import WorkbenchError
+from workbench.sweep import run_stage
 
 DB_FILE = "results.db"
 RUNS_DIR = "runs"  # out_dir/runs/<run_id>/: checkpoints, logs, final.pt, result.json
@@ -66,7 +67,8 @@ CREATE TABLE IF NOT EXISTS curves (
 """
 
 # Run-level columns of the flat table, in order (swept keys and metrics go in between).
-LEADING = ["run_id", "position", "seed"]
+# stage: "tune" for a study's tuning runs, "final" for every other run.
+LEADING = ["run_id", "position", "seed", "stage"]
 TRAILING = ["n_params", "steps_done", "tokens", "tokens_per_s", "train_time_s", "eval_time_s", "wall_time_s",
             "peak_memory_bytes", "peak_memory_instrument", "diverged_step", "resumed_from_step",
             "not_applicable", "error", "attempts"]
@@ -182,7 +184,7 @@ def finite_or_none(value: Any) -> float | None:
 
 
 def load_results(out_dir: str | Path) -> pd.DataFrame:
-    """One flat row per run: run_id, position, seed, the swept keys, status, final metrics
+    """One flat row per run: run_id, position, seed, stage, the swept keys, status, final metrics
     (`accuracy@64`, `loss@64`, ...; NaN where not applicable or not finished), then cost
     columns. Sorted in sweep order."""
     runs = Store(out_dir, create=False).runs()
@@ -190,6 +192,7 @@ def load_results(out_dir: str | Path) -> pd.DataFrame:
     metrics = sorted({k for r in runs for k in r["metrics"]}, key=metric_order)
     rows = []
     for r in runs:
+        r = {**r, "stage": run_stage(r["config"])}
         row = {key: r[key] for key in LEADING}
         row.update({key: r["swept"].get(key) for key in swept})
         row["status"] = r["status"]

@@ -311,6 +311,70 @@ class Sweep(BaseModel):
         return next(f"sweep.zip.{i}.{key}" for i, g in enumerate(self.zip) if key in g)
 
 
+TUNE_OPTIONS = ("metric", "seeds")
+TUNE_JSON_SCHEMA = {
+    "anyOf": [
+        {
+            "type": "object",
+            "description": "choose a value per sweep point before its seeds run: {dotted.key: [candidate values] "
+            "(train.* or model.*; several keys: a grid), metric: metric@eval_length scored on validation sets, "
+            "seeds: N (tuning runs per value: the study's first N seeds)}",
+            "properties": {
+                "metric": {"type": "string", "description": "metric@eval_length to select by (e.g. loss@16)"},
+                "seeds": {"type": "integer", "minimum": 1, "default": 1,
+                          "description": "tuning runs per candidate value (the study's first N seeds)"},
+            },
+            "patternProperties": {r"^(train|model)\.": {"type": "array", "minItems": 1}},
+            "required": ["metric"],
+            "additionalProperties": False,
+        },
+        {"type": "null"},
+    ]
+}
+
+
+class Tune(BaseModel):
+    """A study's `tune:` section: each sweep point picks its own values of `values`' keys (a
+    grid over them), the best mean `metric` over `seeds` tuning runs per candidate, scored on
+    validation sets; then its seeds run at that value (workbench.tuning)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    values: dict[str, list[Any]]
+    metric: str = Field(description="metric@eval_length the choice is made by (its direction comes from the task)")
+    seeds: int = Field(1, gt=0, description="tuning runs per candidate value: the study's first N seeds")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_yaml(cls, data: Any) -> Any:
+        if not isinstance(data, Mapping):
+            raise SpecError("tune", "expected a mapping {dotted.key: [values], metric: metric@length, seeds: N}, "
+                            f"got {data!r}")
+        if set(data) == {"values", *TUNE_OPTIONS}:  # our own model_dump(), e.g. a study read back from a store
+            return dict(data)
+        for key in data:
+            if "." not in str(key) and key not in TUNE_OPTIONS:
+                choices = [*TUNE_OPTIONS, "train.<field>", "model.<field>"]
+                raise SpecError(f"tune.{key}", "unknown key" + suggest(str(key), list(TUNE_OPTIONS)), choices)
+        values = {str(k): v for k, v in data.items() if "." in str(k)}
+        if not values:
+            raise SpecError("tune", "name the keys to tune with their candidate values, "
+                            "e.g. tune: {train.lr: [1.0e-3, 3.0e-3, 1.0e-2], metric: loss@16}")
+        for key, candidates in values.items():
+            if not isinstance(candidates, list):
+                raise SpecError(f"tune.{key}", f"a tuned key takes a list of candidate values, got {candidates!r}")
+            if not candidates:
+                raise SpecError(f"tune.{key}", "empty list: give the candidate values to choose from")
+        return {"values": values, **{k: v for k, v in data.items() if "." not in str(k)}}
+
+    @property
+    def keys(self) -> list[str]:
+        return list(self.values)
+
+    def points(self) -> list[dict[str, Any]]:
+        """Every combination of candidate values as {dotted.key: value}, in the file's order."""
+        return [dict(zip(self.values, combo)) for combo in itertools.product(*self.values.values())]
+
+
 def check_values(field: str, values: Any) -> int:
     if not isinstance(values, list):
         raise SpecError(field, f"a sweep key takes a list of values, got {values!r}")
@@ -419,12 +483,14 @@ class TrainStudy(StudyBase):
         None, description="the swept value (or {dotted.key: value}) the others are compared against"
     )
     expect: list[Expectation] = Field([], description="claims the report checks")
+    tune: Annotated[Tune | None, WithJsonSchema(TUNE_JSON_SCHEMA)] = Field(
+        None, description="choose values (e.g. train.lr) per sweep point on validation sets before its seeds run"
+    )
 
     @field_validator("task", mode="before")
     @classmethod
     def _task(cls, v):
         return task_section(v)
-
 
     @model_validator(mode="after")
     def _cross_checks(self):
@@ -440,6 +506,8 @@ class TrainStudy(StudyBase):
             for key in overrides:
                 if key != "seeds":
                     check_key(key, f"profiles.{profile}.{key}", self.task)
+        if self.tune is not None:
+            self.tune = check_tune(self.tune, self)
         return self
 
     def sweep_point(self, value: Any, field: str) -> dict[str, Any]:
@@ -463,8 +531,11 @@ class TrainStudy(StudyBase):
 
     def run_defining(self) -> dict[str, Any]:
         train = {k: v for k, v in self.train.model_dump().items() if k not in TrainConfig.EXECUTION}
-        return {"kind": self.kind, "task": self.task, "model": self.model, "train": train,
-                "seeds": self.seeds, "sweep": self.sweep.model_dump()}
+        out = {"kind": self.kind, "task": self.task, "model": self.model, "train": train,
+               "seeds": self.seeds, "sweep": self.sweep.model_dump()}
+        if self.tune is not None:  # absent otherwise: an untuned study keeps the hash it always had
+            out["tune"] = self.tune.model_dump()
+        return out
 
 
 def check_key(key: str, field: str, task: dict[str, Any]) -> None:
@@ -487,6 +558,38 @@ def check_key(key: str, field: str, task: dict[str, Any]) -> None:
         raise SpecError(field, f"no such key {key!r}" + suggest(f"{section}.{head}", choices), choices)
     if section != "model" and deeper:
         raise SpecError(field, f"{section}.{head} has no sub-keys")
+
+
+def check_tune(tune: Tune, study: TrainStudy) -> Tune:
+    """Tuned keys name training or model fields that are not swept; the metric is one the task
+    records, at an evaluation length (a bare name means at train_length); the tuning seeds
+    are among the study's. Returns the section with the metric spelled `name@length`."""
+    for key in tune.keys:
+        field = f"tune.{key}"
+        check_key(key, field, study.task)
+        section, _, name = key.partition(".")
+        if section == "task":
+            raise SpecError(field, "tuning chooses how a model learns (train.* or model.*), not the task")
+        if section == "train" and name in TrainConfig.EXECUTION:
+            raise SpecError(field, f"{key} says where a run executes, not what it computes: nothing to tune")
+        if key in study.sweep.keys:
+            raise SpecError(field, f"{key} is also swept: a key is either compared (sweep) or chosen per point (tune)")
+    name, _, length = tune.metric.partition("@")
+    lengths = study.task.get("eval_lengths") or [study.task["train_length"]]
+    choices = [*get_variant("task", study.task["name"]).metrics, "loss"]
+    if name not in choices:
+        why = " (run measures such as tokens_per_s are not chosen on validation data)" if name in RUN_MEASURES else ""
+        raise SpecError("tune.metric", f"unknown metric {name!r}{why}" + suggest(name, choices),
+                        [f"{c}@{lengths[0]}" for c in choices])
+    if not length:
+        length = str(study.task["train_length"])
+    if "task.eval_lengths" not in study.sweep.keys and (not length.isdigit() or int(length) not in lengths):
+        raise SpecError("tune.metric", f"{tune.metric!r}: no evaluation at length {length}",
+                        [f"{name}@{n}" for n in lengths])
+    if tune.seeds > len(study.seeds):
+        raise SpecError("tune.seeds", f"{tune.seeds} tuning seeds, but the study has {len(study.seeds)} "
+                        f"(tuning runs use the study's first N seeds: {study.seeds})")
+    return tune.model_copy(update={"metric": f"{name}@{length}"})
 
 
 def check_metric(metric: str, field: str, study: TrainStudy) -> None:

@@ -3,6 +3,11 @@
     points = grid keys (product)  x  each zip group (keys varying together)
     runs   = points x seeds, in that order
 
+With `tune:` a study has two stages (workbench.tuning chooses between them):
+
+    tuning runs = points x candidate values x the first `tune.seeds` seeds, split "validation"
+    final runs  = points x seeds, each point at its chosen values (ordinary runs)
+
 Every run is validated here (task parameters, model spec with the task's vocabulary, training
 section), so `workbench validate` catches a bad combination before anything trains.
 """
@@ -16,8 +21,10 @@ from typing import Any
 from workbench.errors import SpecError
 from workbench.registry import get_variant
 from workbench.spec import parse_spec
+from workbench.tasks import VALIDATION
 from workbench.study import (
     StudyError,
+    canonical_json,
     StudyFile,
     TrainConfig,
     TrainStudy,
@@ -41,9 +48,21 @@ class RunConfig:
     config: dict[str, Any] = field(repr=False)  # {"task": ..., "model": ..., "train": ..., "seed": ...}
 
     @property
+    def stage(self) -> str:
+        """"tune" for a tuning run (it evaluates on validation sets), else "final"."""
+        return run_stage(self.config)
+
+    @property
     def describe(self) -> str:
         values = " ".join(f"{k}={v}" for k, v in self.swept.items())
-        return f"{values} seed={self.seed}".strip()
+        return f"{'tuning ' if self.stage == TUNE else ''}{values} seed={self.seed}".strip()
+
+
+TUNE, FINAL = "tune", "final"
+
+
+def run_stage(config: dict[str, Any]) -> str:
+    return TUNE if config.get("split") == VALIDATION else FINAL
 
 
 def sweep_points(study: TrainStudy) -> list[dict[str, Any]]:
@@ -54,7 +73,10 @@ def sweep_points(study: TrainStudy) -> list[dict[str, Any]]:
 def run_identity(config: dict[str, Any]) -> dict[str, Any]:
     """What a run computes; where it runs (accelerator, logger, ...) is not part of it."""
     train = {k: v for k, v in config["train"].items() if k not in TrainConfig.EXECUTION}
-    return {"task": config["task"], "model": config["model"], "train": train, "seed": config["seed"]}
+    identity = {"task": config["task"], "model": config["model"], "train": train, "seed": config["seed"]}
+    if "split" in config:  # tuning runs only: every other run keeps the id it always had
+        identity["split"] = config["split"]
+    return identity
 
 
 def resolve_point(study: TrainStudy, point: dict[str, Any]) -> dict[str, Any]:
@@ -80,14 +102,18 @@ def resolve_point(study: TrainStudy, point: dict[str, Any]) -> dict[str, Any]:
     return {"task": task, "model": model, "train": train.resolved(task["train_length"])}
 
 
-def locate(study_file: StudyFile, point: dict[str, Any], swept: dict[str, Any], err: SpecError) -> Exception:
-    """Point an error of one sweep point at its cause: the swept key when the bad field is
-    swept; the field itself when the study is wrong without any sweep; otherwise the sweep
-    (a combination of a swept value with the rest of the study)."""
+def locate(study_file: StudyFile, point: dict[str, Any], swept: dict[str, Any], err: SpecError,
+           tuned: dict[str, Any] | None = None) -> Exception:
+    """Point an error of one sweep point at its cause: the swept (or tuned) key when the bad
+    field is swept (or tuned); the field itself when the study is wrong without any sweep;
+    otherwise the sweep (a combination of a swept value with the rest of the study)."""
     study = study_file.study
+    tuned = tuned or {}
+    context = f"in the sweep point {' '.join(f'{k}={v}' for k, v in swept.items())}"
+    if err.field in tuned:
+        return study_file.error(SpecError(f"tune.{err.field}", err.problem, err.choices), context)
     if not point:
         return study_file.error(err)
-    context = f"in the sweep point {' '.join(f'{k}={v}' for k, v in swept.items())}"
     if err.field in point:
         return study_file.error(SpecError(study.sweep.field(err.field), err.problem, err.choices), context)
     try:
@@ -98,29 +124,86 @@ def locate(study_file: StudyFile, point: dict[str, Any], swept: dict[str, Any], 
     return StudyError(str(study_file.path), line, SpecError(err.field, f"{err.problem} ({context})", err.choices))
 
 
-def expand(study_file: StudyFile) -> list[RunConfig]:
-    """The runs of a train study, each validated; SpecErrors become StudyErrors that point at
-    the swept key (when the bad field is swept) or at the field's own line."""
+def point_key(swept: dict[str, Any], keys: list[str]) -> str:
+    """A sweep point's identity from its runs' value labels on the swept `keys` (tuning runs
+    and final runs of one point share it)."""
+    return canonical_json({key: swept.get(key) for key in keys})
+
+
+def expand(study_file: StudyFile, chosen: dict[str, dict[str, Any]] | None = None) -> list[RunConfig]:
+    """The (final) runs of a train study, each validated; SpecErrors become StudyErrors that
+    point at the swept key (when the bad field is swept) or at the field's own line.
+
+    With `tune:`, `chosen` maps a point's `point_key` to its chosen {tuned key: value}; a
+    point without a choice (its tuning is not done) has no final runs yet."""
     study = study_file.study
     if not isinstance(study, TrainStudy):
         raise TypeError(f"expand() takes a train study, got kind {study.kind!r}")
     runs: list[RunConfig] = []
     seen: dict[str, RunConfig] = {}
-    for point in sweep_points(study):
-        swept = {key: label(value) for key, value in point.items()}
-        try:
-            resolved = resolve_point(study, point)
-        except SpecError as err:
-            raise locate(study_file, point, swept, err) from None
-        for seed in study.seeds:
-            config = {**resolved, "seed": seed}
-            run = RunConfig(run_id=digest(run_identity(config)), index=len(runs), seed=seed, swept=swept,
-                            config=config)
-            if run.run_id in seen:
-                first = seen[run.run_id]
-                field_ = study.sweep.field(next(iter(point))) if point else "seeds"
-                raise study_file.error(SpecError(
-                    field_, f"runs '{first.describe}' and '{run.describe}' are identical (a repeated value?)"))
-            seen[run.run_id] = run
-            runs.append(run)
+    for i, point in enumerate(sweep_points(study)):
+        tuned: dict[str, Any] = {}
+        if study.tune is not None:
+            tuned = (chosen or {}).get(point_key({k: label(v) for k, v in point.items()}, study.sweep.keys))
+            if tuned is None:
+                continue
+        runs += point_runs(study_file, point, tuned, study.seeds, i * len(study.seeds), seen)
     return runs
+
+
+def tuning_runs(study_file: StudyFile) -> list[RunConfig]:
+    """The tuning runs of a study with `tune:` (none without): every sweep point at every
+    candidate value, on the study's first `tune.seeds` seeds, evaluated on validation sets.
+    Their indices follow the final runs'."""
+    study = study_file.study
+    if not isinstance(study, TrainStudy) or study.tune is None:
+        return []
+    points = sweep_points(study)
+    seeds = study.seeds[: study.tune.seeds]
+    runs: list[RunConfig] = []
+    seen: dict[str, RunConfig] = {}
+    for point in points:
+        for tuned in study.tune.points():
+            index = len(points) * len(study.seeds) + len(runs)
+            runs += point_runs(study_file, point, tuned, seeds, index, seen, split=VALIDATION)
+    return runs
+
+
+def point_runs(study_file: StudyFile, point: dict[str, Any], tuned: dict[str, Any], seeds: list[int], index: int,
+               seen: dict[str, RunConfig], split: str | None = None) -> list[RunConfig]:
+    """One sweep point's runs (one per seed) with the `tuned` values set, numbered from
+    `index`; a run identical to one in `seen` is a StudyError naming both."""
+    study = study_file.study
+    swept = {key: label(value) for key, value in {**point, **tuned}.items()}
+    try:
+        resolved = resolve_point(study, {**point, **tuned})
+    except SpecError as err:
+        raise locate(study_file, point, swept, err, tuned) from None
+    if split is not None:
+        check_tune_metric(study_file, resolved, swept)
+        resolved["split"] = split
+    runs = []
+    for seed in seeds:
+        config = {**resolved, "seed": seed}
+        run = RunConfig(run_id=digest(run_identity(config)), index=index + len(runs), seed=seed, swept=swept,
+                        config=config)
+        if run.run_id in seen:
+            first = seen[run.run_id]
+            field_ = (f"tune.{next(iter(tuned))}" if split is not None and tuned
+                      else study.sweep.field(next(iter(point))) if point else "seeds")
+            raise study_file.error(SpecError(
+                field_, f"runs '{first.describe}' and '{run.describe}' are identical (a repeated value?)"))
+        seen[run.run_id] = run
+        runs.append(run)
+    return runs
+
+
+def check_tune_metric(study_file: StudyFile, resolved: dict[str, Any], swept: dict[str, Any]) -> None:
+    """The tuning metric's length is one this point evaluates at (eval lengths may be swept)."""
+    metric = study_file.study.tune.metric
+    lengths = resolved["task"].get("eval_lengths") or [resolved["task"]["train_length"]]
+    if int(metric.partition("@")[2]) not in lengths:
+        name = metric.partition("@")[0]
+        raise study_file.error(SpecError("tune.metric", f"{metric!r}: no evaluation at that length",
+                                         [f"{name}@{n}" for n in lengths]),
+                               f"in the sweep point {' '.join(f'{k}={v}' for k, v in swept.items())}")

@@ -20,6 +20,11 @@ one example; the loss and the teacher-forced metrics live here once, for every t
 Determinism: batch `index` of training is a pure function of (seed, index), so a resumed run
 sees the same batches; held-out sets come from a separate seed stream per evaluation length,
 and training never emits an example whose source is in a held-out set.
+
+Splits: a run evaluates on the evaluation sets (split "eval"). A tuning run (a study's `tune:`
+section, split "validation") evaluates instead on validation sets from a third seed stream,
+whose sources avoid every evaluation set, and trains on examples in neither: the value it
+picks was chosen on data disjoint from what it trained on and from what the study reports.
 """
 
 from __future__ import annotations
@@ -44,7 +49,9 @@ IGNORE = -100  # label of an encoder position that is not scored (torch's cross_
 SPECIALS = ("<pad>", "<bos>", "<eos>", "<sep>")  # ids 0..3 in every built-in vocabulary
 
 # Seed streams: training and each held-out set draw from disjoint numpy SeedSequences.
-TRAIN_STREAM, EVAL_STREAM, SAMPLE_STREAM = 0, 1, 2
+TRAIN_STREAM, EVAL_STREAM, SAMPLE_STREAM, VALID_STREAM = 0, 1, 2, 3
+# What a run evaluates on: the evaluation sets, or (a tuning run) the validation sets.
+EVAL, VALIDATION = "eval", "validation"
 
 
 class TaskParams(Params):
@@ -156,12 +163,16 @@ class Task(Variant):
 
     pad_id, bos_id, eos_id, sep_id = 0, 1, 2, 3
 
-    def __init__(self, params: TaskParams, *, seed: int, data_dir: pathlib.Path | None = None):
+    def __init__(self, params: TaskParams, *, seed: int, data_dir: pathlib.Path | None = None, split: str = EVAL):
+        if split not in (EVAL, VALIDATION):
+            raise ValueError(f"split must be {EVAL!r} or {VALIDATION!r}, got {split!r}")
         self.params = params
         self.seed = int(seed)
         self.data_dir = data_dir
+        self.split = split
         self.vocab: list[str] = list(SPECIALS)
         self._eval_cache: dict[int, list[Example]] = {}
+        self._valid_cache: dict[int, list[Example]] = {}
         self._held_out: set[tuple[int, ...]] | None = None
 
     # ---- vocabulary -------------------------------------------------------------------------
@@ -218,16 +229,46 @@ class Task(Variant):
         )
 
     def held_out_sources(self) -> set[tuple[int, ...]]:
+        """Sources training never emits: every evaluation set's and, in a tuning run, every
+        validation set's."""
         if self._held_out is None:
-            self._held_out = {ex.source for n in self.eval_lengths for ex in self.eval_examples(n)}
+            sets = [self.evaluation_set, *([self.validation_set] if self.split == VALIDATION else [])]
+            self._held_out = {ex.source for draw in sets for n in self.eval_lengths for ex in draw(n)}
         return self._held_out
 
     def eval_examples(self, length: int) -> list[Example]:
-        """The fixed held-out set at one length (cached)."""
+        """The held-out examples a run evaluates on at one length: the evaluation set, or in a
+        tuning run the validation set."""
+        return self.validation_set(length) if self.split == VALIDATION else self.evaluation_set(length)
+
+    def evaluation_set(self, length: int) -> list[Example]:
+        """The fixed evaluation set at one length (cached)."""
         if length not in self._eval_cache:
             rng = rng_for(self.seed, EVAL_STREAM, length)
             self._eval_cache[length] = [self.example(rng, length, training=False) for _ in range(self.params.n_eval)]
         return self._eval_cache[length]
+
+    def validation_set(self, length: int, attempts: int = 1000) -> list[Example]:
+        """A tuning run's fixed validation set at one length (cached): its own seed stream,
+        skipping examples whose source is in an evaluation set (when the task holds out by
+        example), so tuning never scores on what the study reports."""
+        if length not in self._valid_cache:
+            taken = {ex.source for n in self.eval_lengths for ex in self.evaluation_set(n)} if self.hold_out else set()
+            rng = rng_for(self.seed, VALID_STREAM, length)
+            examples: list[Example] = []
+            misses = 0
+            while len(examples) < self.params.n_eval:
+                ex = self.example(rng, length, training=False)
+                if ex.source not in taken:
+                    examples.append(ex)
+                    misses = 0
+                elif (misses := misses + 1) == attempts:
+                    raise WorkbenchError(
+                        f"task {self.name}: {attempts} validation examples in a row at length {length} were in "
+                        "an evaluation set; the example space is too small for n_eval (raise the lengths or the alphabet)"
+                    )
+            self._valid_cache[length] = examples
+        return self._valid_cache[length]
 
     def eval_batches(self, length: int, batch_size: int, family: str) -> list[dict[str, Tensor]]:
         self.check_family(family)

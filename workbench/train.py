@@ -411,7 +411,8 @@ RESULT_FILE, FINAL_WEIGHTS, LAST_CHECKPOINT = "result.json", "final.pt", "checkp
 def make_task(config: dict[str, Any]):
     spec = dict(config["task"])
     cls = get_variant("task", spec.pop("name"))
-    return cls(cls.Params.model_validate(spec), seed=config["seed"])
+    # A tuning run's config says split "validation": it evaluates on the validation sets.
+    return cls(cls.Params.model_validate(spec), seed=config["seed"], split=config.get("split", "eval"))
 
 
 def make_logger(kind: str, run_dir: Path):

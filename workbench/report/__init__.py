@@ -95,12 +95,16 @@ def write_report(out_dir: str | Path, reports_dir: str | Path = "reports", *, pi
         from workbench.report.pictures import ModelPictures
         from workbench.report.train_report import TrainInputs, TrainReport
 
+        from workbench.tuning import choose
+
         runs = store.load_results(out_dir)
-        environment = merged_environment([r["environment"] for r in store.Store(out_dir, create=False).runs()])
+        records = store.Store(out_dir, create=False).runs()
+        environment = merged_environment([r["environment"] for r in records])
         inputs = TrainInputs(
             study=study, runs=runs, curves=store.load_curves(out_dir), environment=environment,
             command=reproduce_command({**info, "name": study.name}, out_dir),
             pictures=ModelPictures(lambda run_id: store.run_dir(out_dir, run_id)) if pictures else None,
+            tuning=choose(study, records),
         )
         builder = TrainReport(inputs, dest)
         report, results = builder.build(), builder.results_csv()

@@ -36,8 +36,10 @@ from workbench.report.document import (
     fmt_signed_interval,
 )
 from workbench.report.stats import Verdict, higher_is_better, mean_ci, verdict, welch_diff
+from workbench.report.tuning import TuningSection, split_stages
 from workbench.report.variants import Variants, short_key, value_text
 from workbench.study import RUN_MEASURES
+from workbench.tuning import PointTuning
 
 FINISHED = "finished"
 FAILED_STATUSES = ("diverged", "oom", "failed")
@@ -62,6 +64,7 @@ class TrainInputs:
     environment: dict[str, str]
     command: str  # the command that reproduces the runs
     pictures: Callable[[Variants, pd.DataFrame, Path], list[Item]] | None = None
+    tuning: Sequence[PointTuning] = ()  # with `tune:`: each sweep point's candidates and choice
 
 
 def metric_direction(metric: str, task_name: str) -> bool:
@@ -107,7 +110,8 @@ class TrainReport:
         self.variants = Variants.of(self.keys, runs, swept)
         runs["variant"] = self.variants.label_runs(runs)
         order = ["position", "seed"] if "position" in runs else ["variant", "seed"]
-        self.runs = runs.sort_values(order, key=self._variant_order).reset_index(drop=True)
+        runs = runs.sort_values(order, key=self._variant_order).reset_index(drop=True)
+        self.runs, self.tuning_runs = split_stages(runs)  # tables and verdicts: final runs only
         self.finished = self.runs[self.runs["status"] == FINISHED]
         self.palette = figures.variant_palette(self.variants.labels)
         self.palette = {v: self.palette[v] for v in self.variants.labels}  # sweep order for legends
@@ -182,6 +186,9 @@ class TrainReport:
                   f"(lr {train['lr']:g}, {train['schedule']} schedule, {train['warmup_steps']} warmup steps, "
                   f"precision {train['precision']}); seeds {', '.join(map(str, s.seeds))}.")
         items.append(Paragraph(budget))
+        if s.tune is not None:
+            items.append(Paragraph("Tuned per variant (see Tuning), replacing the values above: " + "; ".join(
+                f"{k} over {', '.join(value_text(v) for v in values)}" for k, values in s.tune.values.items())))
         swept_model = {k.split(".", 1)[1] for k in self.keys if k.startswith("model.")}
         fixed = {k: v for k, v in s.model.items() if k not in swept_model}
         items.append(Paragraph("Fixed model parts (everything else at its default):"))
@@ -372,7 +379,10 @@ class TrainReport:
         return Section("Environment", [Table(["", "value"], rows)])
 
     def build(self) -> Report:
-        sections = [self.setup(), self.leaderboards(), self.figures_section()]
+        sections = [self.setup()]
+        if self.study.tune is not None:
+            sections.append(TuningSection(self.study, self.inputs.tuning, self.variants, self.palette, self.dest).build())
+        sections += [self.leaderboards(), self.figures_section()]
         if self.inputs.pictures is not None:
             items = self.inputs.pictures(self.variants, self.finished, self.dest)
             if items:
@@ -387,9 +397,10 @@ class TrainReport:
 
 
     def results_csv(self) -> pd.DataFrame:
-        """Every run, one row each, in sweep order, with its variant label first."""
-        frame = self.runs.drop(columns=["variant"])
-        frame.insert(0, "variant", self.runs["variant"])
+        """Every run, one row each, in sweep order (tuning runs last), with its variant label first."""
+        runs = pd.concat([self.runs, self.tuning_runs])
+        frame = runs.drop(columns=["variant"])
+        frame.insert(0, "variant", runs["variant"])
         return frame
 
 

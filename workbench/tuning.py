@@ -1,0 +1,121 @@
+"""Tuning: every sweep point chooses its own training values before its seeds run.
+
+    tune: {train.lr: [1.0e-3, 3.0e-3, 1.0e-2], metric: loss@16, seeds: 1}
+
+Why: variants differ in the learning rate they train best at (Post-LN needs a smaller one
+than Pre-LN), so a comparison at one shared rate measures how well each variant suits that
+rate, not the variant. Each point is compared at its own best value instead.
+
+    stage 1  tuning runs  (sweep.tuning_runs) every point x every candidate x the study's
+             first `seeds` seeds: trained like any run, scored on validation sets that are
+             disjoint from their training data and from the evaluation sets (workbench.tasks)
+    choose   (choose)     per point, the candidate with the best mean metric over its tuning
+             runs, in the metric's direction; a candidate with a diverged run, or without a
+             finite metric, is not eligible; ties go to the candidate listed first
+    stage 2  final runs   (sweep.expand with the choices) every point x every seed at its
+             chosen values: ordinary runs, with the ids an untuned study at those values has
+
+A point chooses only when every one of its tuning runs is done (finished or diverged): a
+failed tuning run is retried by the next `workbench run` first, so a choice never changes
+after its final runs exist. Tuning and final runs live in one store; a run's stage is
+"tune" when its config evaluates on the validation split (`sweep.run_stage`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from workbench.registry import get_variant
+from workbench.study import TrainStudy, label
+from workbench.sweep import TUNE, point_key, run_stage
+
+FINISHED = "finished"
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One candidate value (of every tuned key) at one sweep point, with its tuning runs."""
+
+    values: dict[str, Any]  # tuned key -> value, as the study file gives it
+    statuses: tuple[str, ...]  # of the recorded tuning runs
+    scores: tuple[float, ...]  # the metric of each finished tuning run (NaN where it has none)
+    runs: int  # tuning runs it should have (one per tuning seed)
+
+    @property
+    def done(self) -> bool:
+        from workbench.runner import DONE  # the runner imports this module
+
+        return len(self.statuses) == self.runs and all(s in DONE for s in self.statuses)
+
+    @property
+    def eligible(self) -> bool:
+        return (self.done and all(s == FINISHED for s in self.statuses)
+                and all(math.isfinite(v) for v in self.scores))
+
+    @property
+    def mean(self) -> float:
+        return sum(self.scores) / len(self.scores) if self.scores else math.nan
+
+
+@dataclass(frozen=True)
+class PointTuning:
+    """The tuning outcome of one sweep point."""
+
+    swept: dict[str, Any]  # the point's value labels on the swept keys
+    candidates: tuple[Candidate, ...]  # in the study's order
+    chosen: Candidate | None  # None while a tuning run is not done, or when none is eligible
+
+    @property
+    def done(self) -> bool:
+        return all(c.done for c in self.candidates)
+
+
+def higher_is_better(study: TrainStudy, metric: str) -> bool:
+    """The direction of a tuning metric: loss is lower-is-better, a task metric as the task declares."""
+    name = metric.partition("@")[0]
+    return False if name == "loss" else bool(get_variant("task", study.task["name"]).metrics[name])
+
+
+def labels(values: Mapping[str, Any]) -> dict[str, Any]:
+    return {key: label(value) for key, value in values.items()}
+
+
+def choose(study: TrainStudy, rows: Iterable[Mapping[str, Any]]) -> list[PointTuning]:
+    """Each sweep point's candidates and choice, from recorded runs (`Store.runs()` rows:
+    swept, config, status, metrics); rows of final runs are ignored."""
+    tune = study.tune
+    if tune is None:
+        return []
+    keys = study.sweep.keys
+    recorded: dict[tuple[str, str], list[Mapping[str, Any]]] = defaultdict(list)
+    for row in rows:
+        if run_stage(row["config"]) == TUNE:
+            recorded[point_key(row["swept"], keys), point_key(row["swept"], tune.keys)].append(row)
+    higher = higher_is_better(study, tune.metric)
+    out = []
+    for point in study.sweep.points():
+        swept = labels(point)
+        candidates = []
+        for values in tune.points():
+            mine = recorded[point_key(swept, keys), point_key(labels(values), tune.keys)]
+            scores = tuple(score(r["metrics"].get(tune.metric)) for r in mine if r["status"] == FINISHED)
+            candidates.append(Candidate(values, tuple(r["status"] for r in mine), scores, tune.seeds))
+        eligible = [c for c in candidates if c.eligible]
+        best = None
+        if eligible and all(c.done for c in candidates):
+            best = min(eligible, key=lambda c: -c.mean if higher else c.mean)  # the first of equals
+        out.append(PointTuning(swept, tuple(candidates), best))
+    return out
+
+
+def score(value: Any) -> float:
+    return math.nan if value is None else float(value)
+
+
+def chosen_values(tunings: Iterable[PointTuning], keys: list[str]) -> dict[str, dict[str, Any]]:
+    """point_key -> chosen {tuned key: value}, for `sweep.expand`; points without a choice are absent."""
+    return {point_key(t.swept, keys): dict(t.chosen.values) for t in tunings if t.chosen is not None}
