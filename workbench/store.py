@@ -67,9 +67,9 @@ CREATE TABLE IF NOT EXISTS curves (
 """
 
 # Run-level columns of the flat table, in order (swept keys and metrics go in between).
+LEADING = ["run_id", "position", "seed"]
 # stage: "tune" for a study's tuning runs, "final" for every other run.
-LEADING = ["run_id", "position", "seed", "stage"]
-TRAILING = ["n_params", "steps_done", "tokens", "tokens_per_s", "train_time_s", "eval_time_s", "wall_time_s",
+TRAILING = ["stage", "n_params", "steps_done", "tokens", "tokens_per_s", "train_time_s", "eval_time_s", "wall_time_s",
             "peak_memory_bytes", "peak_memory_instrument", "diverged_step", "resumed_from_step",
             "not_applicable", "error", "attempts"]
 
@@ -184,9 +184,9 @@ def finite_or_none(value: Any) -> float | None:
 
 
 def load_results(out_dir: str | Path) -> pd.DataFrame:
-    """One flat row per run: run_id, position, seed, stage, the swept keys, status, final metrics
-    (`accuracy@64`, `loss@64`, ...; NaN where not applicable or not finished), then cost
-    columns. Sorted in sweep order."""
+    """One flat row per run: run_id, position, seed, the swept keys, status, final metrics
+    (`accuracy@64`, `loss@64`, ...; NaN where not applicable or not finished), then stage
+    (tune | final) and cost columns. Sorted in sweep order."""
     runs = Store(out_dir, create=False).runs()
     swept = list(dict.fromkeys(k for r in runs for k in r["swept"]))
     metrics = sorted({k for r in runs for k in r["metrics"]}, key=metric_order)

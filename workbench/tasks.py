@@ -264,8 +264,8 @@ class Task(Variant):
                     misses = 0
                 elif (misses := misses + 1) == attempts:
                     raise WorkbenchError(
-                        f"task {self.name}: {attempts} validation examples in a row at length {length} were in "
-                        "an evaluation set; the example space is too small for n_eval (raise the lengths or the alphabet)"
+                        f"task {self.name}: {attempts} validation examples in a row at length {length} were in an "
+                        "evaluation set; the example space is too small for n_eval (raise the lengths or the alphabet)"
                     )
             self._valid_cache[length] = examples
         return self._valid_cache[length]

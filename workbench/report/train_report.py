@@ -381,7 +381,8 @@ class TrainReport:
     def build(self) -> Report:
         sections = [self.setup()]
         if self.study.tune is not None:
-            sections.append(TuningSection(self.study, self.inputs.tuning, self.variants, self.palette, self.dest).build())
+            tuning = TuningSection(self.study, self.inputs.tuning, self.variants, self.palette, self.dest)
+            sections.append(tuning.build())
         sections += [self.leaderboards(), self.figures_section()]
         if self.inputs.pictures is not None:
             items = self.inputs.pictures(self.variants, self.finished, self.dest)
