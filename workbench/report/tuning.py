@@ -20,7 +20,7 @@ from workbench.tuning import Candidate, PointTuning, higher_is_better, labels
 def split_stages(runs: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(final runs, tuning runs) of a flat results table."""
     tuning = runs["stage"] == TUNE if "stage" in runs else pd.Series(False, index=runs.index)
-    return runs[~tuning], runs[tuning]
+    return runs[~tuning].reset_index(drop=True), runs[tuning].reset_index(drop=True)
 
 
 def candidate_text(candidate: Candidate) -> str:
