@@ -7,12 +7,17 @@ Resume is by construction: a run is recorded only when it ends (one transaction)
 and diverged runs are skipped next time, an interrupted run continues from its last
 checkpoint, and a run whose result.json was written but not recorded (the driver died in
 between) is recorded from that file without training again. Failed and oom runs are retried.
+
+One sweep writes a folder at a time (store.WriterLock, taken before --fresh clears anything).
+SIGTERM/SIGINT stop the sweep cleanly (workbench.stopping): the running runs checkpoint their
+current step, finished ones are recorded, and RunInterrupted says how to continue.
 """
 
 from __future__ import annotations
 
 import json
 import shutil
+import sys
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,9 +27,10 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.progress import TimeRemainingColumn
 
+from workbench import stopping
 from workbench.errors import WorkbenchError
 from workbench.executor import Executor, Job, make_executor
-from workbench.store import DB_FILE, RUNS_DIR, Store, run_dir, runs_root
+from workbench.store import DB_FILE, RUNS_DIR, Store, WriterLock, run_dir, runs_root
 from workbench.study import StudyFile, canonical_json, load_study
 from workbench.sweep import RunConfig, expand
 
@@ -90,7 +96,10 @@ def check_study(store: Store, study_file: StudyFile) -> None:
 
 def clear_outputs(out_dir: Path, run_ids: list[str]) -> None:
     """--fresh: remove what the workbench wrote there (the store and the run folders) only."""
-    root = runs_root(out_dir)
+    try:
+        root = runs_root(out_dir)
+    except WorkbenchError:  # a damaged store: --fresh is how to start over from it
+        root = out_dir / RUNS_DIR
     if root != out_dir / RUNS_DIR:  # folders elsewhere (--runs-dir) may sit beside other studies'
         for run_id in run_ids:
             shutil.rmtree(root / run_id, ignore_errors=True)
@@ -99,15 +108,21 @@ def clear_outputs(out_dir: Path, run_ids: list[str]) -> None:
     shutil.rmtree(out_dir / RUNS_DIR, ignore_errors=True)
 
 
-def recorded_result(run: RunConfig, out_dir: Path):
-    """The result.json of a run that ended but was not recorded (the driver died between)."""
+def recorded_result(run: RunConfig, out_dir: Path, warn=print):
+    """The result.json of a run that ended but was not recorded (the driver died between);
+    None when there is none, or when it cannot be read (then the run trains again)."""
     from workbench.train import RESULT_FILE, RunResult
 
     path = run_dir(out_dir, run.run_id) / RESULT_FILE
     if not path.exists():
         return None
-    result = RunResult.from_json(json.loads(path.read_text()))
-    return result if result.status in DONE else None
+    try:
+        result = RunResult.from_json(json.loads(path.read_text()))
+    except (OSError, ValueError, TypeError, AttributeError) as err:
+        warn(f"{path} is not a readable result ({type(err).__name__}: {str(err).splitlines()[0][:80]}): "
+             "training that run again")
+        return None
+    return result if result.status in DONE and result.run_id == run.run_id else None
 
 
 class SweepProgress:
@@ -184,6 +199,13 @@ def run_study(path: str | Path, out_dir: str | Path | None = None, jobs: int = 1
         return run_scaling_study(study_file, out_dir, fresh=fresh, quiet=quiet, console=console)
     runs = expand(study_file)
     out = Path(out_dir) if out_dir is not None else default_out_dir(study_file)
+    with WriterLock(out):
+        return sweep(study_file, runs, out, jobs, fresh, quiet, console, executor, runs_dir)
+
+
+def sweep(study_file: StudyFile, runs: list[RunConfig], out: Path, jobs: int, fresh: bool, quiet: bool,
+          console: Console | None, executor: Executor | None, runs_dir: str | Path | None) -> Summary:
+    """run_study's work on a train study, under the folder's writer lock."""
     if fresh:
         clear_outputs(out, [run.run_id for run in runs])
     store = Store(out)
@@ -203,12 +225,14 @@ def run_study(path: str | Path, out_dir: str | Path | None = None, jobs: int = 1
     for run in runs:
         if statuses.get(run.run_id) in DONE:
             summary.skipped += 1
-        elif (result := recorded_result(run, out)) is not None:
+        elif (result := recorded_result(run, out, warn=lambda text: print(text, file=sys.stderr, flush=True))) is not None:
             unrecorded.append((run, result))
         else:
             pending.append(run)
 
     progress = SweepProgress(study_file.study.name, len(runs), quiet, console)
+    stopping.reset()
+    handlers = stopping.install_handlers()
     try:
         if summary.skipped:
             progress.print(f"{summary.skipped} of {len(runs)} runs already done in {out}: skipped")
@@ -225,6 +249,12 @@ def run_study(path: str | Path, out_dir: str | Path | None = None, jobs: int = 1
             store.record(run, result)  # the driver is the only writer of a sweep
             summary.statuses[result.status] += 1
             progress.run_done(run, result)
+    except stopping.RunInterrupted:
+        done = summary.skipped + sum(summary.statuses.values())
+        raise stopping.RunInterrupted(
+            f"stopped by {stopping.reason()}: {done} of {len(runs)} runs done and recorded in {out}, the running "
+            "ones checkpointed; run the same command again to continue") from None
     finally:
+        stopping.restore_handlers(handlers)
         progress.close()
     return summary
