@@ -86,3 +86,168 @@ def test_a_run_stopped_at_any_step_resumes_exactly(tmp_path, monkeypatch, stop_a
     b, _ = load_final_model(tmp_path / "resumed")
     for (name, p), q in zip(a.state_dict().items(), b.state_dict().values()):
         assert torch.equal(p, q), name
+
+
+# ---- nothing in a run folder executes code ---------------------------------------------------
+
+
+class Exploit:
+    """A pickle that, when loaded with weights_only=False, would create a marker file."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (Path.touch, (self.marker,))
+
+
+def test_a_crafted_pickle_in_a_run_folder_is_refused(tmp_path):
+    run = expand(load_study(write(tmp_path)))[0]
+    folder = tmp_path / "run"
+    marker = tmp_path / "pwned"
+    (folder / "checkpoints").mkdir(parents=True)
+    torch.save({"global_step": 5, "payload": Exploit(marker)}, folder / LAST_CHECKPOINT)
+
+    result = train_run(run.run_id, run.config, folder)  # resuming would load last.ckpt
+    assert result.status == "failed"
+    assert str(folder / LAST_CHECKPOINT) in result.error and "refused" in result.error
+    assert "delete it to train this run from the start" in result.error
+    assert not marker.exists()
+
+    # final weights of an old run folder (final.pt) are loaded with weights_only=True too
+    torch.save({"config": run.config, "state_dict": Exploit(marker)}, folder / "final.pt")
+    with pytest.raises(WorkbenchError, match=r"final\.pt holds Python objects .*refused"):
+        load_final_model(folder)
+    assert not marker.exists()
+
+
+# ---- one writer per folder -------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def finished_out(tmp_path_factory):
+    """The two-run study, finished, in one folder (shared by the damaged-folder tests: copy it)."""
+    tmp = tmp_path_factory.mktemp("finished")
+    torch.set_num_threads(1)
+    summary = run_study(write(tmp, STUDY.replace("steps: 20", "steps: 10")), tmp / "out", quiet=True)
+    assert summary.statuses == {"finished": 2}
+    return tmp / "study.yaml", tmp / "out"
+
+
+def copy_of(finished_out, tmp_path) -> tuple[Path, Path]:
+    import shutil
+
+    study, out = finished_out
+    shutil.copytree(out, tmp_path / "out")
+    return study, tmp_path / "out"
+
+
+def finished_ids(out: Path) -> set[str]:
+    return set(load_results(out).query("status == 'finished'").run_id)
+
+
+def test_a_second_writer_is_refused_naming_the_holder_and_readers_still_work(finished_out, tmp_path):
+    from workbench.store import WriterLock
+
+    study, out = copy_of(finished_out, tmp_path)
+    before = finished_ids(out)
+    with WriterLock(out):  # another `workbench run` holds the folder
+        for fresh in (False, True):
+            with pytest.raises(WorkbenchError, match=rf"being written by another `workbench run` \(pid {os.getpid()}\)"):
+                run_study(study, out, quiet=True, fresh=fresh)
+        assert finished_ids(out) == before  # --fresh deleted nothing
+        assert len(load_results(out)) == 2  # readers work alongside the writer
+    assert run_study(study, out, quiet=True).skipped == 2  # released: the folder is usable again
+
+
+def test_two_processes_create_one_store_at_once(tmp_path):
+    code = "import sys; from workbench.store import Store; Store(sys.argv[1]); print('ok')"
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "out")], stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT) for _ in range(4)]
+    outputs = [p.communicate(timeout=120)[0].decode() for p in procs]
+    assert all(p.returncode == 0 for p in procs), outputs
+
+
+# ---- signals ---------------------------------------------------------------------------------
+
+LONG = STUDY.replace("steps: 20", "steps: 5000").replace("eval_every: 10", "eval_every: 2500")
+
+
+def children(pid: int) -> list[int]:
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            out.append(int(stat.parent.name))
+    return out
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:  # the group has ended
+        pass
+
+
+def start_sweep(tmp_path: Path, jobs: int) -> tuple[subprocess.Popen, Path, list]:
+    study, out = write(tmp_path, LONG), tmp_path / "out"
+    runs = expand(load_study(study))
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "workbench.cli", "run", str(study), "--out", str(out), "--quiet",
+                             "--jobs", str(jobs), "--reports", str(tmp_path / "reports")],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    deadline = time.monotonic() + 180
+    training = runs[:jobs]
+    while not all((out / "runs" / r.run_id / LAST_CHECKPOINT).exists() for r in training):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            kill_group(proc)
+            pytest.fail(f"the sweep did not start training: {proc.communicate()}")
+        time.sleep(0.05)
+    return proc, out, training
+
+
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_sigterm_checkpoints_records_nothing_half_and_exits_non_zero(tmp_path, jobs):
+    proc, out, training = start_sweep(tmp_path, jobs)
+    workers = children(proc.pid) if jobs > 1 else []
+    try:
+        proc.send_signal(signal.SIGTERM)  # to the driver only
+        _, err = proc.communicate(timeout=120)
+    finally:
+        kill_group(proc)
+    lines = [line for line in err.decode().splitlines() if line.strip()]
+    assert proc.returncode == 130
+    assert lines[-1].startswith("error: stopped by SIGTERM: 0 of 2 runs done and recorded")
+    assert "run the same command again to continue" in lines[-1] and "Traceback" not in err.decode()
+    assert not any(alive(pid) for pid in workers)
+    assert Store(out, create=False).statuses() == {}  # no run recorded as failed
+    for run in training:  # each stopped run kept a checkpoint of its last step, and no result
+        folder = run_dir(out, run.run_id)
+        assert torch.load(folder / LAST_CHECKPOINT, weights_only=True)["global_step"] > 0
+        assert not (folder / RESULT_FILE).exists()
+
+
+def test_no_worker_outlives_a_sigkilled_driver(tmp_path):
+    proc, out, training = start_sweep(tmp_path, 2)
+    workers = [pid for pid in children(proc.pid) if alive(pid)]
+    assert workers
+    proc.kill()
+    proc.wait()
+    deadline = time.monotonic() + 60
+    while any(alive(pid) for pid in workers) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    left = [pid for pid in workers if alive(pid)]
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    assert not left, "orphaned workers"

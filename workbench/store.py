@@ -179,8 +179,8 @@ class Store:
         if not create:
             if not self.path.exists():
                 raise WorkbenchError(f"{self.out_dir}: no results here (no {DB_FILE}); run a study into it first")
-            if self.path.is_dir() or not self.path.stat().st_size:
-                raise store_error(self.path, sqlite3.DatabaseError("empty file or a folder"))
+            if self.path.is_dir():
+                raise store_error(self.path, sqlite3.DatabaseError("a folder"))
             return
         try:
             self.out_dir.mkdir(parents=True, exist_ok=True)

@@ -596,7 +596,7 @@ def load_final_model(run_dir: str | Path) -> tuple[Transformer, dict[str, Any]]:
     what the workbench writes (truncated, or a pickle with code in it)."""
     path = Path(run_dir) / FINAL_WEIGHTS
     old = Path(run_dir) / OLD_FINAL_WEIGHTS
-    redo = "train the run again (delete its folder and its row, or run with --fresh)"
+    redo = "report without pictures (`workbench report --no-pictures`) or retrain (`workbench run --fresh`)"
     if not path.exists() and old.exists():
         try:
             saved = torch.load(old, map_location="cpu", weights_only=True)
