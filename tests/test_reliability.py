@@ -8,6 +8,7 @@ import json
 import os
 import pickle
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -251,3 +252,126 @@ def test_no_worker_outlives_a_sigkilled_driver(tmp_path):
     for pid in left:
         os.kill(pid, signal.SIGKILL)
     assert not left, "orphaned workers"
+
+
+# ---- damaged folders -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("damage", ["garbage", "truncated"])
+def test_a_damaged_store_is_named_recovered_from_run_folders_and_fresh_starts_over(finished_out, tmp_path, damage):
+    study, out = copy_of(finished_out, tmp_path)
+    before = finished_ids(out)
+    db = out / DB_FILE
+    if damage == "garbage":
+        db.write_bytes(b"not a database at all" * 100)
+    else:
+        data = db.read_bytes()
+        db.write_bytes(data[: len(data) // 3])
+    for wal in out.glob(f"{DB_FILE}-*"):
+        wal.unlink()
+    for call in (lambda: load_results(out), lambda: run_study(study, out, quiet=True)):
+        with pytest.raises(WorkbenchError, match=r"results\.db is not a readable workbench store .*move it away"):
+            call()
+    # as the message says: moved away, the finished runs come back from their result.json
+    db.rename(out / "results.db.damaged")
+    summary = run_study(study, out, quiet=True)
+    assert summary.statuses == {"finished": 2} and finished_ids(out) == before
+    assert {r["attempts"] for r in Store(out).runs()} == {1}
+
+    # --fresh starts over even from a damaged store
+    db.write_bytes(b"\0garbage" * 64)
+    summary = run_study(study, out, quiet=True, fresh=True)
+    assert summary.statuses == {"finished": 2} and finished_ids(out) == before
+
+
+def test_an_invalid_result_json_is_named_and_its_run_trained_again(finished_out, tmp_path, capsys):
+    study, out = copy_of(finished_out, tmp_path)
+    first, second = expand(load_study(study))
+    with sqlite3.connect(out / DB_FILE) as conn:  # the driver died before recording the second run
+        conn.execute("DELETE FROM runs WHERE run_id = ?", (second.run_id,))
+    (run_dir(out, second.run_id) / RESULT_FILE).write_text('{"run_id": "x", "status": "fini')
+    summary = run_study(study, out, quiet=True)
+    assert f"{run_dir(out, second.run_id) / RESULT_FILE} is not a readable result" in capsys.readouterr().err
+    assert summary.skipped == 1 and summary.statuses == {"finished": 1}
+    assert finished_ids(out) == {first.run_id, second.run_id}
+
+
+def test_a_read_only_results_folder_is_read(finished_out, tmp_path, monkeypatch):
+    """A folder this process may not write (a received copy, a read-only mount). The tests run as
+    root, who may write anywhere, so the permission is what os.access reports."""
+    import workbench.store as store_module
+
+    study, out = copy_of(finished_out, tmp_path)
+    assert not list(out.glob(f"{DB_FILE}-*"))
+    real_access = os.access
+    monkeypatch.setattr(store_module.os, "access",
+                        lambda path, mode: False if mode == os.W_OK and Path(path) == out else real_access(path, mode))
+    monkeypatch.setattr(store_module.os, "open", lambda path, *a, **k: (_ for _ in ()).throw(
+        PermissionError(13, "Permission denied", str(path))))
+    assert len(load_results(out)) == 2 and len(store_module.load_curves(out)) > 0
+    assert not list(out.glob(f"{DB_FILE}-*"))  # read as immutable: no WAL side files written
+    with pytest.raises(WorkbenchError, match=r"cannot write here \(Permission denied\); use --out"):
+        run_study(study, out, quiet=True)
+    assert finished_ids(out) == set(load_results(out).run_id)
+
+
+def test_a_truncated_checkpoint_names_the_file_and_what_to_do(tmp_path):
+    run = expand(load_study(write(tmp_path)))[0]
+    folder = tmp_path / "run"
+    (folder / "checkpoints").mkdir(parents=True)
+    (folder / LAST_CHECKPOINT).write_bytes(b"PK\x03\x04 truncated")
+    result = train_run(run.run_id, run.config, folder)
+    assert result.status == "failed"
+    assert f"{folder / LAST_CHECKPOINT} is damaged or not a checkpoint" in result.error
+    assert result.error.endswith("delete it to train this run from the start")
+
+
+def test_a_truncated_final_weights_file_keeps_the_old_report(finished_out, tmp_path):
+    from workbench.report import write_report
+    from workbench.train import FINAL_WEIGHTS
+
+    study, out = copy_of(finished_out, tmp_path)
+    index = write_report(out, tmp_path / "reports")
+    old = index.read_text()
+    weights = run_dir(out, expand(load_study(study))[0].run_id) / FINAL_WEIGHTS
+    weights.write_bytes(weights.read_bytes()[:100])
+    with pytest.raises(WorkbenchError, match=rf"{FINAL_WEIGHTS} is damaged .*--no-pictures"):
+        write_report(out, tmp_path / "reports")
+    assert index.read_text() == old and (index.parent / "results.csv").exists()
+    assert [p.name for p in (tmp_path / "reports").iterdir()] == [index.parent.name]  # no leftovers
+
+
+def test_a_binary_study_file_is_one_message(tmp_path):
+    path = tmp_path / "study.yaml"
+    path.write_bytes(bytes(range(256)) * 4)
+    with pytest.raises(WorkbenchError, match=r"study\.yaml: not a text \(UTF-8\) file"):
+        load_study(path)
+
+
+def test_a_full_disk_is_one_message_and_keeps_what_was_recorded(finished_out, tmp_path, monkeypatch):
+    import sqlite3 as sqlite
+
+    study, out = copy_of(finished_out, tmp_path)
+    first, second = expand(load_study(study))
+    with sqlite3.connect(out / DB_FILE) as conn:
+        conn.execute("DELETE FROM runs WHERE run_id = ?", (second.run_id,))
+    real_connect = sqlite.connect
+
+    class FullDisk:
+        def __init__(self, conn):
+            self.conn = conn
+
+        def execute(self, sql, *args):
+            if sql.lstrip().startswith("INSERT OR REPLACE INTO runs"):
+                raise sqlite.OperationalError("database or disk is full")
+            return self.conn.execute(sql, *args)
+
+        def __getattr__(self, name):
+            return getattr(self.conn, name)
+
+    monkeypatch.setattr(sqlite, "connect", lambda *a, **k: FullDisk(real_connect(*a, **k)))
+    with pytest.raises(WorkbenchError, match=r"results\.db: the disk is full .*free some space and run again"):
+        run_study(study, out, quiet=True)
+    monkeypatch.undo()
+    assert finished_ids(out) == {first.run_id}  # the recorded run is intact
+    assert run_study(study, out, quiet=True).statuses == {"finished": 1}  # and the next run records the other

@@ -106,6 +106,8 @@ def read_yaml(path: Path) -> tuple[str, Any, LineMap]:
         raise WorkbenchError(f"{file}: study file not found") from None
     except OSError as err:
         raise WorkbenchError(f"{file}: cannot read the study file ({err.strerror})") from None
+    except UnicodeDecodeError:
+        raise WorkbenchError(f"{file}: not a text (UTF-8) file; a study is a YAML file") from None
     loader = yaml.SafeLoader(text)
     try:
         node = loader.get_single_node()
