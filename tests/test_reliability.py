@@ -375,3 +375,77 @@ def test_a_full_disk_is_one_message_and_keeps_what_was_recorded(finished_out, tm
     monkeypatch.undo()
     assert finished_ids(out) == {first.run_id}  # the recorded run is intact
     assert run_study(study, out, quiet=True).statuses == {"finished": 1}  # and the next run records the other
+
+
+# ---- bounded validation ----------------------------------------------------------------------
+
+BOMB = "".join(f"{c}: &{c} [{', '.join([f'*{p}'] * 9) if p else ', '.join(['lol'] * 9)}]\n"
+               for p, c in zip(["", *"abcdefgh"], "abcdefghi"))
+
+
+def test_a_yaml_alias_bomb_is_refused_before_it_expands(tmp_path):
+    path = write(tmp_path, BOMB)
+    assert len(BOMB.encode()) < 420
+    with pytest.raises(WorkbenchError, match=r"aliases \(\*name\) expand to 4\.9e\+08 nodes, over the limit of 100000"):
+        load_study(path)
+    # a study that uses a few aliases is fine
+    text = STUDY.replace("seeds: [0]", "seeds: &s [0]\nprofiles: {same: {seeds: *s}}")
+    assert load_study(write(tmp_path, text, "ok.yaml")).study.name == "tiny-reliability"
+
+
+def test_the_sweep_size_is_capped_with_a_message(tmp_path, monkeypatch):
+    values = ", ".join(str(1e-4 * (i + 1)) for i in range(1000))
+    text = STUDY.replace("model.position: [none, rope]", f"model.position: [none, rope]\n  train.lr: [{values}]")
+    text = text.replace("seeds: [0]", f"seeds: [{', '.join(map(str, range(10)))}]")
+    with pytest.raises(WorkbenchError, match=r"sweep: 2000 sweep points x 10 seeds = 20000 runs, over the limit of "
+                                             r"10000; .*WORKBENCH_MAX_RUNS"):
+        expand(load_study(write(tmp_path, text)))
+    monkeypatch.setenv("WORKBENCH_MAX_RUNS", "100")
+    with pytest.raises(WorkbenchError, match="over the limit of 100;"):
+        expand(load_study(write(tmp_path, STUDY.replace("seeds: [0]", f"seeds: [{', '.join(map(str, range(51)))}]"))))
+
+
+def test_absurd_sizes_are_refused_at_validate_with_the_number(tmp_path):
+    from workbench.model import build_model
+    from workbench.sweep import estimated_parameters
+
+    big = STUDY.replace("d_model: 32, n_layers: 1", "d_model: 100000, n_layers: 100")
+    with pytest.raises(WorkbenchError, match=r"model\.d_model: about 1\.2e\+13 parameters .*over the limit of 2e\+10"):
+        expand(load_study(write(tmp_path, big)))
+    wide = STUDY.replace("batch_size: 8", "batch_size: 1.0e+11")
+    with pytest.raises(WorkbenchError, match=r"train\.batch_size: 100000000000 sequences of length 6 need about "
+                                             r"[0-9.e+]+ GiB of activations"):
+        expand(load_study(write(tmp_path, wide)))
+    # the estimate is an instrument: close to the real count of a built model
+    for text in (STUDY, STUDY.replace("family: decoder", "family: encoder_decoder")):
+        for run in expand(load_study(write(tmp_path, text))):
+            real = build_model(run.config["model"]).num_parameters()
+            assert 0.8 * real <= estimated_parameters(run.config["model"]) <= 1.25 * real
+
+
+@pytest.mark.parametrize("line, message", [
+    ("seeds: [4294967296]", r"seeds\.0: Input should be less than or equal to 4294967295"),
+    ("seeds: [-1]", r"seeds\.0: Input should be greater than or equal to 0"),
+    ("lr: .inf", r"train\.lr: Input should be a finite number"),
+    ("accelerator: tpux", r"train\.accelerator: Input should be 'auto', 'cpu'"),
+    ("devices: -3", r"train\.devices: expected a device count >= 1, -1 \(all\)"),
+    ("strategy: dddp", r"train\.strategy: unknown Lightning strategy 'dddp'"),
+])
+def test_impossible_training_settings_are_refused(tmp_path, line, message):
+    if line.startswith("seeds"):
+        text = STUDY.replace("seeds: [0]", line)
+    elif line.startswith("lr"):
+        text = STUDY.replace("lr: 3.0e-3", line)
+    else:
+        text = STUDY.replace("checkpoint_every: 5}", f"checkpoint_every: 5, {line}}}")
+    with pytest.raises(WorkbenchError, match=message):
+        load_study(write(tmp_path, text))
+
+
+def test_the_strategy_names_are_lightnings():
+    from pytorch_lightning.strategies import StrategyRegistry
+
+    from workbench.study import LIGHTNING_STRATEGIES
+
+    firsts = {name.split("_")[0] for name in StrategyRegistry.available_strategies()}
+    assert set(LIGHTNING_STRATEGIES) - {"auto"} <= firsts
