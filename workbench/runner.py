@@ -196,7 +196,9 @@ def run_study(path: str | Path, out_dir: str | Path | None = None, jobs: int = 1
         if executor is not None or runs_dir is not None:
             raise WorkbenchError("--executor/--runs-dir: a scaling study measures cost on this machine, "
                                  "one point at a time in fresh processes; run it without them")
-        return run_scaling_study(study_file, out_dir, fresh=fresh, quiet=quiet, console=console)
+        out = Path(out_dir) if out_dir is not None else default_out_dir(study_file)
+        with WriterLock(out):
+            return run_scaling_study(study_file, out, fresh=fresh, quiet=quiet, console=console)
     runs = expand(study_file)
     out = Path(out_dir) if out_dir is not None else default_out_dir(study_file)
     with WriterLock(out):

@@ -34,7 +34,7 @@ import pandas as pd
 from workbench.errors import WorkbenchError
 
 DB_FILE = "results.db"
-RUNS_DIR = "runs"  # out_dir/runs/<run_id>/: checkpoints, logs, final.pt, result.json
+RUNS_DIR = "runs"  # out_dir/runs/<run_id>/: checkpoints, logs, final.safetensors, result.json
 BUSY_TIMEOUT_MS = 60_000
 LOCK_FILE = ".workbench.lock"  # out_dir/.workbench.lock: held by the sweep writing the folder
 
@@ -267,7 +267,7 @@ def runs_root(out_dir: str | Path) -> Path:
 
 
 def run_dir(out_dir: str | Path, run_id: str) -> Path:
-    """The folder of one run (its checkpoints, Lightning logs, final.pt)."""
+    """The folder of one run (its checkpoints, Lightning logs, final weights)."""
     return runs_root(out_dir) / run_id
 
 
