@@ -449,3 +449,16 @@ def test_the_strategy_names_are_lightnings():
 
     firsts = {name.split("_")[0] for name in StrategyRegistry.available_strategies()}
     assert set(LIGHTNING_STRATEGIES) - {"auto"} <= firsts
+
+
+def test_a_full_disk_while_a_run_ends_is_one_message(tmp_path, monkeypatch):
+    import workbench.train as train_module
+
+    run = expand(load_study(write(tmp_path)))[0]
+
+    def full(path, data):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(train_module, "write_json_atomic", full)
+    with pytest.raises(WorkbenchError, match=r"result\.json: cannot write it \(No space left on device\); free some space"):
+        train_run(run.run_id, run.config, tmp_path / "run")

@@ -572,7 +572,11 @@ def train_run(run_id: str, config: dict[str, Any], run_dir: Path) -> RunResult:
         result.tokens_per_s = result.tokens / result.train_time_s if result.tokens and result.train_time_s > 0 else None
     result.peak_memory_bytes = memory.peak_bytes()
     result.wall_time_s = time.perf_counter() - start
-    write_json_atomic(run_dir / RESULT_FILE, result.to_json())
+    try:
+        write_json_atomic(run_dir / RESULT_FILE, result.to_json())
+    except OSError as err:  # a full disk, a folder made read-only: the sweep cannot go on
+        raise WorkbenchError(f"{run_dir / RESULT_FILE}: cannot write it ({err.strerror}); free some space (or make "
+                             "the folder writable) and run again: finished runs are kept") from None
     return result
 
 
