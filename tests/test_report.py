@@ -25,7 +25,7 @@ from workbench.report import write_report
 from workbench.store import Store, run_dir
 from workbench.study import canonical_json, load_study
 from workbench.sweep import RunConfig, expand
-from workbench.train import FINAL_WEIGHTS, RunResult
+from workbench.train import FINAL_WEIGHTS, RunResult, save_final_weights
 
 TRAIN_STUDY = """
 name: positions
@@ -140,7 +140,7 @@ def train_report(tmp_path_factory):
             folder.mkdir(parents=True)
             torch.manual_seed(run.seed)
             model = build_model(run.config["model"])
-            torch.save({"config": run.config, "state_dict": model.state_dict(), "step": 3}, folder / FINAL_WEIGHTS)
+            save_final_weights(model, run.config, 3, folder / FINAL_WEIGHTS)
     index = write_report(out, root / "reports")
     return out, root, index
 

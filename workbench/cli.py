@@ -21,7 +21,10 @@ class WorkbenchGroup(click.Group):
             return super().invoke(ctx)
         except WorkbenchError as err:
             click.echo(f"error: {err}", err=True)
-            sys.exit(2)
+            sys.exit(getattr(err, "exit_code", 2))
+        except KeyboardInterrupt:  # Ctrl-C outside a sweep (which stops cleanly by itself)
+            click.echo("error: interrupted", err=True)
+            sys.exit(130)
 
 
 @click.group(cls=WorkbenchGroup)

@@ -4,6 +4,10 @@ cluster executor (Ray, ...) only has to implement `run`.
 
     InProcessExecutor       --jobs 1: one run after another in this process
     LocalProcessExecutor    --jobs N: N spawned worker processes, torch threads = cores // N
+
+On a stop request (workbench.stopping: SIGTERM/SIGINT) an executor starts no new run, lets
+the running ones checkpoint and end, and raises RunInterrupted. Workers share the driver's
+stop event and watch its pid, so none outlives it.
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from workbench import stopping
 
 
 @dataclass(frozen=True)
@@ -50,15 +56,29 @@ class InProcessExecutor(Executor):
 
     def run(self, jobs: Sequence[Job]) -> Iterator[Any]:
         for job in jobs:
+            if stopping.stop_requested():
+                raise stopping.RunInterrupted("stopped before the next run")
             if self.on_start:
                 self.on_start(job)
             yield execute(job)
 
 
-def init_worker(threads: int) -> None:
+def init_worker(threads: int, stop_event: Any, parent_pid: int) -> None:
     import torch
 
     torch.set_num_threads(threads)  # N workers share the cores instead of oversubscribing them
+    stopping.register_event(stop_event)  # the driver's stop request reaches this worker's run
+    stopping.install_handlers()  # a signal to the whole group (Ctrl-C) stops the run the same way
+    stopping.watch_parent(parent_pid)
+
+
+def execute_in_worker(job: Job, parent_pid: int):
+    try:
+        return execute(job)
+    except stopping.RunInterrupted:
+        if stopping.orphaned(parent_pid):  # nobody reads the result: leave now
+            os._exit(1)
+        raise
 
 
 class LocalProcessExecutor(Executor):
@@ -75,27 +95,36 @@ class LocalProcessExecutor(Executor):
         self.on_start = on_start
 
     def _pool(self) -> ProcessPoolExecutor:
-        return ProcessPoolExecutor(max_workers=self.n, mp_context=multiprocessing.get_context("spawn"),
-                                   initializer=init_worker, initargs=(self.threads,))
+        return ProcessPoolExecutor(max_workers=self.n, mp_context=self.context, initializer=init_worker,
+                                   initargs=(self.threads, self.stop_event, os.getpid()))
 
     def run(self, jobs: Sequence[Job]) -> Iterator[Any]:
         from workbench.train import FAILED, RunResult
 
+        self.context = multiprocessing.get_context("spawn")
+        self.stop_event = self.context.Event()
+        stopping.register_event(self.stop_event)
         queue = list(jobs)
         pool = self._pool()
         running: dict[Future, Job] = {}
+        interrupted = False
         try:
             while queue or running:
-                while queue and len(running) < self.n:
+                while queue and len(running) < self.n and not stopping.stop_requested():
                     job = queue.pop(0)
                     if self.on_start:
                         self.on_start(job)
-                    running[pool.submit(execute, job)] = job
-                done, _ = wait(running, return_when=FIRST_COMPLETED)
+                    running[pool.submit(execute_in_worker, job, os.getpid())] = job
+                if not running:
+                    break
+                # a timeout, so a stop request is seen while runs train (a signal does not end the wait)
+                done, _ = wait(running, timeout=1.0, return_when=FIRST_COMPLETED)
                 for future in done:
                     job = running.pop(future)
                     try:
                         yield future.result()
+                    except stopping.RunInterrupted:
+                        interrupted = True
                     except BrokenProcessPool:
                         yield RunResult(job.run_id, FAILED, error=(
                             f"a worker process died while {len(running) + 1} run(s) were training "
@@ -108,8 +137,13 @@ class LocalProcessExecutor(Executor):
                         break
                     except Exception as err:  # pickling errors and the like: this run's outcome
                         yield RunResult(job.run_id, FAILED, error=f"{type(err).__name__}: {err}")
+            if interrupted or stopping.stop_requested():
+                raise stopping.RunInterrupted("stopped")
         finally:
+            if running:  # the driver failed or stopped reading: the workers' runs checkpoint and end
+                self.stop_event.set()
             pool.shutdown(wait=True, cancel_futures=True)
+            stopping.unregister_event(self.stop_event)
 
 
 def make_executor(jobs: int, on_start=None) -> Executor:

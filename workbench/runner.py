@@ -10,12 +10,17 @@ between) is recorded from that file without training again. Failed and oom runs 
 
 A study with `tune:` runs in two stages through the same executor: its tuning runs, then
 the final runs at each point's chosen values (workbench.tuning); both resume the same way.
+
+One sweep writes a folder at a time (store.WriterLock, taken before --fresh clears anything).
+SIGTERM/SIGINT stop the sweep cleanly (workbench.stopping): the running runs checkpoint their
+current step, finished ones are recorded, and RunInterrupted says how to continue.
 """
 
 from __future__ import annotations
 
 import json
 import shutil
+import sys
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,9 +30,10 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.progress import TimeRemainingColumn
 
+from workbench import stopping
 from workbench.errors import WorkbenchError
 from workbench.executor import Executor, Job, make_executor
-from workbench.store import DB_FILE, RUNS_DIR, Store, run_dir, runs_root
+from workbench.store import DB_FILE, RUNS_DIR, Store, WriterLock, run_dir, runs_root
 from workbench.study import StudyFile, canonical_json, load_study
 from workbench.sweep import RunConfig, expand, point_key, tuning_runs
 from workbench.tuning import PointTuning, choose, chosen_values, labels
@@ -94,7 +100,10 @@ def check_study(store: Store, study_file: StudyFile) -> None:
 
 def clear_outputs(out_dir: Path, run_ids: list[str]) -> None:
     """--fresh: remove what the workbench wrote there (the store and the run folders) only."""
-    root = runs_root(out_dir)
+    try:
+        root = runs_root(out_dir)
+    except WorkbenchError:  # a damaged store: --fresh is how to start over from it
+        root = out_dir / RUNS_DIR
     if root != out_dir / RUNS_DIR:  # folders elsewhere (--runs-dir) may sit beside other studies'
         for run_id in run_ids:
             shutil.rmtree(root / run_id, ignore_errors=True)
@@ -103,15 +112,21 @@ def clear_outputs(out_dir: Path, run_ids: list[str]) -> None:
     shutil.rmtree(out_dir / RUNS_DIR, ignore_errors=True)
 
 
-def recorded_result(run: RunConfig, out_dir: Path):
-    """The result.json of a run that ended but was not recorded (the driver died between)."""
+def recorded_result(run: RunConfig, out_dir: Path, warn=print):
+    """The result.json of a run that ended but was not recorded (the driver died between);
+    None when there is none, or when it cannot be read (then the run trains again)."""
     from workbench.train import RESULT_FILE, RunResult
 
     path = run_dir(out_dir, run.run_id) / RESULT_FILE
     if not path.exists():
         return None
-    result = RunResult.from_json(json.loads(path.read_text()))
-    return result if result.status in DONE else None
+    try:
+        result = RunResult.from_json(json.loads(path.read_text()))
+    except (OSError, ValueError, TypeError, AttributeError) as err:
+        warn(f"{path} is not a readable result ({type(err).__name__}: {str(err).splitlines()[0][:80]}): "
+             "training that run again")
+        return None
+    return result if result.status in DONE and result.run_id == run.run_id else None
 
 
 class SweepProgress:
@@ -185,11 +200,20 @@ def run_study(path: str | Path, out_dir: str | Path | None = None, jobs: int = 1
         if executor is not None or runs_dir is not None:
             raise WorkbenchError("--executor/--runs-dir: a scaling study measures cost on this machine, "
                                  "one point at a time in fresh processes; run it without them")
-        return run_scaling_study(study_file, out_dir, fresh=fresh, quiet=quiet, console=console)
+        out = Path(out_dir) if out_dir is not None else default_out_dir(study_file)
+        with WriterLock(out):
+            return run_scaling_study(study_file, out, fresh=fresh, quiet=quiet, console=console)
+    out = Path(out_dir) if out_dir is not None else default_out_dir(study_file)
+    with WriterLock(out):
+        return sweep(study_file, out, jobs, fresh, quiet, console, executor, runs_dir)
+
+
+def sweep(study_file: StudyFile, out: Path, jobs: int, fresh: bool, quiet: bool,
+          console: Console | None, executor: Executor | None, runs_dir: str | Path | None) -> Summary:
+    """run_study's work on a train study, under the folder's writer lock."""
     study = study_file.study
     tuning = tuning_runs(study_file)  # none without `tune:`
     finals = expand(study_file) if study.tune is None else None  # with `tune:`, known once tuning is done
-    out = Path(out_dir) if out_dir is not None else default_out_dir(study_file)
     if fresh:
         clear_outputs(out, [run.run_id for run in [*tuning, *(finals or candidate_final_runs(study_file))]])
     store = Store(out)
@@ -206,6 +230,8 @@ def run_study(path: str | Path, out_dir: str | Path | None = None, jobs: int = 1
     summary = Summary(out_dir=out, total=total)
     progress = SweepProgress(study.name, total, quiet, console)
     executor = executor or make_executor(jobs)
+    stopping.reset()
+    handlers = stopping.install_handlers()
     try:
         if finals is None:
             execute_runs(tuning, "tuning runs", store, executor, summary, progress)
@@ -214,7 +240,13 @@ def run_study(path: str | Path, out_dir: str | Path | None = None, jobs: int = 1
                 report_choice(tuned, study, summary, progress)
             finals = expand(study_file, chosen_values(tunings, study.sweep.keys))
         execute_runs(finals, "runs", store, executor, summary, progress)
+    except stopping.RunInterrupted:
+        done = summary.skipped + sum(summary.statuses.values())
+        raise stopping.RunInterrupted(
+            f"stopped by {stopping.reason()}: {done} of {total} runs done and recorded in {out}, the running "
+            "ones checkpointed; run the same command again to continue") from None
     finally:
+        stopping.restore_handlers(handlers)
         progress.close()
     return summary
 
@@ -231,7 +263,7 @@ def execute_runs(runs: list[RunConfig], what: str, store: Store, executor: Execu
     for run in runs:
         if statuses.get(run.run_id) in DONE:
             skipped += 1
-        elif (result := recorded_result(run, out)) is not None:
+        elif (result := recorded_result(run, out, warn=lambda text: print(text, file=sys.stderr, flush=True))) is not None:
             unrecorded.append((run, result))
         else:
             pending.append(run)

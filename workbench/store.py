@@ -8,14 +8,23 @@ WAL mode and a busy timeout make it safe for several processes to write at once 
 recorded in one transaction: a reader never sees a run without its curves). Every table or
 figure is computed from `load_results` (one flat row per run), `load_curves` and
 `load_run_configs`.
+
+One sweep writes to a folder at a time: `WriterLock` (an advisory lock on `.workbench.lock`,
+held for the whole sweep, released by the OS on any exit). Readers (`results`, `report`) open
+the store read-only and need no lock; a folder they cannot write (a received copy, a
+read-only mount) is read as immutable. A damaged store, a full disk or an unwritable folder
+is one WorkbenchError naming the file and what to do.
 """
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import sqlite3
+import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -26,8 +35,9 @@ from workbench.errors import WorkbenchError
 from workbench.sweep import run_stage
 
 DB_FILE = "results.db"
-RUNS_DIR = "runs"  # out_dir/runs/<run_id>/: checkpoints, logs, final.pt, result.json
+RUNS_DIR = "runs"  # out_dir/runs/<run_id>/: checkpoints, logs, final.safetensors, result.json
 BUSY_TIMEOUT_MS = 60_000
+LOCK_FILE = ".workbench.lock"  # out_dir/.workbench.lock: held by the sweep writing the folder
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS study (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -75,55 +85,147 @@ TRAILING = ["stage", "n_params", "steps_done", "tokens", "tokens_per_s", "train_
 
 
 @contextmanager
-def connect(path: Path) -> Iterator[sqlite3.Connection]:
-    """A short-lived connection (never shared across processes), committed on success."""
-    conn = sqlite3.connect(path, timeout=BUSY_TIMEOUT_MS / 1000)
+def connect(path: Path, readonly: bool = False) -> Iterator[sqlite3.Connection]:
+    """A short-lived connection (never shared across processes), committed on success.
+    Read-only connections open the file with `mode=ro`, or `immutable=1` when its folder is
+    not writable (WAL readers otherwise need to create the -shm side file)."""
+    try:
+        if readonly:
+            mode = "mode=ro" if os.access(path.parent, os.W_OK) else "immutable=1"
+            conn = sqlite3.connect(f"{path.resolve().as_uri()}?{mode}", uri=True, timeout=BUSY_TIMEOUT_MS / 1000)
+        else:
+            conn = sqlite3.connect(path, timeout=BUSY_TIMEOUT_MS / 1000)
+    except sqlite3.Error as err:
+        raise store_error(path, err) from None
     try:
         conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
         yield conn
         conn.commit()
+    except sqlite3.Error as err:
+        with suppress(sqlite3.Error):
+            conn.rollback()
+        raise store_error(path, err) from None
     except BaseException:
-        conn.rollback()
+        with suppress(sqlite3.Error):
+            conn.rollback()
         raise
     finally:
         conn.close()
+
+
+def store_error(path: Path, err: sqlite3.Error) -> WorkbenchError:
+    """One line naming the store file and what to do, for what SQLite reports."""
+    text = str(err)
+    if "locked" in text or "busy" in text:
+        return WorkbenchError(f"{path}: still locked by another process after {BUSY_TIMEOUT_MS // 1000} s "
+                              f"({text}); run again when it has finished")
+    if "full" in text:
+        return WorkbenchError(f"{path}: the disk is full ({text}); free some space and run again "
+                              "(finished runs are kept)")
+    if "readonly" in text or "read-only" in text or "unable to open" in text:
+        return WorkbenchError(f"{path}: cannot write here ({text}); use --out for a writable folder "
+                              "(`workbench results` and `report` read it as it is)")
+    return WorkbenchError(
+        f"{path} is not a readable workbench store ({text}): move it away and run the study again "
+        "(finished runs are recovered from their run folders' result.json), or run with --fresh to start over")
+
+
+class WriterLock:
+    """The one writer of an output folder: an exclusive advisory lock (fcntl.flock) on
+    out_dir/.workbench.lock, holding the writer's pid, from before --fresh clears anything
+    until the sweep ends. The OS releases it when the process exits, however it exits."""
+
+    def __init__(self, out_dir: str | Path):
+        self.path = Path(out_dir) / LOCK_FILE
+        self.fd: int | None = None
+
+    def __enter__(self) -> WriterLock:
+        import fcntl
+
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as err:
+            raise WorkbenchError(f"{self.path.parent}: cannot write here ({err.strerror}); use --out for a "
+                                 "writable folder") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as err:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            if err.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+                raise
+            raise WorkbenchError(f"{self.path.parent} is being written by another `workbench run` (pid {holder}); "
+                                 "wait for it to end, or use --out for another folder") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self.fd = fd
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.fd is not None:
+            with suppress(OSError):
+                os.ftruncate(self.fd, 0)
+            os.close(self.fd)  # closing releases the flock
+            self.fd = None
 
 
 class Store:
     """Read and write one output folder's results.db."""
 
     def __init__(self, out_dir: str | Path, create: bool = True):
+        """create=False: read an existing store (read-only); create=True: the writer's store."""
         self.out_dir = Path(out_dir)
         self.path = self.out_dir / DB_FILE
+        self.readonly = not create
         if not create:
             if not self.path.exists():
                 raise WorkbenchError(f"{self.out_dir}: no results here (no {DB_FILE}); run a study into it first")
+            if self.path.is_dir():
+                raise store_error(self.path, sqlite3.DatabaseError("a folder"))
             return
-        self.out_dir.mkdir(parents=True, exist_ok=True)
-        with connect(self.path) as conn:
-            conn.execute("PRAGMA journal_mode = WAL")  # persistent: readers never block the writer
-            conn.executescript(SCHEMA)
+        try:
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise WorkbenchError(f"{self.out_dir}: cannot create the output folder ({err.strerror}); "
+                                 "use --out for a writable folder") from None
+        for attempt in range(50):  # two processes creating one store: the loser retries
+            try:
+                with self.connect() as conn:
+                    if conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+                        conn.execute("PRAGMA journal_mode = WAL")  # persistent: readers never block the writer
+                    conn.executescript(SCHEMA)
+                return
+            except WorkbenchError as err:
+                if "locked" not in str(err) or attempt == 49:
+                    raise
+                time.sleep(0.1)
+
+    def connect(self):
+        return connect(self.path, readonly=self.readonly)
 
     # ---- the study ------------------------------------------------------------------------
 
     def study_info(self) -> dict[str, str]:
-        with connect(self.path) as conn:
+        with self.connect() as conn:
             return dict(conn.execute("SELECT key, value FROM study").fetchall())
 
     def save_study(self, info: dict[str, str]) -> None:
-        with connect(self.path) as conn:
+        with self.connect() as conn:
             conn.executemany("INSERT OR REPLACE INTO study (key, value) VALUES (?, ?)", info.items())
 
     # ---- runs -----------------------------------------------------------------------------
 
     def statuses(self) -> dict[str, str]:
-        with connect(self.path) as conn:
+        with self.connect() as conn:
             return dict(conn.execute("SELECT run_id, status FROM runs").fetchall())
 
     def record(self, run, result) -> None:
-        """Write a run's outcome and curves in one transaction (replacing an earlier attempt)."""
+        """Write a run's outcome and curves in one transaction (replacing an earlier attempt);
+        the attempt count is read inside it."""
         r = result
-        with connect(self.path) as conn:
+        with self.connect() as conn:
+            conn.execute("BEGIN IMMEDIATE")
             row = conn.execute("SELECT attempts FROM runs WHERE run_id = ?", (run.run_id,)).fetchone()
             attempts = row[0] + 1 if row else 1
             conn.execute(
@@ -144,7 +246,7 @@ class Store:
 
     def runs(self) -> list[dict[str, Any]]:
         """Every recorded run with its JSON columns decoded, in sweep order."""
-        with connect(self.path) as conn:
+        with self.connect() as conn:
             conn.row_factory = sqlite3.Row
             rows = conn.execute("SELECT * FROM runs ORDER BY position").fetchall()
         out = []
@@ -167,7 +269,7 @@ def runs_root(out_dir: str | Path) -> Path:
 
 
 def run_dir(out_dir: str | Path, run_id: str) -> Path:
-    """The folder of one run (its checkpoints, Lightning logs, final.pt)."""
+    """The folder of one run (its checkpoints, Lightning logs, final weights)."""
     return runs_root(out_dir) / run_id
 
 
@@ -221,7 +323,7 @@ def load_curves(out_dir: str | Path, run_id: str | None = None) -> pd.DataFrame:
     params: tuple = ()
     if run_id is not None:
         query, params = query + " WHERE run_id = ?", (run_id,)
-    with connect(store.path) as conn:
+    with store.connect() as conn:
         return pd.read_sql_query(query + " ORDER BY run_id, split, metric, step", conn, params=params)
 
 

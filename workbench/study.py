@@ -23,6 +23,8 @@ import copy
 import hashlib
 import itertools
 import json
+import math
+import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -106,9 +108,16 @@ def read_yaml(path: Path) -> tuple[str, Any, LineMap]:
         raise WorkbenchError(f"{file}: study file not found") from None
     except OSError as err:
         raise WorkbenchError(f"{file}: cannot read the study file ({err.strerror})") from None
+    except UnicodeDecodeError:
+        raise WorkbenchError(f"{file}: not a text (UTF-8) file; a study is a YAML file") from None
     loader = yaml.SafeLoader(text)
     try:
         node = loader.get_single_node()
+        size = expanded_size(node)
+        if size > limit("WORKBENCH_MAX_YAML_NODES"):
+            raise StudyError(file, None, f"its YAML aliases (*name) expand to {size:.3g} nodes, over the limit of "
+                             f"{limit('WORKBENCH_MAX_YAML_NODES')}: write the values out, or set "
+                             "WORKBENCH_MAX_YAML_NODES to allow it")
         data = loader.construct_document(node) if node is not None else None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None) or getattr(err, "context_mark", None)
@@ -119,6 +128,46 @@ def read_yaml(path: Path) -> tuple[str, Any, LineMap]:
     finally:
         loader.dispose()
     return text, data, LineMap.of(node, file)
+
+
+def expanded_size(node: yaml.Node | None, memo: dict[int, int] | None = None) -> int:
+    """Nodes of the document once every alias is expanded, computed without expanding them
+    (a 400-byte "billion laughs" file expands to 10^9 nodes)."""
+    if node is None:
+        return 0
+    memo = {} if memo is None else memo
+    key = id(node)
+    if key in memo:
+        return memo[key]
+    memo[key] = 1  # a recursive alias counts once more, instead of forever
+    if isinstance(node, yaml.MappingNode):
+        size = 1 + sum(expanded_size(k, memo) + expanded_size(v, memo) for k, v in node.value)
+    elif isinstance(node, yaml.SequenceNode):
+        size = 1 + sum(expanded_size(item, memo) for item in node.value)
+    else:
+        size = 1
+    memo[key] = size
+    return size
+
+
+# ---- size limits ----------------------------------------------------------------------------
+
+LIMITS = {  # environment variable -> default; the defaults refuse only the absurd
+    "WORKBENCH_MAX_RUNS": 10_000,  # runs of one study (sweep points x seeds)
+    "WORKBENCH_MAX_PARAMS": 20_000_000_000,  # estimated parameters of one model
+    "WORKBENCH_MAX_ACTIVATION_BYTES": 2**40,  # estimated activation memory of one batch (1 TiB)
+    "WORKBENCH_MAX_YAML_NODES": 100_000,  # nodes of a study file once its aliases are expanded
+}
+
+
+def limit(name: str) -> int:
+    value = os.environ.get(name)
+    if value is None:
+        return LIMITS[name]
+    try:
+        return int(float(value))
+    except ValueError:
+        raise SpecError(name, f"expected a number, got {value!r}") from None
 
 
 # ---- dotted keys ----------------------------------------------------------------------------
@@ -169,6 +218,11 @@ def digest(value: Any, n: int = 12) -> str:
 # ---- sections -------------------------------------------------------------------------------
 
 
+# Lightning's registered strategy names, by their first word (ddp_spawn, deepspeed_stage_2, ...);
+# tests/test_reliability.py checks them against Lightning's StrategyRegistry.
+LIGHTNING_STRATEGIES = ("auto", "ddp", "deepspeed", "fsdp", "single", "xla")
+
+
 class TrainConfig(BaseModel):
     """How each run trains. Execution fields (where and how it runs) do not change a run's id."""
 
@@ -182,21 +236,22 @@ class TrainConfig(BaseModel):
         None, gt=0, description="training tokens per run: steps = ceil(tokens / (batch_size * task.train_length))"
     )
     batch_size: int = Field(32, gt=0, description="sequences per optimizer step")
-    lr: float = Field(1e-3, gt=0, description="peak learning rate (AdamW)")
-    weight_decay: float = Field(0.01, ge=0, description="AdamW decay on weight matrices (not norms or biases)")
+    lr: float = Field(1e-3, gt=0, allow_inf_nan=False, description="peak learning rate (AdamW)")
+    weight_decay: float = Field(0.01, ge=0, allow_inf_nan=False, description="AdamW decay on weight matrices (not norms or biases)")
     warmup_steps: int = Field(0, ge=0, description="linear warmup from 0 to lr")
     schedule: Literal["cosine", "linear", "constant"] = Field("cosine", description="decay after warmup")
     min_lr_ratio: float = Field(0.1, ge=0, le=1, description="final lr / peak lr for cosine and linear decay")
-    grad_clip: float | None = Field(1.0, gt=0, description="clip the gradient norm to this (null: no clipping)")
+    grad_clip: float | None = Field(1.0, gt=0, allow_inf_nan=False, description="clip the gradient norm to this (null: no clipping)")
     eval_every: int | None = Field(None, gt=0, description="evaluate every N steps (default steps // 10); always at the end")
     eval_batch_size: int = Field(128, gt=0, description="sequences per evaluation batch")
     log_every: int = Field(10, gt=0, description="record the training loss every N steps")
     precision: Literal["32", "bf16-mixed", "16-mixed"] = Field(
         "32", description="'32' anywhere; 'bf16-mixed' on GPUs with bfloat16 (Ampere+); '16-mixed' on GPUs"
     )
-    accelerator: str = Field("auto", description="Lightning accelerator: auto (GPU when present), cpu, gpu, mps")
-    devices: int | str = Field(1, description="devices per run (Lightning `devices`)")
-    strategy: str = Field("auto", description="Lightning strategy (auto, ddp, ...)")
+    accelerator: Literal["auto", "cpu", "gpu", "cuda", "mps", "tpu"] = Field(
+        "auto", description="Lightning accelerator: auto (GPU when present), cpu, gpu, mps")
+    devices: int | str = Field(1, description="devices per run (Lightning `devices`: N, -1 for all, 'auto', or '0,1')")
+    strategy: str = Field("auto", description="Lightning strategy (auto, ddp, fsdp, deepspeed, ...)")
     num_nodes: int = Field(1, gt=0, description="nodes per run (Lightning `num_nodes`)")
     logger: Literal["csv", "tensorboard"] = Field("csv", description="Lightning logger writing each run's log folder")
     checkpoint_every: int | None = Field(None, gt=0, description="checkpoint every N steps for resume (default: eval_every)")
@@ -205,6 +260,22 @@ class TrainConfig(BaseModel):
     @classmethod
     def _precision_text(cls, v):
         return str(v) if isinstance(v, int) else v  # `precision: 32` in YAML is an int
+
+    @field_validator("devices")
+    @classmethod
+    def _devices(cls, v):
+        if isinstance(v, int) and (v >= 1 or v == -1):
+            return v
+        if isinstance(v, str) and (v == "auto" or re.fullmatch(r"\d+(,\d+)*,?", v.strip())):
+            return v
+        raise SpecError("train.devices", f"expected a device count >= 1, -1 (all), 'auto' or a list like '0,1'; got {v!r}")
+
+    @field_validator("strategy")
+    @classmethod
+    def _strategy(cls, v):
+        if v.split("_")[0] not in LIGHTNING_STRATEGIES:
+            raise SpecError("train.strategy", f"unknown Lightning strategy {v!r}", LIGHTNING_STRATEGIES)
+        return v
 
     @model_validator(mode="after")
     def _one_budget(self):
@@ -290,9 +361,16 @@ class Sweep(BaseModel):
     def keys(self) -> list[str]:
         return [*self.grid, *(k for group in self.zip for k in group)]
 
+    def size(self) -> int:
+        """The number of points, without expanding them."""
+        return math.prod([len(v) for v in self.grid.values()] + [len(next(iter(g.values()))) for g in self.zip if g])
+
     def points(self) -> list[dict[str, Any]]:
         """Every combination of swept values as {dotted.key: value} (one {} when nothing is swept):
         the grid's product, times each zip group's aligned rows."""
+        if self.size() > limit("WORKBENCH_MAX_RUNS"):
+            raise SpecError("sweep", f"{self.size()} sweep points, over the limit of {limit('WORKBENCH_MAX_RUNS')}; "
+                            "sweep fewer values, or set WORKBENCH_MAX_RUNS to allow it")
         axes = [[{key: v} for v in values] for key, values in self.grid.items()]
         for group in self.zip:
             n = len(next(iter(group.values())))
@@ -447,7 +525,8 @@ class StudyBase(BaseModel):
     )
     description: str = Field("", description="one line: the question the study answers")
     notes: str = Field("", description="free text shown in reports")
-    seeds: list[int] = Field([0], min_length=1, description="every sweep point trains once per seed")
+    seeds: list[Annotated[int, Field(ge=0, le=2**32 - 1)]] = Field(
+        [0], min_length=1, description="every sweep point trains once per seed (0 .. 2^32-1)")
     profiles: dict[str, dict[str, Any]] = Field(
         {}, description="named overrides {profile: {dotted.key: value}}, applied by `workbench run --profile NAME`"
     )

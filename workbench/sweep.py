@@ -10,6 +10,10 @@ With `tune:` a study has two stages (workbench.tuning chooses between them):
 
 Every run is validated here (task parameters, model spec with the task's vocabulary, training
 section), so `workbench validate` catches a bad combination before anything trains.
+
+Sizes are bounded before anything is built: at most WORKBENCH_MAX_RUNS runs per study, and
+each run's estimated parameters and activation memory under WORKBENCH_MAX_PARAMS and
+WORKBENCH_MAX_ACTIVATION_BYTES (environment variables; the defaults refuse only the absurd).
 """
 
 from __future__ import annotations
@@ -30,11 +34,57 @@ from workbench.study import (
     TrainStudy,
     digest,
     label,
+    limit,
     set_dotted,
     task_section,
     unwrap,
 )
 from pydantic import ValidationError
+
+def estimated_parameters(model: dict[str, Any]) -> int:
+    """Parameters of a resolved model spec, from its weight matrices and embeddings (norms,
+    biases and position tables are left out; a given d_ff is counted as gated): an estimate
+    for refusing absurd models, within 20% of the built model's count for typical shapes."""
+    d, heads, kv, hd = model["d_model"], model["n_heads"], model["n_kv_heads"], model["head_dim"]
+    attention = d * hd * 2 * (heads + kv)  # q and o: heads * hd each; k and v: kv * hd each
+    d_ff = model["ffn"].get("d_ff")
+    ffn = 3 * d * d_ff if d_ff else 8 * d * d  # 4x MLP or 8/3x gated: 8 d^2 either way
+    if model["family"] == "encoder_decoder":
+        enc = model["n_encoder_layers"] or model["n_layers"]
+        dec = model["n_decoder_layers"] or model["n_layers"]
+        blocks = enc * (attention + ffn) + dec * (2 * attention + ffn)  # decoder blocks add cross-attention
+    else:
+        blocks = model["n_layers"] * (attention + ffn)
+    embeddings = model["vocab_size"] * d * (1 if model["tie_embeddings"] else 2)
+    return blocks + embeddings
+
+
+def estimated_activation_bytes(model: dict[str, Any], batch: int, length: int, layers: int) -> int:
+    """Activation memory of `layers` stored layers on a batch: s*b*h*(34 + 5*a*s/h) bytes per
+    layer in 16-bit (Korthikanti et al. 2022, "Reducing Activation Recomputation", eq. 1),
+    doubled for 32-bit floats, plus the logits."""
+    d, heads = model["d_model"], model["n_heads"]
+    per_layer = length * batch * d * (34 + 5 * heads * length / d) * 2
+    return int(per_layer * layers + 2 * 4 * batch * length * model["vocab_size"])
+
+
+def check_size(train_length: int, eval_lengths: list[int], model: dict[str, Any], train: dict[str, Any]) -> None:
+    """Refuse, at validate, a run too large to be meant: the numbers computed, and how to allow it."""
+    params = estimated_parameters(model)
+    if params > limit("WORKBENCH_MAX_PARAMS"):
+        raise SpecError("model.d_model", f"about {params:.3g} parameters (estimated from the model's shapes), over "
+                        f"the limit of {limit('WORKBENCH_MAX_PARAMS'):.3g}; make the model smaller, or set "
+                        "WORKBENCH_MAX_PARAMS to allow it")
+    layers = model["n_layers"] * (2 if model["family"] == "encoder_decoder" else 1)
+    for field_, batch, length, stored in (
+        ("train.batch_size", train["batch_size"], train_length, layers),  # backward keeps every layer
+        ("train.eval_batch_size", train["eval_batch_size"], max([train_length, *eval_lengths]), 1),  # evaluation keeps one at a time
+    ):
+        needed = estimated_activation_bytes(model, batch, length, stored)
+        if needed > limit("WORKBENCH_MAX_ACTIVATION_BYTES"):
+            raise SpecError(field_, f"{batch} sequences of length {length} need about {needed / 2**30:.3g} GiB of "
+                            f"activations (estimate), over the limit of {limit('WORKBENCH_MAX_ACTIVATION_BYTES') / 2**30:.3g} "
+                            "GiB; use a smaller batch, or set WORKBENCH_MAX_ACTIVATION_BYTES to allow it")
 
 
 @dataclass(frozen=True)
@@ -99,7 +149,9 @@ def resolve_point(study: TrainStudy, point: dict[str, Any]) -> dict[str, Any]:
         train = TrainConfig.model_validate(raw["train"])
     except ValidationError as err:
         raise unwrap(err, "train") from None
-    return {"task": task, "model": model, "train": train.resolved(task["train_length"])}
+    resolved = train.resolved(task["train_length"])
+    check_size(task["train_length"], list(task_obj.eval_lengths), model, resolved)
+    return {"task": task, "model": model, "train": resolved}
 
 
 def locate(study_file: StudyFile, point: dict[str, Any], swept: dict[str, Any], err: SpecError,
@@ -141,6 +193,11 @@ def expand(study_file: StudyFile, chosen: dict[str, dict[str, Any]] | None = Non
         raise TypeError(f"expand() takes a train study, got kind {study.kind!r}")
     runs: list[RunConfig] = []
     seen: dict[str, RunConfig] = {}
+    n_runs = study.sweep.size() * len(study.seeds)
+    if n_runs > limit("WORKBENCH_MAX_RUNS"):
+        raise study_file.error(SpecError(
+            "sweep", f"{study.sweep.size()} sweep points x {len(study.seeds)} seeds = {n_runs} runs, over the limit of "
+            f"{limit('WORKBENCH_MAX_RUNS')}; sweep fewer values, or set WORKBENCH_MAX_RUNS to allow it"))
     for i, point in enumerate(sweep_points(study)):
         tuned: dict[str, Any] = {}
         if study.tune is not None:

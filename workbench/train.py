@@ -3,8 +3,8 @@
     RunConfig --train_run--> RunResult (status, final metrics, curves, cost, environment)
 
     TaskDataModule  batch i of training = task.train_batch(i): a pure function of (seed, i),
-                    so a run resumed at step k continues with batch k (the sampler starts at
-                    the restored global step).
+                    so a run resumed at step k continues with batch k (StepSampler starts at
+                    the restored global step; the whole budget is one epoch).
     RunModule       build_model(spec) + task.loss; AdamW; warmup + decay (LambdaLR); a NaN/inf
                     loss stops training and marks the run diverged.
     RunRecorder     train loss every `log_every` steps, evaluation on every eval length every
@@ -12,7 +12,9 @@
                     saved in checkpoints, so a resumed run keeps its whole history.
 
 A run folder holds config.json, checkpoints/last.ckpt (resume), logs/ (Lightning CSV or
-TensorBoard logger), final.pt (weights + config, for reports) and result.json.
+TensorBoard logger), final.safetensors (weights, with the config as metadata, for reports)
+and result.json. Nothing read back from a run folder can execute code: checkpoints load with
+`weights_only=True` (tensors and plain data only), final weights are safetensors.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import json
 import logging
 import math
 import os
+import pickle
 import platform
 import resource
 import subprocess
@@ -34,10 +37,15 @@ from pathlib import Path
 from typing import Any
 
 import pytorch_lightning as pl
+import safetensors
+import safetensors.torch
 import torch
 from pytorch_lightning.callbacks import Callback, ModelCheckpoint
-from torch.utils.data import DataLoader, Dataset
+from pytorch_lightning.plugins.io import TorchCheckpointIO
+from pytorch_lightning.utilities.exceptions import SIGTERMException
+from torch.utils.data import DataLoader, Dataset, Sampler
 
+from workbench import stopping
 from workbench.errors import WorkbenchError
 from workbench.model import Transformer, build_model
 from workbench.position import PositionLimitError
@@ -91,16 +99,37 @@ class StepBatches(Dataset):
         return batch, count_tokens(batch)
 
 
+class StepSampler(Sampler[int]):
+    """Indices start() .. steps-1: the training budget is one epoch of `steps` batches.
+
+    A resumed run restores Lightning's position in that epoch (k batches done) along with the
+    global step k, and Lightning ends the epoch when its count reaches len(sampler). So the
+    length stays the whole budget while iteration starts at k: the run continues with batch
+    k and stops after batch steps-1, exactly as an uninterrupted run would (a sampler of
+    length steps-k would end the restored epoch early and start a second one at k again)."""
+
+    def __init__(self, steps: int, start):
+        self.steps, self.start = steps, start
+
+    def __len__(self) -> int:
+        return self.steps
+
+    def __iter__(self):
+        return iter(range(self.start(), self.steps))
+
+
 class TaskDataModule(pl.LightningDataModule):
     def __init__(self, task, family: str, batch_size: int, steps: int):
         super().__init__()
         self.dataset = StepBatches(task, batch_size, family, steps)
 
     def train_dataloader(self) -> DataLoader:
-        # Lightning restores the global step before asking for the dataloader: start there, so
-        # a resumed run continues with the batch it would have seen next.
-        start = self.trainer.global_step if self.trainer is not None else 0
-        return DataLoader(self.dataset, batch_size=None, sampler=range(start, len(self.dataset)))
+        # Lightning restores the global step before iterating: start there, so a resumed run
+        # continues with the batch it would have seen next.
+        sampler = StepSampler(len(self.dataset), lambda: self.trainer.global_step if self.trainer is not None else 0)
+        # Its own generator: starting an iterator would otherwise draw from the global random
+        # state that dropout uses, once more in a resumed session than in an uninterrupted run.
+        return DataLoader(self.dataset, batch_size=None, sampler=sampler, generator=torch.Generator())
 
 
 # ---- model and optimisation -----------------------------------------------------------------
@@ -288,6 +317,7 @@ class RunRecorder(Callback):
         self.tokens = 0
         self.prior_train_time = 0.0  # training time of earlier sessions (from the checkpoint)
         self.session_start: float | None = None
+        self.start_step = 0  # the global step this session started at (> 0: resumed)
         self.session_eval_time = 0.0
         self._eval_batches: dict[int, list] = {}
 
@@ -303,6 +333,7 @@ class RunRecorder(Callback):
 
     def on_train_start(self, trainer, pl_module) -> None:
         self.session_start = time.perf_counter()
+        self.start_step = trainer.global_step
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         step = trainer.global_step
@@ -337,14 +368,17 @@ class RunRecorder(Callback):
             logger.save()
 
     def state_dict(self) -> dict[str, Any]:
+        # The CPU random state too (dropout draws from it): a resumed run continues the stream.
         return {"curves": self.curves, "last_eval": self.last_eval, "tokens": self.tokens,
-                "train_time": self.train_time()}
+                "train_time": self.train_time(), "torch_rng": torch.get_rng_state()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.curves = [tuple(c) for c in state["curves"]]
         self.last_eval = state["last_eval"]
         self.tokens = state["tokens"]
         self.prior_train_time = state["train_time"]
+        if "torch_rng" in state:
+            torch.set_rng_state(state["torch_rng"])
 
 
 def evaluate_lengths(task, model, family: str, batch_size: int, cache: dict[int, list],
@@ -367,6 +401,55 @@ def evaluate_lengths(task, model, family: str, batch_size: int, cache: dict[int,
             continue
         metrics.update({f"{name}@{length}": float(value) for name, value in scores.items()})
     return metrics, not_applicable
+
+
+# ---- checkpoints: atomic, and never code ---------------------------------------------------
+
+
+class DamagedFile(WorkbenchError):
+    """A file in a run folder that cannot (or must not) be loaded."""
+
+
+def refuse_or_explain(path: Path, err: Exception, what_to_do: str) -> DamagedFile:
+    """One line naming the file, what is wrong with it and what to do."""
+    if isinstance(err, pickle.UnpicklingError) and "weights only" in str(err).lower():
+        problem = ("holds Python objects that would run code when loaded (refused: only tensors and plain "
+                   "data are loaded from run folders)")
+    else:
+        problem = f"is damaged or not a checkpoint ({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''})"
+    return DamagedFile(f"{path} {problem}; {what_to_do}")
+
+
+class SafeCheckpointIO(TorchCheckpointIO):
+    """Lightning's torch checkpoints, written atomically (a temporary file renamed over the old
+    one: a kill leaves the old checkpoint or the new one, never half) and loaded with
+    weights_only=True whatever the caller asks (a crafted checkpoint cannot run code)."""
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options: Any | None = None) -> None:
+        path = Path(path)
+        tmp = path.with_name(path.name + ".tmp")
+        super().save_checkpoint(checkpoint, tmp, storage_options)
+        os.replace(tmp, path)
+
+    def load_checkpoint(self, path, map_location: Any | None = None, weights_only: bool | None = None) -> dict[str, Any]:
+        try:
+            return torch.load(path, map_location=map_location or "cpu", weights_only=True)
+        except Exception as err:
+            raise refuse_or_explain(Path(path), err, "delete it to train this run from the start") from None
+
+
+class StopOnRequest(Callback):
+    """On SIGTERM/SIGINT (workbench.stopping): the step in progress finishes, a checkpoint of it
+    is written, and the run ends with RunInterrupted; no result is written."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if stopping.stop_requested():
+            if outputs is not None and trainer.global_step < trainer.max_steps:  # nothing to keep otherwise
+                trainer.save_checkpoint(self.path)
+            raise stopping.RunInterrupted(f"stopped at step {trainer.global_step}")
 
 
 # ---- one run --------------------------------------------------------------------------------
@@ -405,7 +488,8 @@ class RunResult:
         return cls(**data)
 
 
-RESULT_FILE, FINAL_WEIGHTS, LAST_CHECKPOINT = "result.json", "final.pt", "checkpoints/last.ckpt"
+RESULT_FILE, FINAL_WEIGHTS, LAST_CHECKPOINT = "result.json", "final.safetensors", "checkpoints/last.ckpt"
+OLD_FINAL_WEIGHTS = "final.pt"  # run folders written before safetensors (loaded with weights_only=True)
 
 
 def make_task(config: dict[str, Any]):
@@ -449,19 +533,20 @@ def train_run(run_id: str, config: dict[str, Any], run_dir: Path) -> RunResult:
         checkpoint = ModelCheckpoint(dirpath=run_dir / "checkpoints", save_last=True, save_top_k=0,
                                      every_n_train_steps=train["checkpoint_every"])
         ckpt = run_dir / LAST_CHECKPOINT
+        ckpt.with_name(ckpt.name + ".tmp").unlink(missing_ok=True)  # a save cut short by a kill
         trainer = pl.Trainer(
             max_steps=train["steps"], max_epochs=-1, limit_val_batches=0, num_sanity_val_steps=0,
             accelerator=train["accelerator"], devices=train["devices"], strategy=train["strategy"],
             num_nodes=train["num_nodes"], precision=train["precision"],
             gradient_clip_val=train["grad_clip"], gradient_clip_algorithm="norm",
             deterministic=device == "cpu", logger=make_logger(train["logger"], run_dir),
-            callbacks=[recorder, checkpoint], log_every_n_steps=train["log_every"],
+            callbacks=[recorder, StopOnRequest(ckpt), checkpoint], log_every_n_steps=train["log_every"],
+            plugins=[SafeCheckpointIO()],
             enable_progress_bar=False, enable_model_summary=False, default_root_dir=run_dir,
         )
         datamodule = TaskDataModule(task, module.family, train["batch_size"], train["steps"])
-        if ckpt.exists():
-            result.resumed_from_step = torch.load(ckpt, map_location="cpu", weights_only=False)["global_step"]
-        trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt if ckpt.exists() else None)
+        trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt if ckpt.exists() else None, weights_only=True)
+        result.resumed_from_step = recorder.start_step or None
         result.steps_done = trainer.global_step
         if module.diverged_step is not None:
             result.status, result.diverged_step = DIVERGED, module.diverged_step
@@ -469,8 +554,10 @@ def train_run(run_id: str, config: dict[str, Any], run_dir: Path) -> RunResult:
             result.status = FINISHED
             result.metrics = recorder.last_eval["metrics"]
             result.not_applicable = recorder.last_eval["not_applicable"]
-            torch.save({"config": config, "state_dict": module.model.state_dict(), "step": trainer.global_step},
-                       run_dir / FINAL_WEIGHTS)
+            save_final_weights(module.model, config, trainer.global_step, run_dir / FINAL_WEIGHTS)
+    except (stopping.RunInterrupted, SIGTERMException) as err:
+        # Stopped by a signal: the checkpoint holds the run; nothing is recorded for it.
+        raise stopping.RunInterrupted(str(err) or "stopped") from None
     except (torch.OutOfMemoryError, MemoryError) as err:
         result.status, result.error = OOM, f"{type(err).__name__}: {err}".splitlines()[0]
     except Exception as err:  # any other error is this run's outcome; the sweep goes on
@@ -486,7 +573,11 @@ def train_run(run_id: str, config: dict[str, Any], run_dir: Path) -> RunResult:
         result.tokens_per_s = result.tokens / result.train_time_s if result.tokens and result.train_time_s > 0 else None
     result.peak_memory_bytes = memory.peak_bytes()
     result.wall_time_s = time.perf_counter() - start
-    write_json_atomic(run_dir / RESULT_FILE, result.to_json())
+    try:
+        write_json_atomic(run_dir / RESULT_FILE, result.to_json())
+    except OSError as err:  # a full disk, a folder made read-only: the sweep cannot go on
+        raise WorkbenchError(f"{run_dir / RESULT_FILE}: cannot write it ({err.strerror}); free some space (or make "
+                             "the folder writable) and run again: finished runs are kept") from None
     return result
 
 
@@ -496,9 +587,36 @@ def write_json_atomic(path: Path, data: Any) -> None:
     os.replace(tmp, path)  # a reader sees the old file or the whole new one, never half
 
 
+def save_final_weights(model: torch.nn.Module, config: dict[str, Any], step: int, path: Path) -> None:
+    """The trained weights as safetensors (no pickle), the run config and step as metadata;
+    written atomically. save_model keeps one copy of tied tensors."""
+    tmp = path.with_name(path.name + ".tmp")
+    safetensors.torch.save_model(model, str(tmp), metadata={"config": json.dumps(config), "step": str(step)})
+    os.replace(tmp, path)
+
+
 def load_final_model(run_dir: str | Path) -> tuple[Transformer, dict[str, Any]]:
-    """The trained model of a finished run (eval mode) and its resolved run config."""
-    saved = torch.load(Path(run_dir) / FINAL_WEIGHTS, map_location="cpu", weights_only=False)
-    model = build_model(saved["config"]["model"])
-    model.load_state_dict(saved["state_dict"])
-    return model.eval(), saved["config"]
+    """The trained model of a finished run (eval mode) and its resolved run config.
+    Raises FileNotFoundError without final weights and DamagedFile for a file that is not
+    what the workbench writes (truncated, or a pickle with code in it)."""
+    path = Path(run_dir) / FINAL_WEIGHTS
+    old = Path(run_dir) / OLD_FINAL_WEIGHTS
+    redo = "report without pictures (`workbench report --no-pictures`) or retrain (`workbench run --fresh`)"
+    if not path.exists() and old.exists():
+        try:
+            saved = torch.load(old, map_location="cpu", weights_only=True)
+            model = build_model(saved["config"]["model"])
+            model.load_state_dict(saved["state_dict"])
+        except Exception as err:
+            raise refuse_or_explain(old, err, redo) from None
+        return model.eval(), saved["config"]
+    if not path.exists():
+        raise FileNotFoundError(path)
+    try:
+        with safetensors.safe_open(str(path), framework="pt") as f:
+            config = json.loads(f.metadata()["config"])
+        model = build_model(config["model"])
+        safetensors.torch.load_model(model, str(path), device="cpu")
+    except Exception as err:
+        raise refuse_or_explain(path, err, redo) from None
+    return model.eval(), config

@@ -15,6 +15,7 @@ no creation date or software version.
 
 from __future__ import annotations
 
+import os
 import shutil
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -65,6 +66,15 @@ def fresh_folder(dest: Path) -> None:
         (dest / name).unlink(missing_ok=True)
 
 
+def swap_in(built: Path, dest: Path) -> None:
+    """Replace the report in `dest` by the one built in `built`, by renames: a report that fails
+    to build leaves the old one whole."""
+    dest.mkdir(parents=True, exist_ok=True)
+    fresh_folder(dest)
+    for entry in built.iterdir():
+        os.replace(entry, dest / entry.name)
+
+
 def study_of(info: Mapping[str, Any]):
     """The validated study object stored with the results."""
     from workbench.study import study_kinds
@@ -89,8 +99,21 @@ def write_report(out_dir: str | Path, reports_dir: str | Path = "reports", *, pi
     out_dir = Path(out_dir)
     info = store.load_study_info(out_dir)
     study = study_of(info)
-    dest = Path(reports_dir) / study.name
-    fresh_folder(dest)
+    final = Path(reports_dir) / study.name
+    dest = final.parent / f".{study.name}.building-{os.getpid()}"  # built here, then swapped in
+    shutil.rmtree(dest, ignore_errors=True)
+    dest.mkdir(parents=True)
+    try:
+        build_report(out_dir, info, study, dest, pictures)
+        swap_in(dest, final)
+    finally:
+        shutil.rmtree(dest, ignore_errors=True)
+    return final / "index.html"
+
+
+def build_report(out_dir: Path, info: dict[str, Any], study, dest: Path, pictures: bool) -> None:
+    from workbench import store
+
     if study.kind == "train":
         from workbench.report.pictures import ModelPictures
         from workbench.report.train_report import TrainInputs, TrainReport
@@ -114,9 +137,8 @@ def write_report(out_dir: str | Path, reports_dir: str | Path = "reports", *, pi
         report, results = scaling_report_from_store(out_dir, study, info, dest)
     else:
         raise WorkbenchError(f"no report for study kind {study.kind!r}")
-    index = write_files(report, results, dest)
+    write_files(report, results, dest)
     write_summary(dest, report, store.Store(out_dir, create=False).runs())
-    return index
 
 
 __all__ = ["write_report", "Report"]

@@ -1,0 +1,470 @@
+"""Reliability and security (issue 17): nothing in a run folder executes code, one writer per
+output folder, exact resume, signals, bounded validation, damaged folders. Each case asserts
+the one-line message and that nothing finished was lost."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from workbench import stopping
+from workbench.errors import WorkbenchError
+from workbench.runner import run_study
+from workbench.store import DB_FILE, Store, load_results, run_dir
+from workbench.study import load_study
+from workbench.sweep import expand
+from workbench.train import FINISHED, LAST_CHECKPOINT, RESULT_FILE, RunModule, StepBatches
+from workbench.train import load_final_model, train_run
+
+STUDY = """\
+name: tiny-reliability
+task: {name: copy, train_length: 6, eval_lengths: [6], n_eval: 32, alphabet_size: 6}
+model: {family: decoder, d_model: 32, n_layers: 1, n_heads: 2, position: rope, dropout: 0.1}
+train: {steps: 20, batch_size: 8, lr: 3.0e-3, warmup_steps: 2, eval_every: 10, log_every: 5, checkpoint_every: 5}
+seeds: [0]
+sweep:
+  model.position: [none, rope]
+"""
+
+
+@pytest.fixture(autouse=True)
+def one_thread_and_no_stop():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    stopping.reset()
+    yield
+    stopping.reset()
+    torch.set_num_threads(before)
+
+
+def write(tmp_path: Path, text: str = STUDY, name: str = "study.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+# ---- exact resume, and a stop request in the middle of a run ---------------------------------
+
+
+@pytest.mark.parametrize("stop_at", [3, 13])  # below and above half the budget
+def test_a_run_stopped_at_any_step_resumes_exactly(tmp_path, monkeypatch, stop_at):
+    run = expand(load_study(write(tmp_path)))[0]
+    reference = train_run(run.run_id, run.config, tmp_path / "uninterrupted")
+
+    original_step = RunModule.training_step
+
+    def stop_during(self, batch, batch_idx):
+        if self.global_step == stop_at - 1:  # a signal arrives while step `stop_at` runs
+            stopping.request_stop("SIGTERM")
+        return original_step(self, batch, batch_idx)
+
+    monkeypatch.setattr(RunModule, "training_step", stop_during)
+    with pytest.raises(stopping.RunInterrupted, match=f"stopped at step {stop_at}"):
+        train_run(run.run_id, run.config, tmp_path / "resumed")
+    assert not (tmp_path / "resumed" / RESULT_FILE).exists()  # nothing recorded for a stopped run
+    monkeypatch.setattr(RunModule, "training_step", original_step)
+    stopping.reset()
+
+    seen: list[int] = []
+    original_item = StepBatches.__getitem__
+    monkeypatch.setattr(StepBatches, "__getitem__", lambda self, i: seen.append(i) or original_item(self, i))
+    resumed = train_run(run.run_id, run.config, tmp_path / "resumed")
+    assert resumed.status == FINISHED and resumed.resumed_from_step == stop_at
+    assert seen == list(range(stop_at, 20))  # each batch once, in order
+    assert resumed.metrics == reference.metrics  # exact on the CPU (dropout included)
+    assert resumed.curves == reference.curves
+    a, _ = load_final_model(tmp_path / "uninterrupted")
+    b, _ = load_final_model(tmp_path / "resumed")
+    for (name, p), q in zip(a.state_dict().items(), b.state_dict().values()):
+        assert torch.equal(p, q), name
+
+
+# ---- nothing in a run folder executes code ---------------------------------------------------
+
+
+class Exploit:
+    """A pickle that, when loaded with weights_only=False, would create a marker file."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (Path.touch, (self.marker,))
+
+
+def test_a_crafted_pickle_in_a_run_folder_is_refused(tmp_path):
+    run = expand(load_study(write(tmp_path)))[0]
+    folder = tmp_path / "run"
+    marker = tmp_path / "pwned"
+    (folder / "checkpoints").mkdir(parents=True)
+    torch.save({"global_step": 5, "payload": Exploit(marker)}, folder / LAST_CHECKPOINT)
+
+    result = train_run(run.run_id, run.config, folder)  # resuming would load last.ckpt
+    assert result.status == "failed"
+    assert str(folder / LAST_CHECKPOINT) in result.error and "refused" in result.error
+    assert "delete it to train this run from the start" in result.error
+    assert not marker.exists()
+
+    # final weights of an old run folder (final.pt) are loaded with weights_only=True too
+    torch.save({"config": run.config, "state_dict": Exploit(marker)}, folder / "final.pt")
+    with pytest.raises(WorkbenchError, match=r"final\.pt holds Python objects .*refused"):
+        load_final_model(folder)
+    assert not marker.exists()
+
+
+# ---- one writer per folder -------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def finished_out(tmp_path_factory):
+    """The two-run study, finished, in one folder (shared by the damaged-folder tests: copy it)."""
+    tmp = tmp_path_factory.mktemp("finished")
+    torch.set_num_threads(1)
+    summary = run_study(write(tmp, STUDY.replace("steps: 20", "steps: 10")), tmp / "out", quiet=True)
+    assert summary.statuses == {"finished": 2}
+    return tmp / "study.yaml", tmp / "out"
+
+
+def copy_of(finished_out, tmp_path) -> tuple[Path, Path]:
+    import shutil
+
+    study, out = finished_out
+    shutil.copytree(out, tmp_path / "out")
+    return study, tmp_path / "out"
+
+
+def finished_ids(out: Path) -> set[str]:
+    return set(load_results(out).query("status == 'finished'").run_id)
+
+
+def test_a_second_writer_is_refused_naming_the_holder_and_readers_still_work(finished_out, tmp_path):
+    from workbench.store import WriterLock
+
+    study, out = copy_of(finished_out, tmp_path)
+    before = finished_ids(out)
+    with WriterLock(out):  # another `workbench run` holds the folder
+        for fresh in (False, True):
+            with pytest.raises(WorkbenchError, match=rf"being written by another `workbench run` \(pid {os.getpid()}\)"):
+                run_study(study, out, quiet=True, fresh=fresh)
+        assert finished_ids(out) == before  # --fresh deleted nothing
+        assert len(load_results(out)) == 2  # readers work alongside the writer
+    assert run_study(study, out, quiet=True).skipped == 2  # released: the folder is usable again
+
+
+def test_two_processes_create_one_store_at_once(tmp_path):
+    code = "import sys; from workbench.store import Store; Store(sys.argv[1]); print('ok')"
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "out")], stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT) for _ in range(3)]
+    outputs = [p.communicate(timeout=120)[0].decode() for p in procs]
+    assert all(p.returncode == 0 for p in procs), outputs
+
+
+# ---- signals ---------------------------------------------------------------------------------
+
+LONG = STUDY.replace("steps: 20", "steps: 5000").replace("eval_every: 10", "eval_every: 2500")
+
+
+def children(pid: int) -> list[int]:
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            out.append(int(stat.parent.name))
+    return out
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def still_alive_after(pids: list[int], seconds: float) -> list[int]:
+    """The processes of `pids` still running after waiting up to `seconds` for them to end
+    (multiprocessing's resource tracker, for one, leaves a moment after its parent)."""
+    deadline = time.monotonic() + seconds
+    while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return [pid for pid in pids if alive(pid)]
+
+
+def kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:  # the group has ended
+        pass
+
+
+def start_sweep(tmp_path: Path, jobs: int) -> tuple[subprocess.Popen, Path, list]:
+    study, out = write(tmp_path, LONG), tmp_path / "out"
+    runs = expand(load_study(study))
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "workbench.cli", "run", str(study), "--out", str(out), "--quiet",
+                             "--jobs", str(jobs), "--reports", str(tmp_path / "reports")],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    deadline = time.monotonic() + 180
+    training = runs[:jobs]
+    while not all((out / "runs" / r.run_id / LAST_CHECKPOINT).exists() for r in training):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            kill_group(proc)
+            pytest.fail(f"the sweep did not start training: {proc.communicate()}")
+        time.sleep(0.05)
+    return proc, out, training
+
+
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_sigterm_checkpoints_records_nothing_half_and_exits_non_zero(tmp_path, jobs):
+    proc, out, training = start_sweep(tmp_path, jobs)
+    workers = children(proc.pid) if jobs > 1 else []
+    try:
+        proc.send_signal(signal.SIGTERM)  # to the driver only
+        _, err = proc.communicate(timeout=120)
+    finally:
+        kill_group(proc)
+    lines = [line for line in err.decode().splitlines() if line.strip()]
+    assert proc.returncode == 130
+    assert lines[-1].startswith("error: stopped by SIGTERM: 0 of 2 runs done and recorded")
+    assert "run the same command again to continue" in lines[-1] and "Traceback" not in err.decode()
+    assert not still_alive_after(workers, 10)
+    assert Store(out, create=False).statuses() == {}  # no run recorded as failed
+    for run in training:  # each stopped run kept a checkpoint of its last step, and no result
+        folder = run_dir(out, run.run_id)
+        assert torch.load(folder / LAST_CHECKPOINT, weights_only=True)["global_step"] > 0
+        assert not (folder / RESULT_FILE).exists()
+
+
+def test_no_worker_outlives_a_sigkilled_driver(tmp_path):
+    proc, out, training = start_sweep(tmp_path, 2)
+    workers = [pid for pid in children(proc.pid) if alive(pid)]
+    assert workers
+    proc.kill()
+    proc.wait()
+    left = still_alive_after(workers, 60)
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    assert not left, "orphaned workers"
+
+
+# ---- damaged folders -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("damage", ["garbage", "truncated"])
+def test_a_damaged_store_is_named_recovered_from_run_folders_and_fresh_starts_over(finished_out, tmp_path, damage):
+    study, out = copy_of(finished_out, tmp_path)
+    before = finished_ids(out)
+    db = out / DB_FILE
+    if damage == "garbage":
+        db.write_bytes(b"not a database at all" * 100)
+    else:
+        data = db.read_bytes()
+        db.write_bytes(data[: len(data) // 3])
+    for wal in out.glob(f"{DB_FILE}-*"):
+        wal.unlink()
+    for call in (lambda: load_results(out), lambda: run_study(study, out, quiet=True)):
+        with pytest.raises(WorkbenchError, match=r"results\.db is not a readable workbench store .*move it away"):
+            call()
+    # as the message says: moved away, the finished runs come back from their result.json
+    db.rename(out / "results.db.damaged")
+    summary = run_study(study, out, quiet=True)
+    assert summary.statuses == {"finished": 2} and finished_ids(out) == before
+    assert {r["attempts"] for r in Store(out).runs()} == {1}
+
+    # --fresh starts over even from a damaged store
+    db.write_bytes(b"\0garbage" * 64)
+    summary = run_study(study, out, quiet=True, fresh=True)
+    assert summary.statuses == {"finished": 2} and finished_ids(out) == before
+
+
+def test_an_invalid_result_json_is_named_and_its_run_trained_again(finished_out, tmp_path, capsys):
+    study, out = copy_of(finished_out, tmp_path)
+    first, second = expand(load_study(study))
+    with sqlite3.connect(out / DB_FILE) as conn:  # the driver died before recording the second run
+        conn.execute("DELETE FROM runs WHERE run_id = ?", (second.run_id,))
+    (run_dir(out, second.run_id) / RESULT_FILE).write_text('{"run_id": "x", "status": "fini')
+    summary = run_study(study, out, quiet=True)
+    assert f"{run_dir(out, second.run_id) / RESULT_FILE} is not a readable result" in capsys.readouterr().err
+    assert summary.skipped == 1 and summary.statuses == {"finished": 1}
+    assert finished_ids(out) == {first.run_id, second.run_id}
+
+
+def test_a_read_only_results_folder_is_read(finished_out, tmp_path, monkeypatch):
+    """A folder this process may not write (a received copy, a read-only mount). The tests run as
+    root, who may write anywhere, so the permission is what os.access reports."""
+    import workbench.store as store_module
+
+    study, out = copy_of(finished_out, tmp_path)
+    assert not list(out.glob(f"{DB_FILE}-*"))
+    real_access = os.access
+    monkeypatch.setattr(store_module.os, "access",
+                        lambda path, mode: False if mode == os.W_OK and Path(path) == out else real_access(path, mode))
+    monkeypatch.setattr(store_module.os, "open", lambda path, *a, **k: (_ for _ in ()).throw(
+        PermissionError(13, "Permission denied", str(path))))
+    assert len(load_results(out)) == 2 and len(store_module.load_curves(out)) > 0
+    assert not list(out.glob(f"{DB_FILE}-*"))  # read as immutable: no WAL side files written
+    with pytest.raises(WorkbenchError, match=r"cannot write here \(Permission denied\); use --out"):
+        run_study(study, out, quiet=True)
+    assert finished_ids(out) == set(load_results(out).run_id)
+
+
+def test_a_truncated_checkpoint_names_the_file_and_what_to_do(tmp_path):
+    run = expand(load_study(write(tmp_path)))[0]
+    folder = tmp_path / "run"
+    (folder / "checkpoints").mkdir(parents=True)
+    (folder / LAST_CHECKPOINT).write_bytes(b"PK\x03\x04 truncated")
+    result = train_run(run.run_id, run.config, folder)
+    assert result.status == "failed"
+    assert f"{folder / LAST_CHECKPOINT} is damaged or not a checkpoint" in result.error
+    assert result.error.endswith("delete it to train this run from the start")
+
+
+def test_a_truncated_final_weights_file_keeps_the_old_report(finished_out, tmp_path):
+    from workbench.report import write_report
+    from workbench.train import FINAL_WEIGHTS
+
+    study, out = copy_of(finished_out, tmp_path)
+    index = write_report(out, tmp_path / "reports")
+    old = index.read_text()
+    weights = run_dir(out, expand(load_study(study))[0].run_id) / FINAL_WEIGHTS
+    weights.write_bytes(weights.read_bytes()[:100])
+    with pytest.raises(WorkbenchError, match=rf"{FINAL_WEIGHTS} is damaged .*--no-pictures"):
+        write_report(out, tmp_path / "reports")
+    assert index.read_text() == old and (index.parent / "results.csv").exists()
+    assert [p.name for p in (tmp_path / "reports").iterdir()] == [index.parent.name]  # no leftovers
+
+
+def test_a_binary_study_file_is_one_message(tmp_path):
+    path = tmp_path / "study.yaml"
+    path.write_bytes(bytes(range(256)) * 4)
+    with pytest.raises(WorkbenchError, match=r"study\.yaml: not a text \(UTF-8\) file"):
+        load_study(path)
+
+
+def test_a_full_disk_is_one_message_and_keeps_what_was_recorded(finished_out, tmp_path, monkeypatch):
+    import sqlite3 as sqlite
+
+    study, out = copy_of(finished_out, tmp_path)
+    first, second = expand(load_study(study))
+    with sqlite3.connect(out / DB_FILE) as conn:
+        conn.execute("DELETE FROM runs WHERE run_id = ?", (second.run_id,))
+    real_connect = sqlite.connect
+
+    class FullDisk:
+        def __init__(self, conn):
+            self.conn = conn
+
+        def execute(self, sql, *args):
+            if sql.lstrip().startswith("INSERT OR REPLACE INTO runs"):
+                raise sqlite.OperationalError("database or disk is full")
+            return self.conn.execute(sql, *args)
+
+        def __getattr__(self, name):
+            return getattr(self.conn, name)
+
+    monkeypatch.setattr(sqlite, "connect", lambda *a, **k: FullDisk(real_connect(*a, **k)))
+    with pytest.raises(WorkbenchError, match=r"results\.db: the disk is full .*free some space and run again"):
+        run_study(study, out, quiet=True)
+    monkeypatch.undo()
+    assert finished_ids(out) == {first.run_id}  # the recorded run is intact
+    assert run_study(study, out, quiet=True).statuses == {"finished": 1}  # and the next run records the other
+
+
+# ---- bounded validation ----------------------------------------------------------------------
+
+BOMB = "".join(f"{c}: &{c} [{', '.join([f'*{p}'] * 9) if p else ', '.join(['lol'] * 9)}]\n"
+               for p, c in zip(["", *"abcdefgh"], "abcdefghi"))
+
+
+def test_a_yaml_alias_bomb_is_refused_before_it_expands(tmp_path):
+    path = write(tmp_path, BOMB)
+    assert len(BOMB.encode()) < 420
+    with pytest.raises(WorkbenchError, match=r"aliases \(\*name\) expand to 4\.9e\+08 nodes, over the limit of 100000"):
+        load_study(path)
+    # a study that uses a few aliases is fine
+    text = STUDY.replace("seeds: [0]", "seeds: &s [0]\nprofiles: {same: {seeds: *s}}")
+    assert load_study(write(tmp_path, text, "ok.yaml")).study.name == "tiny-reliability"
+
+
+def test_the_sweep_size_is_capped_with_a_message(tmp_path, monkeypatch):
+    values = ", ".join(str(1e-4 * (i + 1)) for i in range(1000))
+    text = STUDY.replace("model.position: [none, rope]", f"model.position: [none, rope]\n  train.lr: [{values}]")
+    text = text.replace("seeds: [0]", f"seeds: [{', '.join(map(str, range(10)))}]")
+    with pytest.raises(WorkbenchError, match=r"sweep: 2000 sweep points x 10 seeds = 20000 runs, over the limit of "
+                                             r"10000; .*WORKBENCH_MAX_RUNS"):
+        expand(load_study(write(tmp_path, text)))
+    monkeypatch.setenv("WORKBENCH_MAX_RUNS", "100")
+    with pytest.raises(WorkbenchError, match="over the limit of 100;"):
+        expand(load_study(write(tmp_path, STUDY.replace("seeds: [0]", f"seeds: [{', '.join(map(str, range(51)))}]"))))
+
+
+def test_absurd_sizes_are_refused_at_validate_with_the_number(tmp_path):
+    from workbench.model import build_model
+    from workbench.sweep import estimated_parameters
+
+    big = STUDY.replace("d_model: 32, n_layers: 1", "d_model: 100000, n_layers: 100")
+    with pytest.raises(WorkbenchError, match=r"model\.d_model: about 1\.2e\+13 parameters .*over the limit of 2e\+10"):
+        expand(load_study(write(tmp_path, big)))
+    wide = STUDY.replace("batch_size: 8", "batch_size: 1.0e+11")
+    with pytest.raises(WorkbenchError, match=r"train\.batch_size: 100000000000 sequences of length 6 need about "
+                                             r"[0-9.e+]+ GiB of activations"):
+        expand(load_study(write(tmp_path, wide)))
+    # the estimate is an instrument: close to the real count of a built model
+    for text in (STUDY, STUDY.replace("family: decoder", "family: encoder_decoder")):
+        for run in expand(load_study(write(tmp_path, text))):
+            real = build_model(run.config["model"]).num_parameters()
+            assert 0.8 * real <= estimated_parameters(run.config["model"]) <= 1.25 * real
+
+
+@pytest.mark.parametrize("line, message", [
+    ("seeds: [4294967296]", r"seeds\.0: Input should be less than or equal to 4294967295"),
+    ("seeds: [-1]", r"seeds\.0: Input should be greater than or equal to 0"),
+    ("lr: .inf", r"train\.lr: Input should be a finite number"),
+    ("accelerator: tpux", r"train\.accelerator: Input should be 'auto', 'cpu'"),
+    ("devices: -3", r"train\.devices: expected a device count >= 1, -1 \(all\)"),
+    ("strategy: dddp", r"train\.strategy: unknown Lightning strategy 'dddp'"),
+])
+def test_impossible_training_settings_are_refused(tmp_path, line, message):
+    if line.startswith("seeds"):
+        text = STUDY.replace("seeds: [0]", line)
+    elif line.startswith("lr"):
+        text = STUDY.replace("lr: 3.0e-3", line)
+    else:
+        text = STUDY.replace("checkpoint_every: 5}", f"checkpoint_every: 5, {line}}}")
+    with pytest.raises(WorkbenchError, match=message):
+        load_study(write(tmp_path, text))
+
+
+def test_the_strategy_names_are_lightnings():
+    from pytorch_lightning.strategies import StrategyRegistry
+
+    from workbench.study import LIGHTNING_STRATEGIES
+
+    firsts = {name.split("_")[0] for name in StrategyRegistry.available_strategies()}
+    assert set(LIGHTNING_STRATEGIES) - {"auto"} <= firsts
+
+
+def test_a_full_disk_while_a_run_ends_is_one_message(tmp_path, monkeypatch):
+    import workbench.train as train_module
+
+    run = expand(load_study(write(tmp_path)))[0]
+
+    def full(path, data):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(train_module, "write_json_atomic", full)
+    with pytest.raises(WorkbenchError, match=r"result\.json: cannot write it \(No space left on device\); free some space"):
+        train_run(run.run_id, run.config, tmp_path / "run")
