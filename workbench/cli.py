@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 import sys
+import warnings
 
 import click
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from workbench.errors import WorkbenchError
+from workbench.errors import WorkbenchError, WorkbenchWarning
 from workbench.registry import NOUN_OF_AXIS, distribution_of, variants
 from workbench.variants import AXES
 
@@ -24,10 +25,22 @@ class WorkbenchGroup(click.Group):
             sys.exit(2)
 
 
+def show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """A plugin that failed to load (or a report part skipped) is one line on stderr."""
+    if issubclass(category, WorkbenchWarning):
+        click.echo(f"warning: {message}", err=True)
+    else:
+        DEFAULT_SHOWWARNING(message, category, filename, lineno, file, line)
+
+
+DEFAULT_SHOWWARNING = warnings.showwarning
+
+
 @click.group(cls=WorkbenchGroup)
 @click.version_option(package_name="transformer-workbench")
 def main() -> None:
     """Declare studies of Transformer design choices, run them, read the reports."""
+    warnings.showwarning = show_warning
 
 
 def variant_rows(axis: str) -> list[dict]:
@@ -118,6 +131,7 @@ def run_command(study: str, out: str | None, jobs: int, fresh: bool, profile: st
 @click.option("--profile", default=None, help="validate with the study's named overrides applied")
 def validate_command(study: str, profile: str | None) -> None:
     """Check STUDY and every run of its sweep, without training."""
+    from workbench.runner import check_devices
     from workbench.study import load_study
     from workbench.sweep import expand, sweep_points
 
@@ -130,6 +144,7 @@ def validate_command(study: str, profile: str | None) -> None:
                    f"{len(s.sweep_points())} sweep points x {len(s.seeds)} seeds x modes x lengths")
         return
     runs = expand(study_file)
+    check_devices(runs)
     steps = sorted({r.config["train"]["steps"] for r in runs})
     click.echo(f"ok: {study} ({s.kind} study {s.name!r}): {len(runs)} runs = {len(sweep_points(s))} sweep points "
                f"x {len(s.seeds)} seeds; task {s.task['name']}; {', '.join(map(str, steps))} steps per run")

@@ -24,6 +24,7 @@ from rich.progress import TimeRemainingColumn
 
 from workbench.errors import WorkbenchError
 from workbench.executor import Executor, Job, make_executor
+from workbench.registry import run_providers
 from workbench.store import DB_FILE, RUNS_DIR, Store, run_dir, runs_root
 from workbench.study import StudyFile, canonical_json, load_study
 from workbench.sweep import RunConfig, expand
@@ -64,6 +65,14 @@ def study_changes(old: dict[str, Any], new: dict[str, Any], limit: int = 4) -> s
     return "; ".join(changes[:limit]) + more
 
 
+def check_devices(runs: list[RunConfig]) -> None:
+    """Every training setting can run on this machine (precision, accelerator, logger)."""
+    from workbench.train import check_device  # torch and Lightning load only when needed
+
+    for train in {canonical_json(r.config["train"]): r.config["train"] for r in runs}.values():
+        check_device(train)
+
+
 def check_study(store: Store, study_file: StudyFile) -> None:
     """Refuse to mix two versions of a study in one folder; record the current one.
     Only what defines the runs counts (description, notes, expectations may change)."""
@@ -86,6 +95,21 @@ def check_study(store: Store, study_file: StudyFile) -> None:
         "source": str(study_file.path),
         "profile": study_file.profile or "",
     })
+
+
+def check_providers(store: Store, runs: list[RunConfig]) -> None:
+    """Refuse to resume when a variant now comes from another package or version than the
+    one the folder's runs trained with (a plugin reusing a built-in name changes results
+    under an unchanged study file); record the current providers otherwise."""
+    current = {f"{key} {value.split(' (')[0]}": value for run in runs
+               for key, value in run_providers(run.config).items()}
+    before = json.loads(store.study_info().get("providers") or "{}")
+    changed = [f"{before[k]} -> {v}" for k, v in sorted(current.items()) if k in before and before[k] != v]
+    if changed:
+        raise WorkbenchError(
+            f"{store.out_dir} holds runs trained with other implementations ({'; '.join(changed[:4])}); "
+            "their results would not match. Run with --fresh to start that folder over, or --out to use another folder")
+    store.save_study({"providers": canonical_json({**before, **current})})
 
 
 def clear_outputs(out_dir: Path, run_ids: list[str]) -> None:
@@ -188,13 +212,11 @@ def run_study(path: str | Path, out_dir: str | Path | None = None, jobs: int = 1
         clear_outputs(out, [run.run_id for run in runs])
     store = Store(out)
     check_study(store, study_file)
+    check_providers(store, runs)
     if runs_dir is not None:
         store.save_study({"runs_dir": str(Path(runs_dir).resolve())})
 
-    from workbench.train import check_device  # torch and Lightning load only when training
-
-    for train in {canonical_json(r.config["train"]): r.config["train"] for r in runs}.values():
-        check_device(train)
+    check_devices(runs)
 
     statuses = store.statuses()
     summary = Summary(out_dir=out, total=len(runs))

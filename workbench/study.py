@@ -30,12 +30,12 @@ from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, WithJsonSchema, field_validator
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, ValidationInfo, WithJsonSchema, field_validator
 from pydantic import model_validator
 
 from workbench.errors import SpecError, WorkbenchError, closest
 from workbench.registry import get_variant, variants
-from workbench.spec import ModelSpec, spec_error_from
+from workbench.spec import ModelSpec, resolve_choice, spec_error_from
 
 VARIANT_AXES = ("position", "attention", "norm", "ffn")
 SWEEPABLE_SECTIONS = ("task", "model", "train")
@@ -422,23 +422,27 @@ class TrainStudy(StudyBase):
 
     @field_validator("task", mode="before")
     @classmethod
-    def _task(cls, v):
+    def _task(cls, v, info: ValidationInfo):
+        if stored(info):
+            return dict(v)
         return task_section(v)
 
 
     @model_validator(mode="after")
-    def _cross_checks(self):
-        for key in self.sweep.keys:
+    def _cross_checks(self, info: ValidationInfo):
+        for key in [] if stored(info) else self.sweep.keys:
             check_key(key, self.sweep.field(key), self.task)
+            check_swept_variants(key, self.sweep.field(key), self.sweep.values(key), self.model, self.sweep.keys)
         if self.baseline is not None:
             self.baseline = self.sweep_point(self.baseline, "baseline")
         for i, exp in enumerate(self.expect):
-            check_metric(exp.metric, f"expect.{i}.metric", self)
+            if not stored(info):
+                check_metric(exp.metric, f"expect.{i}.metric", self)
             exp.better = self.sweep_point(exp.better, f"expect.{i}.better")
             exp.than = self.sweep_point(exp.than, f"expect.{i}.than")
         for profile, overrides in self.profiles.items():
             for key in overrides:
-                if key != "seeds":
+                if key != "seeds" and not stored(info):
                     check_key(key, f"profiles.{profile}.{key}", self.task)
         return self
 
@@ -467,6 +471,15 @@ class TrainStudy(StudyBase):
                 "seeds": self.seeds, "sweep": self.sweep.model_dump()}
 
 
+STORED = "stored"  # validation context: a study read back from a results store
+
+
+def stored(info: ValidationInfo) -> bool:
+    """A study read back from a store was checked against the registry when it ran; reading
+    it again (for a report) must not need the plugins it used to still be installed."""
+    return bool(info.context and info.context.get(STORED))
+
+
 def check_key(key: str, field: str, task: dict[str, Any]) -> None:
     """A dotted key that a sweep or profile sets must name an existing field."""
     section, _, rest = key.partition(".")
@@ -487,6 +500,37 @@ def check_key(key: str, field: str, task: dict[str, Any]) -> None:
         raise SpecError(field, f"no such key {key!r}" + suggest(f"{section}.{head}", choices), choices)
     if section != "model" and deeper:
         raise SpecError(field, f"{section}.{head} has no sub-keys")
+
+
+def check_swept_variants(key: str, field: str, values: list[Any], model: Mapping[str, Any],
+                         swept: list[str]) -> None:
+    """Swept variants are checked where they are written: a typo in `model.ffn: [gelu, swigl]`
+    is blamed on the sweep line (not on a baseline or `expect:` that spells the name right),
+    and a swept variant parameter must belong to the variant the model section selects."""
+    parts = key.split(".")
+    if parts[0] != "model" or len(parts) < 2 or parts[1] not in VARIANT_AXES:
+        return
+    axis = parts[1]
+    if len(parts) == 2:
+        for value in values:
+            try:
+                resolve_choice(axis, value, field)
+            except SpecError as err:
+                raise SpecError(field, f"{err.problem} (in the sweep value {key}={label(value)})", err.choices) from None
+        return
+    if f"model.{axis}" in swept:
+        return  # each swept variant gets the parameter: checked per run by the expansion
+    given = model.get(axis, ModelSpec.model_fields[axis].default)
+    name = given.get("name") if isinstance(given, Mapping) else given
+    if not isinstance(name, str) or name not in variants(axis):
+        return  # the model section's own error is reported when it is validated
+    params = list(variants(axis)[name].Params.model_fields)
+    if parts[2] not in params:
+        having = sorted(n for n, cls in variants(axis).items() if parts[2] in cls.Params.model_fields)
+        where = f"model.{axis} is {name!r}" + ("" if axis in model else " (the default)")
+        hint = f"; set model.{axis}: {{name: {having[0]}}} or sweep model.{axis}" if having else ""
+        raise SpecError(field, f"{where}, which has no parameter {parts[2]!r}{hint}",
+                        [f"model.{axis}.{p}" for p in params] or None)
 
 
 def check_metric(metric: str, field: str, study: TrainStudy) -> None:

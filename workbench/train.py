@@ -41,7 +41,7 @@ from torch.utils.data import DataLoader, Dataset
 from workbench.errors import WorkbenchError
 from workbench.model import Transformer, build_model
 from workbench.position import PositionLimitError
-from workbench.registry import get_variant
+from workbench.registry import get_variant, run_providers
 
 # Status of a run, as stored.
 FINISHED, DIVERGED, OOM, FAILED = "finished", "diverged", "oom", "failed"
@@ -436,7 +436,7 @@ def train_run(run_id: str, config: dict[str, Any], run_dir: Path) -> RunResult:
     device = resolve_accelerator(train)
     memory = PeakMemory(on_cuda=device == "cuda")
     result = RunResult(run_id=run_id, status=FAILED, peak_memory_instrument=memory.instrument,
-                       environment=environment(device_name(device)))
+                       environment={**environment(device_name(device)), **run_providers(config)})
     recorder = None
     deterministic_before = torch.are_deterministic_algorithms_enabled()
     try:

@@ -16,13 +16,14 @@ no creation date or software version.
 from __future__ import annotations
 
 import shutil
+import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
-from workbench.errors import WorkbenchError
+from workbench.errors import WorkbenchError, WorkbenchWarning
 from workbench.report.document import Report
 from workbench.report.index import write_summary
 from workbench.report.render import render_html, render_markdown
@@ -77,7 +78,23 @@ def study_of(info: Mapping[str, Any]):
     if kind not in kinds:
         raise WorkbenchError(f"the stored study has kind {kind!r}, which this workbench does not know "
                              f"(valid: {', '.join(sorted(kinds))})")
-    return kinds[kind].model_validate(data)
+    from workbench.study import STORED
+
+    return kinds[kind].model_validate(data, context={STORED: True})
+
+
+def missing_variants(configs: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """`axis name` of every variant or task the stored runs used that no installed package
+    provides now (its plugin was uninstalled)."""
+    from workbench.registry import variants
+
+    used = {("task", c["task"]["name"]) for c in configs.values()}
+    used |= {(axis, c["model"][axis]["name"]) for c in configs.values() for axis in ("position", "attention", "norm", "ffn")}
+    return sorted(f"{axis} {name!r}" for axis, name in used if name not in variants(axis))
+
+
+class ReportSkipWarning(WorkbenchWarning):
+    """A part of a report that needs code no longer installed was left out."""
 
 
 def write_report(out_dir: str | Path, reports_dir: str | Path = "reports", *, pictures: bool = True) -> Path:
@@ -96,6 +113,12 @@ def write_report(out_dir: str | Path, reports_dir: str | Path = "reports", *, pi
         from workbench.report.train_report import TrainInputs, TrainReport
 
         runs = store.load_results(out_dir)
+        missing = missing_variants(store.load_run_configs(out_dir))
+        if missing and pictures:
+            warnings.warn(f"{', '.join(missing)} not installed: the report leaves out the attention and position "
+                          "pictures (they load the trained models); everything else is from the store",
+                          ReportSkipWarning, stacklevel=2)
+            pictures = False
         environment = merged_environment([r["environment"] for r in store.Store(out_dir, create=False).runs()])
         inputs = TrainInputs(
             study=study, runs=runs, curves=store.load_curves(out_dir), environment=environment,
