@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 import warnings
+from pathlib import Path
 
 import click
 from rich.console import Console
@@ -103,11 +104,12 @@ def list_variants(axis: str | None, as_json: bool) -> None:
               help="Ray: GPUs reserved for each run")
 @click.option("--runs-dir", default=None,
               help="where run folders (checkpoints, final weights) go; default OUT/runs. Use shared storage on a cluster")
-@click.option("--reports", "reports_dir", default="reports", show_default=True,
-              help="folder that receives the study's report when the sweep ends")
+@click.option("--reports", "reports_dir", default=None,
+              help="folder that receives <study name>/ with the report when the sweep ends "
+                   "(default: reports/ for the default --out runs/<name>, else OUT/reports/)")
 def run_command(study: str, out: str | None, jobs: int, fresh: bool, profile: str | None, quiet: bool,
                 executor_name: str, address: str | None, cpus_per_run: float, gpus_per_run: float,
-                runs_dir: str | None, reports_dir: str) -> None:
+                runs_dir: str | None, reports_dir: str | None) -> None:
     """Train every run of STUDY (a YAML file); finished runs in the folder are kept. Writes the
     study's report at the end."""
     from workbench.report import write_report
@@ -122,8 +124,15 @@ def run_command(study: str, out: str | None, jobs: int, fresh: bool, profile: st
                         executor=executor, runs_dir=runs_dir)
     counts = ", ".join(f"{n} {status}" for status, n in sorted(summary.statuses.items())) or "nothing to run"
     click.echo(f"{summary.total} runs in {summary.out_dir}: {counts}; {summary.skipped} already done")
-    index = write_report(summary.out_dir, reports_dir)
+    index = write_report(summary.out_dir, reports_dir or default_reports_dir(summary.out_dir))
     click.echo(f"report: {index} (and {index.parent / 'report.md'})")
+
+
+def default_reports_dir(out_dir: str | Path) -> Path:
+    """reports/ beside the default output folders runs/<name>/; a study run elsewhere keeps
+    its report with its results: OUT/reports/."""
+    out_dir = Path(out_dir)
+    return Path("reports") if out_dir.parent == Path("runs") else out_dir / "reports"
 
 
 @main.command("validate")
@@ -163,14 +172,15 @@ def results_command(out_dir: str, fmt: str) -> None:
 
 @main.command("report")
 @click.argument("out_dir")
-@click.option("--out", "reports_dir", default="reports", show_default=True,
-              help="folder that receives <study name>/index.html, report.md, figures/ and results.csv")
+@click.option("--out", "reports_dir", default=None,
+              help="folder that receives <study name>/index.html, report.md, figures/ and results.csv "
+                   "(default: reports/ for OUT_DIR = runs/<name>, else OUT_DIR/reports/)")
 @click.option("--no-pictures", is_flag=True, help="skip the attention heatmaps (which load each variant's weights)")
-def report_command(out_dir: str, reports_dir: str, no_pictures: bool) -> None:
+def report_command(out_dir: str, reports_dir: str | None, no_pictures: bool) -> None:
     """Write the comparison report of the study stored in OUT_DIR (no training)."""
     from workbench.report import write_report
 
-    index = write_report(out_dir, reports_dir, pictures=not no_pictures)
+    index = write_report(out_dir, reports_dir or default_reports_dir(out_dir), pictures=not no_pictures)
     click.echo(f"report: {index} (and {index.parent / 'report.md'})")
 
 
