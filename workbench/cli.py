@@ -94,6 +94,10 @@ def list_variants(axis: str | None, as_json: bool) -> None:
               help="runs at once, each in its own process (torch threads = cores // jobs)")
 @click.option("--fresh", is_flag=True, help="discard earlier results in the output folder and start over")
 @click.option("--profile", default=None, help="apply the study's named overrides (e.g. gpu)")
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
+              help="override a study field (after --profile), e.g. --set train.steps=500; repeatable. "
+                   "Changes the study like editing the file would")
+@click.option("--dry-run", is_flag=True, help="list every run id with its resolved settings; train nothing")
 @click.option("--quiet", is_flag=True, help="no progress bar: one plain line per run (for logs)")
 @click.option("--executor", "executor_name", type=click.Choice(["local", "ray"]), default="local", show_default=True,
               help="local processes (--jobs), or one Ray task per run on a Ray cluster")
@@ -107,7 +111,8 @@ def list_variants(axis: str | None, as_json: bool) -> None:
 @click.option("--reports", "reports_dir", default=None,
               help="folder that receives <study name>/ with the report when the sweep ends "
                    "(default: reports/ for the default --out runs/<name>, else OUT/reports/)")
-def run_command(study: str, out: str | None, jobs: int, fresh: bool, profile: str | None, quiet: bool,
+def run_command(study: str, out: str | None, jobs: int, fresh: bool, profile: str | None,
+                overrides: tuple[str, ...], dry_run: bool, quiet: bool,
                 executor_name: str, address: str | None, cpus_per_run: float, gpus_per_run: float,
                 runs_dir: str | None, reports_dir: str | None) -> None:
     """Train every run of STUDY (a YAML file); finished runs in the folder are kept. Writes the
@@ -115,13 +120,18 @@ def run_command(study: str, out: str | None, jobs: int, fresh: bool, profile: st
     from workbench.report import write_report
     from workbench.runner import run_study
 
+    if dry_run:
+        from workbench.study import load_study
+
+        click.echo(dry_run_text(load_study(study, profile, overrides)), nl=False)
+        return
     executor = None
     if executor_name == "ray":
         from workbench.executor_ray import RayExecutor
 
         executor = RayExecutor(address, cpus=cpus_per_run, gpus=gpus_per_run)
     summary = run_study(study, out, jobs=jobs, fresh=fresh, profile=profile, quiet=quiet,
-                        executor=executor, runs_dir=runs_dir)
+                        executor=executor, runs_dir=runs_dir, overrides=overrides)
     counts = ", ".join(f"{n} {status}" for status, n in sorted(summary.statuses.items())) or "nothing to run"
     click.echo(f"{summary.total} runs in {summary.out_dir}: {counts}; {summary.skipped} already done")
     index = write_report(summary.out_dir, reports_dir or default_reports_dir(summary.out_dir))
@@ -135,16 +145,44 @@ def default_reports_dir(out_dir: str | Path) -> Path:
     return Path("reports") if out_dir.parent == Path("runs") else out_dir / "reports"
 
 
+def dry_run_text(study_file) -> str:
+    """Every run id with its resolved settings: those shared by all runs once, then per run
+    the ones that differ (flattened dotted keys, as `--set` and sweeps name them)."""
+    from workbench.runner import flatten
+    from workbench.sweep import expand
+
+    s = study_file.study
+    if s.kind != "train":
+        from workbench.scaling import measurements
+
+        points = measurements(s)
+        return f"{s.name}: scaling study, {len(points)} measurements (no run ids: cost points are measured, not trained)\n"
+    runs = expand(study_file)
+    settings = [{k: v for k, v in flatten(r.config).items()} for r in runs]
+    keys = list(dict.fromkeys(k for row in settings for k in row))
+    varying = [k for k in keys if len({json.dumps(row.get(k), sort_keys=True, default=str) for row in settings}) > 1]
+    common = [k for k in keys if k not in varying]
+    lines = [f"{s.name}: {len(runs)} runs (study hash {study_file.study_hash}); nothing is trained with --dry-run",
+             "settings of every run:"]
+    lines += [f"  {k} = {json.dumps(settings[0].get(k), default=str)}" for k in common]
+    for run, row in zip(runs, settings):
+        differing = " ".join(f"{k}={json.dumps(row.get(k), default=str)}" for k in varying)
+        lines.append(f"{run.run_id}  {differing}".rstrip())
+    return "\n".join(lines) + "\n"
+
+
 @main.command("validate")
 @click.argument("study")
 @click.option("--profile", default=None, help="validate with the study's named overrides applied")
-def validate_command(study: str, profile: str | None) -> None:
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
+              help="override a study field (after --profile), e.g. --set train.steps=500; repeatable")
+def validate_command(study: str, profile: str | None, overrides: tuple[str, ...]) -> None:
     """Check STUDY and every run of its sweep, without training."""
     from workbench.runner import check_devices
     from workbench.study import load_study
     from workbench.sweep import expand, sweep_points
 
-    study_file = load_study(study, profile)
+    study_file = load_study(study, profile, overrides)
     s = study_file.study
     if s.kind == "scaling":
         from workbench.scaling import measurements

@@ -94,6 +94,7 @@ def check_study(store: Store, study_file: StudyFile) -> None:
         "yaml": study_file.text,
         "source": str(study_file.path),
         "profile": study_file.profile or "",
+        "overrides": json.dumps(list(study_file.overrides)),
     })
 
 
@@ -192,13 +193,14 @@ def run_line(run: RunConfig, result) -> str:
 
 def run_study(path: str | Path, out_dir: str | Path | None = None, jobs: int = 1, fresh: bool = False,
               profile: str | None = None, quiet: bool = False, console: Console | None = None,
-              executor: Executor | None = None, runs_dir: str | Path | None = None) -> Summary:
+              executor: Executor | None = None, runs_dir: str | Path | None = None,
+              overrides: tuple[str, ...] = ()) -> Summary:
     """Run every pending run of a study into `out_dir` (default runs/<study name>/).
 
     `executor` defaults to local processes (`jobs` at once); `runs_dir` puts the run folders
     (checkpoints, final weights) elsewhere, e.g. on storage shared by a cluster's nodes,
     while the results store stays in `out_dir`."""
-    study_file = load_study(path, profile)
+    study_file = load_study(path, profile, overrides)
     if study_file.study.kind == "scaling":  # cost measurements, not training runs
         from workbench.scaling import run_scaling_study
 

@@ -50,6 +50,8 @@ class StudyError(WorkbenchError):
         self.file, self.line = file, line
         self.field = error.field if isinstance(error, SpecError) else ""
         where = f"{file}:{line}" if line else file
+        if line == 0:  # a field the command line set (--set)
+            where = f"{file} with --set"
         super().__init__(f"{where}: {error}")
 
 
@@ -572,6 +574,7 @@ class StudyFile:
     lines: LineMap
     study: StudyBase
     profile: str | None = None
+    overrides: tuple[str, ...] = ()  # `--set key=value` texts, in the order given
 
     def error(self, err: SpecError, context: str = "") -> StudyError:
         if context:
@@ -601,8 +604,43 @@ def apply_profile(data: dict[str, Any], profile: str, file: str, lines: LineMap)
     return data
 
 
-def load_study(path: str | Path, profile: str | None = None) -> StudyFile:
-    """Read and validate a study file. Raises StudyError (a WorkbenchError) with file and line."""
+def parse_override(text: str) -> tuple[str, Any]:
+    """`train.steps=500` -> ("train.steps", 500): the value is read as YAML (safe), so lists,
+    mappings and numbers are written as in a study file."""
+    key, sep, value = text.partition("=")
+    key = key.strip()
+    if not sep or not key:
+        raise SpecError("--set", f"expected KEY=VALUE (e.g. train.steps=500), got {text!r}")
+    try:
+        return key, yaml.safe_load(value) if value.strip() else None
+    except yaml.YAMLError as err:
+        raise SpecError(f"--set {key}", f"the value {value!r} is not valid YAML ({getattr(err, 'problem', err)})") from None
+
+
+def apply_overrides(data: dict[str, Any], overrides: tuple[str, ...], file: str, lines: LineMap) -> dict[str, Any]:
+    """`--set` on the command line: each KEY=VALUE edits the study as if the file said so
+    (a dotted key of task, model or train; `seeds`; or `sweep.<dotted key>` for a swept list),
+    so it changes the study hash exactly like the same edit of the file would."""
+    data = copy.deepcopy(data)
+    for text in overrides:
+        try:
+            key, value = parse_override(text)
+        except SpecError as err:
+            raise StudyError(file, None, err) from None
+        if key.startswith("sweep."):
+            sweep = data.get("sweep")
+            data["sweep"] = {**(sweep if isinstance(sweep, Mapping) else {}), key.removeprefix("sweep."): value}
+        elif "." in key:
+            set_dotted(data, key, value)
+        else:
+            data[key] = value
+        lines.lines[key] = 0  # an error in an overridden field names the field, not a line of the file
+    return data
+
+
+def load_study(path: str | Path, profile: str | None = None, overrides: tuple[str, ...] | list[str] = ()) -> StudyFile:
+    """Read and validate a study file, with a profile's and then the command line's overrides
+    applied. Raises StudyError (a WorkbenchError) with file and line."""
     path = Path(path)
     file = str(path)
     text, data, lines = read_yaml(path)
@@ -611,6 +649,9 @@ def load_study(path: str | Path, profile: str | None = None) -> StudyFile:
     data = dict(data)
     if profile is not None:
         data = apply_profile(data, profile, file, lines)
+    overrides = tuple(overrides)
+    if overrides:
+        data = apply_overrides(data, overrides, file, lines)
     kind = data.get("kind", "train")
     if kind not in study_kinds():
         raise StudyError(file, lines.line("kind"),
@@ -624,7 +665,7 @@ def load_study(path: str | Path, profile: str | None = None) -> StudyFile:
         raise StudyError(file, lines.line(spec_err.field), spec_err) from None
     except SpecError as err:
         raise StudyError(file, lines.line(err.field), err) from None
-    return StudyFile(path=path, text=text, data=data, lines=lines, study=study, profile=profile)
+    return StudyFile(path=path, text=text, data=data, lines=lines, study=study, profile=profile, overrides=overrides)
 
 
 # ---- JSON Schema ----------------------------------------------------------------------------

@@ -15,6 +15,8 @@ no creation date or software version.
 
 from __future__ import annotations
 
+import json
+import shlex
 import shutil
 import warnings
 from collections.abc import Mapping, Sequence
@@ -44,7 +46,9 @@ def merged_environment(environments: Sequence[Mapping[str, Any]]) -> dict[str, s
 def reproduce_command(info: Mapping[str, Any], out_dir: Path) -> str:
     source = info.get("source") or f"<the study file of {info.get('name', 'this study')}>"
     profile = info.get("profile")
-    run = f"workbench run {source}" + (f" --profile {profile}" if profile else "") + f" --out {out_dir}"
+    overrides = json.loads(info.get("overrides") or "[]")
+    sets = "".join(f" --set {shlex.quote(text)}" for text in overrides)
+    run = f"workbench run {source}" + (f" --profile {profile}" if profile else "") + sets + f" --out {out_dir}"
     return f"{run}\nworkbench report {out_dir}"
 
 
