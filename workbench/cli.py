@@ -222,6 +222,22 @@ def report_command(out_dir: str, reports_dir: str | None, no_pictures: bool) -> 
     click.echo(f"report: {index} (and {index.parent / 'report.md'})")
 
 
+@main.command("compare")
+@click.argument("out_dirs", nargs=-1, required=True)
+@click.option("--name", default=None, help="report name (default: the study names joined by -vs-)")
+@click.option("--out", "reports_dir", default="reports", show_default=True,
+              help="folder that receives <name>/index.html, report.md, figures/ and results.csv")
+@click.option("--no-pictures", is_flag=True, help="skip the attention heatmaps (which load each variant's weights)")
+def compare_command(out_dirs: tuple[str, ...], name: str | None, reports_dir: str, no_pictures: bool) -> None:
+    """One report over the runs of several study folders (OUT_DIRS) of the same task, e.g. a
+    variant added later against an earlier sweep. Variants are told apart by every setting
+    that differs between the runs."""
+    from workbench.report.compare import write_comparison
+
+    index = write_comparison(out_dirs, reports_dir, name, pictures=not no_pictures)
+    click.echo(f"report: {index} (and {index.parent / 'report.md'})")
+
+
 @main.command("report-index")
 @click.option("--studies", "studies_dir", default="studies", show_default=True, help="folder of study YAML files")
 @click.option("--reports", "reports_dir", default="reports", show_default=True,
