@@ -19,6 +19,10 @@ from pathlib import Path
 from typing import Any
 
 
+# A running run's step and loss, written by the worker into its run folder for the driver's display.
+PROGRESS_FILE = "progress.json"
+
+
 @dataclass(frozen=True)
 class Job:
     """One run to execute: plain, picklable data."""

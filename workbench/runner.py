@@ -13,17 +13,19 @@ from __future__ import annotations
 
 import json
 import shutil
+import threading
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.progress import TimeRemainingColumn
 
 from workbench.errors import WorkbenchError
-from workbench.executor import Executor, Job, make_executor
+from workbench.executor import PROGRESS_FILE, Executor, Job, make_executor
 from workbench.registry import run_providers
 from workbench.store import DB_FILE, RUNS_DIR, Store, run_dir, runs_root
 from workbench.study import StudyFile, canonical_json, load_study
@@ -136,24 +138,31 @@ def recorded_result(run: RunConfig, out_dir: Path):
 
 
 class SweepProgress:
-    """One bar for the sweep (done/total, ETA, failures) and one line per finished run;
-    plain lines only with quiet=True (for logs)."""
+    """One bar for the sweep (done/total, ETA, failures), a live row per running run (step,
+    last training loss, ETA; read from the run's progress.json) and one line per finished
+    run; plain lines only with quiet=True (for logs)."""
 
-    def __init__(self, study_name: str, total: int, quiet: bool, console: Console | None = None):
+    def __init__(self, study_name: str, total: int, quiet: bool, console: Console | None = None,
+                 poll_s: float = 0.5):
         self.console = console or Console(highlight=False)
         self.quiet = quiet
         self.failures = 0
         self.done = 0
         self.total = total
         self.progress = None
+        self.running: dict[str, tuple[Any, Path]] = {}  # run id -> (row, progress file)
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
         if not quiet:
             self.progress = Progress(
                 TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                TextColumn("{task.fields[failures]} failed"), TimeElapsedColumn(), TextColumn("ETA"),
+                TextColumn("{task.fields[info]}"), TimeElapsedColumn(), TextColumn("ETA"),
                 TimeRemainingColumn(), console=self.console, transient=False,
             )
-            self.task = self.progress.add_task(study_name, total=total, failures=0)
+            self.task = self.progress.add_task(study_name, total=total, info="0 failed")
             self.progress.start()
+            self.poller = threading.Thread(target=self._poll, args=(poll_s,), daemon=True)
+            self.poller.start()
 
     def print(self, text: str) -> None:
         if self.quiet:
@@ -164,16 +173,45 @@ class SweepProgress:
     def advance(self, n: int = 1) -> None:
         self.done += n
         if self.progress is not None:
-            self.progress.update(self.task, advance=n, failures=self.failures)
+            self.progress.update(self.task, advance=n, info=f"{self.failures} failed")
+
+    def started(self, job: Job, describe: str) -> None:
+        """A run began: give it a live row (a resumed run restarts its row at its step)."""
+        if self.progress is None:
+            return
+        row = self.progress.add_task(f"  {escape(describe)}", total=job.config["train"]["steps"], info="starting")
+        with self.lock:
+            self.running[job.run_id] = (row, job.run_dir / PROGRESS_FILE)
+
+    def refresh_runs(self) -> None:
+        """Move each running run's row to the step and loss its progress file says."""
+        with self.lock:
+            rows = list(self.running.values())
+        for row, path in rows:
+            try:
+                state = json.loads(path.read_text())
+            except (OSError, ValueError):  # not written yet, or a run on another machine
+                continue
+            self.progress.update(row, completed=state["step"], info=f"loss {state['loss']:.3g}")
+
+    def _poll(self, every_s: float) -> None:
+        while not self.stop.wait(every_s):
+            self.refresh_runs()
 
     def run_done(self, run: RunConfig, result) -> None:
         if result.status != "finished":
             self.failures += 1
+        with self.lock:
+            row = self.running.pop(run.run_id, (None, None))[0]
+        if row is not None:
+            self.progress.remove_task(row)
         self.advance()
         self.print(f"[{self.done}/{self.total}] {run_line(run, result)}")
 
     def close(self) -> None:
         if self.progress is not None:
+            self.stop.set()
+            self.poller.join()
             self.progress.stop()
 
 
@@ -243,6 +281,8 @@ def run_study(path: str | Path, out_dir: str | Path | None = None, jobs: int = 1
             progress.run_done(run, result)
         by_id = {run.run_id: run for run in pending}
         executor = executor or make_executor(jobs)
+        if executor.on_start is None:
+            executor.on_start = lambda job: progress.started(job, by_id[job.run_id].describe)
         jobs_ = [Job(run.run_id, run.config, run_dir(out, run.run_id)) for run in pending]
         for result in executor.run(jobs_):
             run = by_id[result.run_id]

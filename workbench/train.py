@@ -39,6 +39,7 @@ from pytorch_lightning.callbacks import Callback, ModelCheckpoint
 from torch.utils.data import DataLoader, Dataset
 
 from workbench.errors import WorkbenchError
+from workbench.executor import PROGRESS_FILE
 from workbench.model import Transformer, build_model
 from workbench.position import PositionLimitError
 from workbench.registry import get_variant, run_providers
@@ -347,6 +348,25 @@ class RunRecorder(Callback):
         self.prior_train_time = state["train_time"]
 
 
+class ProgressFile(Callback):
+    """The run's step, steps, last training loss and training seconds in run_dir/progress.json,
+    rewritten at most every `every_s` seconds (and at the last step): the sweep display reads
+    it from the driver, whichever process or machine trains the run."""
+
+    def __init__(self, run_dir: Path, steps: int, every_s: float = 0.5):
+        self.path, self.steps, self.every_s = run_dir / PROGRESS_FILE, steps, every_s
+        self.last_write = -math.inf
+        self.started = time.perf_counter()
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        step, now = trainer.global_step, time.perf_counter()
+        if outputs is None or (now - self.last_write < self.every_s and step < self.steps):
+            return
+        self.last_write = now
+        write_json_atomic(self.path, {"step": step, "steps": self.steps, "loss": float(outputs["loss"]),
+                                      "seconds": now - self.started})
+
+
 def evaluate_lengths(task, model, family: str, batch_size: int, cache: dict[int, list],
                      context=None) -> tuple[dict[str, float], dict[str, str]]:
     """Every metric at every eval length (`accuracy@64`); a length the position scheme cannot
@@ -454,7 +474,7 @@ def train_run(run_id: str, config: dict[str, Any], run_dir: Path) -> RunResult:
             num_nodes=train["num_nodes"], precision=train["precision"],
             gradient_clip_val=train["grad_clip"], gradient_clip_algorithm="norm",
             deterministic=device == "cpu", logger=make_logger(train["logger"], run_dir),
-            callbacks=[recorder, checkpoint], log_every_n_steps=train["log_every"],
+            callbacks=[recorder, checkpoint, ProgressFile(run_dir, train["steps"])], log_every_n_steps=train["log_every"],
             enable_progress_bar=False, enable_model_summary=False, default_root_dir=run_dir,
         )
         datamodule = TaskDataModule(task, module.family, train["batch_size"], train["steps"])
