@@ -249,6 +249,19 @@ def report_index_command(studies_dir: str, reports_dir: str) -> None:
     click.echo(f"index: {write_index(studies_dir, reports_dir)}")
 
 
+@main.command("new-plugin")
+@click.argument("axis", type=click.Choice(AXES))
+@click.argument("name")
+@click.option("--dir", "parent", default=".", show_default=True, help="folder in which workbench-NAME/ is created")
+def new_plugin_command(axis: str, name: str, parent: str) -> None:
+    """Write an installable plugin package for a new variant NAME of AXIS: pyproject entry point,
+    a working module with a documented Params class, and tests."""
+    from workbench.scaffold import new_plugin
+
+    root = new_plugin(axis, name, parent)
+    click.echo(f"wrote {root}/: pip install -e {root} && python -m pytest {root}/tests")
+
+
 @main.command("schema")
 def schema_command() -> None:
     """The JSON Schema of study files (for editors: yaml-language-server, VS Code)."""
