@@ -200,7 +200,9 @@ class TrainConfig(BaseModel):
     devices: int | str = Field(1, description="devices per run (Lightning `devices`)")
     strategy: str = Field("auto", description="Lightning strategy (auto, ddp, ...)")
     num_nodes: int = Field(1, gt=0, description="nodes per run (Lightning `num_nodes`)")
-    logger: Literal["csv", "tensorboard"] = Field("csv", description="Lightning logger writing each run's log folder")
+    logger: Literal["csv", "tensorboard", "mlflow", "wandb"] = Field(
+        "csv", description="Lightning logger of each run: csv, tensorboard (run folder's logs/), mlflow (MLFLOW_TRACKING_URI, "
+        "default the run folder's mlflow.db) or wandb (offline in the run folder unless WANDB_MODE=online or WANDB_API_KEY)")
     checkpoint_every: int | None = Field(None, gt=0, description="checkpoint every N steps for resume (default: eval_every)")
 
     @field_validator("precision", mode="before")

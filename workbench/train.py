@@ -261,13 +261,17 @@ def check_device(train: dict[str, Any]) -> str:
             f"train.precision: 'bf16-mixed' needs bfloat16 support (Ampere or newer); "
             f"{torch.cuda.get_device_name()} lacks it: use '16-mixed' or '32'"
         )
-    if train["logger"] == "tensorboard":
-        import importlib.util
+    import importlib.util
 
-        if importlib.util.find_spec("tensorboard") is None and importlib.util.find_spec("tensorboardX") is None:
-            raise WorkbenchError("train.logger: 'tensorboard' needs the tensorboard package: "
-                                 "pip install 'transformer-workbench[tensorboard]', or use 'csv'")
+    modules = LOGGER_MODULES.get(train["logger"], ())
+    if modules and not any(importlib.util.find_spec(m) for m in modules):
+        raise WorkbenchError(f"train.logger: {train['logger']!r} needs the {modules[0]} package: "
+                             f"pip install 'transformer-workbench[{train['logger']}]', or use 'csv'")
     return device
+
+
+# Modules an optional logger needs (any one of them), by `train.logger`.
+LOGGER_MODULES = {"tensorboard": ("tensorboard", "tensorboardX"), "mlflow": ("mlflow",), "wandb": ("wandb",)}
 
 
 def device_name(device: str) -> str:
@@ -434,11 +438,30 @@ def make_task(config: dict[str, Any]):
     return cls(cls.Params.model_validate(spec), seed=config["seed"])
 
 
-def make_logger(kind: str, run_dir: Path):
+def make_logger(kind: str, run_dir: Path, run_id: str = "", config: dict[str, Any] | None = None):
+    """Lightning's own logger of each kind. Experiment trackers get the run id as the run name
+    and the flattened run config as parameters; they stay on this machine unless configured."""
     if kind == "tensorboard":
         from pytorch_lightning.loggers import TensorBoardLogger
 
         return TensorBoardLogger(save_dir=run_dir, name="logs", default_hp_metric=False)
+    if kind in ("mlflow", "wandb"):
+        if kind == "mlflow":
+            from pytorch_lightning.loggers import MLFlowLogger
+
+            logger = MLFlowLogger(experiment_name=os.environ.get("MLFLOW_EXPERIMENT_NAME", "workbench"), run_name=run_id,
+                                  tracking_uri=os.environ.get("MLFLOW_TRACKING_URI", f"sqlite:///{(run_dir / 'mlflow.db').resolve()}"))
+        else:
+            from pytorch_lightning.loggers import WandbLogger
+
+            online = os.environ.get("WANDB_MODE") == "online" or (
+                bool(os.environ.get("WANDB_API_KEY")) and os.environ.get("WANDB_MODE") != "offline")
+            logger = WandbLogger(name=run_id, project=os.environ.get("WANDB_PROJECT", "workbench"),
+                                 save_dir=run_dir, offline=not online)
+        from workbench.runner import flatten
+
+        logger.log_hyperparams(flatten(config or {}))
+        return logger
     from pytorch_lightning.loggers import CSVLogger
 
     return CSVLogger(save_dir=run_dir, name="logs")  # a resumed session logs to the next version_N
@@ -473,7 +496,7 @@ def train_run(run_id: str, config: dict[str, Any], run_dir: Path) -> RunResult:
             accelerator=train["accelerator"], devices=train["devices"], strategy=train["strategy"],
             num_nodes=train["num_nodes"], precision=train["precision"],
             gradient_clip_val=train["grad_clip"], gradient_clip_algorithm="norm",
-            deterministic=device == "cpu", logger=make_logger(train["logger"], run_dir),
+            deterministic=device == "cpu", logger=make_logger(train["logger"], run_dir, run_id, config),
             callbacks=[recorder, checkpoint, ProgressFile(run_dir, train["steps"])], log_every_n_steps=train["log_every"],
             enable_progress_bar=False, enable_model_summary=False, default_root_dir=run_dir,
         )
