@@ -1,4 +1,5 @@
-# The two commands of the README: `make quickstart` and `make test`. Both set up .venv first.
+# The two commands of the README: `make quickstart` and `make test`. Both set up .venv first:
+# the quickstart installs only what running a study needs; the tests add the dev extras.
 PYTHON ?= python3
 VENV ?= .venv
 BIN = $(VENV)/bin
@@ -6,7 +7,7 @@ JOBS ?= 2
 
 .PHONY: quickstart test install
 
-quickstart: $(VENV)/.installed
+quickstart: $(VENV)/.installed-run
 	$(BIN)/workbench run studies/quickstart.yaml --jobs $(JOBS)
 
 test: $(VENV)/.installed
@@ -14,8 +15,17 @@ test: $(VENV)/.installed
 
 install: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml constraints-dev.txt
+$(VENV)/.created:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -c constraints-dev.txt -e '.[dev]'
 	touch $@
+
+# The package and its runtime dependencies only (no pytest, Ray, x-transformers).
+$(VENV)/.installed-run: pyproject.toml constraints-dev.txt | $(VENV)/.created
+	$(BIN)/python -m pip install -q -c constraints-dev.txt -e .
+	touch $@
+
+# Everything the tests and benchmarks use; also satisfies the quickstart.
+$(VENV)/.installed: pyproject.toml constraints-dev.txt | $(VENV)/.created
+	$(BIN)/python -m pip install -q -c constraints-dev.txt -e '.[dev]'
+	touch $@ $(VENV)/.installed-run

@@ -29,7 +29,6 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 import numpy as np
-import sacrebleu
 from pydantic import Field
 
 from workbench import hookimpl
@@ -327,6 +326,8 @@ def lexicon_words() -> tuple[list[str], list[str]]:
 
 def corpus_bleu(hypotheses: list[list[str]], references: list[list[str]]) -> float:
     """Corpus BLEU (sacrebleu, 0-100) of word lists; our words are already tokenised."""
+    import sacrebleu  # here, not at the top: every command loads the plugins, only this task scores BLEU
+
     return sacrebleu.corpus_bleu([" ".join(h) for h in hypotheses], [[" ".join(r) for r in references]],
                                  tokenize="none").score
 

@@ -74,15 +74,66 @@ def test_a_misspelled_hookimpl_fails_loudly(monkeypatch):
     with pytest.raises(pluggy.PluginValidationError, match="register_position_scheme"):
         pm.check_pending()
 
-    # And the workbench's own loader runs that check: a misspelled plugin arriving through
-    # entry points stops plugin_manager() instead of being silently ignored.
-    def load_misspelled(self, group, name=None):
-        self.register(misspelled_plugin())
-        return 1
 
-    monkeypatch.setattr(pluggy.PluginManager, "load_setuptools_entrypoints", load_misspelled)
-    with pytest.raises(pluggy.PluginValidationError):
-        registry.plugin_manager.__wrapped__()
+class FakeDist:
+    def __init__(self, name: str):
+        self.metadata, self.version = {"name": name}, "9.9"
+
+
+class FakeEntryPoint:
+    def __init__(self, name: str, load):
+        self.name, self.value, self.load = name, name, load
+
+
+def broken_import():
+    raise ImportError("No module named 'torch_extra'")
+
+
+def with_plugins(monkeypatch, *extra):
+    """plugin_manager() as built from the installed entry points plus `extra` ones."""
+    real = list(registry.workbench_entry_points())
+    monkeypatch.setattr(registry, "workbench_entry_points", lambda: iter([*real, *extra]))
+    registry.plugin_manager.cache_clear()
+    registry.variants.cache_clear()
+
+
+@pytest.fixture
+def restore_registry():
+    yield
+    registry.plugin_manager.cache_clear()
+    registry.variants.cache_clear()
+
+
+def test_a_broken_plugin_is_one_warning_and_everything_else_works(monkeypatch, restore_registry):
+    with_plugins(monkeypatch, (FakeDist("wb-broken"), FakeEntryPoint("broken", broken_import)),
+                 (FakeDist("wb-typo"), FakeEntryPoint("typo", misspelled_plugin)))
+    with pytest.warns(registry.PluginLoadWarning) as caught:
+        pm = registry.plugin_manager()
+    messages = sorted(str(w.message) for w in caught)
+    assert messages == [
+        "plugin 'broken' of package wb-broken 9.9 not loaded: ImportError: No module named 'torch_extra'",
+        "plugin 'typo' of package wb-typo 9.9 not loaded: PluginValidationError: unknown hook "
+        "'register_position_scheme'; did you mean 'register_position_schemes'?",
+    ]
+    assert not pm.has_plugin("typo") and "rope" in registry.variants("position")
+
+
+def test_a_broken_plugin_leaves_the_cli_working_with_one_line(monkeypatch, restore_registry):
+    from click.testing import CliRunner
+
+    from workbench.cli import main
+
+    with_plugins(monkeypatch, (FakeDist("wb-broken"), FakeEntryPoint("broken", broken_import)))
+    result = CliRunner().invoke(main, ["list", "ffn", "--json"])
+    assert result.exit_code == 0, result.output
+    assert result.stderr == ("warning: plugin 'broken' of package wb-broken 9.9 not loaded: "
+                             "ImportError: No module named 'torch_extra'\n")
+    assert {row["name"] for row in json.loads(result.stdout)} >= {"gelu", "swiglu"}
+
+
+def test_builtins_name_their_package_and_version():
+    assert registry.provider("position", "rope") == f"rope ({registry.distribution_of(registry.get_variant('position', 'rope'))})"
+    assert registry.distribution_of(registry.get_variant("position", "rope")).startswith("transformer-workbench ")
 
 
 class DuplicateRope(PositionScheme):

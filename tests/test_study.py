@@ -141,6 +141,16 @@ BAD = {
     "expectation on an unknown metric": (
         lambda t: t + "sweep: {model.position: [none, rope]}\nexpect: [{metric: acuracy@8, better: rope, than: none}]\n",
         12, ["expect.0.metric", "unknown metric 'acuracy'", "did you mean 'accuracy'"]),
+    "typo in a swept variant, spelled right in expect": (
+        lambda t: t + "sweep:\n  model.position: [rope, alibbi]\nexpect: [{metric: accuracy@8, better: alibi, than: rope}]\n",
+        12, ["sweep.model.position", "unknown position scheme 'alibbi'", "did you mean 'alibi'"]),
+    "swept parameter of a variant the model does not use": (
+        lambda t: t + "sweep: {model.attention.window: [4, 8]}\n", 11,
+        ["sweep.model.attention.window", "model.attention is 'full' (the default)", "no parameter 'window'",
+         "{name: sliding_window}"]),
+    "learned table shorter than the training sequences": (
+        lambda t: t.replace("position: rope", "position: {name: learned, max_len: 8}"), 8,
+        ["model.position", "learned covers 8 positions", "raise max_len to at least"]),
     "two budgets": (lambda t: t.replace("steps: 20", "steps: 20, tokens: 100"), 9, ["train.steps", "exactly one"]),
 }
 
@@ -208,3 +218,19 @@ def test_schema_matches_what_the_loader_accepts():
         study = load_study(path)
         if study.study.kind == "train":
             assert expand(study)
+
+
+def test_validate_refuses_a_precision_this_machine_cannot_run(tmp_path):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: bf16-mixed may run here")
+    result = validate(write(tmp_path, BASE.replace("batch_size: 8}", "batch_size: 8, precision: bf16-mixed}")))
+    assert result.exit_code == 2 and "train.precision: 'bf16-mixed' runs on a GPU" in result.stderr
+
+
+def test_a_long_enough_learned_table_and_eval_lengths_past_it_validate(tmp_path):
+    """Past the training length a short table is recorded as not applicable, by design (E6)."""
+    text = BASE.replace("position: rope", "position: {name: learned, max_len: 20}").replace(
+        "alphabet_size: 8}", "alphabet_size: 8, eval_lengths: [8, 32]}")
+    assert validate(write(tmp_path, text)).exit_code == 0

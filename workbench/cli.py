@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import json
 import sys
+import warnings
+from pathlib import Path
 
 import click
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from workbench.errors import WorkbenchError
+from workbench.errors import WorkbenchError, WorkbenchWarning
 from workbench.registry import NOUN_OF_AXIS, distribution_of, variants
 from workbench.variants import AXES
 
@@ -27,10 +29,22 @@ class WorkbenchGroup(click.Group):
             sys.exit(130)
 
 
+def show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """A plugin that failed to load (or a report part skipped) is one line on stderr."""
+    if issubclass(category, WorkbenchWarning):
+        click.echo(f"warning: {message}", err=True)
+    else:
+        DEFAULT_SHOWWARNING(message, category, filename, lineno, file, line)
+
+
+DEFAULT_SHOWWARNING = warnings.showwarning
+
+
 @click.group(cls=WorkbenchGroup)
 @click.version_option(package_name="transformer-workbench")
 def main() -> None:
     """Declare studies of Transformer design choices, run them, read the reports."""
+    warnings.showwarning = show_warning
 
 
 def variant_rows(axis: str) -> list[dict]:
@@ -83,6 +97,10 @@ def list_variants(axis: str | None, as_json: bool) -> None:
               help="runs at once, each in its own process (torch threads = cores // jobs)")
 @click.option("--fresh", is_flag=True, help="discard earlier results in the output folder and start over")
 @click.option("--profile", default=None, help="apply the study's named overrides (e.g. gpu)")
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
+              help="override a study field (after --profile), e.g. --set train.steps=500; repeatable. "
+                   "Changes the study like editing the file would")
+@click.option("--dry-run", is_flag=True, help="list every run id with its resolved settings; train nothing")
 @click.option("--quiet", is_flag=True, help="no progress bar: one plain line per run (for logs)")
 @click.option("--executor", "executor_name", type=click.Choice(["local", "ray"]), default="local", show_default=True,
               help="local processes (--jobs), or one Ray task per run on a Ray cluster")
@@ -93,38 +111,81 @@ def list_variants(axis: str | None, as_json: bool) -> None:
               help="Ray: GPUs reserved for each run")
 @click.option("--runs-dir", default=None,
               help="where run folders (checkpoints, final weights) go; default OUT/runs. Use shared storage on a cluster")
-@click.option("--reports", "reports_dir", default="reports", show_default=True,
-              help="folder that receives the study's report when the sweep ends")
-def run_command(study: str, out: str | None, jobs: int, fresh: bool, profile: str | None, quiet: bool,
+@click.option("--reports", "reports_dir", default=None,
+              help="folder that receives <study name>/ with the report when the sweep ends "
+                   "(default: reports/ for the default --out runs/<name>, else OUT/reports/)")
+def run_command(study: str, out: str | None, jobs: int, fresh: bool, profile: str | None,
+                overrides: tuple[str, ...], dry_run: bool, quiet: bool,
                 executor_name: str, address: str | None, cpus_per_run: float, gpus_per_run: float,
-                runs_dir: str | None, reports_dir: str) -> None:
+                runs_dir: str | None, reports_dir: str | None) -> None:
     """Train every run of STUDY (a YAML file); finished runs in the folder are kept. Writes the
     study's report at the end."""
     from workbench.report import write_report
     from workbench.runner import run_study
 
+    if dry_run:
+        from workbench.study import load_study
+
+        click.echo(dry_run_text(load_study(study, profile, overrides)), nl=False)
+        return
     executor = None
     if executor_name == "ray":
         from workbench.executor_ray import RayExecutor
 
         executor = RayExecutor(address, cpus=cpus_per_run, gpus=gpus_per_run)
     summary = run_study(study, out, jobs=jobs, fresh=fresh, profile=profile, quiet=quiet,
-                        executor=executor, runs_dir=runs_dir)
+                        executor=executor, runs_dir=runs_dir, overrides=overrides)
     counts = ", ".join(f"{n} {status}" for status, n in sorted(summary.statuses.items())) or "nothing to run"
     click.echo(f"{summary.total} runs in {summary.out_dir}: {counts}; {summary.skipped} already done")
-    index = write_report(summary.out_dir, reports_dir)
+    index = write_report(summary.out_dir, reports_dir or default_reports_dir(summary.out_dir))
     click.echo(f"report: {index} (and {index.parent / 'report.md'})")
+
+
+def default_reports_dir(out_dir: str | Path) -> Path:
+    """reports/ beside the default output folders runs/<name>/; a study run elsewhere keeps
+    its report with its results: OUT/reports/."""
+    out_dir = Path(out_dir)
+    return Path("reports") if out_dir.parent == Path("runs") else out_dir / "reports"
+
+
+def dry_run_text(study_file) -> str:
+    """Every run id with its resolved settings: those shared by all runs once, then per run
+    the ones that differ (flattened dotted keys, as `--set` and sweeps name them)."""
+    from workbench.runner import flatten
+    from workbench.sweep import expand
+
+    s = study_file.study
+    if s.kind != "train":
+        from workbench.scaling import measurements
+
+        points = measurements(s)
+        return f"{s.name}: scaling study, {len(points)} measurements (no run ids: cost points are measured, not trained)\n"
+    runs = expand(study_file)
+    settings = [{k: v for k, v in flatten(r.config).items()} for r in runs]
+    keys = list(dict.fromkeys(k for row in settings for k in row))
+    varying = [k for k in keys if len({json.dumps(row.get(k), sort_keys=True, default=str) for row in settings}) > 1]
+    common = [k for k in keys if k not in varying]
+    lines = [f"{s.name}: {len(runs)} runs (study hash {study_file.study_hash}); nothing is trained with --dry-run",
+             "settings of every run:"]
+    lines += [f"  {k} = {json.dumps(settings[0].get(k), default=str)}" for k in common]
+    for run, row in zip(runs, settings):
+        differing = " ".join(f"{k}={json.dumps(row.get(k), default=str)}" for k in varying)
+        lines.append(f"{run.run_id}  {differing}".rstrip())
+    return "\n".join(lines) + "\n"
 
 
 @main.command("validate")
 @click.argument("study")
 @click.option("--profile", default=None, help="validate with the study's named overrides applied")
-def validate_command(study: str, profile: str | None) -> None:
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
+              help="override a study field (after --profile), e.g. --set train.steps=500; repeatable")
+def validate_command(study: str, profile: str | None, overrides: tuple[str, ...]) -> None:
     """Check STUDY and every run of its sweep, without training."""
+    from workbench.runner import check_devices
     from workbench.study import load_study
     from workbench.sweep import expand, sweep_points, tuning_runs
 
-    study_file = load_study(study, profile)
+    study_file = load_study(study, profile, overrides)
     s = study_file.study
     if s.kind == "scaling":
         from workbench.scaling import measurements
@@ -134,6 +195,7 @@ def validate_command(study: str, profile: str | None) -> None:
         return
     runs = expand(study_file)
     tuning = tuning_runs(study_file)  # with `tune:`, the final runs exist once each point has chosen
+    check_devices([*runs, *tuning])
     steps = sorted({r.config["train"]["steps"] for r in [*runs, *tuning]})
     n_final = len(sweep_points(s)) * len(s.seeds)
     tuned = (f" (at values chosen by {len(tuning)} tuning runs = {len(sweep_points(s))} sweep points x "
@@ -155,14 +217,31 @@ def results_command(out_dir: str, fmt: str) -> None:
 
 @main.command("report")
 @click.argument("out_dir")
-@click.option("--out", "reports_dir", default="reports", show_default=True,
-              help="folder that receives <study name>/index.html, report.md, figures/ and results.csv")
+@click.option("--out", "reports_dir", default=None,
+              help="folder that receives <study name>/index.html, report.md, figures/ and results.csv "
+                   "(default: reports/ for OUT_DIR = runs/<name>, else OUT_DIR/reports/)")
 @click.option("--no-pictures", is_flag=True, help="skip the attention heatmaps (which load each variant's weights)")
-def report_command(out_dir: str, reports_dir: str, no_pictures: bool) -> None:
+def report_command(out_dir: str, reports_dir: str | None, no_pictures: bool) -> None:
     """Write the comparison report of the study stored in OUT_DIR (no training)."""
     from workbench.report import write_report
 
-    index = write_report(out_dir, reports_dir, pictures=not no_pictures)
+    index = write_report(out_dir, reports_dir or default_reports_dir(out_dir), pictures=not no_pictures)
+    click.echo(f"report: {index} (and {index.parent / 'report.md'})")
+
+
+@main.command("compare")
+@click.argument("out_dirs", nargs=-1, required=True)
+@click.option("--name", default=None, help="report name (default: the study names joined by -vs-)")
+@click.option("--out", "reports_dir", default="reports", show_default=True,
+              help="folder that receives <name>/index.html, report.md, figures/ and results.csv")
+@click.option("--no-pictures", is_flag=True, help="skip the attention heatmaps (which load each variant's weights)")
+def compare_command(out_dirs: tuple[str, ...], name: str | None, reports_dir: str, no_pictures: bool) -> None:
+    """One report over the runs of several study folders (OUT_DIRS) of the same task, e.g. a
+    variant added later against an earlier sweep. Variants are told apart by every setting
+    that differs between the runs."""
+    from workbench.report.compare import write_comparison
+
+    index = write_comparison(out_dirs, reports_dir, name, pictures=not no_pictures)
     click.echo(f"report: {index} (and {index.parent / 'report.md'})")
 
 
@@ -175,6 +254,19 @@ def report_index_command(studies_dir: str, reports_dir: str) -> None:
     from workbench.report.index import write_index
 
     click.echo(f"index: {write_index(studies_dir, reports_dir)}")
+
+
+@main.command("new-plugin")
+@click.argument("axis", type=click.Choice(AXES))
+@click.argument("name")
+@click.option("--dir", "parent", default=".", show_default=True, help="folder in which workbench-NAME/ is created")
+def new_plugin_command(axis: str, name: str, parent: str) -> None:
+    """Write an installable plugin package for a new variant NAME of AXIS: pyproject entry point,
+    a working module with a documented Params class, and tests."""
+    from workbench.scaffold import new_plugin
+
+    root = new_plugin(axis, name, parent)
+    click.echo(f"wrote {root}/: pip install -e {root} && python -m pytest {root}/tests")
 
 
 @main.command("schema")

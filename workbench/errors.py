@@ -10,6 +10,10 @@ class WorkbenchError(Exception):
     """A mistake in the user's input (study file, model spec, CLI argument)."""
 
 
+class WorkbenchWarning(UserWarning):
+    """Something the user should know that stops nothing; the CLI prints it as one line."""
+
+
 class SpecError(WorkbenchError, ValueError):
     """An invalid model spec or study field. `field` is the dotted path to it."""
 

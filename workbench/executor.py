@@ -25,6 +25,10 @@ from typing import Any
 from workbench import stopping
 
 
+# A running run's step and loss, written by the worker into its run folder for the driver's display.
+PROGRESS_FILE = "progress.json"
+
+
 @dataclass(frozen=True)
 class Job:
     """One run to execute: plain, picklable data."""

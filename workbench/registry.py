@@ -8,7 +8,7 @@ import warnings
 import pluggy
 
 from workbench import hookspecs
-from workbench.errors import unknown_name
+from workbench.errors import WorkbenchWarning, closest, unknown_name
 from workbench.variants import AXES
 
 ENTRY_POINT_GROUP = "workbench"
@@ -30,12 +30,59 @@ NOUN_OF_AXIS = {
 }
 
 
+class PluginLoadWarning(WorkbenchWarning):
+    """An installed plugin could not be loaded; it is left out and everything else works."""
+
+
+# Plugin module name -> "distribution version" of the package that declared it.
+PROVIDERS: dict[str, str] = {}
+
+
+def workbench_entry_points():
+    """(distribution, entry point) for every entry point in the `workbench` group."""
+    import importlib.metadata
+
+    for dist in importlib.metadata.distributions():
+        for ep in dist.entry_points:
+            if ep.group == ENTRY_POINT_GROUP:
+                yield dist, ep
+
+
+def load_plugin(pm: pluggy.PluginManager, dist, ep) -> None:
+    """Import one entry point and register it; a hook name that no spec declares (a typo)
+    is refused here, naming the closest hook, as pluggy's check_pending would."""
+    plugin = ep.load()
+    pm.register(plugin, name=ep.name)
+    unknown = [hc.name for hc in pm.get_hookcallers(plugin) or [] if not hc.has_spec()]
+    if unknown:
+        pm.unregister(plugin)
+        raise pluggy.PluginValidationError(
+            plugin, f"unknown hook {unknown[0]!r}" + suggest_hook(unknown[0]))
+    PROVIDERS[getattr(plugin, "__name__", ep.value)] = f"{dist.metadata['name']} {dist.version}"
+
+
+def suggest_hook(name: str) -> str:
+    hint = closest(name, HOOK_OF_AXIS.values())
+    return f"; did you mean {hint!r}?" if hint else f" (valid: {', '.join(HOOK_OF_AXIS.values())})"
+
+
 @functools.cache
 def plugin_manager() -> pluggy.PluginManager:
+    """Every plugin declared by an installed package. One that fails to import or misspells a
+    hook is left out with one PluginLoadWarning naming its package and the error, so a broken
+    third-party package never takes the built-ins (or any command) down with it."""
     pm = pluggy.PluginManager(ENTRY_POINT_GROUP)
     pm.add_hookspecs(hookspecs)
-    pm.load_setuptools_entrypoints(ENTRY_POINT_GROUP)
-    pm.check_pending()  # a misspelled hook name in a plugin fails here, loudly
+    for dist, ep in workbench_entry_points():
+        if pm.has_plugin(ep.name) or pm.is_blocked(ep.name):
+            continue
+        try:
+            load_plugin(pm, dist, ep)
+        except Exception as err:  # noqa: BLE001 - any error in someone else's package
+            problem = str(err).splitlines()[0] if str(err) else ""
+            warnings.warn(f"plugin {ep.name!r} of package {dist.metadata['name']} {dist.version} not loaded: "
+                          f"{type(err).__name__}: {problem}", PluginLoadWarning, stacklevel=2)
+    pm.check_pending()  # plugins registered by hand later are checked where they register
     return pm
 
 
@@ -70,9 +117,24 @@ def get_variant(axis: str, name: str, field: str | None = None) -> type:
 
 
 def distribution_of(cls: type) -> str:
-    """The installed package a variant comes from, as pip names it."""
+    """The installed package a variant comes from, as pip names it, with its version."""
+    plugin_manager()
     module = cls.__module__
-    for plugin, dist in plugin_manager().list_plugin_distinfo():
-        if getattr(plugin, "__name__", None) == module:
-            return f"{dist.metadata['name']} {dist.version}"
-    return module
+    if module in PROVIDERS:
+        return PROVIDERS[module]
+    package = module.split(".")[0]  # a class defined in another module of the plugin's package
+    return next((dist for name, dist in PROVIDERS.items() if name.split(".")[0] == package), module)
+
+
+def provider(axis: str, name: str) -> str:
+    """`name` with the package that provides it: 'rope (transformer-workbench 0.1.0)'."""
+    return f"{name} ({distribution_of(get_variant(axis, name))})"
+
+
+def run_providers(config: dict) -> dict[str, str]:
+    """The package behind each variant and the task of one resolved run config, keyed
+    `variant.<axis>`: recorded in the run's environment, and compared on resume, so a plugin
+    that starts to provide a name (or a new version of one) is seen, not silently mixed in."""
+    names = {axis: config["model"][axis]["name"] for axis in ("position", "attention", "norm", "ffn")}
+    names["task"] = config["task"]["name"]
+    return {f"variant.{axis}": provider(axis, name) for axis, name in names.items()}

@@ -21,18 +21,21 @@ from __future__ import annotations
 import json
 import shutil
 import sys
+import threading
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.progress import TimeRemainingColumn
 
 from workbench import stopping
 from workbench.errors import WorkbenchError
-from workbench.executor import Executor, Job, make_executor
+from workbench.executor import PROGRESS_FILE, Executor, Job, make_executor
+from workbench.registry import run_providers
 from workbench.store import DB_FILE, RUNS_DIR, Store, WriterLock, run_dir, runs_root
 from workbench.study import StudyFile, canonical_json, load_study
 from workbench.sweep import RunConfig, expand, point_key, tuning_runs
@@ -74,6 +77,14 @@ def study_changes(old: dict[str, Any], new: dict[str, Any], limit: int = 4) -> s
     return "; ".join(changes[:limit]) + more
 
 
+def check_devices(runs: list[RunConfig]) -> None:
+    """Every training setting can run on this machine (precision, accelerator, logger)."""
+    from workbench.train import check_device  # torch and Lightning load only when needed
+
+    for train in {canonical_json(r.config["train"]): r.config["train"] for r in runs}.values():
+        check_device(train)
+
+
 def check_study(store: Store, study_file: StudyFile) -> None:
     """Refuse to mix two versions of a study in one folder; record the current one.
     Only what defines the runs counts (description, notes, expectations may change)."""
@@ -95,7 +106,23 @@ def check_study(store: Store, study_file: StudyFile) -> None:
         "yaml": study_file.text,
         "source": str(study_file.path),
         "profile": study_file.profile or "",
+        "overrides": json.dumps(list(study_file.overrides)),
     })
+
+
+def check_providers(store: Store, runs: list[RunConfig]) -> None:
+    """Refuse to resume when a variant now comes from another package or version than the
+    one the folder's runs trained with (a plugin reusing a built-in name changes results
+    under an unchanged study file); record the current providers otherwise."""
+    current = {f"{key} {value.split(' (')[0]}": value for run in runs
+               for key, value in run_providers(run.config).items()}
+    before = json.loads(store.study_info().get("providers") or "{}")
+    changed = [f"{before[k]} -> {v}" for k, v in sorted(current.items()) if k in before and before[k] != v]
+    if changed:
+        raise WorkbenchError(
+            f"{store.out_dir} holds runs trained with other implementations ({'; '.join(changed[:4])}); "
+            "their results would not match. Run with --fresh to start that folder over, or --out to use another folder")
+    store.save_study({"providers": canonical_json({**before, **current})})
 
 
 def clear_outputs(out_dir: Path, run_ids: list[str]) -> None:
@@ -130,24 +157,31 @@ def recorded_result(run: RunConfig, out_dir: Path, warn=print):
 
 
 class SweepProgress:
-    """One bar for the sweep (done/total, ETA, failures) and one line per finished run;
-    plain lines only with quiet=True (for logs)."""
+    """One bar for the sweep (done/total, ETA, failures), a live row per running run (step,
+    last training loss, ETA; read from the run's progress.json) and one line per finished
+    run; plain lines only with quiet=True (for logs)."""
 
-    def __init__(self, study_name: str, total: int, quiet: bool, console: Console | None = None):
+    def __init__(self, study_name: str, total: int, quiet: bool, console: Console | None = None,
+                 poll_s: float = 0.5):
         self.console = console or Console(highlight=False)
         self.quiet = quiet
         self.failures = 0
         self.done = 0
         self.total = total
         self.progress = None
+        self.running: dict[str, tuple[Any, Path]] = {}  # run id -> (row, progress file)
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
         if not quiet:
             self.progress = Progress(
                 TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                TextColumn("{task.fields[failures]} failed"), TimeElapsedColumn(), TextColumn("ETA"),
+                TextColumn("{task.fields[info]}"), TimeElapsedColumn(), TextColumn("ETA"),
                 TimeRemainingColumn(), console=self.console, transient=False,
             )
-            self.task = self.progress.add_task(study_name, total=total, failures=0)
+            self.task = self.progress.add_task(study_name, total=total, info="0 failed")
             self.progress.start()
+            self.poller = threading.Thread(target=self._poll, args=(poll_s,), daemon=True)
+            self.poller.start()
 
     def print(self, text: str) -> None:
         if self.quiet:
@@ -158,16 +192,45 @@ class SweepProgress:
     def advance(self, n: int = 1) -> None:
         self.done += n
         if self.progress is not None:
-            self.progress.update(self.task, advance=n, failures=self.failures)
+            self.progress.update(self.task, advance=n, info=f"{self.failures} failed")
+
+    def started(self, job: Job, describe: str) -> None:
+        """A run began: give it a live row (a resumed run restarts its row at its step)."""
+        if self.progress is None:
+            return
+        row = self.progress.add_task(f"  {escape(describe)}", total=job.config["train"]["steps"], info="starting")
+        with self.lock:
+            self.running[job.run_id] = (row, job.run_dir / PROGRESS_FILE)
+
+    def refresh_runs(self) -> None:
+        """Move each running run's row to the step and loss its progress file says."""
+        with self.lock:
+            rows = list(self.running.values())
+        for row, path in rows:
+            try:
+                state = json.loads(path.read_text())
+            except (OSError, ValueError):  # not written yet, or a run on another machine
+                continue
+            self.progress.update(row, completed=state["step"], info=f"loss {state['loss']:.3g}")
+
+    def _poll(self, every_s: float) -> None:
+        while not self.stop.wait(every_s):
+            self.refresh_runs()
 
     def run_done(self, run: RunConfig, result) -> None:
         if result.status != "finished":
             self.failures += 1
+        with self.lock:
+            row = self.running.pop(run.run_id, (None, None))[0]
+        if row is not None:
+            self.progress.remove_task(row)
         self.advance()
         self.print(f"[{self.done}/{self.total}] {run_line(run, result)}")
 
     def close(self) -> None:
         if self.progress is not None:
+            self.stop.set()
+            self.poller.join()
             self.progress.stop()
 
 
@@ -187,13 +250,14 @@ def run_line(run: RunConfig, result) -> str:
 
 def run_study(path: str | Path, out_dir: str | Path | None = None, jobs: int = 1, fresh: bool = False,
               profile: str | None = None, quiet: bool = False, console: Console | None = None,
-              executor: Executor | None = None, runs_dir: str | Path | None = None) -> Summary:
+              executor: Executor | None = None, runs_dir: str | Path | None = None,
+              overrides: tuple[str, ...] = ()) -> Summary:
     """Run every pending run of a study into `out_dir` (default runs/<study name>/).
 
     `executor` defaults to local processes (`jobs` at once); `runs_dir` puts the run folders
     (checkpoints, final weights) elsewhere, e.g. on storage shared by a cluster's nodes,
     while the results store stays in `out_dir`."""
-    study_file = load_study(path, profile)
+    study_file = load_study(path, profile, overrides)
     if study_file.study.kind == "scaling":  # cost measurements, not training runs
         from workbench.scaling import run_scaling_study
 
@@ -218,18 +282,19 @@ def sweep(study_file: StudyFile, out: Path, jobs: int, fresh: bool, quiet: bool,
         clear_outputs(out, [run.run_id for run in [*tuning, *(finals or candidate_final_runs(study_file))]])
     store = Store(out)
     check_study(store, study_file)
+    check_providers(store, [*tuning, *(finals or [])])
     if runs_dir is not None:
         store.save_study({"runs_dir": str(Path(runs_dir).resolve())})
 
-    from workbench.train import check_device  # torch and Lightning load only when training
-
-    for train in {canonical_json(r.config["train"]): r.config["train"] for r in tuning or finals}.values():
-        check_device(train)
+    check_devices([*tuning, *(finals or [])])
 
     total = len(tuning) + len(study.sweep.points()) * len(study.seeds)
     summary = Summary(out_dir=out, total=total)
     progress = SweepProgress(study.name, total, quiet, console)
     executor = executor or make_executor(jobs)
+    names = {run.run_id: run.describe for run in [*tuning, *(finals or [])]}
+    if executor.on_start is None:  # a live row per running run
+        executor.on_start = lambda job: progress.started(job, names[job.run_id])
     stopping.reset()
     handlers = stopping.install_handlers()
     try:
@@ -239,6 +304,7 @@ def sweep(study_file: StudyFile, out: Path, jobs: int, fresh: bool, quiet: bool,
             for tuned in tunings:
                 report_choice(tuned, study, summary, progress)
             finals = expand(study_file, chosen_values(tunings, study.sweep.keys))
+            names.update({run.run_id: run.describe for run in finals})
         execute_runs(finals, "runs", store, executor, summary, progress)
     except stopping.RunInterrupted:
         done = summary.skipped + sum(summary.statuses.values())

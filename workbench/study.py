@@ -32,12 +32,12 @@ from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, WithJsonSchema, field_validator
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, ValidationInfo, WithJsonSchema, field_validator
 from pydantic import model_validator
 
 from workbench.errors import SpecError, WorkbenchError, closest
 from workbench.registry import get_variant, variants
-from workbench.spec import ModelSpec, spec_error_from
+from workbench.spec import ModelSpec, resolve_choice, spec_error_from
 
 VARIANT_AXES = ("position", "attention", "norm", "ffn")
 SWEEPABLE_SECTIONS = ("task", "model", "train")
@@ -52,6 +52,8 @@ class StudyError(WorkbenchError):
         self.file, self.line = file, line
         self.field = error.field if isinstance(error, SpecError) else ""
         where = f"{file}:{line}" if line else file
+        if line == 0:  # a field the command line set (--set)
+            where = f"{file} with --set"
         super().__init__(f"{where}: {error}")
 
 
@@ -253,7 +255,9 @@ class TrainConfig(BaseModel):
     devices: int | str = Field(1, description="devices per run (Lightning `devices`: N, -1 for all, 'auto', or '0,1')")
     strategy: str = Field("auto", description="Lightning strategy (auto, ddp, fsdp, deepspeed, ...)")
     num_nodes: int = Field(1, gt=0, description="nodes per run (Lightning `num_nodes`)")
-    logger: Literal["csv", "tensorboard"] = Field("csv", description="Lightning logger writing each run's log folder")
+    logger: Literal["csv", "tensorboard", "mlflow", "wandb"] = Field(
+        "csv", description="Lightning logger of each run: csv, tensorboard (run folder's logs/), mlflow (MLFLOW_TRACKING_URI, "
+        "default the run folder's mlflow.db) or wandb (offline in the run folder unless WANDB_MODE=online or WANDB_API_KEY)")
     checkpoint_every: int | None = Field(None, gt=0, description="checkpoint every N steps for resume (default: eval_every)")
 
     @field_validator("precision", mode="before")
@@ -568,22 +572,26 @@ class TrainStudy(StudyBase):
 
     @field_validator("task", mode="before")
     @classmethod
-    def _task(cls, v):
+    def _task(cls, v, info: ValidationInfo):
+        if stored(info):
+            return dict(v)
         return task_section(v)
 
     @model_validator(mode="after")
-    def _cross_checks(self):
-        for key in self.sweep.keys:
+    def _cross_checks(self, info: ValidationInfo):
+        for key in [] if stored(info) else self.sweep.keys:
             check_key(key, self.sweep.field(key), self.task)
+            check_swept_variants(key, self.sweep.field(key), self.sweep.values(key), self.model, self.sweep.keys)
         if self.baseline is not None:
             self.baseline = self.sweep_point(self.baseline, "baseline")
         for i, exp in enumerate(self.expect):
-            check_metric(exp.metric, f"expect.{i}.metric", self)
+            if not stored(info):
+                check_metric(exp.metric, f"expect.{i}.metric", self)
             exp.better = self.sweep_point(exp.better, f"expect.{i}.better")
             exp.than = self.sweep_point(exp.than, f"expect.{i}.than")
         for profile, overrides in self.profiles.items():
             for key in overrides:
-                if key != "seeds":
+                if key != "seeds" and not stored(info):
                     check_key(key, f"profiles.{profile}.{key}", self.task)
         if self.tune is not None:
             self.tune = check_tune(self.tune, self)
@@ -615,6 +623,15 @@ class TrainStudy(StudyBase):
         if self.tune is not None:  # absent otherwise: an untuned study keeps the hash it always had
             out["tune"] = self.tune.model_dump()
         return out
+
+
+STORED = "stored"  # validation context: a study read back from a results store
+
+
+def stored(info: ValidationInfo) -> bool:
+    """A study read back from a store was checked against the registry when it ran; reading
+    it again (for a report) must not need the plugins it used to still be installed."""
+    return bool(info.context and info.context.get(STORED))
 
 
 def check_key(key: str, field: str, task: dict[str, Any]) -> None:
@@ -671,6 +688,37 @@ def check_tune(tune: Tune, study: TrainStudy) -> Tune:
     return tune.model_copy(update={"metric": f"{name}@{length}"})
 
 
+def check_swept_variants(key: str, field: str, values: list[Any], model: Mapping[str, Any],
+                         swept: list[str]) -> None:
+    """Swept variants are checked where they are written: a typo in `model.ffn: [gelu, swigl]`
+    is blamed on the sweep line (not on a baseline or `expect:` that spells the name right),
+    and a swept variant parameter must belong to the variant the model section selects."""
+    parts = key.split(".")
+    if parts[0] != "model" or len(parts) < 2 or parts[1] not in VARIANT_AXES:
+        return
+    axis = parts[1]
+    if len(parts) == 2:
+        for value in values:
+            try:
+                resolve_choice(axis, value, field)
+            except SpecError as err:
+                raise SpecError(field, f"{err.problem} (in the sweep value {key}={label(value)})", err.choices) from None
+        return
+    if f"model.{axis}" in swept:
+        return  # each swept variant gets the parameter: checked per run by the expansion
+    given = model.get(axis, ModelSpec.model_fields[axis].default)
+    name = given.get("name") if isinstance(given, Mapping) else given
+    if not isinstance(name, str) or name not in variants(axis):
+        return  # the model section's own error is reported when it is validated
+    params = list(variants(axis)[name].Params.model_fields)
+    if parts[2] not in params:
+        having = sorted(n for n, cls in variants(axis).items() if parts[2] in cls.Params.model_fields)
+        where = f"model.{axis} is {name!r}" + ("" if axis in model else " (the default)")
+        hint = f"; set model.{axis}: {{name: {having[0]}}} or sweep model.{axis}" if having else ""
+        raise SpecError(field, f"{where}, which has no parameter {parts[2]!r}{hint}",
+                        [f"model.{axis}.{p}" for p in params] or None)
+
+
 def check_metric(metric: str, field: str, study: TrainStudy) -> None:
     task_cls = get_variant("task", study.task["name"])
     names = [*task_cls.metrics, "loss"]
@@ -710,6 +758,7 @@ class StudyFile:
     lines: LineMap
     study: StudyBase
     profile: str | None = None
+    overrides: tuple[str, ...] = ()  # `--set key=value` texts, in the order given
 
     def error(self, err: SpecError, context: str = "") -> StudyError:
         if context:
@@ -739,8 +788,43 @@ def apply_profile(data: dict[str, Any], profile: str, file: str, lines: LineMap)
     return data
 
 
-def load_study(path: str | Path, profile: str | None = None) -> StudyFile:
-    """Read and validate a study file. Raises StudyError (a WorkbenchError) with file and line."""
+def parse_override(text: str) -> tuple[str, Any]:
+    """`train.steps=500` -> ("train.steps", 500): the value is read as YAML (safe), so lists,
+    mappings and numbers are written as in a study file."""
+    key, sep, value = text.partition("=")
+    key = key.strip()
+    if not sep or not key:
+        raise SpecError("--set", f"expected KEY=VALUE (e.g. train.steps=500), got {text!r}")
+    try:
+        return key, yaml.safe_load(value) if value.strip() else None
+    except yaml.YAMLError as err:
+        raise SpecError(f"--set {key}", f"the value {value!r} is not valid YAML ({getattr(err, 'problem', err)})") from None
+
+
+def apply_overrides(data: dict[str, Any], overrides: tuple[str, ...], file: str, lines: LineMap) -> dict[str, Any]:
+    """`--set` on the command line: each KEY=VALUE edits the study as if the file said so
+    (a dotted key of task, model or train; `seeds`; or `sweep.<dotted key>` for a swept list),
+    so it changes the study hash exactly like the same edit of the file would."""
+    data = copy.deepcopy(data)
+    for text in overrides:
+        try:
+            key, value = parse_override(text)
+        except SpecError as err:
+            raise StudyError(file, None, err) from None
+        if key.startswith("sweep."):
+            sweep = data.get("sweep")
+            data["sweep"] = {**(sweep if isinstance(sweep, Mapping) else {}), key.removeprefix("sweep."): value}
+        elif "." in key:
+            set_dotted(data, key, value)
+        else:
+            data[key] = value
+        lines.lines[key] = 0  # an error in an overridden field names the field, not a line of the file
+    return data
+
+
+def load_study(path: str | Path, profile: str | None = None, overrides: tuple[str, ...] | list[str] = ()) -> StudyFile:
+    """Read and validate a study file, with a profile's and then the command line's overrides
+    applied. Raises StudyError (a WorkbenchError) with file and line."""
     path = Path(path)
     file = str(path)
     text, data, lines = read_yaml(path)
@@ -749,6 +833,9 @@ def load_study(path: str | Path, profile: str | None = None) -> StudyFile:
     data = dict(data)
     if profile is not None:
         data = apply_profile(data, profile, file, lines)
+    overrides = tuple(overrides)
+    if overrides:
+        data = apply_overrides(data, overrides, file, lines)
     kind = data.get("kind", "train")
     if kind not in study_kinds():
         raise StudyError(file, lines.line("kind"),
@@ -762,7 +849,7 @@ def load_study(path: str | Path, profile: str | None = None) -> StudyFile:
         raise StudyError(file, lines.line(spec_err.field), spec_err) from None
     except SpecError as err:
         raise StudyError(file, lines.line(err.field), err) from None
-    return StudyFile(path=path, text=text, data=data, lines=lines, study=study, profile=profile)
+    return StudyFile(path=path, text=text, data=data, lines=lines, study=study, profile=profile, overrides=overrides)
 
 
 # ---- JSON Schema ----------------------------------------------------------------------------

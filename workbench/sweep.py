@@ -144,7 +144,9 @@ def resolve_point(study: TrainStudy, point: dict[str, Any]) -> dict[str, Any]:
         given = raw["model"].get(key)
         if given is not None and given != value:
             raise SpecError(f"model.{key}", f"the task {task['name']!r} sets it to {value}: remove it from the study")
-    model = parse_spec({**raw["model"], **overrides}).resolved()
+    spec = parse_spec({**raw["model"], **overrides})
+    check_position_limit(spec, task_obj, task)
+    model = spec.resolved()
     try:
         train = TrainConfig.model_validate(raw["train"])
     except ValidationError as err:
@@ -152,6 +154,22 @@ def resolve_point(study: TrainStudy, point: dict[str, Any]) -> dict[str, Any]:
     resolved = train.resolved(task["train_length"])
     check_size(task["train_length"], list(task_obj.eval_lengths), model, resolved)
     return {"task": task, "model": model, "train": resolved}
+
+
+def check_position_limit(spec, task_obj, task: dict[str, Any]) -> None:
+    """A position scheme with a fixed table (learned) must cover the training sequences; past
+    the training length, a too-short table is by design recorded as not applicable."""
+    scheme = spec.position.cls(spec.position.params, d_model=spec.d_model, n_heads=spec.n_heads,
+                               head_dim=spec.dim_head)
+    limit = scheme.max_length
+    if limit is None:
+        return
+    batches = [task_obj.train_batch(0, 8, spec.family), *task_obj.eval_batches(task["train_length"], 64, spec.family)]
+    longest = max(batch[key].shape[-1] for batch in batches for key in ("tokens", "src", "tgt") if key in batch)
+    if longest > limit:
+        raise SpecError("model.position", f"{spec.position.name} covers {limit} positions, but training sequences "
+                        f"are up to {longest} tokens long (task.train_length={task['train_length']}); "
+                        f"raise max_len to at least {longest}")
 
 
 def locate(study_file: StudyFile, point: dict[str, Any], swept: dict[str, Any], err: SpecError,

@@ -47,9 +47,10 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from workbench import stopping
 from workbench.errors import WorkbenchError
+from workbench.executor import PROGRESS_FILE
 from workbench.model import Transformer, build_model
 from workbench.position import PositionLimitError
-from workbench.registry import get_variant
+from workbench.registry import get_variant, run_providers
 
 # Status of a run, as stored.
 FINISHED, DIVERGED, OOM, FAILED = "finished", "diverged", "oom", "failed"
@@ -289,13 +290,17 @@ def check_device(train: dict[str, Any]) -> str:
             f"train.precision: 'bf16-mixed' needs bfloat16 support (Ampere or newer); "
             f"{torch.cuda.get_device_name()} lacks it: use '16-mixed' or '32'"
         )
-    if train["logger"] == "tensorboard":
-        import importlib.util
+    import importlib.util
 
-        if importlib.util.find_spec("tensorboard") is None and importlib.util.find_spec("tensorboardX") is None:
-            raise WorkbenchError("train.logger: 'tensorboard' needs the tensorboard package: "
-                                 "pip install 'transformer-workbench[tensorboard]', or use 'csv'")
+    modules = LOGGER_MODULES.get(train["logger"], ())
+    if modules and not any(importlib.util.find_spec(m) for m in modules):
+        raise WorkbenchError(f"train.logger: {train['logger']!r} needs the {modules[0]} package: "
+                             f"pip install 'transformer-workbench[{train['logger']}]', or use 'csv'")
     return device
+
+
+# Modules an optional logger needs (any one of them), by `train.logger`.
+LOGGER_MODULES = {"tensorboard": ("tensorboard", "tensorboardX"), "mlflow": ("mlflow",), "wandb": ("wandb",)}
 
 
 def device_name(device: str) -> str:
@@ -379,6 +384,25 @@ class RunRecorder(Callback):
         self.prior_train_time = state["train_time"]
         if "torch_rng" in state:
             torch.set_rng_state(state["torch_rng"])
+
+
+class ProgressFile(Callback):
+    """The run's step, steps, last training loss and training seconds in run_dir/progress.json,
+    rewritten at most every `every_s` seconds (and at the last step): the sweep display reads
+    it from the driver, whichever process or machine trains the run."""
+
+    def __init__(self, run_dir: Path, steps: int, every_s: float = 0.5):
+        self.path, self.steps, self.every_s = run_dir / PROGRESS_FILE, steps, every_s
+        self.last_write = -math.inf
+        self.started = time.perf_counter()
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        step, now = trainer.global_step, time.perf_counter()
+        if outputs is None or (now - self.last_write < self.every_s and step < self.steps):
+            return
+        self.last_write = now
+        write_json_atomic(self.path, {"step": step, "steps": self.steps, "loss": float(outputs["loss"]),
+                                      "seconds": now - self.started})
 
 
 def evaluate_lengths(task, model, family: str, batch_size: int, cache: dict[int, list],
@@ -499,11 +523,30 @@ def make_task(config: dict[str, Any]):
     return cls(cls.Params.model_validate(spec), seed=config["seed"], split=config.get("split", "eval"))
 
 
-def make_logger(kind: str, run_dir: Path):
+def make_logger(kind: str, run_dir: Path, run_id: str = "", config: dict[str, Any] | None = None):
+    """Lightning's own logger of each kind. Experiment trackers get the run id as the run name
+    and the flattened run config as parameters; they stay on this machine unless configured."""
     if kind == "tensorboard":
         from pytorch_lightning.loggers import TensorBoardLogger
 
         return TensorBoardLogger(save_dir=run_dir, name="logs", default_hp_metric=False)
+    if kind in ("mlflow", "wandb"):
+        if kind == "mlflow":
+            from pytorch_lightning.loggers import MLFlowLogger
+
+            logger = MLFlowLogger(experiment_name=os.environ.get("MLFLOW_EXPERIMENT_NAME", "workbench"), run_name=run_id,
+                                  tracking_uri=os.environ.get("MLFLOW_TRACKING_URI", f"sqlite:///{(run_dir / 'mlflow.db').resolve()}"))
+        else:
+            from pytorch_lightning.loggers import WandbLogger
+
+            online = os.environ.get("WANDB_MODE") == "online" or (
+                bool(os.environ.get("WANDB_API_KEY")) and os.environ.get("WANDB_MODE") != "offline")
+            logger = WandbLogger(name=run_id, project=os.environ.get("WANDB_PROJECT", "workbench"),
+                                 save_dir=run_dir, offline=not online)
+        from workbench.runner import flatten
+
+        logger.log_hyperparams(flatten(config or {}))
+        return logger
     from pytorch_lightning.loggers import CSVLogger
 
     return CSVLogger(save_dir=run_dir, name="logs")  # a resumed session logs to the next version_N
@@ -521,7 +564,7 @@ def train_run(run_id: str, config: dict[str, Any], run_dir: Path) -> RunResult:
     device = resolve_accelerator(train)
     memory = PeakMemory(on_cuda=device == "cuda")
     result = RunResult(run_id=run_id, status=FAILED, peak_memory_instrument=memory.instrument,
-                       environment=environment(device_name(device)))
+                       environment={**environment(device_name(device)), **run_providers(config)})
     recorder = None
     deterministic_before = torch.are_deterministic_algorithms_enabled()
     try:
@@ -539,9 +582,9 @@ def train_run(run_id: str, config: dict[str, Any], run_dir: Path) -> RunResult:
             accelerator=train["accelerator"], devices=train["devices"], strategy=train["strategy"],
             num_nodes=train["num_nodes"], precision=train["precision"],
             gradient_clip_val=train["grad_clip"], gradient_clip_algorithm="norm",
-            deterministic=device == "cpu", logger=make_logger(train["logger"], run_dir),
-            callbacks=[recorder, StopOnRequest(ckpt), checkpoint], log_every_n_steps=train["log_every"],
-            plugins=[SafeCheckpointIO()],
+            deterministic=device == "cpu", logger=make_logger(train["logger"], run_dir, run_id, config),
+            callbacks=[recorder, StopOnRequest(ckpt), checkpoint, ProgressFile(run_dir, train["steps"])],
+            log_every_n_steps=train["log_every"], plugins=[SafeCheckpointIO()],
             enable_progress_bar=False, enable_model_summary=False, default_root_dir=run_dir,
         )
         datamodule = TaskDataModule(task, module.family, train["batch_size"], train["steps"])

@@ -15,15 +15,18 @@ no creation date or software version.
 
 from __future__ import annotations
 
+import json
 import os
+import shlex
 import shutil
+import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
-from workbench.errors import WorkbenchError
+from workbench.errors import WorkbenchError, WorkbenchWarning
 from workbench.report.document import Report
 from workbench.report.index import write_summary
 from workbench.report.render import render_html, render_markdown
@@ -44,7 +47,9 @@ def merged_environment(environments: Sequence[Mapping[str, Any]]) -> dict[str, s
 def reproduce_command(info: Mapping[str, Any], out_dir: Path) -> str:
     source = info.get("source") or f"<the study file of {info.get('name', 'this study')}>"
     profile = info.get("profile")
-    run = f"workbench run {source}" + (f" --profile {profile}" if profile else "") + f" --out {out_dir}"
+    overrides = json.loads(info.get("overrides") or "[]")
+    sets = "".join(f" --set {shlex.quote(text)}" for text in overrides)
+    run = f"workbench run {source}" + (f" --profile {profile}" if profile else "") + sets + f" --out {out_dir}"
     return f"{run}\nworkbench report {out_dir}"
 
 
@@ -87,7 +92,23 @@ def study_of(info: Mapping[str, Any]):
     if kind not in kinds:
         raise WorkbenchError(f"the stored study has kind {kind!r}, which this workbench does not know "
                              f"(valid: {', '.join(sorted(kinds))})")
-    return kinds[kind].model_validate(data)
+    from workbench.study import STORED
+
+    return kinds[kind].model_validate(data, context={STORED: True})
+
+
+def missing_variants(configs: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """`axis name` of every variant or task the stored runs used that no installed package
+    provides now (its plugin was uninstalled)."""
+    from workbench.registry import variants
+
+    used = {("task", c["task"]["name"]) for c in configs.values()}
+    used |= {(axis, c["model"][axis]["name"]) for c in configs.values() for axis in ("position", "attention", "norm", "ffn")}
+    return sorted(f"{axis} {name!r}" for axis, name in used if name not in variants(axis))
+
+
+class ReportSkipWarning(WorkbenchWarning):
+    """A part of a report that needs code no longer installed was left out."""
 
 
 def write_report(out_dir: str | Path, reports_dir: str | Path = "reports", *, pictures: bool = True) -> Path:
@@ -121,6 +142,12 @@ def build_report(out_dir: Path, info: dict[str, Any], study, dest: Path, picture
         from workbench.tuning import choose
 
         runs = store.load_results(out_dir)
+        missing = missing_variants(store.load_run_configs(out_dir))
+        if missing and pictures:
+            warnings.warn(f"{', '.join(missing)} not installed: the report leaves out the attention and position "
+                          "pictures (they load the trained models); everything else is from the store",
+                          ReportSkipWarning, stacklevel=2)
+            pictures = False
         records = store.Store(out_dir, create=False).runs()
         environment = merged_environment([r["environment"] for r in records])
         inputs = TrainInputs(

@@ -21,6 +21,7 @@ import matplotlib
 matplotlib.use("Agg")  # before pyplot: reports are written headless
 
 import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.ticker  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
@@ -53,17 +54,49 @@ def styled(draw: Callable[P, R]) -> Callable[P, R]:
     return wrapper
 
 
+# Okabe & Ito's palette (Color Universal Design, 2008), distinguishable under the common
+# colour-vision deficiencies; black last (it reads as "reference"). Variants take colours in
+# sweep order, so neighbours in a legend never share a hue.
+OKABE_ITO = ("#0072B2", "#E69F00", "#009E73", "#D55E00", "#56B4E9", "#CC79A7", "#F0E442", "#000000")
+# Bounds of metrics whose value cannot leave a range: a seed band is clipped to them (an
+# interval of accuracies past 1.0 says nothing). Names are metric names without `@length`.
+METRIC_BOUNDS = {"accuracy": (0.0, 1.0), "exact_match": (0.0, 1.0), "distinct_2": (0.0, 1.0),
+                 "repetition_4": (0.0, 1.0), "bleu": (0.0, 100.0), "loss": (0.0, math.inf),
+                 "bpc": (0.0, math.inf), "perplexity": (1.0, math.inf)}
+
+
 def variant_palette(labels: Sequence[str]) -> dict[str, tuple[float, float, float]]:
-    """A fixed colour per variant label, in sorted order (colour-blind safe up to 10 variants)."""
-    labels = sorted(set(map(str, labels)))
-    colours = sns.color_palette("colorblind" if len(labels) <= 10 else "husl", len(labels))
+    """A fixed colour per variant label, in the order given (colour-blind safe up to 8
+    variants; up to 10 with seaborn's colour-blind palette; distinct hues past that)."""
+    labels = list(dict.fromkeys(map(str, labels)))
+    if len(labels) <= len(OKABE_ITO):
+        colours = [matplotlib.colors.to_rgb(c) for c in OKABE_ITO[:len(labels)]]
+    else:
+        colours = sns.color_palette("colorblind" if len(labels) <= 10 else "husl", len(labels))
     return dict(zip(labels, colours))
 
 
-def t_band(values: pd.Series) -> tuple[float, float]:
-    """seaborn errorbar callable: the 95% t interval over seeds (no band for one seed)."""
+def t_band(values: pd.Series, bounds: tuple[float, float] = (-math.inf, math.inf)) -> tuple[float, float]:
+    """seaborn errorbar callable: the 95% t interval over seeds (no band for one seed),
+    clipped to the metric's possible range."""
     iv = mean_ci(values)
-    return (iv.mean, iv.mean) if math.isnan(iv.lo) else (iv.lo, iv.hi)
+    lo, hi = (iv.mean, iv.mean) if math.isnan(iv.lo) else (iv.lo, iv.hi)
+    return max(lo, bounds[0]), min(hi, bounds[1])
+
+
+def band(metric: str) -> Callable[[pd.Series], tuple[float, float]]:
+    """The seed band of `metric` (`accuracy@64`, `loss`), clipped to its bounds when known."""
+    bounds = METRIC_BOUNDS.get(metric.split("@")[0].removeprefix("eval/"), (-math.inf, math.inf))
+    return functools.partial(t_band, bounds=bounds)
+
+
+def byte_axis(axis) -> None:
+    """A log-scaled axis of byte counts with ticks at powers of two, read as KiB/MiB/GiB."""
+    from workbench.report.document import fmt_bytes
+
+    axis.set_major_locator(matplotlib.ticker.LogLocator(base=2))
+    axis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: fmt_bytes(v)))
+    axis.set_minor_formatter(matplotlib.ticker.NullFormatter())
 
 
 def save(fig: Figure, path: Path) -> Path:
@@ -94,7 +127,7 @@ def learning_curves(curves: pd.DataFrame, palette: Palette, path: Path, *, panel
         part = curves[curves["metric"] == metric]
         few_points = part["step"].nunique() <= 12
         sns.lineplot(data=part, x="step", y="value", hue="variant", hue_order=[v for v in palette if v in set(part["variant"])],
-                     palette=palette, errorbar=t_band, marker="o" if few_points else None, ax=ax)
+                     palette=palette, errorbar=band(metric), marker="o" if few_points else None, ax=ax)
         ax.set(xlabel="training step", ylabel=metric, title=metric)
         if "loss" in metric and (part["value"] > 0).all():
             ax.set_yscale("log")
@@ -113,7 +146,7 @@ def quality_vs_length(by_length: pd.DataFrame, palette: Palette, path: Path, *, 
     fig, ax = new_axes()
     sns.lineplot(data=by_length, x="length", y="value", hue="variant",
                  hue_order=[v for v in palette if v in set(by_length["variant"])], palette=palette,
-                 errorbar=t_band, marker="o", ax=ax)
+                 errorbar=band(metric), marker="o", ax=ax)
     ax.set_xscale("log", base=2)
     lengths = sorted(by_length["length"].unique())
     ax.set_xticks(lengths, [str(int(n)) for n in lengths])
@@ -134,13 +167,17 @@ def quality_vs_cost(summary: pd.DataFrame, palette: Palette, path: Path, *, metr
     if data.empty:
         return None
     fig, ax = new_axes()
+    low, high = METRIC_BOUNDS.get(metric.split("@")[0], (-math.inf, math.inf))
     for row in data.itertuples(index=False):
         row = row._asdict()
-        lo = row["mean"] - row["ci_lo"] if not math.isnan(row["ci_lo"]) else 0.0
-        hi = row["ci_hi"] - row["mean"] if not math.isnan(row["ci_hi"]) else 0.0
+        lo = row["mean"] - max(row["ci_lo"], low) if not math.isnan(row["ci_lo"]) else 0.0
+        hi = min(row["ci_hi"], high) - row["mean"] if not math.isnan(row["ci_hi"]) else 0.0
         ax.errorbar([row[cost]], [row["mean"]], yerr=[[lo], [hi]], fmt="o", capsize=4, markersize=7,
                     color=palette[row["variant"]], label=row["variant"])
     ax.set_xscale("log")
+    if cost.endswith("_bytes"):
+        byte_axis(ax.xaxis)
+        cost_label = cost_label.replace(" (bytes)", "")
     ax.set(xlabel=f"{cost_label} (log scale)", ylabel=f"{metric} (mean, 95% CI)", title=f"{metric} against cost")
     ax.legend(title="variant", fontsize="small")
     return save(fig, path)
@@ -152,9 +189,11 @@ def quality_vs_cost(summary: pd.DataFrame, palette: Palette, path: Path, *, metr
 @styled
 def loglog(rows: pd.DataFrame, palette: Palette, path: Path, *, y: str, ylabel: str, title: str,
            exponents: Mapping[str, str] | None = None, x: str = "length", xlabel: str = "sequence length n (tokens)",
-           reference: Mapping[str, pd.DataFrame] | None = None) -> Path | None:
+           reference: Mapping[str, pd.DataFrame] | None = None, legend_title: str | None = None) -> Path | None:
     """rows: (variant, x, y) measurements -> log-log lines per variant; `exponents` maps a
-    variant to its fitted-exponent text for the legend; `reference` adds dashed lines."""
+    variant to its fitted-exponent text for the legend; `reference` adds dashed lines;
+    `legend_title` names what the variant labels are values of (`n_kv_heads`). A `*_bytes`
+    column is drawn with KiB/MiB/GiB ticks."""
     data = rows.dropna(subset=[y])
     data = data[data[y] > 0]
     if data[x].nunique() < 2:
@@ -168,8 +207,11 @@ def loglog(rows: pd.DataFrame, palette: Palette, path: Path, *, y: str, ylabel: 
         ax.plot(ref[x], ref[y], linestyle="--", color="grey", label=label)
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
+    if y.endswith("_bytes"):
+        byte_axis(ax.yaxis)
+        ylabel = ylabel.replace(" (bytes)", "")
     ax.set(xlabel=f"{xlabel}, log scale", ylabel=f"{ylabel}, log scale", title=title)
-    ax.legend(fontsize="small")
+    ax.legend(fontsize="small", title=legend_title)
     return save(fig, path)
 
 
@@ -276,8 +318,11 @@ def heatmaps(panels: Sequence[tuple[str, np.ndarray]], path: Path, *, x_tokens: 
         ax.tick_params(axis="y", labelrotation=0)
     for ax in list(axes.flat)[n:]:
         ax.set_visible(False)
-    mappable = axes.flat[0].collections[0]
-    fig.colorbar(mappable, ax=axes.ravel().tolist(), label=colorbar_label, shrink=0.8)
+    if vmin is None or vmax is None:  # each panel has its own scale: each gets its own colorbar
+        for ax in list(axes.flat)[:n]:
+            fig.colorbar(ax.collections[0], ax=ax, label=colorbar_label, shrink=0.8)
+    else:
+        fig.colorbar(axes.flat[0].collections[0], ax=axes.ravel().tolist(), label=colorbar_label, shrink=0.8)
     fig.suptitle(title)
     return save(fig, path)
 

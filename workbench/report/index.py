@@ -148,24 +148,34 @@ def study_row(study_path: Path, reports_dir: Path) -> list[str]:
             f"`{study_path.as_posix()}`"]
 
 
+INTRO_FILE = "index-intro.md"
+
+
+def intro(studies_dir: Path, reports_dir: Path) -> str:
+    """The text above the table: the studies folder's own `index-intro.md` when it has one
+    (a project's words about its studies), else a neutral description of the table."""
+    own = studies_dir / INTRO_FILE
+    if own.exists():
+        return own.read_text(encoding="utf-8").rstrip("\n")
+    return "\n".join([
+        "# Studies and their reports",
+        "",
+        f"One row per study in `{studies_dir.as_posix()}/`. Verdicts come from each study's `expect:` entries:",
+        "**holds** when the 95% intervals over seeds separate in the expected direction, **does not hold**",
+        "when they separate the other way, **inconclusive** otherwise.",
+        "",
+        f"Regenerate a report: `workbench run {studies_dir.as_posix()}/<name>.yaml`; regenerate this table:",
+        f"`workbench report-index --studies {studies_dir.as_posix()} --reports {reports_dir.as_posix()}`.",
+        f"(Put your own text above the table in `{studies_dir.as_posix()}/{INTRO_FILE}`.)",
+    ])
+
+
 def build_index(studies_dir: Path, reports_dir: Path) -> str:
     paths = sorted(studies_dir.glob("*.yaml"))
     rows = [study_row(p, reports_dir) for p in paths]
     header = ["study (report)", "claims", "question", "verdicts", "run time", "study file"]
     lines = [
-        "# Shipped studies and their reports",
-        "",
-        "Every study in `studies/` tests claims of the tutorials the workbench started from",
-        "(`E*`: empirical, `P*`: exact properties; see the project's claims list). Verdicts come from",
-        "each study's `expect:` entries: **holds** when the 95% intervals over seeds separate in the",
-        "expected direction, **does not hold** when they separate the other way, **inconclusive**",
-        "otherwise. Scaling studies have no `expect:`; their fitted log-log exponents are listed here",
-        "and what they say about each claim is in the report's Notes.",
-        "Run time: first run start to last run end on the machine named in each report, with",
-        "`--jobs 2` on a 2-core CPU unless the report says otherwise.",
-        "",
-        "Regenerate a report: `workbench run studies/<name>.yaml --jobs 2` (writes `reports/<name>/`);",
-        "regenerate this table: `workbench report-index`.",
+        intro(studies_dir, reports_dir),
         "",
         "| " + " | ".join(header) + " |",
         "|" + "|".join("---" for _ in header) + "|",

@@ -31,7 +31,7 @@ from workbench.report.document import (
     fmt_bytes,
     fmt_seconds,
 )
-from workbench.report.variants import Variants, value_text
+from workbench.report.variants import Variants, short_key, value_text
 
 COORDINATES = ("scope", "mode", "length", "kv_cache")
 FINISHED = "finished"
@@ -212,6 +212,12 @@ class ScalingReport:
                 return self.study.model_of(raw)
         return None
 
+    @property
+    def legend_title(self) -> str | None:
+        """With one swept key a variant is labelled by its bare value ("1"): name the key."""
+        keys = self.variants.keys
+        return short_key(keys[0]) if len(keys) == 1 else None
+
     def decode(self) -> Section | None:
         part = self.ok[self.ok["mode"] == "decode"]
         if part.empty:
@@ -232,7 +238,7 @@ class ScalingReport:
                 exps[f"{variant} ({'KV cache' if cache else 'no cache'})"] = text
         path = figures.loglog(labelled, palette, fig_dir / "decode_latency.png", y="time_median_s",
                               ylabel="time per generated token (s)", title="decode latency against context length",
-                              exponents=exps, xlabel="context length (tokens)")
+                              exponents=exps, xlabel="context length (tokens)", legend_title=self.legend_title)
         items.append(self.figure(path, "Time to generate one token at a given context length, with and without the "
                                        "KV cache (median of timed calls).", "decode latency"))
         cached = labelled[labelled["kv_cache"] == True]  # noqa: E712 - a column of booleans
@@ -241,7 +247,7 @@ class ScalingReport:
                                   ylabel="KV-cache size (bytes)", title="KV-cache bytes against context length",
                                   exponents={f"{v} (KV cache)": t for v, t in
                                              self.legend_exponents("decode", "kv_cache_bytes", True).items()},
-                                  xlabel="context length (tokens)")
+                                  xlabel="context length (tokens)", legend_title=self.legend_title)
             items.append(self.figure(path, "Bytes the KV cache holds (2 x layers x K/V heads x head_dim x tokens x "
                                            "batch x bytes per element).", "KV-cache bytes"))
             rows = []

@@ -1,0 +1,56 @@
+"""Rough edges of the command line: where reports go, what the quickstart installs, which
+modules a command start imports, and an index that keeps the user's words."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from workbench.cli import default_reports_dir, main
+from workbench.report.index import build_index
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_reports_go_beside_results_unless_the_default_layout_is_used():
+    assert default_reports_dir(Path("runs") / "positions") == Path("reports")
+    assert default_reports_dir("/data/exp1") == Path("/data/exp1/reports")
+    for command in ("run", "report"):
+        help_text = CliRunner().invoke(main, [command, "--help"]).output
+        assert "OUT/reports/" in help_text or "OUT_DIR/reports/" in help_text
+
+
+def test_a_command_start_does_not_import_sacrebleu():
+    code = ("import sys; from workbench.registry import variants; from workbench.cli import main; "
+            "[variants(a) for a in ('position', 'attention', 'norm', 'ffn', 'task')]; "
+            "print('sacrebleu' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.strip() == "False"
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
+def test_quickstart_installs_only_what_running_needs(tmp_path):
+    plan = subprocess.run(["make", "-n", "quickstart", f"VENV={tmp_path / 'v'}"], cwd=ROOT, capture_output=True,
+                          text=True, check=True).stdout
+    installs = [line for line in plan.splitlines() if "pip install" in line and "--upgrade pip" not in line]
+    assert installs == [f"{tmp_path / 'v'}/bin/python -m pip install -q -c constraints-dev.txt -e ."]
+    tests = subprocess.run(["make", "-n", "test", f"VENV={tmp_path / 'v'}"], cwd=ROOT, capture_output=True,
+                           text=True, check=True).stdout
+    assert "-e '.[dev]'" in tests
+
+
+def test_the_index_of_a_users_studies_has_no_project_prose(tmp_path):
+    studies = tmp_path / "mine"
+    studies.mkdir()
+    text = build_index(studies, tmp_path / "reports")
+    assert "tutorials" not in text and "2-core" not in text
+    assert text.startswith("# Studies and their reports") and f"`workbench run {studies.as_posix()}/<name>.yaml`" in text
+    (studies / "index-intro.md").write_text("# My lab's studies\n\nOurs.\n")
+    assert build_index(studies, tmp_path / "reports").startswith("# My lab's studies\n\nOurs.\n\n| study")
+    shipped = build_index(ROOT / "studies", ROOT / "reports")
+    assert "tutorials the workbench started from" in shipped  # this project's words live in studies/

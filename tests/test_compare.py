@@ -1,0 +1,76 @@
+"""`workbench compare`: one report over the runs of several study folders (stores filled with
+constructed results, as in test_report; nothing trains)."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+from click.testing import CliRunner
+
+from test_report import save_study
+from workbench.cli import main
+from workbench.report.compare import comparison_inputs
+from workbench.store import Store
+from workbench.study import load_study
+from workbench.sweep import expand
+from workbench.train import RunResult
+
+STUDY = """\
+name: {name}
+task: {{name: {task}, train_length: 6, n_eval: 8}}
+model: {{family: decoder, d_model: 16, n_layers: 1, n_heads: 2}}
+train: {{steps: {steps}, batch_size: 4}}
+seeds: [0, 1]
+sweep: {{model.position: {positions}}}
+"""
+ACCURACY = {"none": 0.2, "rope": 0.8, "alibi": 0.9}
+
+
+def folder(tmp_path, name: str, positions: str, steps: int = 5, task: str = "copy"):
+    (tmp_path / f"{name}.yaml").write_text(STUDY.format(name=name, positions=positions, steps=steps, task=task))
+    study_file = load_study(tmp_path / f"{name}.yaml")
+    out = tmp_path / name
+    store = Store(out)
+    save_study(store, study_file)
+    for run in expand(study_file):
+        acc = ACCURACY[run.swept["model.position"]] + 0.01 * run.seed + (0.05 if steps > 5 else 0)
+        store.record(run, RunResult(run_id=run.run_id, status="finished", steps_done=steps, n_params=100,
+                                    metrics={"accuracy@6": acc, "loss@6": 1 - acc}, wall_time_s=1.0,
+                                    curves=[(steps, "train", "loss", 1 - acc)], environment={"device": "cpu"}))
+    return out
+
+
+def test_a_variant_added_later_joins_the_earlier_sweep(tmp_path):
+    a = folder(tmp_path, "first", "[none, rope]")
+    b = folder(tmp_path, "later", "[rope, alibi]")  # rope trained again: the same run ids
+    result = CliRunner().invoke(main, ["compare", str(a), str(b), "--out", str(tmp_path / "reports"), "--no-pictures"])
+    assert result.exit_code == 0, result.output
+    report = tmp_path / "reports" / "first-vs-later"
+    table = pd.read_csv(report / "results.csv")
+    assert list(table["variant"]) == ["none", "none", "rope", "rope", "alibi", "alibi"]  # rope counted once
+    assert table.groupby("variant")["accuracy@6"].mean().round(3).to_dict() == {"alibi": 0.905, "none": 0.205,
+                                                                                 "rope": 0.805}
+    text = (report / "report.md").read_text()
+    assert "Swept: model.position over none, rope, alibi" in text
+    assert "workbench compare" in text
+
+
+def test_settings_that_differ_between_folders_tell_variants_apart(tmp_path):
+    a = folder(tmp_path, "short", "[rope]", steps=5)
+    b = folder(tmp_path, "long", "[rope]", steps=10)
+    study, runs, *_ = comparison_inputs([a, b], "c")
+    assert study.sweep.keys == ["model.position", "train.steps"]
+    assert sorted(set(zip(runs["model.position"], runs["train.steps"]))) == [("rope", 5), ("rope", 10)]
+
+
+def test_folders_of_different_tasks_are_refused(tmp_path):
+    a = folder(tmp_path, "copying", "[rope]")
+    b = folder(tmp_path, "reversing", "[rope]", task="reverse")
+    result = CliRunner().invoke(main, ["compare", str(a), str(b), "--out", str(tmp_path / "r")])
+    assert result.exit_code == 2 and "trained different tasks" in result.stderr and "(reverse)" in result.stderr
+
+
+def test_compare_needs_two_folders(tmp_path):
+    a = folder(tmp_path, "alone", "[rope]")
+    with pytest.raises(Exception, match="at least two"):
+        comparison_inputs([a], "c")

@@ -1,0 +1,86 @@
+"""`--set KEY=VALUE` changes a study exactly like editing the file; `--dry-run` lists every
+run id with its resolved settings and trains nothing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from workbench.cli import main
+from workbench.errors import WorkbenchError
+from workbench.runner import check_study
+from workbench.store import Store
+from workbench.study import load_study
+from workbench.sweep import expand
+
+STUDY = """\
+name: t
+task: {name: copy, train_length: 8, n_eval: 16, alphabet_size: 8}
+model: {family: decoder, d_model: 32, n_layers: 1, n_heads: 2, position: rope}
+train: {steps: 20, batch_size: 8}
+seeds: [0, 1]
+sweep: {model.position: [none, rope]}
+"""
+
+
+def write(tmp_path: Path, text: str = STUDY, name: str = "study.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize("override,edit", [
+    ("train.steps=500", ("steps: 20", "steps: 500")),
+    ("model.d_model=64", ("d_model: 32", "d_model: 64")),
+    ("seeds=[3]", ("seeds: [0, 1]", "seeds: [3]")),
+    ("sweep.model.position=[alibi, rope]", ("[none, rope]", "[alibi, rope]")),
+    ("model.attention={name: sliding_window, window: 4}", ("position: rope}", "position: rope, attention: {name: sliding_window, window: 4}}")),
+])
+def test_an_override_hashes_like_the_same_edit_of_the_file(tmp_path, override, edit):
+    plain = load_study(write(tmp_path))
+    overridden = load_study(write(tmp_path), overrides=[override])
+    edited = load_study(write(tmp_path, STUDY.replace(*edit), "edited.yaml"))
+    assert overridden.study_hash == edited.study_hash != plain.study_hash
+    assert [r.run_id for r in expand(overridden)] == [r.run_id for r in expand(edited)]
+    assert overridden.overrides == (override,)
+
+
+def test_an_override_of_a_folder_refuses_to_mix_with_earlier_results(tmp_path):
+    store = Store(tmp_path / "out")
+    check_study(store, load_study(write(tmp_path)))
+    with pytest.raises(WorkbenchError, match=r"train.steps: 20 -> 500"):
+        check_study(store, load_study(write(tmp_path), overrides=["train.steps=500"]))
+    assert store.study_info()["overrides"] == "[]"
+
+
+@pytest.mark.parametrize("override,fragments", [
+    ("train.steps=abc", ["study.yaml with --set: train.steps", "valid integer", "'abc'"]),
+    ("train.stpes=5", ["study.yaml with --set: train.stpes: unknown key", "did you mean 'steps'"]),
+    ("steps", ["--set: expected KEY=VALUE", "'steps'"]),
+    ("sweep.model.position=[rope, alibbi]", ["sweep.model.position", "unknown position scheme 'alibbi'"]),
+])
+def test_a_bad_override_is_one_line_naming_it(tmp_path, override, fragments):
+    result = CliRunner().invoke(main, ["validate", str(write(tmp_path)), "--set", override])
+    assert result.exit_code == 2, result.output
+    assert len(result.stderr.strip().splitlines()) == 1
+    for fragment in fragments:
+        assert fragment in result.stderr, (fragment, result.stderr)
+
+
+def test_validate_and_dry_run_apply_the_overrides(tmp_path):
+    path = write(tmp_path)
+    result = CliRunner().invoke(main, ["validate", str(path), "--set", "train.steps=500", "--set", "seeds=[0]"])
+    assert result.exit_code == 0 and "2 runs = 2 sweep points x 1 seeds" in result.output and "500 steps" in result.output
+    result = CliRunner().invoke(main, ["run", str(path), "--dry-run", "--set", "train.steps=500",
+                                       "--out", str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output
+    runs = expand(load_study(path, overrides=["train.steps=500"]))
+    lines = result.output.splitlines()
+    assert lines[0].startswith(f"t: 4 runs (study hash {load_study(path, overrides=['train.steps=500']).study_hash})")
+    assert "  train.steps = 500" in lines and "  model.d_model = 32" in lines
+    listed = [line for line in lines if not line.startswith(("t:", "settings", "  "))]
+    assert [line.split()[0] for line in listed] == [r.run_id for r in runs]
+    assert 'model.position.name="none"' in listed[0] and "seed=0" in listed[0] and "seed=1" in listed[1]
+    assert not (tmp_path / "out").exists()  # nothing trained, no store written

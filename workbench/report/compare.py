@@ -1,0 +1,136 @@
+"""One report across several study folders: `workbench compare DIR...`.
+
+    folders --(same task)--> every run, once (a run id trained in two folders is one run)
+            --settings that tell the runs apart--> variant labels --> the training report
+
+A variant added later (a second study with `model.position: [alibi]`) is compared with an
+earlier sweep (`[none, rope]`) as if one study had swept all three: the variants are told
+apart by every setting that differs between the runs (swept keys, and settings that differ
+between the studies, such as `train.steps`), so runs that computed different things are never
+pooled. Everything is read from the stores; nothing is trained.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from workbench.errors import WorkbenchError
+
+VARIANT_AXES = ("position", "attention", "norm", "ffn")
+
+
+def setting_key(flat_key: str) -> str:
+    """model.position.base -> model.position (a variant is labelled as a whole)."""
+    parts = flat_key.split(".")
+    if len(parts) > 2 and parts[0] == "model" and parts[1] in VARIANT_AXES:
+        return ".".join(parts[:2])
+    return flat_key
+
+
+def value_label(key: str, config: dict[str, Any]) -> Any:
+    """A run's value of `key` as its label: a variant by name with only its non-default
+    parameters (`sliding_window(window=64)`, as a study would write it); others as stored."""
+    from workbench.registry import variants
+    from workbench.study import get_dotted, label
+
+    value = get_dotted(config, key)
+    axis = key.split(".")[1] if key.startswith("model.") else None
+    if axis in VARIANT_AXES and isinstance(value, dict):
+        cls = variants(axis).get(value["name"])
+        defaults = {f: field.default for f, field in cls.Params.model_fields.items()} if cls else {}
+        value = {"name": value["name"], **{k: v for k, v in value.items()
+                                           if k != "name" and (k not in defaults or defaults[k] != v)}}
+    return label(value)
+
+
+def distinguishing_keys(studies: Sequence[Any], configs: dict[str, dict[str, Any]]) -> list[str]:
+    """Swept keys of any folder, then every setting the study files set differently (as
+    written: a setting derived from another, such as eval_every from steps, is not one),
+    when the runs' values of it differ."""
+    from workbench.runner import flatten
+
+    written = [flatten({k: s.run_defining()[k] for k in ("task", "model", "train")}) for s in studies]
+    keys = list(dict.fromkeys(k for flat in written for k in flat))
+    differing = [setting_key(k) for k in keys
+                 if len({json.dumps(flat.get(k), sort_keys=True, default=str) for flat in written}) > 1]
+    swept = [k for s in studies for k in s.sweep.keys]
+    return list(dict.fromkeys([*swept, *(k for k in differing if k not in swept and
+                                         len({json.dumps(value_label(k, c), default=str) for c in configs.values()}) > 1)]))
+
+
+def comparison_inputs(out_dirs: Sequence[str | Path], name: str):
+    """(study, runs, curves, environment, run folder of each run id) for the training report."""
+    from workbench import store
+    from workbench.report import merged_environment, study_of
+    from workbench.study import STORED, TrainStudy
+
+    if len(out_dirs) < 2:
+        raise WorkbenchError("compare: give at least two study folders")
+    studies, frames, curves, configs, folder_of, environments = [], [], [], {}, {}, []
+    for out_dir in map(Path, out_dirs):
+        study = study_of(store.load_study_info(out_dir))
+        if study.kind != "train":
+            raise WorkbenchError(f"compare: {out_dir} holds a {study.kind} study; compare takes training studies")
+        studies.append(study)
+        runs = store.load_results(out_dir)
+        new = [run_id for run_id in runs["run_id"] if run_id not in folder_of]
+        folder_of.update({run_id: out_dir for run_id in new})
+        frames.append(runs[runs["run_id"].isin(new)])
+        curves.append(store.load_curves(out_dir).query("run_id in @new"))
+        configs.update({k: v for k, v in store.load_run_configs(out_dir).items() if k in new})
+        environments += [r["environment"] for r in store.Store(out_dir, create=False).runs() if r["run_id"] in new]
+    tasks = {s.task["name"] for s in studies}
+    if len(tasks) > 1:
+        listed = ", ".join(f"{d} ({s.task['name']})" for d, s in zip(out_dirs, studies))
+        raise WorkbenchError(f"compare: the folders trained different tasks ({listed}); their metrics do not compare")
+    keys = distinguishing_keys(studies, configs)
+    runs = pd.concat(frames, ignore_index=True)
+    runs = runs.drop(columns=[c for s in studies for c in s.sweep.keys if c in runs.columns]).drop_duplicates("run_id")
+    for key in keys:
+        runs[key] = [value_label(key, configs[run_id]) for run_id in runs["run_id"]]
+    runs["position"] = range(len(runs))  # sweep order across the folders, as given
+    first = studies[0]
+    swept_model = {k.split(".")[1] for k in keys if k.startswith("model.")}
+    study = TrainStudy.model_validate({
+        "name": name,
+        "description": f"Comparison of {', '.join(repr(s.name) for s in studies)} (one report over their runs)",
+        "notes": "Runs of the folders " + ", ".join(f"{d} (study {s.name!r})" for d, s in zip(out_dirs, studies))
+                 + ". Variants are told apart by every setting that differs between runs; a run found in several "
+                 "folders counts once.",
+        "task": first.task, "model": {k: v for k, v in first.model.items() if k not in swept_model},
+        "train": first.train.model_dump(), "seeds": sorted({int(s) for s in runs["seed"]}),
+        "sweep": {key: list(dict.fromkeys(runs[key])) for key in keys},
+    }, context={STORED: True})
+    return study, runs, pd.concat(curves, ignore_index=True), merged_environment(environments), folder_of
+
+
+def write_comparison(out_dirs: Sequence[str | Path], reports_dir: str | Path, name: str | None = None,
+                     *, pictures: bool = True) -> Path:
+    """Write the report comparing the runs of `out_dirs` to REPORTS/<name>/; returns index.html."""
+    from workbench import store
+    from workbench.report import fresh_folder, write_files
+    from workbench.report.index import write_summary
+    from workbench.report.pictures import ModelPictures
+    from workbench.report.train_report import TrainInputs, TrainReport
+
+    names = [store.load_study_info(d).get("name") or Path(d).name for d in out_dirs]
+    name = name or "-vs-".join(dict.fromkeys(names))
+    study, runs, curves, environment, folder_of = comparison_inputs(out_dirs, name)
+    dest = Path(reports_dir) / study.name
+    fresh_folder(dest)
+    inputs = TrainInputs(
+        study=study, runs=runs, curves=curves, environment=environment,
+        command=f"workbench compare {' '.join(map(str, out_dirs))} --name {study.name}",
+        pictures=ModelPictures(lambda run_id: store.run_dir(folder_of[run_id], run_id)) if pictures else None,
+    )
+    builder = TrainReport(inputs, dest)
+    report, results = builder.build(), builder.results_csv()
+    index = write_files(report, results, dest)
+    write_summary(dest, report, [r for d in out_dirs for r in store.Store(d, create=False).runs()
+                                 if folder_of.get(r["run_id"]) == Path(d)])
+    return index
