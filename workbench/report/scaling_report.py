@@ -115,8 +115,10 @@ def measurement_rows(runs: list[dict[str, Any]], keys: list[str]) -> pd.DataFram
 
 def exponent_text(exponent: float, stderr: float, n_points: int) -> str:
     """'2.01 [1.95, 2.07]': the slope with its 95% t interval (n - 2 degrees of freedom)."""
-    if math.isnan(stderr) or n_points < 3:
+    if n_points < 3:
         return f"{exponent:.2f} (2 points, no CI)"
+    if math.isnan(stderr):  # scipy: a constant cost has no correlation to derive an error from
+        return f"{exponent:.2f} (constant, no CI)"
     half = float(st.t.ppf(0.975, df=n_points - 2)) * stderr
     return f"{exponent:.2f} [{exponent - half:.2f}, {exponent + half:.2f}]"
 
@@ -277,9 +279,11 @@ class ScalingReport:
                 part.assign(part_name="executed", value=part["flops_executed_attention"]),
                 part.assign(part_name="rest", value=part["flops_projections"] + part["flops_ffn"]),
             ]).rename(columns={"part_name": "part"})
+            scale, unit = unit_of(long["value"], "flops")
+            long["value"] = long["value"] / scale
             useful = found.get("useful")
             path = figures.crossover(long, self.dest / "figures" / f"crossover_{len(items) + 1}.png", y="value",
-                                     ylabel="FLOPs per forward call",
+                                     ylabel=f"FLOPs per forward call ({unit})",
                                      parts={"useful": "attention, useful (allowed pairs)",
                                             "executed": "attention, executed (kernel)",
                                             "rest": "projections + FFN"},
