@@ -79,7 +79,7 @@ def points_table(rows: pd.DataFrame) -> Table:
             table.add_row(r.variant, str(r.length), r.status, *[""] * 5)
             continue
         # Analytic attention FLOPs of one forward are 4 * h * hd per allowed pair (x3 with backward).
-        keys = r.flops_analytic_attention / 3 / (4 * r.n_heads * r.head_dim) / r.length
+        keys = r.flops_attention / 3 / (4 * r.n_heads * r.head_dim) / r.length
         table.add_row(
             r.variant, str(r.length), r.status,
             f"{r.time_median_s * 1e3:.1f} [{r.time_q25_s * 1e3:.1f}, {r.time_q75_s * 1e3:.1f}]",

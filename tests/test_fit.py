@@ -79,10 +79,15 @@ def test_crossover_extrapolated_when_no_length_brackets_it():
 ])
 def test_analytic_crossover(spec, expected):
     assert analytic_crossover(spec) == pytest.approx(expected)
+    # Useful work of a causal layer: n (n + 1) / 2 pairs, so attention catches up at 2 n* - 1.
+    assert analytic_crossover({**spec, "family": "decoder"}, "useful") == pytest.approx(2 * expected - 1)
+    # Bidirectional: every pair is allowed, both accountings agree.
+    assert analytic_crossover({**spec, "family": "encoder"}, "useful") == pytest.approx(expected)
 
 
-def test_measured_crossover_refuses_rows_without_counted_attention():
-    rows = [{"status": "ok", "mode": "forward", "length": n, "flops_counted_attention": 0,
-             "flops_counted_projections": 1, "flops_counted_ffn": 1} for n in (64, 128)]
-    with pytest.raises(ValueError, match="no attention FLOPs"):
-        measured_crossover(rows)
+def test_measured_crossover_refuses_rows_without_attention_flops():
+    rows = [{"status": "ok", "mode": "forward", "length": n, "flops_attention": 0, "flops_executed_attention": 0,
+             "flops_projections": 1, "flops_ffn": 1} for n in (64, 128)]
+    for accounting in ("useful", "executed"):
+        with pytest.raises(ValueError, match="no attention FLOPs"):
+            measured_crossover(rows, accounting)

@@ -244,11 +244,16 @@ def test_report_renders_in_headless_chromium(train_report):
 # Constructed costs: naive attention n^2 FLOPs over an n^1 rest, full fused n^2 time; decode
 # with the cache ~n^1, without ~n^2; the cache holds 2 * layers * kv heads * hd * n * 4 bytes.
 def scaling_row(attention: str, mode: str, n: int, cache: bool | None) -> dict:
+    shape = {"n_heads": 2, "head_dim": 8, "batch_size": 1}
     if mode == "forward":
-        attn, rest = 4.0 * n * n * 16, 24.0 * n * 16 * 16
-        return {"time_median_s": 1e-9 * n ** 2, "time_instrument": "perf_counter", "flops": attn + rest,
-                "flops_source": "flop_counter", "flops_counted_attention": attn if attention == "naive" else 0.0,
-                "flops_counted_projections": 8.0 * n * 16 * 16, "flops_counted_ffn": 16.0 * n * 16 * 16}
+        # useful: the causal pairs; executed: naive the whole n x n matrix, full (tiled) three quarters of it
+        useful, whole, rest = 4.0 * 16 * n * (n + 1) / 2, 4.0 * n * n * 16, 24.0 * n * 16 * 16
+        executed = whole if attention == "naive" else 0.75 * whole
+        return {"time_median_s": 1e-9 * n ** 2, "time_q25_s": 0.9e-9 * n ** 2, "time_q75_s": 1.2e-9 * n ** 2,
+                "time_instrument": "perf_counter", "flops": useful + rest, "flops_executed": executed + rest,
+                "flops_source": "allowed_pairs+flop_counter(rest)", "flops_executed_source": "flop_counter",
+                "flops_attention": useful, "flops_executed_attention": executed,
+                "flops_projections": 8.0 * n * 16 * 16, "flops_ffn": 16.0 * n * 16 * 16, **shape}
     per_token = 1e-6 * n if cache else 1e-8 * n ** 2
     return {"time_median_s": per_token, "time_instrument": "perf_counter", "flops": 1000.0 * n,
             "flops_source": "flop_counter", "kv_cache_bytes": 2 * 1 * 2 * 8 * n * 4 if cache else None}
@@ -292,12 +297,20 @@ def test_scaling_report(scaling_report):
     assert found[("naive", "forward", "time_median_s")].startswith("2.00")
     failed = next(t for t in page.tables if t[0] == ["variant", "mode", "length", "status", "message"])
     assert failed[1:] == [["naive", "forward", "512", "oom", "RuntimeError: out of memory"]]
-    # Crossover of the counted FLOPs: 4 n^2 d = 24 n d^2 at n = 6 d = 96, as the analytic formula says.
+    # Crossover, executed by the naive kernel: 4 n^2 d = 24 n d^2 at n = 6 d = 96, as the formula says;
+    # useful (causal pairs): 2 n (n + 1) d = 24 n d^2 at n = 12 d - 1 = 191.
     crossover = next(t for t in page.tables if t[0][0] == "variant" and "measured crossover n" in t[0])
-    assert crossover[1][0] == "naive" and crossover[1][1].startswith("96 ")
-    assert crossover[1][2] == "96"
+    cells = {(r[0], r[1]): r[2:] for r in crossover[1:]}
+    assert cells[("naive", "executed")][0].startswith("96 ") and cells[("naive", "executed")][1].startswith("96 (6 d)")
+    assert cells[("naive", "useful")][1].startswith("191 ") and cells[("naive", "useful")][0].startswith("19")
+    assert cells[("full", "useful")] == cells[("naive", "useful")]  # the same useful work
+    assert cells[("full", "executed")][1] == "–"  # a tiled kernel has no closed formula
+    # Scope line: decode measures the whole model; time figures carry their quartiles.
+    assert "Scope: layer (forward); the whole model (decode)" in index.read_text()
+    measured = next(t for t in page.tables if t[0][:4] == ["variant", "mode", "length", "status"] and len(t[0]) > 5)
+    assert any("[" in row[4] for row in measured[1:])
     names = {Path(img["src"]).name for img in page.images}
-    assert {"time_forward.png", "flops_forward.png", "memory_forward.png", "decode_latency.png",
+    assert {"time_forward.png", "flops_forward.png", "memory_forward.png", "decode_time.png", "decode_flops.png",
             "kv_cache_bytes.png", "crossover_1.png"} <= names
     for img in page.images:
         assert min(png_size(index.parent / img["src"])) > 150

@@ -24,7 +24,7 @@ from workbench.runner import check_study, run_study
 from workbench.store import DB_FILE, Store, load_curves, load_results, run_dir
 from workbench.study import load_study
 from workbench.sweep import expand
-from workbench.train import FINISHED, LAST_CHECKPOINT, RESULT_FILE, RunModule, StepBatches, evaluate_lengths
+from workbench.train import FINISHED, LAST_CHECKPOINT, RESULT_FILE, PeakMemory, RunModule, StepBatches, evaluate_lengths
 from workbench.train import load_final_model, make_task, train_run
 
 STUDY = """\
@@ -62,6 +62,18 @@ def sweep_out(tmp_path_factory):
     return tmp, summary
 
 
+def test_peak_memory_measures_the_sessions_second_training_step():
+    memory = PeakMemory(on_cuda=False)
+    sizes = iter([1000, 3000, 5000])  # floats allocated by three steps
+    for _ in range(3):
+        memory.on_train_batch_start(None, None, None, 0)
+        activations = torch.empty(next(sizes))
+        del activations
+        memory.on_train_batch_end(None, None, None, None, 0)
+    assert memory.peak_bytes() == 3000 * 4  # the second step; the third runs unmeasured
+    assert memory.instrument == "train_step_live_tensor_bytes"
+
+
 def test_flat_results_table_and_a_diverging_sibling(sweep_out):
     tmp, summary = sweep_out
     out = tmp / "out"
@@ -74,7 +86,7 @@ def test_flat_results_table_and_a_diverging_sibling(sweep_out):
         assert column in table.columns, column
     ok, bad = table.iloc[0], table.iloc[1]
     assert 0 <= ok["accuracy@6"] <= 1 and ok["loss@6"] > 0 and ok["tokens_per_s"] > 0
-    assert ok["peak_memory_bytes"] > 0 and ok["peak_memory_instrument"] in ("process_peak_rss", "process_peak_rss_lifetime")
+    assert ok["peak_memory_bytes"] > 0 and ok["peak_memory_instrument"] == "train_step_live_tensor_bytes"
     assert ok["steps_done"] == 20 and ok["n_params"] > 0
     # the diverged run stopped at the step whose loss was not finite, with no final metrics
     assert 1 <= bad["diverged_step"] < 20 and bad["steps_done"] < 20 and math.isnan(bad["accuracy@6"])

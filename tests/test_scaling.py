@@ -79,9 +79,12 @@ def test_results_go_to_the_store_and_a_rerun_keeps_them(tmp_path):
     frame = load_results(out)
     assert len(frame) == 6
     assert set(frame["length"]) == {16, 32, 64} and set(frame["mode"]) == {"train_step"}
-    assert set(frame["flops_source"]) == {"flop_counter+analytic_attention"}  # labels stay text
+    assert set(frame["flops_source"]) == {"allowed_pairs+flop_counter(rest)"}  # labels stay text
+    assert set(frame["flops_executed_source"]) == {"flop_counter+cpu_flash_tiles"}
+    assert (frame["flops_executed"] >= frame["flops"]).all()
     assert (frame["activation_bytes"] > 0).all() and (frame["time_median_s"] > 0).all()
-    assert set(frame["peak_memory_instrument"]) == {"cpu_peak_rss_delta"}
+    assert set(frame["peak_memory_instrument"]) == {"torch_dispatch_live_tensor_bytes"}
+    assert (frame["peak_memory_bytes"] > 0).all() and "process_peak_rss_delta_bytes" in frame
     assert set(frame["model.attention"]) == {"full", "sliding_window(window=8)"}
     fits = fit_exponents(frame, by=("model.attention",), metrics=("flops",), top=3)
     by_variant = fits.set_index("model.attention")["exponent"]

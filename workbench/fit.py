@@ -20,10 +20,17 @@ Attention passes the rest when 4 n^2 d > n * (projections + FFN per token), i.e.
     n* = (2d (2d + 2 h_kv hd) + 4 d d_ff) / (4 d) = d + h_kv hd + d_ff
 
 For multi-head attention (h_kv hd = d) with a 4x FFN (d_ff = 4d): 8 n d^2 + 16 n d^2 =
-24 n d^2 against 4 n^2 d, so n* = 6 d. A kernel that skips the masked half of a causal
-score matrix does half the attention work and moves n* to twice that; FLOP counters
-(and the naive explicit-scores kernel) count the full n x n matrix, which the formula
-above assumes.
+24 n d^2 against 4 n^2 d, so n* = 6 d.
+
+Two accountings (workbench.measure). The formula above is the *executed* work of a kernel
+that computes the whole n x n score matrix (the naive kernel, causal or not). The *useful*
+work of a causal layer counts only the n (n + 1) / 2 allowed pairs, 2 n (n + 1) d FLOPs:
+
+    n* = 2 (d + h_kv hd + d_ff) - 1          (12 d - 1 for MHA with a 4x FFN)
+
+A bidirectional layer allows every pair, so there both accountings give the first formula.
+Tiled kernels (the CPU flash kernel skips whole key blocks past the diagonal) execute an
+amount between the two, which depends on their tile sizes: no closed formula is claimed.
 """
 
 from __future__ import annotations
@@ -31,7 +38,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import pandas as pd
@@ -72,7 +79,7 @@ def loglog_slope(lengths: Sequence[float], values: Sequence[float], top: int = 4
 
 
 MEASURED = ("ok", "finished")  # a measurement's status in run_scaling rows / in the store
-METRICS = ("time_median_s", "flops", "activation_bytes", "peak_bytes", "kv_cache_bytes")
+METRICS = ("time_median_s", "flops", "flops_executed", "activation_bytes", "peak_bytes", "kv_cache_bytes")
 
 
 def fit_exponents(rows: pd.DataFrame | Sequence[dict[str, Any]], *, by: Sequence[str] = ("variant", "scope", "mode", "kv_cache"),
@@ -133,8 +140,15 @@ def crossover_length(lengths: Sequence[float], attention: Sequence[float], rest:
     return Crossover(float(np.exp(-intercept / slope)), "extrapolated")
 
 
-def analytic_crossover(spec: ModelSpec | dict[str, Any]) -> float:
-    """n* = d + h_kv * hd + d_ff (derivation in the module docstring); 6 d for MHA with a 4x FFN."""
+Accounting = Literal["useful", "executed"]
+ACCOUNTING_COLUMNS = {"useful": "flops_attention", "executed": "flops_executed_attention"}
+
+
+def analytic_crossover(spec: ModelSpec | dict[str, Any], accounting: Accounting = "executed") -> float:
+    """n* where attention's FLOPs reach those of projections + FFN (module docstring).
+
+    executed: a whole n x n score matrix, n* = d + h_kv hd + d_ff (6 d for MHA with a 4x FFN);
+    useful: the pairs a causal layer allows, n* = 2 (d + h_kv hd + d_ff) - 1 (12 d - 1)."""
     spec = parse_spec(spec)
     d, kv_width = spec.d_model, spec.kv_heads * spec.dim_head
     q_width = spec.n_heads * spec.dim_head
@@ -142,7 +156,17 @@ def analytic_crossover(spec: ModelSpec | dict[str, Any]) -> float:
     # Per token, forward FLOPs: projections 2 d (2 q_width + 2 kv_width), FFN (4 or 6) d d_ff;
     # attention per pair of tokens: 4 q_width.
     per_token = 2 * d * (2 * q_width + 2 * kv_width) + (6 if gated else 4) * d * d_ff
+    if accounting == "useful" and spec.family != "encoder":  # causal: 4 q_width n (n + 1) / 2
+        return per_token / (2 * q_width) - 1
     return per_token / (4 * q_width)
+
+
+def crossover_formula(spec: ModelSpec | dict[str, Any], accounting: Accounting) -> str:
+    """The analytic formula of `analytic_crossover`, in words, for reports."""
+    spec = parse_spec(spec)
+    if accounting == "useful" and spec.family != "encoder":
+        return "2 (d + h_kv hd + d_ff) - 1 (causal: n (n + 1) / 2 pairs)"
+    return "d + h_kv hd + d_ff (n x n pairs)"
 
 
 def _ffn_width(spec: ModelSpec) -> tuple[int, bool]:
@@ -156,13 +180,13 @@ def _ffn_width(spec: ModelSpec) -> tuple[int, bool]:
     return 0, False  # no FFN
 
 
-def measured_crossover(rows: pd.DataFrame | Sequence[dict[str, Any]]) -> Crossover:
-    """Crossover from per-module FLOP counts of forward rows: attention group against
-    projections + FFN groups. Needs a kernel the counter sees (e.g. `naive`)."""
+def measured_crossover(rows: pd.DataFrame | Sequence[dict[str, Any]], accounting: Accounting = "executed") -> Crossover:
+    """Crossover from the FLOPs of forward rows: attention (useful or executed, see
+    workbench.measure) against projections + FFN."""
     df = pd.DataFrame(rows)
     df = df[df["status"].isin(MEASURED) & (df["mode"] == "forward")].sort_values("length")
-    if (df["flops_counted_attention"] <= 0).any():
-        raise ValueError("the FLOP counter saw no attention FLOPs in some rows (fused kernel on this "
-                         "device?): measure the crossover with an attention kernel it can count")
-    return crossover_length(df["length"].tolist(), df["flops_counted_attention"].tolist(),
-                            (df["flops_counted_projections"] + df["flops_counted_ffn"]).tolist())
+    column = ACCOUNTING_COLUMNS[accounting]
+    if (df[column] <= 0).any():
+        raise ValueError(f"some forward rows have no attention FLOPs ({column}): no crossover to measure")
+    return crossover_length(df["length"].tolist(), df[column].tolist(),
+                            (df["flops_projections"] + df["flops_ffn"]).tolist())

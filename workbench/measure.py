@@ -6,14 +6,21 @@ each of which labels its figures with what it is:
 
     time        perf_counter around each call (CUDA: synchronized), warm-up then repeats;
                 median, quartiles, min and max
-    FLOPs       torch.utils.flop_counter.FlopCounterMode, total and per module group;
-                attention kernels the counter cannot see (fused SDPA on CPU) get an
-                analytic figure from the pairs (query, key) the variant lets interact,
-                labelled "analytic"
+    FLOPs       two accountings, computed the same way for every attention variant:
+                `flops` (useful work): FlopCounterMode's count outside the attention
+                variant (projections, FFN, head) plus 4 * h * hd FLOPs per (query, key)
+                pair the variant's pattern allows (x3 for a training step);
+                `flops_executed` (what the kernels compute): FlopCounterMode's count of
+                everything, masked scores of an explicit n x n matrix and whole tiles of
+                blocked or fused kernels included (the CPU flash-attention kernel, which
+                torch's counter does not know, by its tiles: `cpu_flash_attention_flops`)
     activation  bytes of the tensors autograd saves for backward (saved_tensors_hooks,
                 one count per storage so views are not counted twice): exact on any device
     peak memory CUDA: max_memory_allocated over the allocation at call start;
-                CPU: growth of the process' peak RSS over its RSS at call start
+                CPU: peak live tensor bytes allocated during the call (workbench.memory,
+                a TorchDispatchMode over storages); the process' peak-RSS growth is kept
+                apart as `process_peak_rss_delta_bytes` (allocator and library noise
+                included: a label, never the headline)
 
 `run_points` measures each point in a fresh spawned process, so allocator caches, lazy
 kernel initialisation and fragmentation from one point never reach the next; a point that
@@ -28,7 +35,9 @@ Scopes:  attention  the attention variant alone on given q, k, v (no projections
 Modes:   forward    inference forward (no autograd graph)
          train_step forward + backward of the output's sum (parameter and input grads)
          decode     one generated token at context `length`, with or without the KV
-                    cache (scope model, decoder family)
+                    cache (scope model, decoder family); without the cache the model
+                    recomputes the whole context but, like nanoGPT's generate, applies the
+                    LM head to the last position only
 """
 
 from __future__ import annotations
@@ -58,6 +67,8 @@ from torch.utils.flop_counter import FlopCounterMode
 from workbench.attention import AttentionVariant
 from workbench.cache import KVCache
 from workbench.ffn import FeedForward
+from workbench.memory import INSTRUMENT as TENSOR_BYTES_INSTRUMENT
+from workbench.memory import peak_tensor_bytes
 from workbench.model import Block, CrossAttention, DecoderModel, Positions, SelfAttention, build_model
 from workbench.spec import ModelSpec, parse_spec
 
@@ -126,14 +137,61 @@ def time_call(fn: Callable[[], Any], *, warmup: int, repeats: int, device: torch
 class FlopCount:
     total: int
     by_module: dict[str, int]  # FlopCounterMode's module names ("Block.attn.qkv") -> FLOPs
+    by_op: dict[str, int] = field(default_factory=dict)  # operator name ("aten.mm") -> FLOPs
+
+
+# The CPU flash-attention kernel (ATen native/cpu/FlashAttentionKernel.cpp, float32 path) cuts
+# queries into blocks of 32, 64 or 256 rows (by query length) and keys into blocks of 512; a
+# causal call skips the key blocks that start after its query block's last row.
+def _cpu_flash_blocks(n_queries: int) -> int:
+    return 256 if n_queries >= 768 else 64 if n_queries >= 192 else 32
+
+
+CPU_FLASH_KEY_BLOCK = 512
+
+
+def cpu_flash_pairs(n_queries: int, n_keys: int, causal: bool) -> int:
+    """(query, key) pairs one head of the CPU flash kernel computes scores for: whole tiles,
+    the masked part of the diagonal tiles included."""
+    q_block, kv_block = min(_cpu_flash_blocks(n_queries), n_queries), min(CPU_FLASH_KEY_BLOCK, n_keys)
+    pairs = 0
+    for start in range(0, n_queries, q_block):
+        rows = min(q_block, n_queries - start)
+        reach = min(start + rows, n_keys) if causal else n_keys
+        pairs += rows * min(-(-reach // kv_block) * kv_block, n_keys)
+    return pairs
+
+
+def cpu_flash_attention_flops(query, key, value, dropout_p=0.0, is_causal=False, *args, out_shape=None,
+                              **kwargs) -> int:
+    """Forward: q.k^T and weights.v over the tiles (2 FLOPs per multiply-add each)."""
+    b, h, nq, d = query
+    return 2 * b * h * cpu_flash_pairs(nq, key[2], is_causal) * (d + value[3])
+
+
+def cpu_flash_attention_backward_flops(grad_out, query, key, value, out, logsumexp, dropout_p=0.0,
+                                       is_causal=False, *args, out_shape=None, **kwargs) -> int:
+    """Backward over the same tiles: the scores recomputed, then dV, dP, dQ and dK (five
+    matrix products, 2.5 x the forward), as the kernel's backward loop does."""
+    b, h, nq, d = query
+    return 2 * b * h * cpu_flash_pairs(nq, key[2], is_causal) * (3 * d + 2 * value[3])
+
+
+KERNEL_FLOPS = {
+    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: cpu_flash_attention_flops,
+    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward: cpu_flash_attention_backward_flops,
+}
 
 
 def count_flops(fn: Callable[[], Any]) -> FlopCount:
-    """FLOPs of one call of `fn` as FlopCounterMode counts them (matmul-like ops only)."""
-    with FlopCounterMode(display=False) as counter:
+    """FLOPs of one call of `fn` as FlopCounterMode counts them (matmul-like ops), with the
+    CPU flash-attention kernel counted by its tiles (KERNEL_FLOPS)."""
+    with FlopCounterMode(display=False, custom_mapping=KERNEL_FLOPS) as counter:
         fn()
-    by_module = {name: sum(ops.values()) for name, ops in counter.get_flop_counts().items()}
-    return FlopCount(total=counter.get_total_flops(), by_module=by_module)
+    counts = counter.get_flop_counts()
+    by_module = {name: sum(ops.values()) for name, ops in counts.items()}
+    by_op = {str(op): flops for op, flops in counts.get("Global", {}).items()}
+    return FlopCount(total=counter.get_total_flops(), by_module=by_module, by_op=by_op)
 
 
 def _storage_key(t: Tensor) -> tuple[str, int]:
@@ -188,10 +246,9 @@ def peak_memory(fn: Callable[[], Any], device: torch.device) -> tuple[int, str]:
     """Peak memory growth during one call of `fn`, and the name of the instrument.
 
     CUDA: torch.cuda.max_memory_allocated after reset_peak_memory_stats, minus the memory
-    allocated when the call starts (parameters, inputs). CPU: the process' peak RSS
-    (getrusage ru_maxrss, its mark reset to the current RSS first) minus the RSS when the
-    call starts. Where the mark cannot be reset, the baseline is the peak so far, which is
-    only meaningful as the first large computation of a fresh process (what run_points gives).
+    allocated when the call starts (parameters, inputs). CPU: the peak of live tensor bytes
+    allocated during the call (workbench.memory.LiveTensorBytes): exact, and blind to the
+    allocator, the interpreter and libraries, which the process RSS is not.
     """
     gc.collect()
     if device.type == "cuda":
@@ -202,9 +259,18 @@ def peak_memory(fn: Callable[[], Any], device: torch.device) -> tuple[int, str]:
         fn()
         torch.cuda.synchronize(device)
         return torch.cuda.max_memory_allocated(device) - base, "cuda_max_allocated_delta"
+    return peak_tensor_bytes(fn, device.type), TENSOR_BYTES_INSTRUMENT
+
+
+def process_peak_rss_delta(fn: Callable[[], Any]) -> int:
+    """Growth of the process' peak RSS (getrusage ru_maxrss, its mark reset to the current
+    RSS first) over the RSS when the call starts: the whole process (allocator caches,
+    libraries, page granularity), not the computation. Where the mark cannot be reset, the
+    baseline is the peak so far."""
+    gc.collect()
     base = _rss_bytes("VmRSS") if _reset_peak_rss() else _ru_maxrss_bytes()
     fn()
-    return max(_ru_maxrss_bytes() - base, 0), "cpu_peak_rss_delta"
+    return max(_ru_maxrss_bytes() - base, 0)
 
 
 def return_freed_memory_to_os() -> None:
@@ -344,6 +410,19 @@ def _inputs_and_module(spec: ModelSpec, scope: Scope, n: int, B: int, device, dt
     return model, lambda: model(tokens)
 
 
+class NextTokenLogits(nn.Module):
+    """The decoding step of a decoder model as one module, so that the FLOP counter names its
+    parts from one root: the blocks over the new tokens, then the LM head on the last
+    position only (as nanoGPT's generate; the head over the whole context is not decoding)."""
+
+    def __init__(self, model: DecoderModel):
+        super().__init__()
+        self.model = model
+
+    def forward(self, tokens: Tensor, seq: Positions, cache: KVCache | None) -> Tensor:
+        return self.model.head(self.model.decoder(tokens, seq, cache=cache)[:, -1])  # [B, vocab]
+
+
 def _decode_workload(spec: ModelSpec, point: Point, device, dtype) -> Workload:
     """One new token at context `length`: with the cache, a single-token step against the
     cached K/V of the prefilled context; without it, a forward over context + 1 tokens."""
@@ -353,18 +432,16 @@ def _decode_workload(spec: ModelSpec, point: Point, device, dtype) -> Workload:
     model = build_model(spec).to(device=device, dtype=dtype).eval()
     B, L = point.batch_size, point.length
     n_layers = len(model.decoder.blocks)
-
-    def logits(tokens: Tensor, seq: Positions, cache: KVCache | None) -> Tensor:
-        return model.head(model.decoder(tokens, seq, cache=cache))[:, -1]  # [B, vocab]
+    logits = NextTokenLogits(model)
 
     if not point.kv_cache:
         tokens = torch.randint(spec.vocab_size, (B, L + 1), device=device)
         seq = Positions.of(tokens, None)
-        return Workload(model, torch.no_grad()(lambda: logits(tokens, seq, None)))
+        return Workload(logits, torch.no_grad()(lambda: logits(tokens, seq, None)))
 
     # Every call appends one token: room for all calls measure_point makes (warm-up, peak,
-    # FLOPs, repeats). The context thus grows from L to at most L + calls during measurement.
-    calls = point.warmup + point.repeats + 4
+    # RSS, FLOPs, repeats). The context thus grows from L to at most L + calls during measurement.
+    calls = point.warmup + point.repeats + 6
     window = model._cache_window()
     capacity = min(L + calls, window) if window else L + calls
     cache = KVCache(n_layers, capacity)
@@ -382,7 +459,7 @@ def _decode_workload(spec: ModelSpec, point: Point, device, dtype) -> Workload:
         logits(token, Positions(torch.full((B, 1), next_pos[0], device=device), None), cache)
         next_pos[0] += 1
 
-    return Workload(model, step, kv_cache_bytes=measured, kv_cache_bytes_formula=formula)
+    return Workload(logits, step, kv_cache_bytes=measured, kv_cache_bytes_formula=formula)
 
 
 def parameters_of(module: nn.Module) -> list[Tensor]:
@@ -433,7 +510,8 @@ def measure_point(point: Point) -> dict[str, Any]:
     # memory. Peak memory is measured before the timed repeats, once per clean state.
     timing_warmup = time_call(workload.run, warmup=point.warmup, repeats=1, device=device)
     peak, peak_instrument = peak_memory(workload.run, device)
-    row.update(peak_bytes=peak, peak_instrument=peak_instrument)
+    row.update(peak_bytes=peak, peak_instrument=peak_instrument,
+               process_peak_rss_delta_bytes=None if device.type == "cuda" else process_peak_rss_delta(workload.run))
 
     if point.mode == "train_step":
         row.update(activation_bytes=saved_tensor_bytes(workload.run, exclude=parameters_of(workload.root)),
@@ -455,21 +533,31 @@ def measure_point(point: Point) -> dict[str, Any]:
     return row
 
 
-def flop_figures(counted: FlopCount, groups: dict[str, str], analytic_attention: int) -> dict[str, Any]:
-    """Counted FLOPs per group, the analytic attention figure, and the best total with its
-    source: the counter's when it saw attention, else the counter's plus the analytic one."""
+def flop_figures(counted: FlopCount, groups: dict[str, str], useful_attention: int) -> dict[str, Any]:
+    """The two FLOP accountings of one call (module docstring), per group, with their sources.
+
+    useful_attention: FLOPs of the (query, key) pairs the pattern allows (analytic, backward
+    included). Outside the attention variant both accountings are the counter's figures."""
     by_group = {"attention": 0, "projections": 0, "ffn": 0}
     for name, group in groups.items():
         by_group[group] += counted.by_module.get(name, 0)
-    invisible = by_group["attention"] == 0 and analytic_attention > 0
+    rest = counted.total - by_group["attention"]
+    if by_group["attention"] == 0 and useful_attention > 0:
+        # A kernel the counter has no formula for: its executed work is not known here, so
+        # the executed figure falls back to the useful one and says so.
+        executed_attention, executed_source = useful_attention, "flop_counter+allowed_pairs(kernel not counted)"
+    else:
+        tiles = any("flash_attention_for_cpu" in op for op in counted.by_op)
+        executed_attention, executed_source = by_group["attention"], "flop_counter" + ("+cpu_flash_tiles" if tiles else "")
     return {
-        "flops": counted.total + (analytic_attention if invisible else 0),
-        "flops_source": "flop_counter+analytic_attention" if invisible else "flop_counter",
-        "flops_counted": counted.total,
-        "flops_counted_attention": by_group["attention"],
-        "flops_counted_projections": by_group["projections"],
-        "flops_counted_ffn": by_group["ffn"],
-        "flops_analytic_attention": analytic_attention,
+        "flops": rest + useful_attention,
+        "flops_source": "allowed_pairs+flop_counter(rest)",
+        "flops_executed": rest + executed_attention,
+        "flops_executed_source": executed_source,
+        "flops_attention": useful_attention,
+        "flops_executed_attention": executed_attention,
+        "flops_projections": by_group["projections"],
+        "flops_ffn": by_group["ffn"],
     }
 
 

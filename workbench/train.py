@@ -26,9 +26,7 @@ import math
 import os
 import pickle
 import platform
-import resource
 import subprocess
-import sys
 import time
 import traceback
 import warnings
@@ -48,6 +46,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from workbench import stopping
 from workbench.errors import WorkbenchError
 from workbench.executor import PROGRESS_FILE
+from workbench.memory import LiveTensorBytes
 from workbench.model import Transformer, build_model
 from workbench.position import PositionLimitError
 from workbench.registry import get_variant, run_providers
@@ -187,42 +186,55 @@ class RunModule(pl.LightningModule):
 # ---- measuring ------------------------------------------------------------------------------
 
 
-class PeakMemory:
+class PeakMemory(Callback):
     """Peak memory of one run, with the instrument that measured it.
 
     cuda_max_allocated: torch.cuda.max_memory_allocated (tensors allocated by PyTorch on the
         GPU, reset at the start of the run; excludes the CUDA context and allocator caching).
-    process_peak_rss: peak resident set size of the whole process (Python, libraries, data,
-        tensors) since the start of the run (Linux resets it through /proc/self/clear_refs).
-    process_peak_rss_lifetime: the same, where it cannot be reset: the high-water mark of
-        the process so far, which includes earlier runs in the same process.
+    train_step_live_tensor_bytes (CPU): the peak of live tensor bytes (workbench.memory) that
+        one training step allocates on top of what is live when it starts (parameters,
+        optimizer state, the batch): forward, backward and optimizer step. The step measured
+        is the session's second (its first when only one runs), whose optimizer state already
+        exists; the dispatch mode slows those two steps only. The process RSS, most of it the
+        interpreter and libraries, is not a measurement of the run and is not reported.
     """
+
+    MEASURED_STEPS = 2
 
     def __init__(self, on_cuda: bool):
         self.on_cuda = on_cuda
+        self.session_steps = 0
+        self.step_peak: int | None = None
+        self._live: LiveTensorBytes | None = None
         if on_cuda:
             torch.cuda.reset_peak_memory_stats()
             self.instrument = "cuda_max_allocated"
         else:
-            self.instrument = "process_peak_rss" if reset_peak_rss() else "process_peak_rss_lifetime"
+            self.instrument = "train_step_live_tensor_bytes"
 
-    def peak_bytes(self) -> int:
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if not self.on_cuda and self.session_steps < self.MEASURED_STEPS:
+            self._live = LiveTensorBytes("cpu").__enter__()
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self.session_steps += 1
+        self._stop()
+
+    def on_exception(self, trainer, pl_module, exception) -> None:
+        self._stop()
+
+    def teardown(self, trainer, pl_module, stage) -> None:
+        self._stop()
+
+    def _stop(self) -> None:
+        if self._live is not None:
+            self._live.__exit__(None, None, None)
+            self.step_peak, self._live = self._live.peak, None
+
+    def peak_bytes(self) -> int | None:
         if self.on_cuda:
             return int(torch.cuda.max_memory_allocated())
-        if self.instrument == "process_peak_rss":
-            with open("/proc/self/status") as f:
-                line = next(line for line in f if line.startswith("VmHWM:"))
-            return int(line.split()[1]) * 1024
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * (1 if sys.platform == "darwin" else 1024)
-
-
-def reset_peak_rss() -> bool:
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")  # "5": reset the peak RSS (VmHWM) to the current RSS (Linux >= 4.0)
-        return True
-    except OSError:
-        return False
+        return self.step_peak
 
 
 @functools.cache
@@ -583,7 +595,7 @@ def train_run(run_id: str, config: dict[str, Any], run_dir: Path) -> RunResult:
             num_nodes=train["num_nodes"], precision=train["precision"],
             gradient_clip_val=train["grad_clip"], gradient_clip_algorithm="norm",
             deterministic=device == "cpu", logger=make_logger(train["logger"], run_dir, run_id, config),
-            callbacks=[recorder, StopOnRequest(ckpt), checkpoint, ProgressFile(run_dir, train["steps"])],
+            callbacks=[recorder, StopOnRequest(ckpt), checkpoint, memory, ProgressFile(run_dir, train["steps"])],
             log_every_n_steps=train["log_every"], plugins=[SafeCheckpointIO()],
             enable_progress_bar=False, enable_model_summary=False, default_root_dir=run_dir,
         )

@@ -189,30 +189,66 @@ def quality_vs_cost(summary: pd.DataFrame, palette: Palette, path: Path, *, metr
 @styled
 def loglog(rows: pd.DataFrame, palette: Palette, path: Path, *, y: str, ylabel: str, title: str,
            exponents: Mapping[str, str] | None = None, x: str = "length", xlabel: str = "sequence length n (tokens)",
-           reference: Mapping[str, pd.DataFrame] | None = None, legend_title: str | None = None) -> Path | None:
+           reference: Mapping[str, pd.DataFrame] | None = None, spread: tuple[str, str] | None = None,
+           spread_label: str = "quartiles", legend_title: str | None = None) -> Path | None:
     """rows: (variant, x, y) measurements -> log-log lines per variant; `exponents` maps a
     variant to its fitted-exponent text for the legend; `reference` adds dashed lines;
-    `legend_title` names what the variant labels are values of (`n_kv_heads`). A `*_bytes`
-    column is drawn with KiB/MiB/GiB ticks."""
+    `spread` names (low, high) columns drawn as a band around each line (e.g. quartiles);
+    `legend_title` names what the variant labels are values of (`n_kv_heads`). Values are
+    drawn as given: callers convert bytes and seconds to a readable unit first."""
     data = rows.dropna(subset=[y])
     data = data[data[y] > 0]
     if data[x].nunique() < 2:
         return None
     fig, ax = new_axes()
+    columns = [y, *(spread or ())]
     for variant in [v for v in palette if v in set(data["variant"])]:
-        part = data[data["variant"] == variant].groupby(x, as_index=False)[y].median().sort_values(x)
+        part = data[data["variant"] == variant].groupby(x, as_index=False)[columns].median().sort_values(x)
         label = variant if not exponents or variant not in exponents else f"{variant}: {exponents[variant]}"
         ax.plot(part[x], part[y], marker="o", color=palette[variant], label=label)
+        if spread:
+            ax.fill_between(part[x], part[spread[0]], part[spread[1]], color=palette[variant], alpha=0.25, linewidth=0)
     for label, ref in (reference or {}).items():
         ax.plot(ref[x], ref[y], linestyle="--", color="grey", label=label)
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
-    if y.endswith("_bytes"):
-        byte_axis(ax.yaxis)
-        ylabel = ylabel.replace(" (bytes)", "")
-    ax.set(xlabel=f"{xlabel}, log scale", ylabel=f"{ylabel}, log scale", title=title)
+    plain_tick_labels(ax)
+    band = f"; band: {spread_label}" if spread else ""
+    ax.set(xlabel=f"{xlabel}, log scale", ylabel=f"{ylabel}, log scale{band}", title=title)
     ax.legend(fontsize="small", title=legend_title)
     return save(fig, path)
+
+
+def plain_number(value: float) -> str:
+    """1024 -> '1,024', 0.25 -> '0.25': tick labels a reader need not decode."""
+    if value >= 1 and float(value).is_integer():
+        return f"{value:,.0f}"
+    return f"{value:,.6g}" if value >= 1e-4 else f"{value:.0e}"
+
+
+class PlainLogFormatter(matplotlib.ticker.Formatter):
+    """Labels the ticks the default log formatter would label, as plain numbers instead of
+    powers (2^10, 10^-3)."""
+
+    def __init__(self, inner: matplotlib.ticker.Formatter):
+        self.inner = inner
+
+    def set_axis(self, axis) -> None:
+        super().set_axis(axis)
+        self.inner.set_axis(axis)
+
+    def set_locs(self, locs) -> None:
+        super().set_locs(locs)
+        self.inner.set_locs(locs)
+
+    def __call__(self, x, pos=None) -> str:
+        return plain_number(x) if self.inner(x, pos) else ""
+
+
+def plain_tick_labels(ax) -> None:
+    for axis in (ax.xaxis, ax.yaxis):
+        axis.set_major_formatter(PlainLogFormatter(axis.get_major_formatter()))
+        axis.set_minor_formatter(PlainLogFormatter(axis.get_minor_formatter()))
 
 
 @styled
@@ -235,6 +271,7 @@ def crossover(rows: pd.DataFrame, path: Path, *, y: str, ylabel: str, parts: Map
         ax.axvline(analytic, color="grey", linestyle="--", linewidth=1, label=f"analytic crossover n = {analytic:,.0f}")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
+    plain_tick_labels(ax)
     ax.set(xlabel="sequence length n (tokens), log scale", ylabel=f"{ylabel}, log scale",
            title="attention against projections, per layer")
     ax.legend(fontsize="small")

@@ -3,13 +3,15 @@ the attention/projection crossover, decode latency and KV-cache bytes.
 
 Rows are the store's measurements (one per variant x mode x length [x cache]); exponents and
 crossovers come from workbench.fit. Each figure names the instrument behind its numbers
-(FLOP counter or analytic, peak RSS or CUDA allocator), and every measurement that ran out
-of memory or time is listed, never dropped.
+(FLOP accounting, live tensor bytes or CUDA allocator), time figures show their quartiles,
+axes are in readable units, and every measurement that ran out of memory or time is listed,
+never dropped.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,13 +38,63 @@ from workbench.report.variants import Variants, short_key, value_text
 COORDINATES = ("scope", "mode", "length", "kv_cache")
 FINISHED = "finished"
 
-# (metric column, axis label with unit, title word, slug)
+
+@dataclass(frozen=True)
+class Cost:
+    column: str
+    kind: str  # key of UNITS
+    axis: str  # axis label, the unit is appended
+    word: str  # title word
+    slug: str
+    instrument: str  # column that labels how the figure was obtained
+    spread: tuple[str, str] | None = None  # (low, high) columns drawn as a band
+
+
 COSTS = (
-    ("time_median_s", "time per call (s, median)", "time", "time"),
-    ("flops", "FLOPs per call", "FLOPs", "flops"),
-    ("peak_memory_bytes", "peak memory (bytes)", "peak memory", "memory"),
-    ("activation_bytes", "saved activations (bytes)", "activation memory", "activations"),
+    Cost("time_median_s", "seconds", "time per call (median)", "time", "time", "time_instrument",
+         ("time_q25_s", "time_q75_s")),
+    Cost("flops", "flops", "useful FLOPs per call", "useful FLOPs", "flops", "flops_source"),
+    Cost("flops_executed", "flops", "executed FLOPs per call", "executed FLOPs", "flops_executed",
+         "flops_executed_source"),
+    Cost("peak_memory_bytes", "bytes", "peak memory", "peak memory", "memory", "peak_memory_instrument"),
+    Cost("activation_bytes", "bytes", "saved activations", "activation memory", "activations",
+         "activation_instrument"),
 )
+FLOP_WORDS = {
+    "flops": "useful FLOPs: projections, FFN and the rest as counted, plus 4 h hd per (query, key) pair the "
+             "pattern allows",
+    "flops_executed": "executed FLOPs: what the kernels compute, masked scores and whole tiles included",
+}
+UNITS = {  # (divisor, name), smallest first
+    "seconds": ((1e-6, "µs"), (1e-3, "ms"), (1.0, "s")),
+    "bytes": ((1, "bytes"), (2**10, "KiB"), (2**20, "MiB"), (2**30, "GiB")),
+    "flops": ((1, "FLOPs"), (1e3, "kFLOPs"), (1e6, "MFLOPs"), (1e9, "GFLOPs"), (1e12, "TFLOPs")),
+}
+
+
+def unit_of(values: pd.Series, kind: str) -> tuple[float, str]:
+    """The largest unit of `kind` not above the median of the positive values."""
+    positive = pd.to_numeric(values, errors="coerce")
+    positive = positive[positive > 0]
+    middle = float(positive.median()) if not positive.empty else 1.0
+    fitting = [u for u in UNITS[kind] if u[0] <= middle]
+    return fitting[-1] if fitting else UNITS[kind][0]
+
+
+def in_unit(frame: pd.DataFrame, cost: Cost) -> tuple[pd.DataFrame, str]:
+    """frame with the cost's columns divided by a readable unit, and the axis label."""
+    scale, name = unit_of(frame[cost.column], cost.kind)
+    columns = [cost.column, *(cost.spread or ())]
+    scaled = frame.assign(**{c: pd.to_numeric(frame[c], errors="coerce") / scale for c in columns if c in frame})
+    return scaled, f"{cost.axis} ({name})"
+
+
+def time_with_quartiles(row: dict[str, Any]) -> str:
+    median = fmt_seconds(row.get("time_median_s"))
+    q25, q75 = row.get("time_q25_s"), row.get("time_q75_s")
+    if median == "–" or q25 is None or q75 is None or pd.isna(q25) or pd.isna(q75):
+        return median
+    return f"{median} [{fmt_seconds(q25)}, {fmt_seconds(q75)}]"
 
 
 def measurement_rows(runs: list[dict[str, Any]], keys: list[str]) -> pd.DataFrame:
@@ -63,8 +115,10 @@ def measurement_rows(runs: list[dict[str, Any]], keys: list[str]) -> pd.DataFram
 
 def exponent_text(exponent: float, stderr: float, n_points: int) -> str:
     """'2.01 [1.95, 2.07]': the slope with its 95% t interval (n - 2 degrees of freedom)."""
-    if math.isnan(stderr) or n_points < 3:
+    if n_points < 3:
         return f"{exponent:.2f} (2 points, no CI)"
+    if math.isnan(stderr):  # scipy: a constant cost has no correlation to derive an error from
+        return f"{exponent:.2f} (constant, no CI)"
     half = float(st.t.ppf(0.975, df=n_points - 2)) * stderr
     return f"{exponent:.2f} [{exponent - half:.2f}, {exponent + half:.2f}]"
 
@@ -82,7 +136,7 @@ class ScalingReport:
         palette = figures.variant_palette(self.variants.labels)
         self.palette = {v: palette[v] for v in self.variants.labels}
         self.exponents = fit.fit_exponents(self.ok, by=("variant", "mode", "kv_cache"),
-                                           metrics=[c for c, *_ in COSTS] + ["kv_cache_bytes"])
+                                           metrics=[c.column for c in COSTS] + ["kv_cache_bytes"])
 
     def figure(self, path: Path | None, caption: str, alt: str) -> Figure | None:
         return None if path is None else Figure(path.relative_to(self.dest).as_posix(), caption, alt)
@@ -99,7 +153,7 @@ class ScalingReport:
         s = self.study
         sc = s.scaling
         items: list[Item] = [
-            Paragraph(f"Scope: {sc.scope}; modes: {', '.join(sc.modes)}; lengths: "
+            Paragraph(f"Scope: {self.scope_text()}; modes: {', '.join(sc.modes)}; lengths: "
                       f"{', '.join(map(str, sc.lengths))}; batch size {sc.batch_size}; dtype {sc.dtype}; "
                       f"device {sc.device}; {sc.repeats} timed calls after {sc.warmup} warm-up per point, "
                       f"each point in {'a fresh process' if sc.isolate else 'this process'}."),
@@ -109,6 +163,13 @@ class ScalingReport:
         if self.keys:
             items.append(Paragraph("Swept: " + "; ".join(
                 f"{k} over {', '.join(value_text(v) for v in s.sweep.values(k))}" for k in self.keys)))
+        items.append(Paragraph(
+            "Instruments. Time: wall clock per call (median, quartiles over the timed calls). FLOPs, two "
+            "accountings computed the same way for every variant: " + FLOP_WORDS["flops"] + "; "
+            + FLOP_WORDS["flops_executed"] + " (the CPU flash kernel by its tiles). Peak memory: on the CPU the "
+            "peak of live tensor bytes allocated during the call (a TorchDispatchMode over storages; kernel "
+            "scratch buffers excluded), on CUDA max_memory_allocated over the start; the process's peak-RSS "
+            "growth stays in the CSV as process_peak_rss_delta_bytes, not a headline figure."))
         statuses = sorted(set(self.rows["status"]), key=lambda x: (x != FINISHED, x))
         table_rows = []
         for variant in self.variants.labels:
@@ -119,6 +180,16 @@ class ScalingReport:
         items.append(Paragraph("Reproduce:"))
         items.append(Code(self.command))
         return Section("Setup", items)
+
+    def scope_text(self) -> str:
+        """What each mode measures: decode always runs the whole model, whatever `scope` says."""
+        modes = self.study.scaling.modes
+        others = [m for m in modes if m != "decode"]
+        if not others:
+            return "model (decode measures the whole model)"
+        if len(others) < len(modes):
+            return f"{self.study.scaling.scope} ({', '.join(others)}); the whole model (decode)"
+        return self.study.scaling.scope
 
     def exponent_table(self) -> Section:
         if self.exponents.empty:
@@ -146,29 +217,37 @@ class ScalingReport:
             part = part[part["kv_cache"] == cache]
         return {r["variant"]: f"n^{r['exponent']:.2f}" for r in part.to_dict("records")}
 
-    def cost_figures(self) -> Section:
+    def cost_figure(self, part: pd.DataFrame, cost: Cost, path: Path, *, title: str, caption: str, alt: str,
+                    palette=None, exponents=None, xlabel: str = "sequence length n (tokens)") -> Figure | None:
+        if cost.column not in part or part[cost.column].isna().all():
+            return None
+        scaled, ylabel = in_unit(part, cost)
+        spread = cost.spread if cost.spread and all(c in part for c in cost.spread) else None
+        drawn = figures.loglog(scaled, palette or self.palette, path, y=cost.column, ylabel=ylabel, title=title,
+                               exponents=exponents, xlabel=xlabel, spread=spread,
+                               legend_title=self.legend_title)
+        instrument = self.instruments(part, cost.instrument)
+        band = " Band: quartiles of the timed calls." if spread else ""
+        return self.figure(drawn, f"{caption} Instrument: {instrument or 'n/a'}.{band}", alt)
+
+    def cost_figures(self) -> Section | None:
         items: list[Item] = []
         fig_dir = self.dest / "figures"
         for mode in [m for m in self.study.scaling.modes if m != "decode"]:
             part = self.ok[self.ok["mode"] == mode]
-            for column, ylabel, word, slug in COSTS:
-                if column not in part or part[column].isna().all():
-                    continue
-                label_col = {"time_median_s": "time_instrument", "flops": "flops_source",
-                             "peak_memory_bytes": "peak_memory_instrument",
-                             "activation_bytes": "activation_instrument"}[column]
-                instrument = self.instruments(part, label_col)
-                path = figures.loglog(part, self.palette, fig_dir / f"{slug}_{mode}.png", y=column, ylabel=ylabel,
-                                      title=f"{word} against length ({mode})",
-                                      exponents=self.legend_exponents(mode, column))
-                items.append(self.figure(path, f"{word.capitalize()} per {mode} call against sequence length, "
-                                               f"log-log; legend: fitted exponent. Instrument: {instrument or 'n/a'}.",
-                                         f"{word} against length, {mode}"))
-        return Section("Cost against length", [i for i in items if i is not None])
+            for cost in COSTS:
+                items.append(self.cost_figure(
+                    part, cost, fig_dir / f"{cost.slug}_{mode}.png", title=f"{cost.word} against length ({mode})",
+                    caption=f"{cost.word.capitalize()} per {mode} call against sequence length, log-log; legend: "
+                            "fitted exponent.",
+                    alt=f"{cost.word} against length, {mode}", exponents=self.legend_exponents(mode, cost.column)))
+        items = [i for i in items if i is not None]
+        return Section("Cost against length", items) if items else None
 
     def crossover(self) -> Section | None:
-        """Per variant whose attention FLOPs the counter sees: measured vs analytic crossover."""
-        needed = {"flops_counted_attention", "flops_counted_projections", "flops_counted_ffn"}
+        """Per variant with a dense pattern (every or every earlier key): the measured crossover in
+        both FLOP accountings, each beside its analytic formula (claim E2)."""
+        needed = {"flops_attention", "flops_executed_attention", "flops_projections", "flops_ffn"}
         forward = self.ok[self.ok["mode"] == "forward"]
         if forward.empty or not needed <= set(forward.columns):
             return None
@@ -176,35 +255,54 @@ class ScalingReport:
         rows = []
         for variant in self.variants.labels:
             part = forward[forward["variant"] == variant]
-            if part.empty or (part["flops_counted_attention"].fillna(0) <= 0).any():
-                continue
             point = dict(zip(self.variants.keys, self.variants.points[self.variants.labels.index(variant)]))
             model = self.model_of(point)
-            try:
-                measured = fit.measured_crossover(part)
-            except ValueError as err:
-                rows.append([variant, "–", "–", str(err)])
+            if part.empty or model is None or not dense_pattern(model):
                 continue
-            analytic = fit.analytic_crossover(model) if model is not None else math.nan
-            rows.append([variant, f"{measured.length:,.0f} ({measured.method})", f"{analytic:,.0f}",
-                         f"d_model={model['d_model']}" if model else ""])
+            whole_matrix = bool((part["flops_executed_attention"]
+                                 == 4 * part["n_heads"] * part["head_dim"] * part["batch_size"] * part["length"] ** 2).all())
+            found = {}
+            for accounting in ("useful", "executed"):
+                try:
+                    found[accounting] = measured = fit.measured_crossover(part, accounting)
+                except ValueError as err:
+                    rows.append([variant, accounting, "–", "–", str(err)])
+                    continue
+                if accounting == "useful" or whole_matrix:
+                    analytic = fit.analytic_crossover(model, accounting)
+                    formula = fit.crossover_formula(model, accounting)
+                    analytic_text = f"{analytic:,.0f} ({analytic / model['d_model']:.3g} d)"
+                else:
+                    analytic_text, formula = "–", "tiled kernel: between the two formulas, depends on its tile sizes"
+                rows.append([variant, accounting, f"{measured.length:,.0f} ({measured.method})", analytic_text, formula])
             long = pd.concat([
-                part.assign(part_name="attention", value=part["flops_counted_attention"]),
-                part.assign(part_name="rest", value=part["flops_counted_projections"] + part["flops_counted_ffn"]),
+                part.assign(part_name="useful", value=part["flops_attention"]),
+                part.assign(part_name="executed", value=part["flops_executed_attention"]),
+                part.assign(part_name="rest", value=part["flops_projections"] + part["flops_ffn"]),
             ]).rename(columns={"part_name": "part"})
-            path = figures.crossover(long, self.dest / "figures" / f"crossover_{len(rows)}.png", y="value",
-                                     ylabel="FLOPs per forward call (counted)",
-                                     parts={"attention": "attention (scores and weighted sum)",
+            scale, unit = unit_of(long["value"], "flops")
+            long["value"] = long["value"] / scale
+            useful = found.get("useful")
+            path = figures.crossover(long, self.dest / "figures" / f"crossover_{len(items) + 1}.png", y="value",
+                                     ylabel=f"FLOPs per forward call ({unit})",
+                                     parts={"useful": "attention, useful (allowed pairs)",
+                                            "executed": "attention, executed (kernel)",
                                             "rest": "projections + FFN"},
-                                     measured=measured.length, analytic=analytic)
-            items.append(self.figure(path, f"{variant}: attention against projections + FFN (FLOP counter, "
-                                           "forward); vertical lines: measured and analytic crossover.",
+                                     measured=useful.length if useful else None,
+                                     analytic=fit.analytic_crossover(model, "useful"))
+            items.append(self.figure(path, f"{variant}: attention against projections + FFN (forward); vertical "
+                                           "lines: measured and analytic crossover of the useful accounting.",
                                      f"crossover for {variant}"))
         if not rows:
             return None
-        table = Table(["variant", "measured crossover n", "analytic n* (fit.analytic_crossover)", "model"], rows,
-                      caption="Attention/projection crossover (claim E2)", numeric=[False, True, True, False])
-        return Section("Attention/projection crossover", [table, *[i for i in items if i is not None]])
+        table = Table(["variant", "FLOP accounting", "measured crossover n", "analytic n*", "formula"], rows,
+                      caption="Attention/projection crossover (claim E2), d = d_model",
+                      numeric=[False, False, True, True, False])
+        return Section("Attention/projection crossover", [
+            Paragraph("Useful: attention counts the (query, key) pairs the pattern allows (causal: n (n + 1) / 2). "
+                      "Executed: what the kernel computes (the naive kernel the whole n x n matrix, the fused CPU "
+                      "kernel its tiles). Projections + FFN are the same in both."),
+            table, *[i for i in items if i is not None]])
 
     def model_of(self, point: dict[str, str]) -> dict[str, Any] | None:
         for raw in self.study.sweep_points():
@@ -232,19 +330,32 @@ class ScalingReport:
             base = v.rsplit(" (", 1)[0]
             colour = self.palette.get(base, (0.3, 0.3, 0.3))
             palette[v] = colour if v.endswith("(KV cache)") else tuple(0.55 * c + 0.45 for c in colour)
-        exps = {}
-        for cache in (True, False):
-            for variant, text in self.legend_exponents("decode", "time_median_s", cache).items():
-                exps[f"{variant} ({'KV cache' if cache else 'no cache'})"] = text
-        path = figures.loglog(labelled, palette, fig_dir / "decode_latency.png", y="time_median_s",
-                              ylabel="time per generated token (s)", title="decode latency against context length",
-                              exponents=exps, xlabel="context length (tokens)", legend_title=self.legend_title)
-        items.append(self.figure(path, "Time to generate one token at a given context length, with and without the "
-                                       "KV cache (median of timed calls).", "decode latency"))
+        per_token = {  # cost column -> (axis word, caption)
+            "time_median_s": ("time per generated token", "Time to generate one token at a given context length, "
+                                                        "with and without the KV cache (median of timed calls)."),
+            "flops": ("useful FLOPs per generated token", "Useful FLOPs of one decoding step: with the cache the new "
+                                                        "token's projections and its row of scores, without it the "
+                                                        "whole context again (the LM head on the last position only)."),
+            "peak_memory_bytes": ("peak memory per generated token", "Peak memory one decoding step allocates (the "
+                                                                  "cache's existing bytes excluded)."),
+        }
+        for cost in [c for c in COSTS if c.column in per_token]:
+            word, caption = per_token[cost.column]
+            exps = {}
+            for cache in (True, False):
+                for variant, text in self.legend_exponents("decode", cost.column, cache).items():
+                    exps[f"{variant} ({'KV cache' if cache else 'no cache'})"] = text
+            items.append(self.cost_figure(
+                labelled, Cost(cost.column, cost.kind, word, word, cost.slug, cost.instrument, cost.spread),
+                fig_dir / f"decode_{cost.slug}.png", title=f"{word} against context length", caption=caption,
+                alt=f"decode {word}", palette=palette, exponents=exps, xlabel="context length (tokens)"))
         cached = labelled[labelled["kv_cache"] == True]  # noqa: E712 - a column of booleans
         if "kv_cache_bytes" in cached and cached["kv_cache_bytes"].notna().any():
-            path = figures.loglog(cached, palette, fig_dir / "kv_cache_bytes.png", y="kv_cache_bytes",
-                                  ylabel="KV-cache size (bytes)", title="KV-cache bytes against context length",
+            cache_bytes = Cost("kv_cache_bytes", "bytes", "KV-cache size", "KV-cache bytes", "kv_cache_bytes",
+                               "kv_cache_bytes_formula")
+            scaled, ylabel = in_unit(cached, cache_bytes)
+            path = figures.loglog(scaled, palette, fig_dir / "kv_cache_bytes.png", y="kv_cache_bytes",
+                                  ylabel=ylabel, title="KV-cache bytes against context length",
                                   exponents={f"{v} (KV cache)": t for v, t in
                                              self.legend_exponents("decode", "kv_cache_bytes", True).items()},
                                   xlabel="context length (tokens)", legend_title=self.legend_title)
@@ -253,9 +364,9 @@ class ScalingReport:
             rows = []
             for r in cached.sort_values(["variant", "length"]).to_dict("records"):
                 rows.append([r["variant"], f"{int(r['length']):,}", fmt_bytes(r["kv_cache_bytes"]),
-                             fmt_seconds(r["time_median_s"])])
-            items.append(Table(["variant", "context length", "KV-cache bytes", "time per token"], rows,
-                               numeric=[False, True, True, True]))
+                             time_with_quartiles(r)])
+            items.append(Table(["variant", "context length", "KV-cache bytes", "time per token (median [q25, q75])"],
+                               rows, numeric=[False, True, True, True]))
         return Section("Decoding", [i for i in items if i is not None])
 
     def failures(self) -> Section:
@@ -275,15 +386,15 @@ class ScalingReport:
         for r in self.rows.to_dict("records"):
             rows.append([r["variant"], str(r["mode"]) + ("" if r.get("kv_cache") is None or pd.isna(r.get("kv_cache"))
                                                          else f" cache={r['kv_cache']}"),
-                         f"{int(r['length']):,}", str(r["status"]), fmt_seconds(r.get("time_median_s")),
-                         fmt(r.get("flops")), fmt_bytes(r.get("peak_memory_bytes"))])
+                         f"{int(r['length']):,}", str(r["status"]), time_with_quartiles(r),
+                         fmt(r.get("flops")), fmt(r.get("flops_executed")), fmt_bytes(r.get("peak_memory_bytes"))])
         return Section("All measurements", [Table(
-            ["variant", "mode", "length", "status", "time (median)", "FLOPs", "peak memory"], rows,
-            numeric=[False, False, True, False, True, True, True])])
+            ["variant", "mode", "length", "status", "time (median [q25, q75])", "FLOPs (useful)", "FLOPs (executed)",
+             "peak memory"], rows, numeric=[False, False, True, False, True, True, True, True])])
 
     def build(self) -> Report:
-        sections = [self.setup(), self.exponent_table(), self.cost_figures()]
-        for extra in (self.crossover(), self.decode()):
+        sections = [self.setup(), self.exponent_table()]
+        for extra in (self.cost_figures(), self.crossover(), self.decode()):
             if extra is not None:
                 sections.append(extra)
         sections += [self.failures(), self.measurements_table()]
@@ -297,6 +408,15 @@ class ScalingReport:
         frame = self.rows.drop(columns=["variant"])
         frame.insert(0, "variant", self.rows["variant"])
         return frame
+
+
+def dense_pattern(model: dict[str, Any]) -> bool:
+    """True when the attention variant reads every key (causal: every earlier key): its
+    `allowed` is the base class's, so the n^2 crossover formulas apply."""
+    from workbench.attention import AttentionVariant
+    from workbench.spec import parse_spec
+
+    return parse_spec(model).attention.cls.allowed is AttentionVariant.allowed
 
 
 def scaling_report_from_store(out_dir: Path, study, info: dict[str, Any], dest: Path) -> tuple[Report, pd.DataFrame]:
