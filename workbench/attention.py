@@ -249,14 +249,15 @@ def flex_applies(q: Tensor, q_pos: Tensor, k_pos: Tensor, key_mask: Tensor | Non
 
 def flex_attention_fn(device: torch.device) -> Callable:
     """torch.compile'd flex_attention on CUDA (a fused kernel); eager elsewhere (CPU forward only,
-    scores materialised: used by tests)."""
+    scores materialised: used by tests). Default dynamic shapes: after a second length the
+    kernel is compiled for symbolic lengths instead of once per length."""
     global _compiled_flex
     from torch.nn.attention.flex_attention import flex_attention
 
     if device.type != "cuda":
         return flex_attention
     if _compiled_flex is None:
-        _compiled_flex = torch.compile(flex_attention, dynamic=False)
+        _compiled_flex = torch.compile(flex_attention)
     return _compiled_flex
 
 
@@ -321,7 +322,7 @@ def bias_score_mod(score_bias: ScoreBias, n: int, device: torch.device) -> Calla
     rel = torch.arange(-(n - 1), n, device=device)
     table = score_bias(rel[None, None])[0].float()  # [h, 2n - 1]
 
-    def score_mod(score, b, h, q_idx, kv_idx):
-        return score + table[h, q_idx - kv_idx + n - 1]
+    def score_mod(score, b, h, q_idx, kv_idx):  # offset 0 sits at the middle of the table, n - 1
+        return score + table[h, q_idx - kv_idx + table.shape[-1] // 2]
 
     return score_mod
