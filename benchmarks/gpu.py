@@ -68,13 +68,14 @@ class Sizes:
     prompt: int = 256
     new_tokens: int = 256
     decode_batches: tuple[int, ...] = (1, 8)
+    decode_repeats: int = 3
     warmup: int = 2
     repeats: int = 5
 
 
 TINY = Sizes(d_model=64, n_layers=2, n_heads=4, seq=64, batch=4, train_steps=4, gemm=256, attention_heads=4,
              attention_lengths=(256, 512), window=32, sparse_block=16, prompt=8, new_tokens=8,
-             decode_batches=(1, 2), warmup=1, repeats=2)
+             decode_batches=(1, 2), decode_repeats=1, warmup=1, repeats=2)
 
 
 @dataclass(frozen=True)
@@ -361,7 +362,7 @@ def decode(setup: Setup) -> dict[str, Any]:
             "x-transformers": setup.synced(lambda: theirs.generate(prompt, s.new_tokens, temperature=0.0, cache_kv=True)),
         }
         with torch.inference_mode(), setup.autocast():
-            times = alternate(runs, warmup=1, repeats=s.repeats)
+            times = alternate(runs, warmup=1, repeats=s.decode_repeats)
         seconds = {name: median_s(t) for name, t in times.items()}
         rows[batch] = dict(seconds=seconds, tokens_per_s={name: batch * s.new_tokens / t for name, t in seconds.items()},
                            ours_over_xtransformers=seconds["x-transformers"] / seconds["ours"])
