@@ -74,3 +74,25 @@ def test_one_rope_table_per_forward(monkeypatch):
     assert len(calls) == 1  # three layers, one table
     model(tokens)
     assert len(calls) == 2  # a new forward: new positions, a new table
+
+
+@pytest.mark.parametrize("name", ["swiglu", "geglu"])
+def test_fused_gate_equals_chunk_act_multiply(name):
+    from workbench.registry import get_variant
+
+    cls = get_variant("ffn", name)
+    ffn = cls(cls.Params(), d_model=8, bias=False).double()
+    x = torch.randn(2, 5, 8, dtype=torch.float64, requires_grad=True)
+
+    def reference(x):
+        gate, up = ffn.gate_up(x).chunk(2, dim=-1)
+        return ffn.down(ffn.act(gate) * up)
+
+    weight = torch.randn(2, 5, 8, dtype=torch.float64)
+    params = (x, ffn.gate_up.weight, ffn.down.weight)
+    out, expected = ffn(x), reference(x)
+    torch.testing.assert_close(out, expected)
+    for got, want in zip(torch.autograd.grad((out * weight).sum(), params),
+                         torch.autograd.grad((expected * weight).sum(), params)):
+        torch.testing.assert_close(got, want)
+    assert torch.autograd.gradcheck(lambda x: ffn(x), (x,))
