@@ -16,7 +16,7 @@ import platform
 import re
 import subprocess
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,7 @@ from rich.console import Console
 from rich.table import Table
 
 from benchmarks import RESULTS_DIR, Check, machine, mfu
+from benchmarks.minimal import MinimalGPT
 from benchmarks.vs_xtransformers import (CONFIGS, IMPLS, build_pair, decode_throughput,
                                          make_train_step, parameter_check, random_tokens, train_throughput,
                                          xtransformers_available)
@@ -58,19 +59,26 @@ QUICK = Sizes(d_model=64, batch=2, seq=32, warmup=1, repeats=2, local_lengths=(2
 
 # Targets of issue 7, as ratios (the machine is shared, absolute figures drift).
 TRAIN_RATIO, MFU_TARGET, LOCAL_RATIO, DECODE_RATIO, OVERHEAD_LIMIT = 1.0, 0.65, 4.0, 1.0, 0.15
+MINIMAL_RATIO = 0.95  # issue 18: config a within 5% of the minimal nanoGPT-style model's tokens/s
 
 
 def config(name: str, sizes: Sizes, **changes: Any) -> dict[str, Any]:
     return {**CONFIGS[name], "d_model": sizes.d_model, **changes}
 
 
+def minimal_model(spec) -> MinimalGPT:
+    """The minimal nanoGPT-style reference at the shape of `spec` (benchmarks/minimal.py)."""
+    return MinimalGPT(spec.vocab_size, spec.d_model, spec.n_layers, spec.n_heads, max_len=4096)
+
+
 def train_section(sizes: Sizes, console: Console) -> dict[str, Any]:
-    """(1) train-step tokens/s of both implementations and (2) MFU, per architecture."""
+    """(1) train-step tokens/s of both implementations and of the minimal model, and (2) MFU,
+    per architecture."""
     gemm_run, gemm_flops = mfu.gemm()
     table = Table(title=f"Train step: batch {sizes.batch} x seq {sizes.seq}, fwd+bwd+AdamW "
                         f"(median of {sizes.repeats}); MFU vs fp32 {mfu.GEMM_SIZE}^2 GEMM, {torch.get_num_threads()} threads")
-    for col in ("config", "params ours / x-tf", "tok/s ours", "tok/s x-tf", "ours/x-tf",
-                "GFLOP/step", "MFU ours", "MFU x-tf"):
+    for col in ("config", "params ours / x-tf", "tok/s ours", "tok/s x-tf", "ours/x-tf", "tok/s minimal",
+                "ours/minimal", "GFLOP/step", "MFU ours", "MFU x-tf"):
         table.add_column(col, justify="left" if col == "config" else "right")
     rows = {}
     for name in CONFIGS:
@@ -79,16 +87,20 @@ def train_section(sizes: Sizes, console: Console) -> dict[str, Any]:
         tokens = random_tokens(sizes.batch, sizes.seq + 1, pair.spec.vocab_size)
         flops = {impl: mfu.count_flops(make_train_step(model, tokens))
                  for impl, model in zip(IMPLS, (pair.ours, pair.theirs))}
+        minimal = make_train_step(minimal_model(pair.spec), tokens)
         result = train_throughput(pair, sizes.batch, sizes.seq, sizes.warmup, sizes.repeats,
-                                  alongside={"gemm": gemm_run})
+                                  alongside={"gemm": gemm_run, "minimal": minimal})
         peak = gemm_flops / result["alongside_s"]["gemm"]  # FLOP/s of the GEMM under the same load
         utilisation = {impl: flops[impl] / result["step_s"][impl] / peak for impl in IMPLS}
+        minimal_s = result["alongside_s"]["minimal"]
         rows[name] = dict(result, parameters=params, flops_per_step=flops, gemm_flops_per_s=peak,
-                          mfu=utilisation)
+                          mfu=utilisation, minimal_tokens_per_s=sizes.batch * sizes.seq / minimal_s,
+                          ratio_to_minimal=minimal_s / result["step_s"]["ours"])
         note = "" if params["difference"] == 0 else f" ({params['difference']:+d}: {params['note']})"
         table.add_row(
             name, f"{params['ours']:,} / {params['theirs']:,}{note}",
             *(f"{result['tokens_per_s'][impl]:,.0f}" for impl in IMPLS), f"{result['ratio']:.2f}",
+            f"{rows[name]['minimal_tokens_per_s']:,.0f}", f"{rows[name]['ratio_to_minimal']:.2f}",
             f"{flops['ours'] / 1e9:.1f}", *(f"{utilisation[impl]:.2f}" for impl in IMPLS),
         )
         if not params["matches"]:
@@ -162,6 +174,8 @@ def checks(results: dict[str, Any]) -> list[Check]:
     for name, row in results.get("train", {}).items():
         out.append(Check(f"(1) train tok/s ours/x-tf, {name}", row["ratio"], ">=", TRAIN_RATIO))
     if "a: rope+swiglu+pre-rms" in results.get("train", {}):
+        out.append(Check("(1b) train tok/s ours/minimal model, config a",
+                         results["train"]["a: rope+swiglu+pre-rms"]["ratio_to_minimal"], ">=", MINIMAL_RATIO))
         out.append(Check("(2) MFU ours, config a", results["train"]["a: rope+swiglu+pre-rms"]["mfu"]["ours"],
                          ">=", MFU_TARGET))
     local = results.get("local", {})
@@ -191,13 +205,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run of the harness (~1 min)")
     parser.add_argument("--only", nargs="+", choices=SECTIONS, default=list(SECTIONS), help="sections to run")
     parser.add_argument("--out", type=Path, default=RESULTS, help=f"JSON output (default {RESULTS})")
+    parser.add_argument("--batch", type=int, default=None, help="train-section batch size (default 16)")
+    parser.add_argument("--repeats", type=int, default=None, help="timed train steps per implementation (default 7)")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     console = Console(width=150)  # wide enough for the tables when piped to a file
     comparisons = [s for s in args.only if s != "overhead"]
     if comparisons and not xtransformers_available():
         console.print("x-transformers is not installed: pip install 'transformer-workbench[bench]'")
         return 2
     sizes = QUICK if args.quick else Sizes()
+    sizes = replace(sizes, **{k: v for k, v in (("batch", args.batch), ("repeats", args.repeats)) if v})
     torch.manual_seed(0)
     results: dict[str, Any] = dict(machine=machine(), cpu=cpu_name(), threads=torch.get_num_threads(),
                                    torch=torch.__version__, cpu_capability=torch.backends.cpu.get_cpu_capability(),

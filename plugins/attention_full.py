@@ -1,13 +1,14 @@
 """Full attention through PyTorch's fused kernel (F.scaled_dot_product_attention): exact
 softmax attention over every allowed key, without materialising the n x n matrix when the
-backend can avoid it (no score bias, no padding)."""
+backend can avoid it (no score bias, no padding). With a score bias (ALiBi) on CUDA,
+FlexAttention adds it inside the kernel instead of materialising an [h, n, n] bias."""
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from workbench import hookimpl
-from workbench.attention import AttentionVariant
+from workbench.attention import AttentionVariant, flex_applies
 
 
 class FullAttention(AttentionVariant):
@@ -23,6 +24,8 @@ class FullAttention(AttentionVariant):
                 return F.scaled_dot_product_attention(q, k, v, **sdpa)
             if nq == nk:  # queries and keys are the same positions: the kernel's own causal mask
                 return F.scaled_dot_product_attention(q, k, v, is_causal=True, **sdpa)
+        if score_bias is not None and flex_applies(q, q_pos, k_pos, key_mask):
+            return self.flex(q, k, v, causal=causal, score_bias=score_bias)  # CUDA: no n x n bias tensor
         if key_mask is None and q_pos.stride(0) == 0 and k_pos.stride(0) == 0:
             # Every row holds the same positions (an expanded arange): one row of mask and bias
             # broadcasts over the batch instead of B copies of [h, nq, nk].

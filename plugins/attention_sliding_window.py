@@ -20,7 +20,7 @@ from torch import Tensor
 
 from workbench import hookimpl
 from workbench.attention import (AttentionParams, AttentionVariant, aligned_offsets, block_attention,
-                                 same_sequence, zero_unaligned_queries)
+                                 flex_applies, same_sequence, zero_unaligned_queries)
 
 
 class SlidingWindowParams(AttentionParams):
@@ -44,6 +44,8 @@ class SlidingWindowAttention(AttentionVariant):
         return dist.abs() < self.params.window
 
     def forward(self, q, k, v, *, q_pos, k_pos, key_mask, causal, score_bias) -> Tensor:
+        if flex_applies(q, q_pos, k_pos, key_mask):  # CUDA: FlexAttention skips the empty tiles
+            return self.flex(q, k, v, causal=causal, score_bias=score_bias)
         kwargs = dict(q_pos=q_pos, k_pos=k_pos, key_mask=key_mask, causal=causal, score_bias=score_bias)
         if not same_sequence(q_pos, k_pos):  # a decoding step: at most `window` cached keys
             return self.dense(q, k, v, **kwargs)

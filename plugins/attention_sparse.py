@@ -31,7 +31,7 @@ from torch import Tensor
 
 from workbench import hookimpl
 from workbench.attention import (AttentionParams, AttentionVariant, aligned_offsets, block_attention,
-                                 same_sequence, zero_unaligned_queries)
+                                 flex_applies, same_sequence, zero_unaligned_queries)
 
 _PRIME = 2**31 - 1  # hash arithmetic stays below 2^48: exact in int64 on every device
 
@@ -98,6 +98,8 @@ class SparseAttention(AttentionVariant):
         return torch.cat([local, glob, drawn.masked_fill(~valid, -1)], dim=-1)
 
     def forward(self, q, k, v, *, q_pos, k_pos, key_mask, causal, score_bias) -> Tensor:
+        if flex_applies(q, q_pos, k_pos, key_mask):  # CUDA: FlexAttention skips the empty tiles
+            return self.flex(q, k, v, causal=causal, score_bias=score_bias)
         kwargs = dict(q_pos=q_pos, k_pos=k_pos, key_mask=key_mask, causal=causal, score_bias=score_bias)
         shift = aligned_offsets(k_pos, key_mask)
         if shift is None:

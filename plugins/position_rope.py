@@ -1,7 +1,12 @@
 """Rotary position embedding (Su et al. 2021): rotate each pair of query/key dimensions by an
 angle proportional to the position, so that q_m . k_n depends only on m - n.
 
-Pairs are (x[i], x[i + hd/2]) ("rotate half", as in GPT-NeoX and LLaMA).
+Pairs are (x[2i], x[2i + 1]), as in the paper and Meta's LLaMA reference (`apply_rotary_emb`):
+each pair is one complex number multiplied by e^(i * pos * theta_i), one kernel forward and one
+backward. (GPT-NeoX and Hugging Face pair x[i] with x[i + hd/2], "rotate half": the same model
+up to a fixed permutation of the learned q/k dimensions, at ~7 element-wise kernels: measured
+1.4x the time of the complex product forward + backward on the CPU.) The rotation table is
+computed once per forward and shared by every layer.
 """
 
 import torch
@@ -18,24 +23,26 @@ class RopeParams(Params):
     base: float = Field(10000.0, gt=1, description="theta: wavelength scale of the slowest pair")
 
 
-def rotation(pos: Tensor, head_dim: int, base: float, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-    """cos and sin of the angles pos * base^(-2i/hd): [B or 1, 1, n, hd/2] each."""
+def rotation(pos: Tensor, head_dim: int, base: float) -> Tensor:
+    """e^(i * pos * base^(-2j/hd)) for each pair j: complex64 [B or 1, 1, n, hd/2]."""
     if pos.stride(0) == 0:  # every row holds the same positions (an expanded arange): one row of angles
         pos = pos[:1]
     inv_freq = base ** (-torch.arange(0, head_dim, 2, device=pos.device, dtype=torch.float32) / head_dim)
     angles = pos[:, None, :, None].float() * inv_freq  # [B, 1, n, hd/2]
-    return angles.cos().to(dtype), angles.sin().to(dtype)
+    return torch.polar(torch.ones_like(angles), angles)
 
 
-def apply_rotation(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """x [B, h, n, hd] with pair (i, i + hd/2) rotated by the angle whose cos/sin are given."""
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+def apply_rotation(x: Tensor, rot: Tensor) -> Tensor:
+    """x [B, h, n, hd] with pair (2j, 2j + 1) rotated by the unit complex rot[..., j].
+    Half-precision inputs rotate in float32 (no complex bfloat16), as in LLaMA's reference."""
+    wide = x if x.dtype in (torch.float32, torch.float64) else x.float()
+    pairs = torch.view_as_complex(wide.reshape(*x.shape[:-1], -1, 2))  # [B, h, n, hd/2]
+    return torch.view_as_real(pairs * rot).flatten(-2).type_as(x)
 
 
 def rotate(x: Tensor, pos: Tensor, base: float) -> Tensor:
-    """x [B, h, n, hd], pos [B, n] -> x with pair i rotated by pos * base^(-2i/hd)."""
-    return apply_rotation(x, *rotation(pos, x.shape[-1], base, x.dtype))
+    """x [B, h, n, hd], pos [B, n] -> x with pair j rotated by pos * base^(-2j/hd)."""
+    return apply_rotation(x, rotation(pos, x.shape[-1], base))
 
 
 class Rope(PositionScheme):
@@ -50,13 +57,21 @@ class Rope(PositionScheme):
             raise SpecError("model.head_dim", f"RoPE rotates pairs of dimensions: head_dim {self.head_dim} must be even")
 
     def rotate(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor]:
-        q_rot = rotation(q_pos, self.head_dim, self.params.base, q.dtype)
+        q_rot = self.table(q_pos)
         if k is q:  # tied Q/K: rotate once so keys stay identical to queries
-            q = apply_rotation(q, *q_rot)
+            q = apply_rotation(q, q_rot)
             return q, q
         # self-attention passes one positions tensor for both: the angles are computed once
-        k_rot = q_rot if k_pos is q_pos else rotation(k_pos, self.head_dim, self.params.base, k.dtype)
-        return apply_rotation(q, *q_rot), apply_rotation(k, *k_rot)
+        k_rot = q_rot if k_pos is q_pos else self.table(k_pos)
+        return apply_rotation(q, q_rot), apply_rotation(k, k_rot)
+
+    def table(self, pos: Tensor) -> Tensor:
+        """The rotation of `pos`, computed once per positions tensor: every layer of a forward
+        receives the same one (the reference kept here keeps its identity from being reused)."""
+        cached = self.__dict__.get("_table")
+        if cached is None or cached[0] is not pos:
+            cached = self.__dict__["_table"] = (pos, rotation(pos, self.head_dim, self.params.base))
+        return cached[1]
 
 
 @hookimpl

@@ -70,3 +70,44 @@ def test_gemm_peak_is_positive_and_reports_threads():
     peak = mfu.gemm_peak(size=64, repeats=2)
     assert peak["peak_flops"] >= peak["median_flops"] > 0
     assert peak["threads"] == torch.get_num_threads()
+
+
+def test_gpu_check_runs_end_to_end_on_the_cpu(tmp_path):
+    """`python -m benchmarks.gpu --device cpu --tiny`: every section runs (none records an error),
+    the quickstart's runs finish, the fast attention paths equal the dense reference, and the
+    JSON holds what the GPU run will report."""
+    import json
+
+    from benchmarks import gpu
+
+    out = tmp_path / "gpu.json"
+    gpu.main(["--device", "cpu", "--tiny", "--out", str(out)])
+    result = json.loads(out.read_text())
+    for section in gpu.SECTIONS:
+        assert "error" not in result[section], result[section].get("traceback")
+    assert [r["status"] for r in result["train_quickstart"]["runs"]] == ["finished"] * 4
+    checks = {c["what"]: c["passed"] for c in result["checks"]}
+    assert all(passed for what, passed in checks.items() if "equals dense" in what or "fused SDPA" in what), checks
+    assert set(result["train_mfu"]["configs"]) == set(CONFIGS)
+    assert all(row["mfu"] > 0 and row["tokens_per_s"] > 0 for row in result["train_mfu"]["configs"].values())
+    lengths = result["local_attention"]["lengths"]
+    assert set(lengths) == {str(n) for n in gpu.TINY.attention_lengths}
+    if xtransformers_available():
+        assert all(row["ours_over_xtransformers"] > 0 for row in result["decode"]["batches"].values())
+
+
+@pytest.mark.parametrize("name", ["a: rope+swiglu+pre-rms", "c: sinus+relu+post-ln", "d: gqa(kv=1)+rope"])
+def test_gpu_check_flop_formula_matches_the_flop_counter(name):
+    from benchmarks.gpu import train_flops
+    from workbench import build_model
+
+    spec = {**CONFIGS[name], **TINY, "n_heads": 4}
+    model = build_model(spec)
+    batch, seq = 2, 16
+    tokens = torch.randint(0, 256, (batch, seq + 1))
+
+    def step():
+        logits = model(tokens[:, :-1])
+        F.cross_entropy(logits.reshape(-1, 256), tokens[:, 1:].reshape(-1)).backward()
+
+    assert train_flops(model, 4, 32 // 4, batch, seq) == mfu.count_flops(step)

@@ -85,6 +85,18 @@ class AttentionVariant(Variant, nn.Module):
         out = weights @ v  # [B, h, nq, hd]
         return (out, weights) if return_weights else out
 
+    def flex(self, q, k, v, *, causal, score_bias) -> Tensor:
+        """FlexAttention over positions 0..n-1 (see `flex_applies`): `allowed` as a block mask
+        (built once per length and kept), the score bias as a score_mod."""
+        n, dev = q.shape[2], q.device
+        masks = self.__dict__.setdefault("_flex_masks", {})  # plain attribute: not state_dict
+        key = (n, causal, str(dev))
+        if key not in masks:
+            masks[key] = block_mask_from_allowed(lambda qp, kp: self.allowed(qp, kp, causal), n, dev)
+        score_mod = None if score_bias is None else bias_score_mod(score_bias, n, dev)
+        return flex_attention_fn(dev)(q, k, v, score_mod=score_mod, block_mask=masks[key], scale=self.scale,
+                                      enable_gqa=self.n_kv_heads != self.n_heads)
+
 
 def repeat_kv(x: Tensor, n_heads: int) -> Tensor:
     """[B, h_kv, n, hd] -> [B, h, n, hd]: each K/V head serves h / h_kv query heads."""
@@ -217,3 +229,100 @@ def block_attention(
     out = out * has_key  # [B*T, h_kv, g*block, hd]
     out = out.view(B, T, h_kv, g, block, hd).permute(0, 2, 3, 1, 4, 5)  # [B, h_kv, g, T, block, hd]
     return out.reshape(B, h, T * block, hd)
+
+
+# ---- FlexAttention (CUDA): the variant's own pattern as a block mask ---------------------------
+
+FLEX_BLOCK = 128  # FlexAttention's default tile: tiles the pattern leaves empty are skipped
+FLEX_DEVICES = ("cuda",)  # on the CPU the tiled SDPA path stays: FlexAttention there has no backward
+_compiled_flex = None
+
+
+def flex_applies(q: Tensor, q_pos: Tensor, k_pos: Tensor, key_mask: Tensor | None) -> bool:
+    """Whether a variant takes the FlexAttention path: a device in FLEX_DEVICES, one sequence
+    (queries are the keys: training, a prompt), no padding, and positions 0..n-1 in every row,
+    so that the block mask depends only on n. Anything else keeps the variant's own path."""
+    if q.device.type not in FLEX_DEVICES or key_mask is not None or not same_sequence(q_pos, k_pos):
+        return False
+    return bool((q_pos == torch.arange(q.shape[2], device=q_pos.device)).all())
+
+
+def flex_attention_fn(device: torch.device) -> Callable:
+    """torch.compile'd flex_attention on CUDA (a fused kernel); eager elsewhere (CPU forward only,
+    scores materialised: used by tests). Default dynamic shapes: after a second length the
+    kernel is compiled for symbolic lengths instead of once per length."""
+    global _compiled_flex
+    from torch.nn.attention.flex_attention import flex_attention
+
+    if device.type != "cuda":
+        return flex_attention
+    if _compiled_flex is None:
+        _compiled_flex = torch.compile(flex_attention)
+    return _compiled_flex
+
+
+def block_mask_from_allowed(allowed: Callable[[Tensor, Tensor], Tensor], n: int, device: torch.device,
+                            block: int = FLEX_BLOCK):
+    """A FlexAttention BlockMask equal to `allowed(q_pos [R, 1], k_pos [1, n])` (bool [R, n], or
+    [H, R, n] for a per-head pattern) on positions 0..n-1.
+
+    The pattern is evaluated once on the whole grid, a chunk of query blocks at a time, and each
+    (query block, key block) tile is classified: empty (skipped by the kernel), full (no mask
+    evaluated) or partial, whose exact bits are kept and read back by the mask_mod. This works
+    for any pattern a variant states through `allowed`, including ones that are not a pointwise
+    formula (sparse's random blocks use a top-k), at O(n^2) cost once per length."""
+    from torch.nn.attention.flex_attention import BlockMask
+
+    nb = -(-n // block)
+    pos = torch.arange(nb * block, device=device)
+    real = pos < n
+    rows_per_chunk = max(1, 2**24 // (block * nb * block)) * block
+    any_tiles, full_tiles, states, bits = [], [], [], []
+    n_partial = 0
+    for start in range(0, nb * block, rows_per_chunk):
+        q_pos = pos[start:start + rows_per_chunk]
+        keep = allowed(q_pos[:, None], pos[None, :])
+        keep = keep[None] if keep.dim() == 2 else keep  # [H, R, N]
+        valid = real[start:start + rows_per_chunk, None] & real[None, :]  # [R, N]
+        H, rb = keep.shape[0], keep.shape[1] // block
+        tiles = (keep & valid).view(H, rb, block, nb, block).transpose(2, 3)  # [H, rb, nb, bs, bs]
+        any_tile = tiles.any(-1).any(-1)  # [H, rb, nb]
+        full = (keep | ~valid).view(H, rb, block, nb, block).all(2).all(-1) & any_tile
+        partial = any_tile & ~full
+        # tile state: -2 empty, -1 full, p >= 0 the partial tile bits[p]
+        state = torch.full(partial.shape, -2, dtype=torch.int32, device=device)
+        state[full] = -1
+        count = int(partial.sum())
+        state[partial] = torch.arange(n_partial, n_partial + count, dtype=torch.int32, device=device)
+        n_partial += count
+        any_tiles.append(any_tile), full_tiles.append(full), states.append(state)
+        bits.append(tiles[partial])  # [count, bs, bs], in the order of the ids above
+    partial = torch.cat(any_tiles, 1) & ~torch.cat(full_tiles, 1)  # [H, nb, nb]
+    full, state = torch.cat(full_tiles, 1), torch.cat(states, 1)
+    bits = torch.cat([*bits, torch.zeros(1, block, block, dtype=torch.bool, device=device)])
+    H = state.shape[0]
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        s = state[h % H, q_idx // block, kv_idx // block]
+        return (s == -1) | ((s >= 0) & bits[s.clamp(min=0), q_idx % block, kv_idx % block])
+
+    def ordered(tiles: Tensor) -> tuple[Tensor, Tensor]:  # [H, nb, nb] bool -> counts, indices first
+        counts = tiles.sum(-1, dtype=torch.int32)
+        indices = tiles.to(torch.int32).argsort(dim=-1, descending=True, stable=True).to(torch.int32)
+        return counts[None].contiguous(), indices[None].contiguous()  # batch axis 1: broadcasts
+
+    return BlockMask.from_kv_blocks(*ordered(partial), *ordered(full), BLOCK_SIZE=block,
+                                    mask_mod=mask_mod, seq_lengths=(n, n))
+
+
+def bias_score_mod(score_bias: ScoreBias, n: int, device: torch.device) -> Callable:
+    """FlexAttention score_mod adding `score_bias` (a function of the offset q_pos - k_pos, e.g.
+    ALiBi) read from one [h, 2n - 1] table of every offset. The table stays float32 (the kernel
+    adds it to float32 scores): in bf16 an ALiBi bias of ~10^4 would be rounded by ~64."""
+    rel = torch.arange(-(n - 1), n, device=device)
+    table = score_bias(rel[None, None])[0].float()  # [h, 2n - 1]
+
+    def score_mod(score, b, h, q_idx, kv_idx):  # offset 0 sits at the middle of the table, n - 1
+        return score + table[h, q_idx - kv_idx + table.shape[-1] // 2]
+
+    return score_mod

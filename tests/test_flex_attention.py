@@ -1,0 +1,125 @@
+"""FlexAttention path (CUDA): chosen for sliding-window, sparse and ALiBi attention on training
+shapes only, its block mask equals each variant's `allowed` pattern bit for bit, and its output
+equals the dense reference. On the CPU (FlexAttention has no backward there) forward equality
+is checked through the eager kernel; values and gradients are checked when a GPU is present."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_attention_variants import H, HD, alibi_bias, make
+
+from workbench import attention
+from workbench.attention import block_mask_from_allowed, flex_applies
+
+pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+VARIANTS = {
+    "sliding_window": dict(window=40),
+    "sparse": dict(block=16, n_global_blocks=1, n_random_blocks=2, seed=3),
+    "full": {},
+}
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+def qkv(B, n, n_kv_heads, device="cpu", dtype=torch.float32, grad=False):
+    g = torch.Generator(device=device).manual_seed(0)
+    shapes = [(B, H, n, HD), (B, n_kv_heads, n, HD), (B, n_kv_heads, n, HD)]
+    return [torch.randn(s, generator=g, device=device, dtype=dtype).requires_grad_(grad) for s in shapes]
+
+
+def dense_mask(block_mask, n):
+    """Every (q, k) bit the BlockMask lets through: its tiles' layout with mask_mod inside."""
+    from torch.nn.attention.flex_attention import create_mask
+
+    return create_mask(block_mask.mask_mod, 1, 1, n, n, device="cpu")[0, 0] & block_tiles(block_mask, n)
+
+
+def block_tiles(block_mask, n):
+    dense = block_mask.to_dense()[0, 0].bool()  # [nb, nb]: partial or full tiles
+    bs = block_mask.BLOCK_SIZE[0]
+    return dense.repeat_interleave(bs, 0).repeat_interleave(bs, 1)[:n, :n]
+
+
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
+@pytest.mark.parametrize("n", [100, 300])
+def test_block_mask_equals_allowed(name, causal, n):
+    variant = make(name, **VARIANTS[name])
+    mask = block_mask_from_allowed(lambda qp, kp: variant.allowed(qp, kp, causal), n, torch.device("cpu"))
+    pos = torch.arange(n)
+    expected = variant.allowed(pos[:, None], pos[None, :], causal)
+    assert torch.equal(dense_mask(mask, n), expected)
+    if name == "sliding_window" and n == 300:  # the band leaves whole tiles out: skipped by the kernel
+        assert not bool(block_tiles(mask, n).all())
+
+
+def test_per_head_patterns_are_kept_apart():
+    n = 130
+    def allowed(qp, kp):  # head 0 reads only itself, head 1 everything before it
+        return torch.stack([qp == kp, kp <= qp])
+    mask = block_mask_from_allowed(allowed, n, torch.device("cpu"))
+    from torch.nn.attention.flex_attention import create_mask
+
+    bits = create_mask(mask.mask_mod, 1, 2, n, n, device="cpu")[0]
+    pos = torch.arange(n)
+    assert torch.equal(bits[0], pos[:, None] == pos) and torch.equal(bits[1], pos[None, :] <= pos[:, None])
+
+
+def test_selection_cuda_training_shapes_only(monkeypatch):
+    q = torch.zeros(2, H, 8, HD)
+    pos = torch.arange(8).expand(2, 8)
+    assert not flex_applies(q, pos, pos, None)  # the CPU keeps the tiled path
+    monkeypatch.setattr(attention, "FLEX_DEVICES", ("cpu",))  # stand in for CUDA
+    assert flex_applies(q, pos, pos, None)
+    mask = torch.ones(2, 8, dtype=torch.bool)
+    mask[1, :2] = False
+    assert not flex_applies(q, pos, pos, mask)  # padding
+    assert not flex_applies(q, (mask.cumsum(-1) - 1).clamp(min=0), (mask.cumsum(-1) - 1).clamp(min=0), None)
+    assert not flex_applies(q[:, :, :1], pos[:, -1:], pos, None)  # a decoding step reads a cache
+
+
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
+@pytest.mark.parametrize("n_kv_heads", [4, 1], ids=["mha", "mqa"])
+def test_flex_forward_equals_dense_on_cpu(name, causal, n_kv_heads, monkeypatch):
+    """The variant's own forward, with the CPU standing in for CUDA, goes through flex and
+    returns the dense reference (eager FlexAttention: forward only on the CPU)."""
+    variant = make(name, n_kv_heads=n_kv_heads, **VARIANTS[name])
+    n = 150
+    q, k, v = qkv(2, n, n_kv_heads)
+    pos = torch.arange(n).expand(2, n)
+    bias = alibi_bias(torch.float32)
+    kwargs = dict(q_pos=pos, k_pos=pos, key_mask=None, causal=causal, score_bias=bias)
+    calls = []
+    monkeypatch.setattr(attention, "FLEX_DEVICES", ("cpu",))
+    monkeypatch.setattr(type(variant), "flex", lambda self, *a, **kw: calls.append(1) or attention.AttentionVariant.flex(self, *a, **kw))
+    with torch.no_grad():
+        out = variant(q, k, v, **kwargs)
+        expected = variant.dense(q, k, v, **kwargs)
+    assert calls, "the FlexAttention path was not taken"
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+
+
+@needs_cuda
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
+@pytest.mark.parametrize("n_kv_heads", [4, 1], ids=["mha", "mqa"])
+@pytest.mark.parametrize("bias", [False, True], ids=["nobias", "alibi"])
+def test_flex_equals_dense_on_cuda(name, causal, n_kv_heads, bias):
+    if name == "full" and not bias:
+        pytest.skip("full attention without a bias stays on the SDPA kernel")
+    variant = make(name, n_kv_heads=n_kv_heads, **VARIANTS[name]).cuda()
+    n = 300
+    q, k, v = qkv(2, n, n_kv_heads, device="cuda", grad=True)
+    pos = torch.arange(n, device="cuda").expand(2, n)
+    kwargs = dict(q_pos=pos, k_pos=pos, key_mask=None, causal=causal,
+                  score_bias=alibi_bias(torch.float32).__self__.cuda().score_bias if bias else None)
+    assert flex_applies(q, pos, pos, None)
+    weight = torch.randn(2, H, n, HD, device="cuda")
+    out = variant(q, k, v, **kwargs)
+    grads = torch.autograd.grad((out * weight).sum(), (q, k, v))
+    ref = variant.dense(q, k, v, **kwargs)
+    ref_grads = torch.autograd.grad((ref * weight).sum(), (q, k, v))
+    torch.testing.assert_close(out, ref, atol=2e-3, rtol=2e-3)
+    for got, want in zip(grads, ref_grads):
+        torch.testing.assert_close(got, want, atol=2e-3, rtol=2e-3)
