@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 from collections.abc import Sequence
 from datetime import datetime
@@ -55,12 +56,18 @@ def summary(report: Report, runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "name": report.name,
         "kind": report.kind,
         "question": report.question,
-        "verdicts": [{"statement": v.statement, "outcome": v.outcome, "label": v.label, "note": v.note}
+        "verdicts": [{"statement": v.statement, "outcome": v.outcome, "label": v.label, "note": v.note,
+                      "difference": json_numbers(v.difference), "learned": [json_numbers(g) for g in v.gates]}
                      for v in report.verdicts],
         "runs": len(runs),
         "statuses": dict(sorted(statuses.items())),
         "run_span_s": None if span is None else round(span),
     }
+
+
+def json_numbers(record: dict[str, Any]) -> dict[str, Any]:
+    """NaN and infinities (not JSON) as null."""
+    return {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in record.items()}
 
 
 def write_summary(dest: Path, report: Report, runs: Sequence[dict[str, Any]]) -> Path:
@@ -137,6 +144,9 @@ def study_row(study_path: Path, reports_dir: Path) -> list[str]:
     s = json.loads(summary_path.read_text(encoding="utf-8"))
     if s["verdicts"]:
         findings = [f"**{v['label']}**: {v['statement']}" for v in s["verdicts"]]
+        if any("learned" not in v for v in s["verdicts"]):  # a summary written before the gate existed
+            findings.insert(0, "_decided before the learned-at-all gate and paired/Holm statistics: "
+                               "rerun the study to re-decide_")
     elif s["kind"] == "scaling" and (folder / "results.csv").exists():
         exponents = scaling_findings(pd.read_csv(folder / "results.csv"))
         findings = ["measured (no `expect:`; verdicts in the report's Notes); fitted exponents:", *exponents]
@@ -157,10 +167,16 @@ def build_index(studies_dir: Path, reports_dir: Path) -> str:
         "",
         "Every study in `studies/` tests claims of the tutorials the workbench started from",
         "(`E*`: empirical, `P*`: exact properties; see the project's claims list). Verdicts come from",
-        "each study's `expect:` entries: **holds** when the 95% intervals over seeds separate in the",
-        "expected direction, **does not hold** when they separate the other way, **inconclusive**",
-        "otherwise. Scaling studies have no `expect:`; their fitted log-log exponents are listed here",
-        "and what they say about each claim is in the report's Notes.",
+        "each study's `expect:` entries. **not tested**: a compared group did not learn at the training",
+        "length (its score is not clearly better than chance, the score of a predictor that ignores the",
+        "input; the verdict names the group and both numbers). Otherwise the difference of the two groups",
+        "gets a 95% t interval over seeds (paired when both ran the same seeds, Welch's otherwise; Holm's",
+        "correction across a study's expectations): **holds** when it lies on the expected side of 0,",
+        "**does not hold** when on the other side, **inconclusive** when it contains 0 or seeds are",
+        "missing. The exact rule is printed under each report's Verdicts; the README's \"How verdicts are",
+        "decided\" explains it. A report written before that rule existed keeps the verdicts of its day",
+        "(marked so) until its study is run again. Scaling studies have no `expect:`; their fitted",
+        "log-log exponents are listed here and what they say about each claim is in the report's Notes.",
         "Run time: first run start to last run end on the machine named in each report, with",
         "`--jobs 2` on a 2-core CPU unless the report says otherwise.",
         "",
