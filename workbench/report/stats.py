@@ -19,8 +19,9 @@ instead of being shown as a zero-width, precise-looking interval.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -83,7 +84,8 @@ def clipped(mean: float, lo: float, hi: float, bounds: tuple[float, float]) -> t
 
 
 def no_spread(x: np.ndarray) -> bool:
-    return len(x) >= 2 and bool(np.all(x == x[0]))
+    """Two or more values that are all equal (to rounding: t would be numerical noise)."""
+    return len(x) >= 2 and float(np.ptp(x)) <= 1e-12 * max(1.0, float(np.abs(x).max()))
 
 
 def mean_ci(values: Sequence[float] | np.ndarray | pd.Series, level: float = LEVEL,
@@ -117,8 +119,10 @@ def welch_diff(a, b, level: float = LEVEL, bounds: tuple[float, float] = UNBOUND
         return Interval(diff, math.nan, math.nan, n, method="Welch")
     if no_spread(x) and no_spread(y):  # zero standard error: no interval, no test
         return Interval(diff, math.nan, math.nan, n, constant=True, method="Welch")
-    test = st.ttest_ind(x, y, equal_var=False)
-    ci = test.confidence_interval(level)
+    with warnings.catch_warnings():  # a group without spread: scipy warns about its zero variance,
+        warnings.simplefilter("ignore", RuntimeWarning)  # which is exact, and so is the interval
+        test = st.ttest_ind(x, y, equal_var=False)
+        ci = test.confidence_interval(level)
     return Interval(diff, *clipped(diff, float(ci.low), float(ci.high), difference_bounds(bounds)), n,
                     method="Welch", p=float(test.pvalue), level=level)
 
@@ -277,8 +281,7 @@ def verdicts(comparisons: Sequence[Comparison]) -> list[Verdict]:
     for rank, k in enumerate(order):
         slot, c, a, b = tested[k]
         level = 1 - ALPHA / (m - rank)
-        diff = difference(c.better_values, c.than_values, level=level, bounds=c.bounds)
-        diff = replace(diff, p=adjusted[k])
+        diff = difference(c.better_values, c.than_values, level=level, bounds=c.bounds)  # p: before Holm
 
         def make(outcome: str, reason: str, c=c, a=a, b=b, diff=diff, p=adjusted[k]) -> Verdict:
             return Verdict(c.metric, c.better, c.than, outcome, reason, a, b, diff, p_holm=p, gates=c.gates)

@@ -294,7 +294,7 @@ class TrainReport:
         return VerdictLine(statement=v.statement, outcome=v.outcome, label=v.label, detail=detail, note=note,
                            gates=[gate_record(g) for g in v.gates],
                            difference={"mean": d.mean, "lo": d.lo, "hi": d.hi, "level": d.level, "method": d.method,
-                                       "p_holm": v.p_holm})
+                                       "p": d.p, "p_holm": v.p_holm})
 
     def learned_section(self) -> Section | None:
         """Per variant, its score at the training length beside chance, and whether it learned."""
