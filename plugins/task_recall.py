@@ -20,10 +20,13 @@ reaches about L * (window - 1) back: choose gap >= L * window for a clean failur
 Encoder-decoder: source = pairs, gap and queries; target = the answers in query order.
 """
 
+import math
+
+import numpy as np
 from pydantic import Field, model_validator
 
 from workbench import hookimpl
-from workbench.tasks import IGNORE, Example, Task, TaskParams
+from workbench.tasks import IGNORE, Example, Task, TaskParams, blind_scores
 
 
 class RecallParams(TaskParams):
@@ -81,6 +84,21 @@ class Recall(Task):
         # Per-position labels, no shift: the base class's per-token encoder scoring; whether
         # attention is causal is the model's business (its family), not the batch's.
         return super().scored(model, batch, "encoder" if family == "decoder" else family)
+
+    def scored_ids(self, batch, family):
+        return super().scored_ids(batch, "encoder" if family == "decoder" else family)
+
+    def chance(self, family, length):
+        """Closed form for `length` pairs and Q queries per row: the answer is one of the row's
+        `length` values, so a predictor that knows which values the row holds but not which
+        key each belongs to scores 1 / length per query (loss ln length), and a whole row with
+        1 / (length * (length - 1) * ... , Q factors). This is recall's plateau (Zoology): a
+        predictor blind to the row entirely (1 / n_values) is beaten without learning any
+        association, so it would not show whether a model learned the task."""
+        queries = min(self.params.n_queries or length, length)
+        uniform = [(1.0, np.full(length, 1.0 / length))] * queries
+        certain = [(1.0, np.ones(1))] * self.always_predictable(family)
+        return blind_scores(uniform + certain, 1.0 / math.perm(length, queries))
 
 
 @hookimpl

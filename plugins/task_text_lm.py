@@ -181,6 +181,16 @@ class TextLM(Task):
         written = self.continuations(model, batches)
         return {"distinct_2": distinct_n(written, 2), "repetition_4": repetition_n(written, 4)}
 
+    def chance(self, family, length):
+        """A unigram model's scores: byte frequencies of the training text (add-one smoothed
+        over the 256 bytes), scored on the bytes the evaluation windows score. Decoding
+        metrics have no chance level."""
+        counts = np.bincount(self.train_text, minlength=256) + 1.0
+        log_p = np.log(counts / counts.sum())
+        scored = [np.asarray(row) - self.first_byte for row in self.scored_targets(self.eval_examples(length), family)]
+        loss = float(-log_p[np.concatenate(scored)].mean())
+        return {"loss": loss, "bpc": loss / math.log(2), "perplexity": math.exp(loss)}
+
 
 @hookimpl
 def register_tasks():

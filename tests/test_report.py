@@ -162,7 +162,7 @@ def test_training_report_files_and_verdicts(train_report):
     assert [(label.strip(), statement.strip()) for label, statement in verdicts] == [
         ("holds", "alibi is better than sinusoidal on accuracy@10"),
         ("does not hold", "sinusoidal is better than alibi on accuracy@10"),
-        ("inconclusive (intervals overlap)", "rope is better than sinusoidal on accuracy@10"),
+        ("inconclusive (the interval of the difference contains 0)", "rope is better than sinusoidal on accuracy@10"),
     ]
 
     # Leaderboard for the expectation metric: sorted best first, intervals, baseline differences.
@@ -172,7 +172,7 @@ def test_training_report_files_and_verdicts(train_report):
     assert alibi[1] == "0.91 [0.885, 0.935]" and alibi[2] == "3/3"
     assert alibi[3].startswith("+0.4 [")
     assert board[2][3] == "baseline"
-    assert board[3][1] == "0.5 [-0.771, 1.77]" and board[3][2] == "2/3"  # two finished seeds, far apart
+    assert board[3][1] == "0.5 [0, 1]" and board[3][2] == "2/3"  # two seeds far apart: t interval cut to [0, 1]
     assert "(process_peak_rss)" in alibi[6]
 
     # Run counts by status, and the failed run with its message and step.

@@ -1,4 +1,5 @@
-"""Statistics behind reports: t intervals, Welch differences, verdicts, variant pairing."""
+"""Statistics behind reports (checked against scipy): t intervals, paired and Welch differences, Holm, the
+learned-at-all gate, verdicts, variant pairing."""
 
 from __future__ import annotations
 
@@ -7,9 +8,11 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st_h
 from scipy import stats
 
-from workbench.report.stats import mean_ci, verdict, welch_diff
+from workbench.report.stats import Comparison, difference, holm, learned_gate, mean_ci, verdict, verdicts, welch_diff
 from workbench.report.variants import Variants
 
 
@@ -35,14 +38,15 @@ def test_welch_difference_matches_scipy():
 
 
 @pytest.mark.parametrize("a, b, higher, outcome, reason", [
-    ([0.90, 0.91, 0.92], [0.50, 0.52, 0.51], True, "holds", ""),
-    ([0.50, 0.52, 0.51], [0.90, 0.91, 0.92], True, "does not hold", ""),
-    ([0.50, 0.70, 0.60], [0.55, 0.65, 0.62], True, "inconclusive", "intervals overlap"),
+    ([0.90, 0.91, 0.95], [0.50, 0.52, 0.51], True, "holds", ""),
+    ([0.50, 0.52, 0.51], [0.90, 0.91, 0.95], True, "does not hold", ""),
+    ([0.50, 0.70, 0.60], [0.55, 0.65, 0.62], True, "inconclusive", "contains 0"),
     # loss: lower is better, so the lower group wins
-    ([1.0, 1.1, 1.05], [2.0, 2.1, 2.05], False, "holds", ""),
-    ([2.0, 2.1, 2.05], [1.0, 1.1, 1.05], False, "does not hold", ""),
+    ([1.0, 1.1, 1.02], [2.0, 2.1, 2.05], False, "holds", ""),
+    ([2.0, 2.1, 2.05], [1.0, 1.1, 1.02], False, "does not hold", ""),
     ([0.9], [0.5, 0.52], True, "inconclusive", "1 finished seed"),
     ([], [0.5, 0.52], True, "inconclusive", "no finished run"),
+    ([0.5, 0.5], [0.4, 0.4], True, "inconclusive", "no spread"),
 ])
 def test_verdict_rule(a, b, higher, outcome, reason):
     v = verdict(a, b, "m", "A", "B", higher=higher)
@@ -54,12 +58,106 @@ def test_verdict_rule(a, b, higher, outcome, reason):
         assert v.label == outcome
 
 
-def test_touching_intervals_count_as_overlap():
-    # Identical spreads placed so that A's lower bound equals B's upper bound exactly.
-    b = [0.0, 1.0, 2.0]
-    half = mean_ci(b).hi - 1.0
-    a = [x + 2 * half for x in b]
-    assert verdict(a, b, "m", "A", "B", higher=True).outcome == "inconclusive"
+def by_seed(values, seeds=(0, 1, 2, 3)):
+    return pd.Series(values, index=list(seeds)[: len(values)], dtype=float)
+
+
+def test_same_seeds_pair_and_the_interval_is_scipys_paired_one():
+    # Seed effects shared by both groups: Welch sees the spread, pairing removes it.
+    a, b = by_seed([0.61, 0.72, 0.55, 0.80]), by_seed([0.58, 0.70, 0.51, 0.77])
+    d = difference(a, b)
+    ci = stats.ttest_rel(a, b).confidence_interval(0.95)
+    assert d.method == "paired" and d.p == pytest.approx(stats.ttest_rel(a, b).pvalue)
+    assert (d.lo, d.hi) == (pytest.approx(ci.low), pytest.approx(ci.high))
+    assert d.lo > 0  # paired: separated; Welch on the same numbers is not
+    welch = stats.ttest_ind(a, b, equal_var=False).confidence_interval(0.95)
+    assert welch.low < 0 < welch.high
+    assert verdict(a, b, "accuracy", "A", "B").outcome == "holds"
+    assert verdict(list(a), list(b), "accuracy", "A", "B").outcome == "inconclusive"  # lists: no seeds, Welch
+
+
+@pytest.mark.parametrize("b_seeds", [(0, 1, 4, 5), (0, 1, 2)])
+def test_different_seeds_use_welch(b_seeds):
+    a = by_seed([0.61, 0.72, 0.55, 0.80])
+    b = by_seed([0.58, 0.70, 0.51, 0.77][: len(b_seeds)], b_seeds)
+    d = difference(a, b)
+    ci = stats.ttest_ind(a, b, equal_var=False).confidence_interval(0.95)
+    assert d.method == "Welch" and (d.lo, d.hi) == (pytest.approx(ci.low), pytest.approx(ci.high))
+
+
+def test_a_failed_seed_unpairs_the_groups():
+    a, b = by_seed([0.61, 0.72, float("nan"), 0.80]), by_seed([0.58, 0.70, 0.51, 0.77])
+    assert difference(a, b).method == "Welch"
+
+
+def test_holm_matches_the_step_down_definition():
+    p = [0.01, 0.04, 0.03, 0.005]
+    # sorted: 0.005*4 = 0.02, 0.01*3 = 0.03, 0.03*2 = 0.06, 0.04*1 = 0.04 -> running max 0.06
+    assert holm(p) == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    assert holm([0.5, 0.9]) == pytest.approx([1.0, 1.0])
+
+
+def holm_case():
+    """Three paired comparisons from clearly separated to overlapping."""
+    strong = (by_seed([0.80, 0.82, 0.85, 0.83]), by_seed([0.50, 0.51, 0.55, 0.50]))
+    middle = (by_seed([0.60, 0.64, 0.66, 0.70]), by_seed([0.55, 0.60, 0.58, 0.66]))
+    weak = (by_seed([0.60, 0.65, 0.55, 0.70]), by_seed([0.58, 0.66, 0.56, 0.63]))
+    return [Comparison("accuracy@8", f"A{i}", f"B{i}", a, b, higher=True, bounds=(0.0, 1.0))
+            for i, (a, b) in enumerate((strong, middle, weak))]
+
+
+def test_verdicts_apply_holm_and_show_the_interval_they_decide_from():
+    comparisons = holm_case()
+    raw = [stats.ttest_rel(c.better_values, c.than_values).pvalue for c in comparisons]
+    out = verdicts(comparisons)
+    expected = holm(raw)
+    for rank, k in enumerate(np.argsort(raw)):
+        v, c = out[k], comparisons[k]
+        assert v.p_holm == pytest.approx(expected[k])
+        level = 1 - 0.05 / (len(comparisons) - rank)
+        ci = stats.ttest_rel(c.better_values, c.than_values).confidence_interval(level)
+        assert v.diff.level == pytest.approx(level)
+        assert (v.diff.lo, v.diff.hi) == (pytest.approx(ci.low), pytest.approx(ci.high))
+        separated = v.diff.lo > 0 or v.diff.hi < 0
+        assert (v.outcome in ("holds", "does not hold")) == (separated and v.p_holm <= 0.05)
+    assert out[0].outcome == "holds" and out[2].outcome == "inconclusive"
+
+
+@settings(max_examples=60, deadline=None)
+@given(st_h.lists(st_h.floats(0, 1), min_size=2, max_size=5), st_h.lists(st_h.floats(0, 1), min_size=2, max_size=5))
+def test_accuracy_intervals_stay_in_range(a, b):
+    for iv in (mean_ci(a, bounds=(0.0, 1.0)), mean_ci(b, bounds=(0.0, 1.0))):
+        assert math.isnan(iv.lo) or 0.0 <= iv.lo <= iv.mean <= iv.hi <= 1.0
+    d = difference(a, b, bounds=(0.0, 1.0))
+    assert math.isnan(d.lo) or -1.0 <= d.lo <= d.hi <= 1.0
+
+
+def test_an_accuracy_interval_is_the_t_interval_cut_to_0_1():
+    x = [0.99, 0.80, 1.0]
+    lo, hi = stats.t.interval(0.95, df=2, loc=np.mean(x), scale=stats.sem(x))
+    assert hi > 1  # the plain t interval leaves the range
+    iv = mean_ci(x, bounds=(0.0, 1.0))
+    assert (iv.lo, iv.hi) == (pytest.approx(lo), 1.0)
+
+
+def test_seeds_that_all_scored_the_same_are_flagged():
+    iv = mean_ci([0.125, 0.125, 0.125], bounds=(0.0, 1.0))
+    assert iv.constant and iv.mean == 0.125 and math.isnan(iv.lo)
+    assert not mean_ci([0.125, 0.13]).constant
+
+
+def test_a_group_that_did_not_learn_makes_the_verdict_not_tested():
+    a, b = by_seed([0.90, 0.91, 0.95]), by_seed([0.10, 0.11, 0.10])
+    gates = (learned_gate("A", "accuracy@8", 0.92, 0.1, 1.0, True),
+             learned_gate("B", "accuracy@8", 0.103, 0.1, 1.0, True))
+    assert gates[0].needed == pytest.approx(0.19) and gates[0].learned and not gates[1].learned
+    v = verdicts([Comparison("accuracy@16", "A", "B", a, b, higher=True, bounds=(0.0, 1.0), gates=gates)])[0]
+    assert v.outcome == "not tested"
+    assert v.label.startswith("not tested (did not learn at the training length: B: accuracy@8 0.103 vs chance 0.1")
+    # lower is better: a loss must fall 10% of the way from chance to 0
+    ln4 = math.log(4)
+    assert learned_gate("A", "loss@8", 1.2, ln4, 0.0, False).learned
+    assert not learned_gate("A", "loss@8", 1.3, ln4, 0.0, False).learned
 
 
 def test_pairs_compare_like_with_like_across_other_swept_keys():

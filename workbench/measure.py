@@ -70,6 +70,7 @@ from workbench.ffn import FeedForward
 from workbench.memory import INSTRUMENT as TENSOR_BYTES_INSTRUMENT
 from workbench.memory import peak_tensor_bytes
 from workbench.model import Block, CrossAttention, DecoderModel, Positions, SelfAttention, build_model
+from workbench.registry import plugin_manager
 from workbench.spec import ModelSpec, parse_spec
 
 Scope = Literal["attention", "layer", "block", "model"]
@@ -567,8 +568,10 @@ def _child(point: Point, results: mp.Queue) -> None:
     """Entry point of a spawned measuring process: reports ("ready",) then ("row", row)."""
     return_freed_memory_to_os()
     if point.memory_limit_gb:
-        # Cap the address space above what the interpreter and torch already hold, so a size
-        # that does not fit fails with an allocation error instead of the kernel's OOM killer.
+        # Import every plugin first (some load scipy, whose BLAS threads cannot start under the cap),
+        # then cap the address space above what the interpreter, torch and plugins already hold, so a
+        # size that does not fit fails with an allocation error instead of the kernel's OOM killer.
+        plugin_manager()
         limit = _rss_bytes("VmSize") + int(point.memory_limit_gb * 2**30)
         resource.setrlimit(resource.RLIMIT_AS, (limit, resource.getrlimit(resource.RLIMIT_AS)[1]))
     results.put(("ready",))

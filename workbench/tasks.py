@@ -39,6 +39,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from pydantic import Field, model_validator
+from scipy.stats import entropy
 from torch import Tensor
 
 from workbench.errors import SpecError, WorkbenchError
@@ -52,6 +53,13 @@ SPECIALS = ("<pad>", "<bos>", "<eos>", "<sep>")  # ids 0..3 in every built-in vo
 TRAIN_STREAM, EVAL_STREAM, SAMPLE_STREAM, VALID_STREAM = 0, 1, 2, 3
 # What a run evaluates on: the evaluation sets, or (a tuning run) the validation sets.
 EVAL, VALIDATION = "eval", "validation"
+
+# (lowest, highest) value of each built-in metric: reports keep intervals inside this range,
+# and the better end is the perfect score that the learned-at-all margin is measured towards.
+METRIC_RANGES: dict[str, tuple[float, float]] = {
+    "accuracy": (0.0, 1.0), "exact_match": (0.0, 1.0), "loss": (0.0, math.inf), "bleu": (0.0, 100.0),
+    "bpc": (0.0, math.inf), "perplexity": (1.0, math.inf), "distinct_2": (0.0, 1.0), "repetition_4": (0.0, 1.0),
+}
 
 
 class TaskParams(Params):
@@ -160,6 +168,7 @@ class Task(Variant):
     sequence_labels: ClassVar[bool] = False  # encoder: one class per sequence instead of per token
     decoder_eos: ClassVar[bool] = True  # decoder: the target ends with a scored <eos>
     hold_out: ClassVar[bool] = True  # training skips examples whose source is in a held-out set
+    ranges: ClassVar[dict[str, tuple[float, float]]] = METRIC_RANGES  # a task with new metrics extends it
 
     pad_id, bos_id, eos_id, sep_id = 0, 1, 2, 3
 
@@ -320,26 +329,34 @@ class Task(Variant):
 
     # ---- loss and metrics -------------------------------------------------------------------
 
+    def scored_ids(self, batch: dict[str, Tensor], family: str) -> tuple[Tensor, Tensor]:
+        """The target ids [B, T] a family's logits are scored against, and the scored mask [B, T]
+        (no model needed: what `scored` compares with, and what `chance` counts)."""
+        if family == "decoder":
+            return batch["tokens"][:, 1:], batch["loss_mask"][:, 1:]  # logits at t-1 predict token t
+        if family == "encoder_decoder":
+            return batch["tgt"][:, 1:], batch["tgt_mask"][:, 1:]  # teacher forcing feeds tgt[:, :-1]
+        if family == "encoder":
+            labels = batch["labels"]
+            labels = labels[:, None] if labels.dim() == 1 else labels  # one class per sequence
+            return labels, labels != IGNORE
+        raise SpecError("model.family", f"unknown family {family!r}", FAMILIES)
+
     def scored(self, model, batch: dict[str, Tensor], family: str) -> tuple[Tensor, Tensor, Tensor]:
         """Run the model; return logits [B, T, C], targets [B, T] and the scored mask [B, T]."""
         device = next(model.parameters()).device
         b = {k: v.to(device) for k, v in batch.items()}
+        targets, mask = self.scored_ids(b, family)
         if family == "decoder":
             logits = model(b["tokens"], b["padding_mask"])[:, :-1]  # predicts tokens[:, 1:]
-            return logits, b["tokens"][:, 1:], b["loss_mask"][:, 1:]
-        if family == "encoder_decoder":
-            tgt, tgt_mask = b["tgt"], b["tgt_mask"]
-            logits = model(b["src"], tgt[:, :-1], src_padding_mask=b["src_mask"], tgt_padding_mask=tgt_mask[:, :-1])
-            return logits, tgt[:, 1:], tgt_mask[:, 1:]
-        if family == "encoder":
-            labels = b["labels"]
-            if labels.dim() == 1:  # one class per sequence
-                logits = model.classify(b["tokens"], b["padding_mask"])[:, None]
-                labels = labels[:, None]
-            else:
-                logits = model(b["tokens"], b["padding_mask"])
-            return logits, labels, labels != IGNORE
-        raise SpecError("model.family", f"unknown family {family!r}", FAMILIES)
+        elif family == "encoder_decoder":
+            logits = model(b["src"], b["tgt"][:, :-1], src_padding_mask=b["src_mask"],
+                           tgt_padding_mask=b["tgt_mask"][:, :-1])
+        elif b["labels"].dim() == 1:  # one class per sequence
+            logits = model.classify(b["tokens"], b["padding_mask"])[:, None]
+        else:
+            logits = model(b["tokens"], b["padding_mask"])
+        return logits, targets, mask
 
     def loss(self, model, batch: dict[str, Tensor], family: str) -> Tensor:
         """Mean cross-entropy over scored target tokens."""
@@ -367,6 +384,45 @@ class Task(Variant):
     def extra_metrics(self, model, batches, family: str, scores: dict[str, float]) -> dict[str, float]:
         """Metrics beyond loss / accuracy / exact_match (e.g. BLEU on generations)."""
         return {}
+
+    # ---- chance level -----------------------------------------------------------------------
+
+    def chance(self, family: str, length: int) -> dict[str, float]:
+        """What a predictor that ignores the input's content scores at evaluation length `length`:
+        the level below which a model has learned nothing (metric -> score, "loss" included;
+        metrics without a chance level are absent).
+
+        The predictor knows the layout (how long the row is and which position it predicts)
+        but no token: at each scored position it outputs the distribution of the target there,
+        so its accuracy is the share of the most frequent target per position, its loss the
+        entropy of that distribution, and its exact match the probability of the most likely
+        whole target. It does not read earlier target tokens either. This default counts the
+        held-out set itself (a plug-in estimate: slightly optimistic for accuracy, slightly low
+        for loss, so the gate errs towards "did not learn"); tasks with a closed form override it.
+        """
+        rows = self.scored_targets(self.eval_examples(length), family)
+        by_position: dict[int, dict[int, int]] = {}
+        for row in rows:
+            for k, token in enumerate(row):
+                counts = by_position.setdefault(k, {})
+                counts[token] = counts.get(token, 0) + 1
+        wholes: dict[tuple[int, ...], int] = {}
+        for row in rows:
+            wholes[tuple(row)] = wholes.get(tuple(row), 0) + 1
+        positions = [(sum(c.values()), np.array(list(c.values()), dtype=float)) for c in by_position.values()]
+        scores = blind_scores(positions, max(wholes.values()) / len(rows))
+        return {name: scores[name] for name in [*self.metrics, "loss"] if name in scores}
+
+    def scored_targets(self, examples: Sequence[Example], family: str) -> list[list[int]]:
+        """The target ids each example is scored on in `family`, in order (specials included)."""
+        targets, mask = self.scored_ids(self.collate(examples, family), family)
+        return [row[m].tolist() for row, m in zip(targets, mask)]
+
+    def always_predictable(self, family: str) -> int:
+        """Scored tokens per row beyond the example's target (the <eos> where a family scores
+        it): its position follows from the layout, so a blind predictor gets it right."""
+        ex = self.sample_examples()[0]
+        return len(self.scored_targets([ex], family)[0]) - len(ex.target)
 
     # ---- generation -------------------------------------------------------------------------
 
@@ -412,6 +468,17 @@ class Task(Variant):
                 for key, value in batch.items() if key in ("tokens", "src", "tgt")
             }
         return out
+
+
+def blind_scores(positions: Sequence[tuple[float, np.ndarray]], exact_match: float) -> dict[str, float]:
+    """accuracy and loss of a predictor that outputs, at each scored position, the target's
+    distribution there: `positions` holds (weight, probabilities or counts) per position
+    (weight: scored tokens there); `exact_match` is its chance to get a whole row right."""
+    weights = np.array([w for w, _ in positions], dtype=float)
+    top = np.array([p.max() / p.sum() for _, p in positions])
+    entropies = np.array([entropy(p) for _, p in positions])
+    return {"accuracy": float(weights @ top / weights.sum()), "exact_match": float(exact_match),
+            "loss": float(weights @ entropies / weights.sum())}
 
 
 # ---- copy / reverse / sort ------------------------------------------------------------------
@@ -466,3 +533,11 @@ class SymbolTask(Task):
         n = int(rng.integers(self.params.min_length, length + 1)) if training else length
         symbols = (rng.integers(0, self.params.alphabet_size, n) + self.first_symbol).tolist()
         return Example(tuple(symbols), tuple(self.transform(symbols)))
+
+    def chance(self, family, length):
+        """Closed form: an evaluation string holds `length` symbols drawn uniformly from the
+        alphabet (A), so a blind predictor gets each target symbol right with probability 1/A
+        (loss ln A) and the whole string with A^-length; the <eos> is always right."""
+        a = self.params.alphabet_size
+        uniform = [(1.0, np.full(a, 1.0 / a))] * length
+        return blind_scores(uniform + [(1.0, np.ones(1))] * self.always_predictable(family), float(a) ** -length)

@@ -69,10 +69,12 @@ class VerdictLine:
     """One `expect:` entry's outcome, formatted for the top of the report."""
 
     statement: str  # "alibi is better than sinusoidal on accuracy@128"
-    outcome: str  # "holds" | "does not hold" | "inconclusive"
-    label: str  # outcome with its reason for inconclusive ones
-    detail: str  # the two intervals and the Welch difference
+    outcome: str  # "holds" | "does not hold" | "inconclusive" | "not tested"
+    label: str  # outcome with its reason for inconclusive and not tested ones
+    detail: str  # the two intervals, the difference and the learned-at-all check
     note: str = ""
+    gates: list[dict] = field(default_factory=list)  # each group's score at the training length vs chance
+    difference: dict = field(default_factory=dict)  # mean, lo, hi, level, method, p_holm
 
 
 @dataclass

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 from collections.abc import Sequence
 from datetime import datetime
@@ -55,12 +56,18 @@ def summary(report: Report, runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "name": report.name,
         "kind": report.kind,
         "question": report.question,
-        "verdicts": [{"statement": v.statement, "outcome": v.outcome, "label": v.label, "note": v.note}
+        "verdicts": [{"statement": v.statement, "outcome": v.outcome, "label": v.label, "note": v.note,
+                      "difference": json_numbers(v.difference), "learned": [json_numbers(g) for g in v.gates]}
                      for v in report.verdicts],
         "runs": len(runs),
         "statuses": dict(sorted(statuses.items())),
         "run_span_s": None if span is None else round(span),
     }
+
+
+def json_numbers(record: dict[str, Any]) -> dict[str, Any]:
+    """NaN and infinities (not JSON) as null."""
+    return {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in record.items()}
 
 
 def write_summary(dest: Path, report: Report, runs: Sequence[dict[str, Any]]) -> Path:
@@ -137,6 +144,9 @@ def study_row(study_path: Path, reports_dir: Path) -> list[str]:
     s = json.loads(summary_path.read_text(encoding="utf-8"))
     if s["verdicts"]:
         findings = [f"**{v['label']}**: {v['statement']}" for v in s["verdicts"]]
+        if any("learned" not in v for v in s["verdicts"]):  # a summary written before the gate existed
+            findings.insert(0, "_decided before the learned-at-all gate and paired/Holm statistics: "
+                               "rerun the study to re-decide_")
     elif s["kind"] == "scaling" and (folder / "results.csv").exists():
         exponents = scaling_findings(pd.read_csv(folder / "results.csv"))
         findings = ["measured (no `expect:`; verdicts in the report's Notes); fitted exponents:", *exponents]
@@ -161,8 +171,10 @@ def intro(studies_dir: Path, reports_dir: Path) -> str:
         "# Studies and their reports",
         "",
         f"One row per study in `{studies_dir.as_posix()}/`. Verdicts come from each study's `expect:` entries:",
-        "**holds** when the 95% intervals over seeds separate in the expected direction, **does not hold**",
-        "when they separate the other way, **inconclusive** otherwise.",
+        "**not tested** when a compared group did not learn at the training length (not clearly better than",
+        "chance); otherwise, from the 95% interval of the difference over seeds (paired or Welch, Holm-corrected):",
+        "**holds** when it lies on the expected side of 0, **does not hold** on the other side, **inconclusive**",
+        "when it contains 0. The exact rule is printed under each report's Verdicts.",
         "",
         f"Regenerate a report: `workbench run {studies_dir.as_posix()}/<name>.yaml`; regenerate this table:",
         f"`workbench report-index --studies {studies_dir.as_posix()} --reports {reports_dir.as_posix()}`.",

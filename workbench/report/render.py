@@ -12,13 +12,9 @@ from functools import lru_cache
 import jinja2
 
 from workbench.report.document import Report
+from workbench.report.stats import RULE
 
-VERDICT_RULE = (
-    "Rule: each group's mean over seeds with its 95% t interval; 'holds' when the intervals do not "
-    "overlap and the expected winner is better, 'does not hold' when they do not overlap and it is worse, "
-    "'inconclusive' when they overlap or a group has fewer than 2 finished seeds. "
-    "The difference is shown with its Welch 95% interval."
-)
+VERDICT_RULE = RULE  # one text, kept next to the code it describes
 
 # Characters Markdown would read as markup inside running text.
 _MD_SPECIAL = re.compile(r"([\\`*_\[\]#|~])")

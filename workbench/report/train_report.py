@@ -11,10 +11,12 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import yaml
 
@@ -35,10 +37,24 @@ from workbench.report.document import (
     fmt_seconds,
     fmt_signed_interval,
 )
-from workbench.report.stats import Verdict, higher_is_better, mean_ci, verdict, welch_diff
+from workbench.report.stats import (
+    MARGIN,
+    UNBOUNDED,
+    Comparison,
+    Interval,
+    Learned,
+    Verdict,
+    difference,
+    higher_is_better,
+    learned_gate,
+    mean_ci,
+    verdicts,
+)
 from workbench.report.tuning import TuningSection, split_stages
 from workbench.report.variants import Variants, short_key, value_text
 from workbench.study import RUN_MEASURES
+from workbench.sweep import resolve_point
+from workbench.tasks import METRIC_RANGES
 from workbench.tuning import PointTuning
 
 FINISHED = "finished"
@@ -81,6 +97,16 @@ def metric_direction(metric: str, task_name: str) -> bool:
     return declared.get(base, higher_is_better(base))
 
 
+def metric_range(metric: str, task_name: str) -> tuple[float, float]:
+    """(lowest, highest) possible value of a metric, as its task declares (unbounded if unknown)."""
+    base = metric.split("@")[0]
+    try:
+        ranges = get_variant("task", task_name).ranges
+    except Exception:  # noqa: BLE001 - a task no longer installed: the built-in ranges
+        ranges = METRIC_RANGES
+    return ranges.get(base, UNBOUNDED)
+
+
 def metric_columns(runs: pd.DataFrame, task_cls_metrics: Sequence[str]) -> list[str]:
     """Final-metric columns (`accuracy@64`, `loss@64`, `bleu`), task metrics first, by length."""
     names = [*task_cls_metrics, "loss"]
@@ -90,6 +116,18 @@ def metric_columns(runs: pd.DataFrame, task_cls_metrics: Sequence[str]) -> list[
         if m and m.group(1) in names:
             found.append((names.index(m.group(1)), int(m.group(2) or 0), col))
     return [col for *_, col in sorted(found)]
+
+
+def interval_text(iv: Interval) -> str:
+    """'0.912 [0.899, 0.925]'; seeds without spread are flagged instead of given a zero-width interval."""
+    if iv.constant:
+        return f"{fmt(iv.mean)} (all {iv.n} seeds equal)"
+    return fmt_interval(iv.mean, iv.lo, iv.hi)
+
+
+def gate_record(g: Learned) -> dict[str, Any]:
+    """A group's learned-at-all check as plain JSON (summary.json)."""
+    return {**asdict(g), "learned": g.learned}
 
 
 def split_metric(col: str) -> tuple[str, int | None]:
@@ -119,6 +157,8 @@ class TrainReport:
             task_metrics = list(get_variant("task", self.task_name).metrics)
         except Exception:  # noqa: BLE001
             task_metrics = []
+        self.task_metrics = task_metrics
+        self._chance: dict[tuple[str, int], dict[str, float]] = {}
         self.metrics = metric_columns(self.runs, task_metrics)
         self.primary = task_metrics[0] if task_metrics else "loss"
 
@@ -146,33 +186,143 @@ class TrainReport:
         return self.variants.counterpart(variant, self.study.baseline)
 
     def values(self, variant: str, metric: str) -> pd.Series:
-        return self.finished.loc[self.finished["variant"] == variant, metric]
+        """Finished runs' values of `metric`, indexed by seed (failed metrics dropped)."""
+        mine = self.finished[self.finished["variant"] == variant]
+        if metric not in mine:
+            return pd.Series([], dtype=float)
+        return pd.Series(mine[metric].to_numpy(dtype=float), index=mine["seed"].to_numpy()).dropna()
 
-    # ---- verdicts ----------------------------------------------------------------------------
+    def range_of(self, metric: str) -> tuple[float, float]:
+        # Run measures (time, memory, throughput, parameters) are never negative.
+        return (0.0, math.inf) if split_metric(metric)[0] in RUN_MEASURES else metric_range(metric, self.task_name)
+
+    def interval(self, variant: str, metric: str) -> Interval:
+        return mean_ci(self.values(variant, metric), bounds=self.range_of(metric))
+
+    # ---- chance level and the learned-at-all gate ---------------------------------------------
+
+    @cached_property
+    def resolved_points(self) -> dict[str, dict[str, Any]]:
+        """Each variant's resolved task section and model family, as its runs were configured
+        ({} when the study no longer resolves here, e.g. a plugin is gone)."""
+        out = {}
+        try:
+            for point in self.study.sweep.points():
+                label = self.variants.label([value_text(point[k]) for k in self.keys])
+                if label in self.variants.labels and label not in out:
+                    resolved = resolve_point(self.study, point)
+                    out[label] = {"task": resolved["task"], "family": resolved["model"]["family"]}
+        except Exception:  # noqa: BLE001 - the gate then reads "no chance level" instead of failing the report
+            return {}
+        return out
+
+    def chance_levels(self, variant: str, length: int) -> dict[str, float]:
+        """The task's chance levels for this variant's family at one evaluation length, as the
+        mean over the study's seeds (a held-out set depends on the seed); {} when the task
+        cannot be built here."""
+        key = (variant, length)
+        if key not in self._chance:
+            self._chance[key] = {}
+            point = self.resolved_points.get(variant)
+            if point is not None:
+                spec = dict(point["task"])
+                try:
+                    cls = get_variant("task", spec.pop("name"))
+                    levels = [cls(cls.Params.model_validate(spec), seed=seed).chance(point["family"], length)
+                              for seed in self.study.seeds]
+                except Exception:  # noqa: BLE001 - e.g. a task no longer installed, a corpus file gone
+                    levels = []
+                if levels:
+                    self._chance[key] = {name: float(np.mean([lv[name] for lv in levels])) for name in levels[0]}
+        return self._chance[key]
+
+    def train_length(self, variant: str) -> int:
+        """The variant's training length (a study may sweep task.train_length)."""
+        task = self.resolved_points.get(variant, {}).get("task", self.study.task)
+        return int(task["train_length"])
+
+    def gate_name(self, metric: str) -> str | None:
+        """The metric that decides whether a group learned, for a verdict on `metric`: the same
+        metric when it has a chance level, else the task's first metric that has one (loss
+        last); None for cost measures, which need no gate. It is read at the training length."""
+        name = split_metric(metric)[0]
+        if name in RUN_MEASURES:
+            return None
+        first = self.variants.labels[0] if self.variants.labels else None
+        known = self.chance_levels(first, self.train_length(first)) if first is not None else {}
+        return next((c for c in (name, *self.task_metrics, "loss") if c in known), name)
+
+    def learned(self, variant: str, name: str) -> Learned:
+        """Whether `variant` learned: its mean `name` at its training length against chance."""
+        length = self.train_length(variant)
+        gate = f"{name}@{length}"
+        higher = metric_direction(gate, self.task_name)
+        lo, hi = self.range_of(gate)
+        chance = self.chance_levels(variant, length).get(name, math.nan)
+        return learned_gate(variant, gate, self.interval(variant, gate).mean, chance, hi if higher else lo, higher)
 
     def verdicts(self) -> list[tuple[Verdict, str]]:
-        out = []
+        comparisons = []
         for exp in self.study.expect:
             higher = metric_direction(exp.metric, self.task_name)
+            bounds = self.range_of(exp.metric)
+            gate = self.gate_name(exp.metric)
             pairs = self.variants.pairs(exp.better, exp.than)
             if not pairs:  # neither point was run (e.g. a profile dropped it): say so
                 a = ", ".join(f"{short_key(k)}={value_text(v)}" for k, v in exp.better.items())
                 b = ", ".join(f"{short_key(k)}={value_text(v)}" for k, v in exp.than.items())
-                out.append((verdict([], [], exp.metric, a, b, higher), exp.note))
+                comparisons.append(Comparison(exp.metric, a, b, [], [], higher, bounds, note=exp.note))
                 continue
             for a, b in pairs:
-                column = exp.metric if exp.metric in self.finished else None
-                va = self.values(a, column) if column else []
-                vb = self.values(b, column) if column else []
-                out.append((verdict(va, vb, exp.metric, a, b, higher), exp.note))
-        return out
+                gates = () if gate is None else (self.learned(a, gate), self.learned(b, gate))
+                comparisons.append(Comparison(exp.metric, a, b, self.values(a, exp.metric), self.values(b, exp.metric),
+                                              higher, bounds, gates, exp.note))
+        return [(v, c.note) for v, c in zip(verdicts(comparisons), comparisons)]
 
     @staticmethod
     def verdict_line(v: Verdict, note: str) -> VerdictLine:
-        detail = (f"{v.better}: {fmt_interval(v.better_ci.mean, v.better_ci.lo, v.better_ci.hi)} "
-                  f"({v.better_ci.n} seeds); {v.than}: {fmt_interval(v.than_ci.mean, v.than_ci.lo, v.than_ci.hi)} "
-                  f"({v.than_ci.n} seeds); difference {fmt_signed_interval(v.diff.mean, v.diff.lo, v.diff.hi)} (Welch)")
-        return VerdictLine(statement=v.statement, outcome=v.outcome, label=v.label, detail=detail, note=note)
+        def group(name: str, iv: Interval) -> str:
+            return f"{name}: {interval_text(iv)}" + ("" if iv.constant else f" ({iv.n} seeds)")
+
+        d = v.diff
+        detail = f"{group(v.better, v.better_ci)}; {group(v.than, v.than_ci)}"
+        if not math.isnan(d.mean):
+            level = f"{d.level:.1%}".replace(".0%", "%")
+            how = f"{level} {d.method} t interval" if not math.isnan(d.lo) else f"{d.method}, no interval"
+            holm = f", Holm-adjusted p {fmt(v.p_holm)}" if not math.isnan(v.p_holm) else ""
+            shown = fmt(d.mean) if math.isnan(d.lo) else fmt_signed_interval(d.mean, d.lo, d.hi)
+            detail += f"; difference {shown} ({how}{holm})"
+        if v.gates:
+            detail += ". Learned at the training length: " + "; ".join(
+                f"{g.text} {'yes' if g.learned else 'no'}" for g in v.gates)
+        return VerdictLine(statement=v.statement, outcome=v.outcome, label=v.label, detail=detail, note=note,
+                           gates=[gate_record(g) for g in v.gates],
+                           difference={"mean": d.mean, "lo": d.lo, "hi": d.hi, "level": d.level, "method": d.method,
+                                       "p": d.p, "p_holm": v.p_holm})
+
+    def learned_section(self) -> Section | None:
+        """Per variant, its score at the training length beside chance, and whether it learned."""
+        names = list(dict.fromkeys(g for g in map(self.gate_name, self.headline) if g is not None))
+        if not names or not self.variants.labels:
+            return None
+        items: list[Item] = [Paragraph(
+            "Chance: the score of a predictor that ignores the input, derived from the task's definition "
+            "(its `chance` method; e.g. uniform over the symbols a target can hold, the majority class, a "
+            "unigram model's bits per byte). A group learned when its mean over finished seeds at the training "
+            f"length is better than chance by at least {MARGIN:.0%} of the distance from chance to a perfect "
+            "score. Verdicts compare only groups that learned; the others read 'not tested'.")]
+        for name in names:
+            rows = []
+            for variant in self.variants.labels:
+                g = self.learned(variant, name)
+                rows.append([variant, g.metric, interval_text(self.interval(variant, g.metric)), fmt(g.chance),
+                             fmt(g.needed), "yes" if g.learned else "no"])
+            better = "≥" if metric_direction(name, self.task_name) else "≤"
+            items.append(Table(["variant", "at the training length", f"{name} mean [95% CI]", "chance",
+                                f"learned: {better}", "learned"], rows,
+                               caption=f"{name}: score at the training length against chance",
+                               numeric=[False, False, True, True, True, False]))
+        return Section("Learned at the training length", items)
 
     # ---- sections ----------------------------------------------------------------------------
 
@@ -220,7 +370,7 @@ class TrainReport:
         higher = metric_direction(metric, self.task_name)
         rows = []
         for variant in self.variants.labels:
-            iv = mean_ci(self.values(variant, metric))
+            iv = self.interval(variant, metric)
             n_runs = int((self.runs["variant"] == variant).sum())
             base = self.baseline_of(variant)
             if base is None:
@@ -228,9 +378,10 @@ class TrainReport:
             elif base == variant:
                 diff = "baseline"
             else:
-                d = welch_diff(self.values(variant, metric), self.values(base, metric))
-                diff = fmt_signed_interval(d.mean, d.lo, d.hi) + ("" if len(self.variants.keys) == 1 or
-                                                                  not self.study.baseline else f" vs {base}")
+                d = difference(self.values(variant, metric), self.values(base, metric), bounds=self.range_of(metric))
+                diff = fmt_signed_interval(d.mean, d.lo, d.hi) + (f" ({d.method})" if d.method and not
+                                                                  math.isnan(d.lo) else "")
+                diff += "" if len(self.variants.keys) == 1 or not self.study.baseline else f" vs {base}"
             measures = []
             mine = self.finished[self.finished["variant"] == variant]
             for col, (_, formatter) in MEASURES.items():
@@ -240,7 +391,7 @@ class TrainReport:
                     text += f" ({', '.join(sorted(set(mine['peak_memory_instrument'].dropna().astype(str))))})"
                 measures.append(text)
             rows.append(((iv.mean if not math.isnan(iv.mean) else None),
-                         [variant, fmt_interval(iv.mean, iv.lo, iv.hi), f"{iv.n}/{n_runs}", diff, *measures]))
+                         [variant, interval_text(iv), f"{iv.n}/{n_runs}", diff, *measures]))
         # Best first by mean; variants without a finished run last, in sweep order.
         scored = sorted([r for r in rows if r[0] is not None], key=lambda r: -r[0] if higher else r[0])
         rows = [r for _, r in scored] + [r for m, r in rows if m is None]
@@ -257,8 +408,7 @@ class TrainReport:
         for variant in self.variants.labels:
             cells = []
             for metric in self.metrics:
-                iv = mean_ci(self.values(variant, metric))
-                cells.append(fmt_interval(iv.mean, iv.lo, iv.hi))
+                cells.append(interval_text(self.interval(variant, metric)))
             rows.append([variant, *cells])
         arrows = ["↑" if metric_direction(m, self.task_name) else "↓" for m in self.metrics]
         return Table(["variant", *(f"{m} {a}" for m, a in zip(self.metrics, arrows))], rows,
@@ -267,8 +417,9 @@ class TrainReport:
 
     def leaderboards(self) -> Section:
         items: list[Item] = [Paragraph(
-            "Means over finished seeds with 95% t intervals; Δ is the difference to the baseline with "
-            "Welch's 95% interval. Run measures (parameters, tokens/s, peak memory, wall time) are means "
+            "Means over finished seeds with 95% t intervals, kept inside the metric's range; Δ is the difference "
+            "to the baseline with its 95% t interval, paired over seeds when both ran the same seeds, Welch's "
+            "otherwise. Run measures (parameters, tokens/s, peak memory, wall time) are means "
             "over finished runs; peak memory names its instrument.")]
         items += [self.leaderboard(m) for m in self.headline]
         table = self.all_metrics_table()
@@ -383,7 +534,7 @@ class TrainReport:
         if self.study.tune is not None:
             tuning = TuningSection(self.study, self.inputs.tuning, self.variants, self.palette, self.dest)
             sections.append(tuning.build())
-        sections += [self.leaderboards(), self.figures_section()]
+        sections += [self.learned_section(), self.leaderboards(), self.figures_section()]
         if self.inputs.pictures is not None:
             items = self.inputs.pictures(self.variants, self.finished, self.dest)
             if items:
@@ -392,9 +543,9 @@ class TrainReport:
         if self.study.notes.strip():
             sections.append(Section("Notes", [Paragraph(p.strip()) for p in self.study.notes.split("\n\n") if p.strip()]))
         sections.append(self.environment())
-        verdicts = [self.verdict_line(v, note) for v, note in self.verdicts()]
+        lines = [self.verdict_line(v, note) for v, note in self.verdicts()]
         return Report(name=self.study.name, kind="train", question=self.study.description or "(no description)",
-                      verdicts=verdicts, sections=sections)
+                      verdicts=lines, sections=[s for s in sections if s is not None])
 
 
     def results_csv(self) -> pd.DataFrame:

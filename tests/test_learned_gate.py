@@ -1,0 +1,161 @@
+"""The learned-at-all gate: every task's chance levels (closed forms, checked against the
+task's own generator) and a study trained for 3 steps, whose verdicts read 'not tested' in
+every file a user reads."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+from collections import Counter
+
+import numpy as np
+import pytest
+import torch
+
+from workbench.registry import variants
+from workbench.report import write_report
+from workbench.report.index import build_index
+from workbench.runner import run_study
+from workbench.tasks import Task
+
+TASKS = variants("task")
+
+
+def make(name: str, seed: int = 0, **params):
+    cls = TASKS[name]
+    return cls(cls.Params(**params), seed=seed)
+
+
+@pytest.mark.parametrize("name, family, eos", [("copy", "decoder", 1), ("copy", "encoder_decoder", 1),
+                                               ("reverse", "decoder", 1), ("reverse", "encoder", 0)])
+def test_copy_and_reverse_chance_is_uniform_over_the_alphabet(name, family, eos):
+    a, n = 10, 12
+    chance = make(name, train_length=n, alphabet_size=a).chance(family, n)
+    assert chance["accuracy"] == pytest.approx((n / a + eos) / (n + eos))  # <eos> is always right
+    assert chance["loss"] == pytest.approx(n * math.log(a) / (n + eos))
+    assert chance["exact_match"] == pytest.approx(a ** -n)
+
+
+def test_sort_chance_is_the_order_statistics_of_uniform_draws():
+    a, n = 3, 4  # every string enumerated: the blind predictor's scores by brute force
+    sorted_rows = [sorted(s) for s in itertools.product(range(a), repeat=n)]
+    by_position = [Counter(row[k] for row in sorted_rows) for k in range(n)]
+    accuracy = sum(max(c.values()) for c in by_position) / len(sorted_rows)
+    loss = sum(-sum(v / a**n * math.log(v / a**n) for v in c.values()) for c in by_position)
+    exact = max(Counter(map(tuple, sorted_rows)).values()) / a**n
+    chance = make("sort", train_length=n, alphabet_size=a).chance("decoder", n)
+    assert chance["accuracy"] == pytest.approx((accuracy + 1) / (n + 1))
+    assert chance["loss"] == pytest.approx(loss / (n + 1))
+    assert chance["exact_match"] == pytest.approx(exact)
+    encoder = make("sort", train_length=n, alphabet_size=a).chance("encoder", n)
+    assert encoder["accuracy"] == pytest.approx(accuracy / n)
+    # At the default size the first sorted symbol is predictable without reading the input.
+    assert make("sort", train_length=12, alphabet_size=10).chance("encoder", 12)["accuracy"] > 0.3
+
+
+@pytest.mark.parametrize("family, eos", [("decoder", 0), ("encoder", 0), ("encoder_decoder", 1)])
+def test_recall_chance_is_one_of_the_rows_values(family, eos):
+    pairs = 4
+    chance = make("recall", train_length=pairs, n_keys=16, n_values=16).chance(family, pairs)
+    assert chance["accuracy"] == pytest.approx((1 + eos) / (pairs + eos))
+    assert chance["loss"] == pytest.approx(pairs * math.log(pairs) / (pairs + eos))
+    assert chance["exact_match"] == pytest.approx(1 / math.factorial(pairs))
+    two = make("recall", train_length=pairs, n_queries=2).chance(family, pairs)
+    assert two["exact_match"] == pytest.approx(1 / (pairs * (pairs - 1)))
+
+
+@pytest.mark.parametrize("family", ["encoder", "decoder"])
+def test_classify_chance_is_the_majority_class(family):
+    task = make("classify", n_eval=300)
+    labels = Counter(ex.target[0] for ex in task.eval_examples(48))
+    chance = task.chance(family, 48)
+    assert chance["accuracy"] == pytest.approx(max(labels.values()) / 300)
+    shares = np.array(list(labels.values())) / 300
+    assert chance["loss"] == pytest.approx(float(-(shares * np.log(shares)).sum()))
+
+
+def test_text_lm_chance_is_a_unigram_model_of_the_training_text(tmp_path):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_bytes(b"ab" * 450 + b"b" * 100)  # training text: 450 a, 450 b; validation: b only
+    task = make("text_lm", path=str(corpus), train_length=8, n_eval=4, decode_samples=0)
+    p_b = (450 + 1) / (900 + 256)  # add-one smoothing over the 256 bytes
+    chance = task.chance("decoder", 8)
+    assert chance["loss"] == pytest.approx(-math.log(p_b))
+    assert chance["bpc"] == pytest.approx(-math.log2(p_b))
+    assert chance["perplexity"] == pytest.approx(1 / p_b)
+
+
+@pytest.mark.parametrize("name", ["copy", "reverse", "sort"])
+def test_closed_forms_agree_with_counting_the_generated_held_out_set(name):
+    """The closed forms describe what the generator really draws: the generic estimate
+    (Task.chance counts the held-out set) lands on them. (Not recall: its chance predictor
+    knows the row's values, which counting answers over all rows cannot see.)"""
+    task = make(name, n_eval=4000, train_length=5, alphabet_size=4)
+    n = 5
+    closed, counted = task.chance("decoder", n), Task.chance(task, "decoder", n)
+    assert counted["accuracy"] == pytest.approx(closed["accuracy"], abs=0.02)
+    assert counted["loss"] == pytest.approx(closed["loss"], abs=0.02)
+
+
+@pytest.mark.parametrize("name", sorted(TASKS))
+def test_every_task_derives_chance_levels_inside_its_metric_ranges(name):
+    shrink = {"text_lm": {"train_length": 24}, "translate": {"train_length": 8},
+              "classify": {"train_length": 24}, "recall": {"train_length": 4}}
+    task = make(name, **({"n_eval": 16} | shrink.get(name, {"train_length": 6})))
+    for family in task.families:
+        chance = task.chance(family, task.params.train_length)
+        assert "loss" in chance and set(chance) <= {*task.metrics, "loss"}
+        for metric, value in chance.items():
+            lo, hi = task.ranges[metric]
+            assert lo <= value <= hi, (family, metric, value)
+
+
+STUDY = """\
+name: three-steps
+description: Does a position signal help a decoder copy?
+task: {name: copy, train_length: 6, eval_lengths: [6, 9], n_eval: 32, alphabet_size: 6}
+model: {family: decoder, d_model: 16, n_layers: 1, n_heads: 2, position: rope}
+train: {steps: 3, batch_size: 4, lr: 1.0e-3, warmup_steps: 0, eval_every: 3, log_every: 1}
+seeds: [0, 1]
+sweep:
+  model.position: [none, rope]
+expect:
+  - {metric: accuracy@9, better: rope, than: none}
+  - {metric: tokens_per_s, better: none, than: rope}
+"""
+
+
+def test_a_study_trained_for_3_steps_is_not_tested(tmp_path):
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        studies = tmp_path / "studies"
+        studies.mkdir()
+        (studies / "three-steps.yaml").write_text(STUDY)
+        run_study(studies / "three-steps.yaml", tmp_path / "out", quiet=True)
+    finally:
+        torch.set_num_threads(threads)
+    reports = tmp_path / "reports"
+    index = write_report(tmp_path / "out", reports, pictures=False)
+    folder = index.parent
+
+    summary = json.loads((folder / "summary.json").read_text())
+    quality, cost = summary["verdicts"]
+    assert quality["outcome"] == "not tested"
+    # names the group that did not learn and its score against chance
+    chance = (6 / 6 + 1) / 7  # copy: 1/6 per symbol, <eos> always right
+    gates = {g["group"]: g for g in quality["learned"]}
+    assert set(gates) == {"rope", "none"} and all(g["metric"] == "accuracy@6" for g in gates.values())
+    assert all(g["chance"] == pytest.approx(chance) for g in gates.values())
+    assert not all(g["learned"] for g in gates.values())
+    failed = next(name for name, g in gates.items() if not g["learned"])
+    assert quality["label"].startswith("not tested (did not learn at the training length: ")
+    assert f"{failed}: accuracy@6 " in quality["label"] and "vs chance 0.286" in quality["label"]
+    assert cost["outcome"] != "not tested" and cost["learned"] == []  # cost needs no gate
+
+    assert "**not tested (did not learn" in (folder / "report.md").read_text()
+    html = (folder / "index.html").read_text()
+    assert 'class="outcome not-tested">not tested (did not learn' in html
+    assert "Learned at the training length" in html
+    assert "**not tested (did not learn" in build_index(studies, reports)
