@@ -3,6 +3,10 @@
 Tokens are the 256 byte values (after the shared specials); a row is a window of
 `train_length` consecutive bytes, and every byte after the first is predicted from the
 ones before it. bpc is bits per byte (= per character for ASCII text): mean loss / ln 2.
+bpc_tail is bpc over the bytes past the training length only (window indices train_length
+.. length-1, which no training window held): at an evaluation length past training, bpc mixes
+the familiar head of the window with the new tail; bpc_tail isolates extrapolation. It is
+NaN at lengths up to train_length (no such bytes).
 
 Default corpus, present on every machine with Python and needing no download: the files
 in TRAIN_FILES and VALID_FILES below, read from the running interpreter's standard library
@@ -37,6 +41,7 @@ from typing import Literal
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from pydantic import Field
 
 from workbench import hookimpl
@@ -113,7 +118,7 @@ class TextLM(Task):
     name = "text_lm"
     Params = TextParams
     families = ("decoder",)
-    metrics = {"bpc": False, "perplexity": False, "distinct_2": True, "repetition_4": False}
+    metrics = {"bpc": False, "bpc_tail": False, "perplexity": False, "distinct_2": True, "repetition_4": False}
     hold_out = False  # the split is by file (or by position in the file), not by example
 
     def __init__(self, params: TextParams, **kw):
@@ -159,8 +164,22 @@ class TextLM(Task):
         return list(ex.target), [False] + [True] * (len(ex.target) - 1)
 
     def extra_metrics(self, model, batches, family, scores):
-        return {"bpc": scores["loss"] / math.log(2), "perplexity": math.exp(scores["loss"]),
-                **self.decoding_metrics(model, batches)}
+        return {"bpc": scores["loss"] / math.log(2), "bpc_tail": self.tail_bpc(model, batches, family),
+                "perplexity": math.exp(scores["loss"]), **self.decoding_metrics(model, batches)}
+
+    def tail_bpc(self, model, batches, family) -> float:
+        """Bits per byte over the window's bytes at indices >= train_length (NaN when none)."""
+        # scored() drops the first byte (it has no prediction): window index = scored index + 1.
+        first = self.params.train_length - 1
+        if batches[0]["tokens"].shape[1] - 1 <= first:
+            return math.nan
+        nats = count = 0.0
+        for batch in batches:  # a second forward, only at lengths past training
+            logits, targets, mask = (x[:, first:] for x in self.scored(model, batch, family))
+            loss = F.cross_entropy(logits.float().transpose(1, 2), targets, reduction="none")  # [B, tail]
+            nats += float(loss[mask].sum())
+            count += int(mask.sum())
+        return nats / count / math.log(2)
 
     def continuations(self, model, batches) -> list[list[int]]:
         """The model's continuations of the first `decode_samples` evaluation windows (their

@@ -10,6 +10,7 @@ import pytest
 import torch
 from conftest import build, check_greedy_decoding, incremental_logits, tiny_spec, tokens
 
+from workbench.model import SelfAttention
 from workbench.registry import get_variant
 from workbench_plugins.attention_sparse import random_blocks
 from workbench_plugins.position_alibi import Alibi
@@ -99,8 +100,9 @@ def test_sparse_decode_step_gathers_only_its_blocks(padding):
         ref = attention.dense(q[:, :, t : t + 1], k[:, :, : t + 1], v[:, :, : t + 1], **kwargs)
         rows = real[:, t : t + 1, None]  # [B, 1, 1]: real query rows
         torch.testing.assert_close(step * rows[:, None], ref * rows[:, None])
-        unread = ~attention.allowed(pos[:, t : t + 1, None], pos[:, None, : t + 1], causal=True)[:, 0]  # [B, t+1]
-        poisoned = v[:, :, : t + 1].masked_fill(unread[:, None, :, None], float("nan"))
+        unread = ~attention.allowed(pos[:, None, t : t + 1, None], pos[:, None, None, : t + 1], causal=True)[:, :, 0]
+        unread = unread.view(3, 2, H // 2, t + 1).all(2)  # [B, h_kv, t+1]: no query head of the group reads it
+        poisoned = v[:, :, : t + 1].masked_fill(unread[..., None], float("nan"))
         step = attention(q[:, :, t : t + 1], k[:, :, : t + 1], poisoned, **kwargs)
         assert torch.isfinite(step[real[:, t]]).all()
 
@@ -165,29 +167,69 @@ def test_sparse_pattern_by_hand():
     ]
     for is_causal, rows in ((True, causal), (False, bidirectional)):
         expected = torch.tensor([[c == "1" for c in row] for row in rows])
-        assert torch.equal(attention.allowed(p[:, None], p[None, :], is_causal), expected)
+        assert torch.equal(attention.allowed(p[:, None], p[None, :], is_causal), expected.expand(H, 8, 8))
 
 
 def test_sparse_random_blocks_follow_their_definition():
-    """Each query block i draws min(r, candidates) distinct blocks among g .. i-2, depending
-    only on (i, seed): the same for any sequence length, different for another seed."""
-    g, r = 1, 2
-    blocks = torch.arange(40)
-    drawn, valid = random_blocks(blocks, r, g, seed=0)
-    for i in range(40):
+    """Causal: query block i draws min(r, candidates) distinct blocks among g .. i-2, depending
+    only on (key, i): the same for any sequence length, different for another key.
+    Bidirectional: among g .. N-1 except i-1, i, i+1, from both sides of i."""
+    g, r, N = 1, 2, 40
+    blocks = torch.arange(N)
+    drawn, valid = random_blocks(blocks, r, g, key=0)
+    for i in range(N):
         chosen = drawn[i][valid[i]].tolist()
         assert len(chosen) == min(r, max(0, i - 1 - g)) == len(set(chosen))
         assert all(g <= j <= i - 2 for j in chosen)
-    prefix, prefix_valid = random_blocks(blocks[:15], r, g, seed=0)
+    prefix, prefix_valid = random_blocks(blocks[:15], r, g, key=0)
     assert torch.equal(prefix[prefix_valid], drawn[:15][valid[:15]])
-    other, _ = random_blocks(blocks, r, g, seed=1)
+    other, _ = random_blocks(blocks, r, g, key=1)
     assert not torch.equal(other[valid], drawn[valid])
-    # allowed() reads exactly the drawn blocks besides local and global ones
+
+    both, both_valid = random_blocks(blocks, r, g, key=0, n_blocks=N)
+    later = 0
+    for i in range(N):
+        candidates = {j for j in range(g, N) if abs(j - i) >= 2}
+        chosen = both[i][both_valid[i]].tolist()
+        assert len(chosen) == min(r, len(candidates)) == len(set(chosen)) and set(chosen) <= candidates
+        later += sum(j > i for j in chosen)
+    assert 0.25 * r * N < later < 0.75 * r * N  # both sides, not only the past
+
+    # allowed() reads exactly each head's drawn blocks besides local and global ones
     attention = make("sparse", block=1, n_global_blocks=g, n_random_blocks=r)
-    reads = attention.allowed(blocks[:, None], blocks[None, :], causal=True)
-    for i in range(40):
-        far = {j for j in range(g, i - 1) if reads[i, j]}
-        assert far == set(drawn[i][valid[i]].tolist())
+    for causal in (True, False):
+        reads = attention.allowed(blocks[:, None], blocks[None, :], causal=causal)  # [h, N, N]
+        assert reads.shape == (H, N, N)
+        for head, key in enumerate(attention.head_keys()):
+            mine, mine_valid = random_blocks(blocks, r, g, key=key, n_blocks=None if causal else N)
+            for i in range(g if not causal else 0, N):  # bidirectional global rows read every key
+                far = {j for j in range(g, N) if abs(j - i) >= 2 and reads[head, i, j]}
+                assert far == set(mine[i][mine_valid[i]].tolist()), (causal, head, i)
+
+
+def sparse_patterns(model, n: int, causal: bool) -> list[torch.Tensor]:
+    """allowed() of every layer's variant at positions 0..n-1: [h, n, n] each."""
+    p = torch.arange(n)
+    layers = [m.variant for m in model.modules() if isinstance(m, SelfAttention)]
+    return [variant.allowed(p[:, None], p[None, :], causal) for variant in layers]
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
+def test_sparse_random_blocks_differ_per_layer_and_head_and_stay_fixed(causal):
+    """BigBird draws random blocks per layer and per head; the draw never changes during the
+    model's life (calls, train/eval) and comes back with a checkpoint."""
+    spec = tiny_spec("decoder" if causal else "encoder", n_layers=2,
+                     attention={"name": "sparse", "block": 2, "n_global_blocks": 1, "n_random_blocks": 2})
+    model = build(spec)
+    first, second = sparse_patterns(model, 48, causal)
+    assert any(not torch.equal(first[0], first[h]) for h in range(1, first.shape[0])), "heads share one draw"
+    assert not torch.equal(first, second), "layers share one draw"
+    model.train()
+    assert all(torch.equal(a, b) for a, b in zip(sparse_patterns(model, 48, causal), (first, second)))
+    other = build(spec, seed=1)
+    assert not torch.equal(sparse_patterns(other, 48, causal)[0], first)  # another run, another graph
+    other.load_state_dict(model.state_dict())
+    assert all(torch.equal(a, b) for a, b in zip(sparse_patterns(other, 48, causal), (first, second)))
 
 
 ATTENTIONS = {

@@ -31,13 +31,14 @@ def dense_mask(block_mask, n):
     """Every (q, k) bit the BlockMask lets through: its tiles' layout with mask_mod inside."""
     from torch.nn.attention.flex_attention import create_mask
 
-    return create_mask(block_mask.mask_mod, 1, 1, n, n, device="cpu")[0, 0] & block_tiles(block_mask, n)
+    heads = block_mask.kv_num_blocks.shape[1]  # 1, or n_heads for a per-head pattern (sparse)
+    return create_mask(block_mask.mask_mod, 1, heads, n, n, device="cpu")[0] & block_tiles(block_mask, n)
 
 
 def block_tiles(block_mask, n):
-    dense = block_mask.to_dense()[0, 0].bool()  # [nb, nb]: partial or full tiles
+    dense = block_mask.to_dense()[0].bool()  # [heads, nb, nb]: partial or full tiles
     bs = block_mask.BLOCK_SIZE[0]
-    return dense.repeat_interleave(bs, 0).repeat_interleave(bs, 1)[:n, :n]
+    return dense.repeat_interleave(bs, 1).repeat_interleave(bs, 2)[:, :n, :n]
 
 
 @pytest.mark.parametrize("name", sorted(VARIANTS))
@@ -47,8 +48,10 @@ def test_block_mask_equals_allowed(name, causal, n):
     variant = make(name, **VARIANTS[name])
     mask = block_mask_from_allowed(lambda qp, kp: variant.allowed(qp, kp, causal), n, torch.device("cpu"))
     pos = torch.arange(n)
-    expected = variant.allowed(pos[:, None], pos[None, :], causal)
-    assert torch.equal(dense_mask(mask, n), expected)
+    expected = variant.allowed(pos[:, None], pos[None, :], causal)  # [n, n], or [h, n, n] per head
+    got = dense_mask(mask, n)
+    assert got.shape[0] == (expected.shape[0] if expected.dim() == 3 else 1)
+    assert torch.equal(got, expected.expand(got.shape))
     if name == "sliding_window" and n == 300:  # the band leaves whole tiles out: skipped by the kernel
         assert not bool(block_tiles(mask, n).all())
 

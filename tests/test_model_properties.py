@@ -53,6 +53,14 @@ def capture_qkv(model: nn.Module) -> list[tuple[torch.Tensor, torch.Tensor, torc
 
 def encoder_rows_under_permutation(position: str) -> tuple[torch.Tensor, torch.Tensor]:
     model = build(tiny_spec("encoder", position=position, n_layers=2))
+    # At init the blocks add ~1% to a unit-RMS token stream with near-uniform attention, so a
+    # scheme acting inside attention (RoPE) moves the output by ~1e-5; larger attention
+    # weights make every scheme's effect plain (equivariance must hold for any weights).
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, SelfAttention):
+                m.qkv.weight.mul_(10)
+                m.out.weight.mul_(10)
     x = tokens(2, 10)
     perm = torch.randperm(10, generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
@@ -91,7 +99,7 @@ def test_p2_sinusoidal_matches_the_formula_and_is_what_the_model_adds():
     x = tokens(1, n)
     with torch.no_grad():
         model.encode(x)
-        added = seen[0][0] - model.embedding(x)[0]
+        added = seen[0][0] - model.embedding(x)[0] * math.sqrt(d)  # tokens times sqrt(d_model) (Vaswani 3.4)
     assert_close(added, expected, atol=1e-5, rtol=1e-5)
 
 
@@ -110,6 +118,48 @@ def test_p2_per_dimension_change_between_neighbours_decreases_with_i():
     # And per single dimension, averaged over positions: still decreasing with i.
     per_dim = step.abs().mean(0)[0::2]
     assert (per_dim[1:] < per_dim[:-1]).all(), per_dim
+
+
+# ---- additive position signals start at the scale of the token embeddings ----------------
+
+
+def position_and_token_parts(position: dict | str, d: int, n: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
+    """The first block's input of a model with `position` minus that of the same model with
+    `none` (same weights: a learned table draws from the RNG, so it is copied, not re-seeded),
+    and the latter (the token embeddings as the blocks see them)."""
+    inputs = []
+    for scheme in (position, "none"):
+        model = build(tiny_spec("encoder", position=scheme, d_model=d, n_layers=1))
+        if inputs:
+            model.load_state_dict(weights, strict=False)  # all but the scheme's own table
+        weights = model.state_dict()
+        model.encoder.blocks[0].register_forward_pre_hook(lambda _m, args: inputs.append(args[0]))
+        with torch.no_grad():
+            model.encode(tokens(2, n))
+    with_position, tokens_only = inputs
+    return with_position - tokens_only, tokens_only
+
+
+def rms(x: torch.Tensor) -> float:
+    return float(x.pow(2).mean().sqrt())
+
+
+@pytest.mark.parametrize("d", [32, 64, 256, 1024])
+@pytest.mark.parametrize("position", ["sinusoidal", "learned"])
+def test_additive_position_signal_is_at_the_token_scale_at_init(position, d):
+    """The position part of the first block's input (scheme minus `none`, same seed, so the
+    same token embeddings) has an RMS within 0.3x-3x of the token part, at every width."""
+    position_part, token_part = position_and_token_parts(position, d)
+    ratio = rms(position_part) / rms(token_part)
+    assert 0.3 <= ratio <= 3, f"{position} at d_model {d}: position RMS / token RMS = {ratio:.3g}"
+
+
+def test_unscaled_position_ablations_do_what_their_params_say():
+    d = 256
+    sinusoid, token_part = position_and_token_parts({"name": "sinusoidal", "scale": 50.0}, d)
+    assert rms(sinusoid) / rms(token_part) == pytest.approx(50 / math.sqrt(2), rel=0.1)  # the old ~35x
+    raw_table, token_part = position_and_token_parts({"name": "learned", "max_len": 64, "scaled": False}, d)
+    assert rms(raw_table) / rms(token_part) == pytest.approx(d**-0.5, rel=0.1)
 
 
 # ---- P3: RoPE scores depend only on the offset ---------------------------------------------

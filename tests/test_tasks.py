@@ -208,6 +208,29 @@ def test_uniform_model_bpc_is_log2_vocab():
     assert scores["perplexity"] == pytest.approx(len(task.vocab), rel=1e-5)
 
 
+def test_bpc_tail_scores_only_bytes_past_the_training_length():
+    """A stand-in that is uniform on the first `train_length` bytes of a window and gives the
+    true next byte probability 1/2 (rest uniform) on the bytes after: bpc_tail is exactly
+    1 bit, bpc the length-weighted mix, and at the training length bpc_tail is NaN."""
+    L, n = 16, 40
+    task = make("text_lm", train_length=L, eval_lengths=[L, n], n_eval=4, decode_samples=0)
+    V = len(task.vocab)
+
+    class KnowsTheTail(Oracle):
+        def forward(self, tokens, padding_mask=None):
+            logits = torch.zeros(*tokens.shape, self.vocab)
+            nxt = torch.roll(tokens, -1, dims=1)[:, L - 1:]  # logits at t predict byte t + 1 >= L
+            logits[:, L - 1:] = math.log(V - 1) * nn.functional.one_hot(nxt, self.vocab).float()
+            return logits
+
+    model = KnowsTheTail(V, 1)
+    long = task.evaluate(model, task.eval_batches(n, 4, "decoder"), "decoder")
+    assert long["bpc_tail"] == pytest.approx(1.0, rel=1e-5)
+    head, tail = L - 1, n - L  # predicted bytes at indices 1 .. L-1, and L .. n-1
+    assert long["bpc"] == pytest.approx((head * math.log2(V) + tail * 1.0) / (head + tail), rel=1e-5)
+    assert math.isnan(task.evaluate(model, task.eval_batches(L, 4, "decoder"), "decoder")["bpc_tail"])
+
+
 # ---- every task with every family it declares -------------------------------------------------
 
 
@@ -220,7 +243,9 @@ def test_task_trains_and_evaluates_with_each_family(name, family):
     loss.backward()
     assert torch.isfinite(loss) and any(p.grad is not None and p.grad.abs().sum() > 0 for p in model.parameters())
     scores = task.evaluate(model, task.eval_batches(task.params.train_length, 8, family), family)
-    assert set(scores) == {*task.metrics, "loss"} and all(math.isfinite(v) for v in scores.values())
+    assert set(scores) == {*task.metrics, "loss"}
+    past_training_only = {"bpc_tail"}  # NaN at the training length by definition (tested above)
+    assert all(math.isfinite(v) for k, v in scores.items() if k not in past_training_only)
     assert model.training  # evaluate restores the mode
 
 

@@ -9,7 +9,9 @@ h_kv divides h: h_kv == h is multi-head attention, 1 < h_kv < h grouped-query (G
 h_kv == 1 multi-query (MQA); each group of h / h_kv query heads shares one K/V head.
 
 `allowed(q_pos, k_pos, causal)` states the variant's pattern as a boolean relation on
-positions. `dense()` computes attention through that relation with an explicit score
+positions. Callers give the positions a singleton head axis at -3 (q_pos [B, 1, nq, 1],
+k_pos [B, 1, 1, nk]); the answer has that axis of size 1, or n_heads for a variant whose
+pattern differs per head (sparse). `dense()` computes attention through that relation with an explicit score
 matrix: it is the reference that tests compare the fast paths against, the path that
 returns attention weights for heatmaps, and the decode path where nq * nk is small.
 Fast paths (fused kernels, blocked local attention) live in `forward()`.
@@ -77,10 +79,9 @@ class AttentionVariant(Variant, nn.Module):
         scores = (q @ k.transpose(-2, -1)) * self.scale  # [B, h, nq, nk]
         if score_bias is not None:
             scores = scores + score_bias((q_pos[:, :, None] - k_pos[:, None, :])[:, None])
-        keep = self.allowed(q_pos[:, :, None], k_pos[:, None, :], causal)  # [B, nq, nk]
+        keep = self.allowed(q_pos[:, None, :, None], k_pos[:, None, None, :], causal)  # [B, 1 or h, nq, nk]
         if key_mask is not None:
-            keep = keep & key_mask[:, None, :]
-        keep = keep[:, None]  # [B, 1, nq, nk]
+            keep = keep & key_mask[:, None, None, :]
         weights = masked_softmax(scores, keep)
         out = weights @ v  # [B, h, nq, hd]
         return (out, weights) if return_weights else out
@@ -280,8 +281,10 @@ def block_mask_from_allowed(allowed: Callable[[Tensor, Tensor], Tensor], n: int,
     any_tiles, full_tiles, states, bits = [], [], [], []
     n_partial = 0
     for start in range(0, nb * block, rows_per_chunk):
-        q_pos = pos[start:start + rows_per_chunk]
-        keep = allowed(q_pos[:, None], pos[None, :])
+        # Padding positions past n repeat n - 1 (and are masked below): a pattern that depends on
+        # the sequence's length, such as bidirectional sparse's random blocks, sees length n.
+        q_pos = pos[start:start + rows_per_chunk].clamp(max=n - 1)
+        keep = allowed(q_pos[:, None], pos.clamp(max=n - 1)[None, :])
         keep = keep[None] if keep.dim() == 2 else keep  # [H, R, N]
         valid = real[start:start + rows_per_chunk, None] & real[None, :]  # [R, N]
         H, rb = keep.shape[0], keep.shape[1] // block

@@ -305,15 +305,17 @@ def allowed_pairs(variant: AttentionVariant, q_pos: Tensor, k_pos: Tensor, causa
                   key_mask: Tensor | None = None, chunk: int = 1024) -> int:
     """Number of (query, key) pairs the variant lets interact, summed over the batch.
 
-    q_pos [B, nq], k_pos [B, nk]; evaluated in row chunks so n x n never lives in memory."""
-    total = 0
+    q_pos [B, nq], k_pos [B, nk]; evaluated in row chunks so n x n never lives in memory.
+    A pattern that differs per head (sparse) counts its pairs per head, averaged over heads."""
+    total, heads = 0, 1
     for start in range(0, q_pos.shape[1], chunk):
-        rows = q_pos[:, start : start + chunk, None]  # [B, c, 1]
-        keep = variant.allowed(rows, k_pos[:, None, :], causal)  # [B, c, nk]
+        rows = q_pos[:, None, start : start + chunk, None]  # [B, 1, c, 1]
+        keep = variant.allowed(rows, k_pos[:, None, None, :], causal)  # [B, 1 or h, c, nk]
         if key_mask is not None:
-            keep = keep & key_mask[:, None, :]
-        total += int(keep.expand(rows.shape[0], rows.shape[1], k_pos.shape[1]).sum())
-    return total
+            keep = keep & key_mask[:, None, None, :]
+        heads = keep.shape[1]
+        total += int(keep.expand(rows.shape[0], heads, rows.shape[2], k_pos.shape[1]).sum())
+    return round(total / heads)
 
 
 @contextmanager
