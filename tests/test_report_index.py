@@ -64,11 +64,11 @@ def test_scaling_findings_fit_exponents_per_variant():
     import pandas as pd
 
     rows = [{"variant": v, "status": "finished", "mode": "train_step", "kv_cache": None, "length": n,
-             "time_median_s": 1e-6 * n ** p, "activation_bytes": 4.0 * n ** p}
+             "time_median_s": 1e-6 * n ** p, "peak_memory_bytes": 4.0 * n ** p}
             for v, p in (("full", 2), ("sliding", 1)) for n in (64, 128, 256, 512)]
     lines = scaling_findings(pd.DataFrame(rows))
-    assert lines == ["full: train_step time n^2.00, train_step memory n^2.00",
-                     "sliding: train_step time n^1.00, train_step memory n^1.00"]
+    assert lines == ["full: train_step time n^2.00, train_step peak memory n^2.00",
+                     "sliding: train_step time n^1.00, train_step peak memory n^1.00"]
 
 
 def test_scaling_findings_of_decode_rows_read_back_from_csv(tmp_path):

@@ -96,13 +96,14 @@ def claim_ids(study_path: Path, study) -> list[str]:
 
 
 def scaling_findings(results: pd.DataFrame) -> list[str]:
-    """One line per variant: fitted exponents of time and memory (train/forward) or of decode
-    time with and without the cache and of cache bytes (decode)."""
+    """One line per variant: fitted exponents of time and peak memory (live tensor bytes on the
+    CPU, allocated bytes on CUDA) for forward and train step, or of decode time with and
+    without the cache and of cache bytes (decode)."""
     from workbench import fit
 
     ok = results[results["status"] == "finished"]
     exps = fit.fit_exponents(ok, by=("variant", "mode", "kv_cache"),
-                             metrics=("time_median_s", "activation_bytes", "kv_cache_bytes"))
+                             metrics=("time_median_s", "peak_memory_bytes", "kv_cache_bytes"))
     # With one swept key a variant is labelled by its bare value ("4"): name the key then.
     swept = [c for c in results.columns if c.startswith("model.")]
     lines = []
@@ -110,8 +111,10 @@ def scaling_findings(results: pd.DataFrame) -> list[str]:
         name = f"{swept[0].rsplit('.', 1)[-1]}={variant}" if len(swept) == 1 and str(variant)[:1].isdigit() else variant
         parts = []
         for r in exps[exps["variant"] == variant].to_dict("records"):
-            what = {"time_median_s": "time", "activation_bytes": "memory", "kv_cache_bytes": "cache bytes"}[r["metric"]]
+            what = {"time_median_s": "time", "peak_memory_bytes": "peak memory", "kv_cache_bytes": "cache bytes"}[r["metric"]]
             if r["mode"] == "decode":
+                if r["metric"] == "peak_memory_bytes":
+                    continue
                 cached = str(r["kv_cache"]) == "True"  # a bool, numpy bool or text, as read from CSV
                 if r["metric"] == "kv_cache_bytes" and not cached:
                     continue
