@@ -5,13 +5,13 @@
 Low dimensions oscillate fast, high dimensions slowly. Computed from the positions on the
 fly, so it is defined at every position (which does not mean the model works there).
 
-Scale follows Vaswani et al. 3.4: the table keeps amplitude 1 (RMS 1/sqrt(2)) and the model
-multiplies the token embeddings by sqrt(d_model) (initialised N(0, d_model^-0.5) as in fairseq,
-see `Transformer._init_weights`), so tokens and positions start at comparable RMS at every
-width. Without that, N(0, 0.02) tokens under a unit table are ~35x smaller and the model never
-learned to copy. `scale` multiplies the table for ablations: scale 50 restores that old ratio
-(table ~35x the tokens); x-transformers' `ScaledSinusoidalEmbedding` starts its (learned) gain
-at d_model^-0.5.
+Scale: Vaswani et al. 3.4 add the unit-amplitude table (RMS 1/sqrt(2)) to token embeddings
+of unit RMS (N(0, d^-0.5) times sqrt(d)), so the position signal is ~0.7x the token signal.
+Our tokens keep GPT-2's N(0, INIT_STD) init (see `model.Transformer._init_weights` for why), so
+the table is multiplied by INIT_STD: the same ~0.7 ratio at every width. Added at amplitude 1,
+the table was ~35x the tokens and the model never learned to copy. `scale` multiplies on top,
+for ablations: scale 50 gives amplitude 1, that old ratio. (x-transformers'
+`ScaledSinusoidalEmbedding` starts a learned gain at d_model^-0.5 instead.)
 """
 
 import torch
@@ -19,15 +19,15 @@ from pydantic import Field
 from torch import Tensor
 
 from workbench import hookimpl
-from workbench.position import PositionScheme
+from workbench.position import INIT_STD, PositionScheme
 from workbench.variants import Params
 
 
 class SinusoidalParams(Params):
     base: float = Field(10000.0, gt=1, description="wavelength scale of the slowest dimension")
-    scale: float = Field(1.0, gt=0, description="multiplier on the table; 1 as Vaswani et al. (tokens times "
-                         "sqrt(d_model) and table at comparable RMS); ablation: 50 makes the table ~35x the "
-                         "tokens, as unscaled N(0, 0.02) tokens were")
+    scale: float = Field(1.0, gt=0, description="multiplier on the table, whose amplitude is the token "
+                         "embeddings' init std (position/token RMS ~0.7, as in Vaswani et al.); ablation: 50 "
+                         "gives amplitude 1, a table ~35x the tokens")
 
 
 def sinusoidal_table(pos: Tensor, d_model: int, base: float = 10000.0) -> Tensor:
@@ -47,7 +47,8 @@ class Sinusoidal(PositionScheme):
     Params = SinusoidalParams
 
     def embed(self, x: Tensor, pos: Tensor) -> Tensor:
-        return x + self.params.scale * sinusoidal_table(pos, self.d_model, self.params.base).to(x.dtype)
+        amplitude = self.params.scale * INIT_STD
+        return x + amplitude * sinusoidal_table(pos, self.d_model, self.params.base).to(x.dtype)
 
 
 @hookimpl

@@ -18,6 +18,11 @@ from torch import Tensor, nn
 from workbench.variants import Variant
 
 
+# Every weight matrix and embedding table starts N(0, INIT_STD) (GPT-2's init, model._init_weights),
+# so token embeddings start at RMS INIT_STD: a fixed additive encoding scales itself to that.
+INIT_STD = 0.02
+
+
 class PositionLimitError(ValueError):
     """A sequence is longer than the scheme can represent (e.g. a learned table's size)."""
 
