@@ -29,7 +29,8 @@ import torch
 
 from workbench.model import build_model
 from workbench.study import TrainConfig
-from workbench.train import lr_factor, make_task, param_groups, quiet_lightning, train_run
+from workbench.train import lr_factor, param_groups, quiet_lightning, train_run
+from workbench.weights import make_task
 
 TASK = {"name": "copy", "train_length": 16, "eval_lengths": [16], "n_eval": 64, "alphabet_size": 16,
         "min_length": 1}

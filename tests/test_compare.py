@@ -13,7 +13,7 @@ from workbench.report.compare import comparison_inputs
 from workbench.store import Store
 from workbench.study import load_study
 from workbench.sweep import expand
-from workbench.train import RunResult
+from workbench.results import RunResult
 
 STUDY = """\
 name: {name}

@@ -16,7 +16,7 @@ from workbench.runner import check_providers
 from workbench.store import Store
 from workbench.study import load_study
 from workbench.sweep import expand
-from workbench.train import RunResult
+from workbench.results import RunResult
 
 STUDY = """\
 name: third-party

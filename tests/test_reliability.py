@@ -23,8 +23,9 @@ from workbench.runner import run_study
 from workbench.store import DB_FILE, Store, load_results, run_dir
 from workbench.study import load_study
 from workbench.sweep import expand
-from workbench.train import FINISHED, LAST_CHECKPOINT, RESULT_FILE, RunModule, StepBatches
-from workbench.train import load_final_model, train_run
+from workbench.results import FINAL_WEIGHTS, LAST_CHECKPOINT, RESULT_FILE, Status
+from workbench.train import RunModule, StepBatches, train_run
+from workbench.weights import load_final_model
 
 STUDY = """\
 name: tiny-reliability
@@ -79,7 +80,7 @@ def test_a_run_stopped_at_any_step_resumes_exactly(tmp_path, monkeypatch, stop_a
     original_item = StepBatches.__getitem__
     monkeypatch.setattr(StepBatches, "__getitem__", lambda self, i: seen.append(i) or original_item(self, i))
     resumed = train_run(run.run_id, run.config, tmp_path / "resumed")
-    assert resumed.status == FINISHED and resumed.resumed_from_step == stop_at
+    assert resumed.status == Status.FINISHED and resumed.resumed_from_step == stop_at
     assert seen == list(range(stop_at, 20))  # each batch once, in order
     assert resumed.metrics == reference.metrics  # exact on the CPU (dropout included)
     assert resumed.curves == reference.curves
@@ -334,8 +335,6 @@ def test_a_truncated_checkpoint_names_the_file_and_what_to_do(tmp_path):
 
 def test_a_truncated_final_weights_file_keeps_the_old_report(finished_out, tmp_path):
     from workbench.report import write_report
-    from workbench.train import FINAL_WEIGHTS
-
     study, out = copy_of(finished_out, tmp_path)
     index = write_report(out, tmp_path / "reports")
     old = index.read_text()

@@ -24,8 +24,9 @@ from workbench import build_model
 from workbench.report import write_report
 from workbench.store import Store, run_dir
 from workbench.study import canonical_json, load_study
-from workbench.sweep import RunConfig, expand
-from workbench.train import FINAL_WEIGHTS, RunResult, save_final_weights
+from workbench.results import FINAL_WEIGHTS, RunConfig, RunResult
+from workbench.sweep import expand
+from workbench.weights import save_final_weights
 
 TRAIN_STUDY = """
 name: positions

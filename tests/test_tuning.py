@@ -19,8 +19,8 @@ from workbench.runner import run_study
 from workbench.store import RUNS_DIR, Store, load_results
 from workbench.study import load_study, study_json_schema
 from workbench.sweep import expand, tuning_runs
-from workbench.tasks import EVAL, VALIDATION
-from workbench.train import RESULT_FILE
+from workbench.results import EVAL, VALIDATION
+from workbench.results import RESULT_FILE
 from workbench.tuning import choose, chosen_values
 
 TASKS = variants("task")

@@ -151,7 +151,7 @@ def default_reports_dir(out_dir: str | Path) -> Path:
 def dry_run_text(study_file) -> str:
     """Every run id with its resolved settings: those shared by all runs once, then per run
     the ones that differ (flattened dotted keys, as `--set` and sweeps name them)."""
-    from workbench.runner import flatten
+    from workbench.results import flatten
     from workbench.sweep import expand
 
     s = study_file.study

@@ -44,6 +44,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
+from workbench.results import Status
 from workbench.spec import ModelSpec, parse_spec
 
 
@@ -78,14 +79,14 @@ def loglog_slope(lengths: Sequence[float], values: Sequence[float], top: int = 4
     return SlopeFit(float(fit.slope), float(fit.stderr), float(fit.intercept), tuple(int(n) for n, _ in pairs))
 
 
-MEASURED = ("ok", "finished")  # a measurement's status in run_scaling rows / in the store
+MEASURED = (Status.FINISHED,)  # the status of a measurement that produced figures
 METRICS = ("time_median_s", "flops", "flops_executed", "activation_bytes", "peak_bytes", "kv_cache_bytes")
 
 
 def fit_exponents(rows: pd.DataFrame | Sequence[dict[str, Any]], *, by: Sequence[str] = ("variant", "scope", "mode", "kv_cache"),
                   metrics: Sequence[str] = METRICS, top: int = 4) -> pd.DataFrame:
     """One row per group of `by` and metric: exponent, its standard error and the lengths
-    used. Only measured rows count (status "ok", or "finished" as the store records them);
+    used. Only measured rows count (status "finished");
     metrics with fewer than two usable points are left out."""
     df = pd.DataFrame(rows)
     if "status" in df:

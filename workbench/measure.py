@@ -71,6 +71,7 @@ from workbench.memory import INSTRUMENT as TENSOR_BYTES_INSTRUMENT
 from workbench.memory import peak_tensor_bytes
 from workbench.model import Block, CrossAttention, DecoderModel, Positions, SelfAttention, build_model
 from workbench.registry import plugin_manager
+from workbench.results import Status
 from workbench.spec import ModelSpec, parse_spec
 
 Scope = Literal["attention", "layer", "block", "model"]
@@ -507,7 +508,7 @@ def measure_point(point: Point) -> dict[str, Any]:
         torch.set_num_threads(point.threads)
     device = torch.device(point.device)
     workload = build_workload(point)
-    row: dict[str, Any] = {"status": "ok", "error": None}
+    row: dict[str, Any] = {"status": Status.FINISHED, "error": None}
 
     # Warm-up first: lazy initialisation (thread pools, kernel selection) is not the point's
     # memory. Peak memory is measured before the timed repeats, once per clean state.
@@ -581,13 +582,13 @@ def _child(point: Point, results: mp.Queue) -> None:
 
 
 def measure_point_safely(point: Point) -> dict[str, Any]:
-    """measure_point, with failures as data: "oom" for allocation failures, "error" otherwise."""
+    """measure_point, with failures as data: "oom" for allocation failures, "failed" otherwise."""
     try:
         return measure_point(point)
     except Exception as err:  # noqa: BLE001 - every failure of a point is recorded, not raised
-        status = "oom" if is_out_of_memory(err) else "error"
+        status = Status.OOM if is_out_of_memory(err) else Status.FAILED
         detail = f"{type(err).__name__}: {err}"
-        if status == "error":
+        if status == Status.FAILED:
             detail += "\n" + traceback.format_exc(limit=-3)
         return {"status": status, "error": detail[:2000]}
     finally:
@@ -635,7 +636,7 @@ def _run_isolated(point: Point, time_budget_s: float, startup_timeout_s: float) 
                 if time.monotonic() > deadline:
                     what = "measuring" if ready else "starting"
                     limit = time_budget_s if ready else startup_timeout_s
-                    return {"status": "timeout", "error": f"still {what} after {limit:g} s"}
+                    return {"status": Status.TIMEOUT, "error": f"still {what} after {limit:g} s"}
                 continue
             if message[0] == "ready":
                 ready, deadline = True, time.monotonic() + time_budget_s
@@ -652,8 +653,8 @@ def _died(process) -> dict[str, Any]:
     process.join(timeout=5)
     code = process.exitcode
     if code == -signal.SIGKILL:
-        return {"status": "oom", "error": "measuring process killed by SIGKILL (the kernel's OOM killer)"}
-    return {"status": "error", "error": f"measuring process exited with code {code}"}
+        return {"status": Status.OOM, "error": "measuring process killed by SIGKILL (the kernel's OOM killer)"}
+    return {"status": Status.FAILED, "error": f"measuring process exited with code {code}"}
 
 
 def point_columns(point: Point) -> dict[str, Any]:

@@ -34,15 +34,13 @@ from rich.progress import TimeRemainingColumn
 
 from workbench import stopping
 from workbench.errors import WorkbenchError
-from workbench.executor import PROGRESS_FILE, Executor, Job, make_executor
+from workbench.executor import Executor, Job, make_executor
 from workbench.registry import run_providers
+from workbench.results import KEPT, PROGRESS_FILE, RESULT_FILE, RunConfig, RunResult, Status, flatten
 from workbench.store import DB_FILE, RUNS_DIR, Store, WriterLock, run_dir, runs_root
 from workbench.study import StudyFile, canonical_json, load_study
-from workbench.sweep import RunConfig, expand, point_key, tuning_runs
+from workbench.sweep import expand, point_key, tuning_runs
 from workbench.tuning import PointTuning, choose, chosen_values, labels
-
-DONE = ("finished", "diverged")  # outcomes a rerun keeps; failed and oom are retried
-
 
 @dataclass
 class Summary:
@@ -53,20 +51,11 @@ class Summary:
 
     @property
     def failures(self) -> int:
-        return sum(n for status, n in self.statuses.items() if status != "finished")
+        return sum(n for status, n in self.statuses.items() if status != Status.FINISHED)
 
 
 def default_out_dir(study_file: StudyFile) -> Path:
     return Path("runs") / study_file.study.name
-
-
-def flatten(value: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(value, dict) and value:
-        out: dict[str, Any] = {}
-        for key, item in value.items():
-            out.update(flatten(item, f"{prefix}.{key}" if prefix else str(key)))
-        return out
-    return {prefix: value}
 
 
 def study_changes(old: dict[str, Any], new: dict[str, Any], limit: int = 4) -> str:
@@ -142,8 +131,6 @@ def clear_outputs(out_dir: Path, run_ids: list[str]) -> None:
 def recorded_result(run: RunConfig, out_dir: Path, warn=print):
     """The result.json of a run that ended but was not recorded (the driver died between);
     None when there is none, or when it cannot be read (then the run trains again)."""
-    from workbench.train import RESULT_FILE, RunResult
-
     path = run_dir(out_dir, run.run_id) / RESULT_FILE
     if not path.exists():
         return None
@@ -153,7 +140,7 @@ def recorded_result(run: RunConfig, out_dir: Path, warn=print):
         warn(f"{path} is not a readable result ({type(err).__name__}: {str(err).splitlines()[0][:80]}): "
              "training that run again")
         return None
-    return result if result.status in DONE and result.run_id == run.run_id else None
+    return result if result.status in KEPT and result.run_id == run.run_id else None
 
 
 class SweepProgress:
@@ -218,7 +205,7 @@ class SweepProgress:
             self.refresh_runs()
 
     def run_done(self, run: RunConfig, result) -> None:
-        if result.status != "finished":
+        if result.status != Status.FINISHED:
             self.failures += 1
         with self.lock:
             row = self.running.pop(run.run_id, (None, None))[0]
@@ -237,9 +224,9 @@ class SweepProgress:
 def run_line(run: RunConfig, result) -> str:
     """`finished  model.position=rope seed=0  accuracy@16=0.981 loss@16=0.05  3.2s 41k tok/s`"""
     head = f"{result.status:<8} {run.describe}"
-    if result.status == "diverged":
+    if result.status == Status.DIVERGED:
         return f"{head}  at step {result.diverged_step}"
-    if result.status != "finished":
+    if result.status != Status.FINISHED:
         return f"{head}  {result.error}"
     shown = [f"{k}={v:.3g}" for k, v in result.metrics.items() if not k.startswith("exact_match")][:4]
     shown += [f"@{n} n/a" for n in result.not_applicable]
@@ -327,7 +314,7 @@ def execute_runs(runs: list[RunConfig], what: str, store: Store, executor: Execu
     unrecorded: list[tuple[RunConfig, Any]] = []
     skipped = 0
     for run in runs:
-        if statuses.get(run.run_id) in DONE:
+        if statuses.get(run.run_id) in KEPT:
             skipped += 1
         elif (result := recorded_result(run, out, warn=lambda text: print(text, file=sys.stderr, flush=True))) is not None:
             unrecorded.append((run, result))
@@ -362,7 +349,7 @@ def report_choice(tuned: PointTuning, study, summary: Summary, progress: SweepPr
         chosen = " ".join(f"{k}={v}" for k, v in labels(tuned.chosen.values).items())
         progress.print(f"tuned    {where}: {chosen} (validation {metric}: {curve})")
         return
-    summary.statuses["untuned"] += len(study.seeds)
+    summary.statuses[Status.UNTUNED] += len(study.seeds)
     progress.advance(len(study.seeds))
     if not tuned.done:
         progress.print(f"untuned  {where}: a tuning run did not finish (failed or out of memory); run the study "

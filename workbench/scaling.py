@@ -31,11 +31,12 @@ from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, field_validat
 
 from workbench.errors import SpecError
 from workbench.measure import Mode, Point, Scope, resolve_device, run_points
+from workbench.results import RunConfig, RunResult, Status
 from workbench.spec import parse_spec
 from workbench.study import SWEEP_JSON_SCHEMA, StudyBase, Sweep, check_key, digest, label, set_dotted
 
-MEASURE_STATUS = {"ok": "finished", "oom": "oom", "timeout": "timeout", "error": "failed"}
-KEEP_ON_RERUN = ("finished", "oom", "timeout")  # limits are data: measuring them again gives the same
+# limits are data: measuring them again gives the same
+KEEP_ON_RERUN = frozenset({Status.FINISHED, Status.OOM, Status.TIMEOUT})
 
 
 class ScalingSection(BaseModel):
@@ -161,14 +162,11 @@ def measurement_id(model: dict[str, Any], point: Point) -> str:
 def run_result(run_id: str, row: dict[str, Any]):
     """A measured row as the store's RunResult: figures and their labels as metrics, peak
     memory in the store's own peak-memory columns."""
-    from workbench.train import RunResult  # the store's record type; loads Lightning
-
-    status = MEASURE_STATUS[row["status"]]
     skip = {"status", "error", "peak_bytes", "peak_instrument", "wall_s", "variant", "seed",
             "device", "threads", "machine", "torch_version", *COORDINATES}
     metrics = {k: v for k, v in row.items() if k not in skip and v is not None}
     return RunResult(
-        run_id=run_id, status=status, metrics=metrics, error=row.get("error"),
+        run_id=run_id, status=row["status"], metrics=metrics, error=row.get("error"),
         wall_time_s=row["wall_s"], peak_memory_bytes=row.get("peak_bytes"),
         peak_memory_instrument=row.get("peak_instrument"),
         environment={k: row.get(k) for k in ("device", "threads", "machine", "torch_version")},
@@ -181,7 +179,6 @@ def run_scaling_study(study_file, out_dir: str | Path | None = None, fresh: bool
     folder's store; measurements already recorded (including oom and timeout) are kept."""
     from workbench.runner import Summary, SweepProgress, check_study, clear_outputs, default_out_dir
     from workbench.store import Store
-    from workbench.sweep import RunConfig
 
     study: ScalingStudy = study_file.study
     out = Path(out_dir) if out_dir is not None else default_out_dir(study_file)
@@ -209,7 +206,7 @@ def run_scaling_study(study_file, out_dir: str | Path | None = None, fresh: bool
             result = run_result(run.run_id, row)
             store.record(run, result)
             summary.statuses[result.status] += 1
-            progress.failures += result.status != "finished"
+            progress.failures += result.status != Status.FINISHED
             progress.advance()
             progress.print(f"[{progress.done}/{len(todo)}] {result.status:<8} {run_line(run.swept, row)}")
     finally:
@@ -219,6 +216,6 @@ def run_scaling_study(study_file, out_dir: str | Path | None = None, fresh: bool
 
 def run_line(swept: dict[str, Any], row: dict[str, Any]) -> str:
     where = " ".join(f"{k}={v}" for k, v in swept.items() if v is not None)
-    if row["status"] != "ok":
+    if row["status"] != Status.FINISHED:
         return f"{where}  {str(row.get('error') or '').splitlines()[0] if row.get('error') else ''}"
     return f"{where}  {row['time_median_s'] * 1e3:.1f} ms  {row['flops'] / 1e9:.2f} GFLOP"

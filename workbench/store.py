@@ -32,7 +32,7 @@ from typing import Any
 import pandas as pd
 
 from workbench.errors import WorkbenchError
-from workbench.sweep import run_stage
+from workbench.results import run_stage
 
 DB_FILE = "results.db"
 RUNS_DIR = "runs"  # out_dir/runs/<run_id>/: checkpoints, logs, final.safetensors, result.json
@@ -45,7 +45,7 @@ CREATE TABLE IF NOT EXISTS runs (
     run_id TEXT PRIMARY KEY,
     position INTEGER NOT NULL,          -- order in the sweep
     seed INTEGER NOT NULL,
-    status TEXT NOT NULL,               -- finished | diverged | oom | failed
+    status TEXT NOT NULL,               -- a results.Status: finished | diverged | oom | failed | timeout
     swept TEXT NOT NULL,                -- JSON {dotted.key: value label}
     config TEXT NOT NULL,               -- JSON: the fully resolved run config
     metrics TEXT NOT NULL,              -- JSON {metric@length: value}, final
@@ -221,22 +221,26 @@ class Store:
             return dict(conn.execute("SELECT run_id, status FROM runs").fetchall())
 
     def record(self, run, result) -> None:
-        """Write a run's outcome and curves in one transaction (replacing an earlier attempt);
-        the attempt count is read inside it."""
+        """Write a run's outcome (a results.RunConfig and RunResult) and curves in one transaction,
+        by column name (replacing an earlier attempt); the attempt count is read inside it."""
         r = result
         with self.connect() as conn:
             conn.execute("BEGIN IMMEDIATE")
-            row = conn.execute("SELECT attempts FROM runs WHERE run_id = ?", (run.run_id,)).fetchone()
-            attempts = row[0] + 1 if row else 1
-            conn.execute(
-                """INSERT OR REPLACE INTO runs VALUES
-                   (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)""",
-                (run.run_id, run.index, run.seed, r.status, dumps(run.swept), dumps(run.config),
-                 dumps(r.metrics), dumps(r.not_applicable), r.n_params, r.steps_done, r.diverged_step, r.error,
-                 r.wall_time_s, r.train_time_s, r.eval_time_s, r.tokens, r.tokens_per_s, r.peak_memory_bytes,
-                 r.peak_memory_instrument, r.resumed_from_step, dumps(r.environment), attempts,
-                 datetime.now(timezone.utc).isoformat(timespec="seconds")),
-            )
+            earlier = conn.execute("SELECT attempts FROM runs WHERE run_id = ?", (run.run_id,)).fetchone()
+            attempts = earlier[0] + 1 if earlier else 1
+            row = {
+                "run_id": run.run_id, "position": run.index, "seed": run.seed, "status": str(r.status),
+                "swept": dumps(run.swept), "config": dumps(run.config), "metrics": dumps(r.metrics),
+                "not_applicable": dumps(r.not_applicable), "n_params": r.n_params, "steps_done": r.steps_done,
+                "diverged_step": r.diverged_step, "error": r.error, "wall_time_s": r.wall_time_s,
+                "train_time_s": r.train_time_s, "eval_time_s": r.eval_time_s, "tokens": r.tokens,
+                "tokens_per_s": r.tokens_per_s, "peak_memory_bytes": r.peak_memory_bytes,
+                "peak_memory_instrument": r.peak_memory_instrument, "resumed_from_step": r.resumed_from_step,
+                "environment": dumps(r.environment), "attempts": attempts,
+                "recorded_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            }
+            conn.execute(f"INSERT OR REPLACE INTO runs ({', '.join(row)}) VALUES ({', '.join('?' * len(row))})",
+                         tuple(row.values()))
             conn.execute("DELETE FROM curves WHERE run_id = ?", (run.run_id,))
             conn.executemany(
                 "INSERT OR REPLACE INTO curves VALUES (?, ?, ?, ?, ?)",

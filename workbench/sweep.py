@@ -19,13 +19,12 @@ WORKBENCH_MAX_ACTIVATION_BYTES (environment variables; the defaults refuse only 
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, field
 from typing import Any
 
 from workbench.errors import SpecError
 from workbench.registry import get_variant
 from workbench.spec import parse_spec
-from workbench.tasks import VALIDATION
+from workbench.results import VALIDATION, RunConfig
 from workbench.study import (
     StudyError,
     canonical_json,
@@ -85,34 +84,6 @@ def check_size(train_length: int, eval_lengths: list[int], model: dict[str, Any]
             raise SpecError(field_, f"{batch} sequences of length {length} need about {needed / 2**30:.3g} GiB of "
                             f"activations (estimate), over the limit of {limit('WORKBENCH_MAX_ACTIVATION_BYTES') / 2**30:.3g} "
                             "GiB; use a smaller batch, or set WORKBENCH_MAX_ACTIVATION_BYTES to allow it")
-
-
-@dataclass(frozen=True)
-class RunConfig:
-    """One run of a sweep: plain data, picklable, the same on every machine."""
-
-    run_id: str  # hash of what the run computes (task, model, training, seed)
-    index: int  # position in the sweep, for stable ordering in tables
-    seed: int
-    swept: dict[str, Any]  # dotted key -> value label (a flat column of the results table)
-    config: dict[str, Any] = field(repr=False)  # {"task": ..., "model": ..., "train": ..., "seed": ...}
-
-    @property
-    def stage(self) -> str:
-        """"tune" for a tuning run (it evaluates on validation sets), else "final"."""
-        return run_stage(self.config)
-
-    @property
-    def describe(self) -> str:
-        values = " ".join(f"{k}={v}" for k, v in self.swept.items())
-        return f"{'tuning ' if self.stage == TUNE else ''}{values} seed={self.seed}".strip()
-
-
-TUNE, FINAL = "tune", "final"
-
-
-def run_stage(config: dict[str, Any]) -> str:
-    return TUNE if config.get("split") == VALIDATION else FINAL
 
 
 def sweep_points(study: TrainStudy) -> list[dict[str, Any]]:

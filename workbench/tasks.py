@@ -43,6 +43,8 @@ from scipy.stats import entropy
 from torch import Tensor
 
 from workbench.errors import SpecError, WorkbenchError
+# What a run evaluates on: the evaluation sets, or (a tuning run) the validation sets.
+from workbench.results import EVAL, VALIDATION
 from workbench.variants import Params, Variant
 
 FAMILIES = ("decoder", "encoder_decoder", "encoder")
@@ -51,8 +53,6 @@ SPECIALS = ("<pad>", "<bos>", "<eos>", "<sep>")  # ids 0..3 in every built-in vo
 
 # Seed streams: training and each held-out set draw from disjoint numpy SeedSequences.
 TRAIN_STREAM, EVAL_STREAM, SAMPLE_STREAM, VALID_STREAM = 0, 1, 2, 3
-# What a run evaluates on: the evaluation sets, or (a tuning run) the validation sets.
-EVAL, VALIDATION = "eval", "validation"
 
 # (lowest, highest) value of each built-in metric: reports keep intervals inside this range,
 # and the better end is the perfect score that the learned-at-all margin is measured towards.

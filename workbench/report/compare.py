@@ -52,7 +52,7 @@ def distinguishing_keys(studies: Sequence[Any], configs: dict[str, dict[str, Any
     """Swept keys of any folder, then every setting the study files set differently (as
     written: a setting derived from another, such as eval_every from steps, is not one),
     when the runs' values of it differ."""
-    from workbench.runner import flatten
+    from workbench.results import flatten
 
     written = [flatten({k: s.run_defining()[k] for k in ("task", "model", "train")}) for s in studies]
     keys = list(dict.fromkeys(k for flat in written for k in flat))

@@ -24,6 +24,7 @@ from typing import Any
 import pandas as pd
 
 from workbench.report.document import Report, fmt_seconds
+from workbench.results import Status
 
 SUMMARY_FILE = "summary.json"
 CLAIM_ID = re.compile(r"\b[EP]\d{1,2}\b")
@@ -100,7 +101,7 @@ def scaling_findings(results: pd.DataFrame) -> list[str]:
     time with and without the cache and of cache bytes (decode)."""
     from workbench import fit
 
-    ok = results[results["status"] == "finished"]
+    ok = results[results["status"] == Status.FINISHED]
     exps = fit.fit_exponents(ok, by=("variant", "mode", "kv_cache"),
                              metrics=("time_median_s", "activation_bytes", "kv_cache_bytes"))
     # With one swept key a variant is labelled by its bare value ("4"): name the key then.
@@ -152,7 +153,7 @@ def study_row(study_path: Path, reports_dir: Path) -> list[str]:
         findings = ["measured (no `expect:`; verdicts in the report's Notes); fitted exponents:", *exponents]
     else:
         findings = ["descriptive (no `expect:`): see the report"]
-    failed = {k: n for k, n in s["statuses"].items() if k != "finished"}
+    failed = {k: n for k, n in s["statuses"].items() if k != Status.FINISHED}
     runs = f"{s['runs']} runs" + (" (" + ", ".join(f"{n} {k}" for k, n in failed.items()) + ")" if failed else "")
     return [name, claims, question, cell(findings), f"{fmt_seconds(s['run_span_s'])}, {runs}",
             f"`{study_path.as_posix()}`"]

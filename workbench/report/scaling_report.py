@@ -20,6 +20,7 @@ import yaml
 from scipy import stats as st
 
 from workbench import fit
+from workbench.results import Status
 from workbench.report import figures
 from workbench.report.document import (
     Code,
@@ -36,7 +37,6 @@ from workbench.report.document import (
 from workbench.report.variants import Variants, short_key, value_text
 
 COORDINATES = ("scope", "mode", "length", "kv_cache")
-FINISHED = "finished"
 
 
 @dataclass(frozen=True)
@@ -131,8 +131,7 @@ class ScalingReport:
         swept = {k: study.sweep.values(k) for k in self.keys}
         self.variants = Variants.of(self.keys, self.rows, swept)
         self.rows["variant"] = self.variants.label_runs(self.rows)
-        self.ok = self.rows[self.rows["status"] == FINISHED].copy()
-        self.ok["status"] = "ok"  # workbench.fit counts rows with the measurer's own "ok"
+        self.ok = self.rows[self.rows["status"] == Status.FINISHED].copy()
         palette = figures.variant_palette(self.variants.labels)
         self.palette = {v: palette[v] for v in self.variants.labels}
         self.exponents = fit.fit_exponents(self.ok, by=("variant", "mode", "kv_cache"),
@@ -170,7 +169,7 @@ class ScalingReport:
             "peak of live tensor bytes allocated during the call (a TorchDispatchMode over storages; kernel "
             "scratch buffers excluded), on CUDA max_memory_allocated over the start; the process's peak-RSS "
             "growth stays in the CSV as process_peak_rss_delta_bytes, not a headline figure."))
-        statuses = sorted(set(self.rows["status"]), key=lambda x: (x != FINISHED, x))
+        statuses = sorted(set(self.rows["status"]), key=lambda x: (x != Status.FINISHED, x))
         table_rows = []
         for variant in self.variants.labels:
             mine = self.rows[self.rows["variant"] == variant]
@@ -370,7 +369,7 @@ class ScalingReport:
         return Section("Decoding", [i for i in items if i is not None])
 
     def failures(self) -> Section:
-        failed = self.rows[self.rows["status"] != FINISHED]
+        failed = self.rows[self.rows["status"] != Status.FINISHED]
         if failed.empty:
             return Section("Failed measurements", [Paragraph("Every measurement finished.")])
         rows = [[r["variant"], str(r["mode"]), f"{int(r['length']):,}", str(r["status"]),
