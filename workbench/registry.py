@@ -61,9 +61,12 @@ def load_plugin(pm: pluggy.PluginManager, dist, ep) -> None:
     PROVIDERS[getattr(plugin, "__name__", ep.value)] = f"{dist.metadata['name']} {dist.version}"
 
 
+HOOKS = [*HOOK_OF_AXIS.values(), "register_study_kinds"]  # every hook of workbench.hookspecs
+
+
 def suggest_hook(name: str) -> str:
-    hint = closest(name, HOOK_OF_AXIS.values())
-    return f"; did you mean {hint!r}?" if hint else f" (valid: {', '.join(HOOK_OF_AXIS.values())})"
+    hint = closest(name, HOOKS)
+    return f"; did you mean {hint!r}?" if hint else f" (valid: {', '.join(HOOKS)})"
 
 
 @functools.cache

@@ -13,8 +13,8 @@ path, problem and valid choices:
               --profile overrides--> data --pydantic (Study kind)--> validated study
     `workbench.sweep.expand` then validates every run's model spec.
 
-The `kind` field selects the study class (`STUDY_KINDS`); a new kind (e.g. "scaling") is a
-StudyBase subclass with its own section, registered in STUDY_KINDS.
+The `kind` field selects the study class through the study-kind registry (workbench.kinds);
+a new kind is a StudyBase subclass with its own section plus a StudyKind that runs and reports it.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, ValidationInfo, WithJsonSchema, field_validator
 from pydantic import model_validator
 
+from workbench import kinds
 from workbench.errors import SpecError, WorkbenchError, closest
 from workbench.registry import get_variant, variants
 from workbench.spec import ModelSpec, resolve_choice, spec_error_from
@@ -733,16 +734,9 @@ def check_metric(metric: str, field: str, study: TrainStudy) -> None:
         raise SpecError(field, f"{metric!r}: no evaluation at length {length}", [f"{name}@{n}" for n in lengths])
 
 
-STUDY_KINDS: dict[str, type[StudyBase]] = {"train": TrainStudy}
-
-
 def study_kinds() -> dict[str, type[StudyBase]]:
-    """Every study kind by name. Kinds defined in other modules register here on first use:
-    workbench.scaling imports this module, so it cannot be imported at this module's top."""
-    from workbench.scaling import ScalingStudy
-
-    STUDY_KINDS.setdefault("scaling", ScalingStudy)
-    return STUDY_KINDS
+    """The study class of every registered study kind (workbench.kinds), by name."""
+    return {name: kind.study for name, kind in kinds.study_kinds().items()}
 
 
 # ---- loading --------------------------------------------------------------------------------
