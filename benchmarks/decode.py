@@ -52,7 +52,7 @@ def cache_bytes_rows(contexts: list[int], batch: int, new_tokens: int = 3) -> li
             cache = model.last_cache
             tokens = n + new_tokens
             element = cache.self_attn[0].k.element_size()
-            per_layer = 2 * spec.kv_heads * spec.dim_head * tokens * batch * element
+            per_layer = 2 * spec.n_kv_heads * spec.head_dim * tokens * batch * element
             rows.append({
                 "attention": name, "n_kv_heads": kv, "tokens": tokens, "batch": batch,
                 "cache_bytes": cache.nbytes, "formula_bytes": spec.decoder_layers * per_layer,

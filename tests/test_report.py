@@ -210,7 +210,7 @@ def test_training_report_figures(train_report):
     assert "| alibi | 0.91 \\[0.885, 0.935\\] | 3/3 |" in md
     assert "<script>" not in md and "&lt;script&gt;" in md
     csv = (folder / "results.csv").read_text().splitlines()
-    assert csv[0].startswith("variant,run_id,position,seed,model.position,status,")
+    assert csv[0].startswith("variant,run_id,index,seed,model.position,status,")
     assert len(csv) == 1 + 9
 
 

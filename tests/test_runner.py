@@ -104,7 +104,7 @@ def test_flat_results_table_and_a_diverging_sibling(sweep_out):
     assert result.exit_code == 0
     rows = json.loads(result.output)
     assert [r["status"] for r in rows] == ["finished", "diverged"]
-    assert CliRunner().invoke(main, ["results", str(out)]).output.splitlines()[0].startswith("run_id,position,seed,train.lr,status")
+    assert CliRunner().invoke(main, ["results", str(out)]).output.splitlines()[0].startswith("run_id,index,seed,train.lr,status")
 
 
 def test_final_weights_reproduce_the_recorded_metrics(sweep_out):

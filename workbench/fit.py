@@ -151,8 +151,8 @@ def analytic_crossover(spec: ModelSpec | dict[str, Any], accounting: Accounting 
     executed: a whole n x n score matrix, n* = d + h_kv hd + d_ff (6 d for MHA with a 4x FFN);
     useful: the pairs a causal layer allows, n* = 2 (d + h_kv hd + d_ff) - 1 (12 d - 1)."""
     spec = parse_spec(spec)
-    d, kv_width = spec.d_model, spec.kv_heads * spec.dim_head
-    q_width = spec.n_heads * spec.dim_head
+    d, kv_width = spec.d_model, spec.n_kv_heads * spec.head_dim
+    q_width = spec.n_heads * spec.head_dim
     d_ff, gated = _ffn_width(spec)
     # Per token, forward FLOPs: projections 2 d (2 q_width + 2 kv_width), FFN (4 or 6) d d_ff;
     # attention per pair of tokens: 4 q_width.

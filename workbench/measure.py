@@ -390,12 +390,12 @@ def _inputs_and_module(spec: ModelSpec, scope: Scope, n: int, B: int, device, dt
     causal = _causal(spec)
     seq = Positions(torch.arange(n, device=device).expand(B, n), None)
     make_position = lambda: spec.position.cls(  # noqa: E731
-        spec.position.params, d_model=spec.d_model, n_heads=spec.n_heads, head_dim=spec.dim_head)
+        spec.position.params, d_model=spec.d_model, n_heads=spec.n_heads, head_dim=spec.head_dim)
     if scope == "attention":
         module = spec.attention.cls(spec.attention.params, n_heads=spec.n_heads,
-                                    n_kv_heads=spec.kv_heads, head_dim=spec.dim_head)
-        q = torch.randn(B, spec.n_heads, n, spec.dim_head, device=device, dtype=dtype, requires_grad=True)
-        k, v = (torch.randn(B, spec.kv_heads, n, spec.dim_head, device=device, dtype=dtype,
+                                    n_kv_heads=spec.n_kv_heads, head_dim=spec.head_dim)
+        q = torch.randn(B, spec.n_heads, n, spec.head_dim, device=device, dtype=dtype, requires_grad=True)
+        k, v = (torch.randn(B, spec.n_kv_heads, n, spec.head_dim, device=device, dtype=dtype,
                             requires_grad=True) for _ in range(2))
         return module.to(device), lambda: module(q, k, v, q_pos=seq.pos, k_pos=seq.pos, key_mask=None,
                                                  causal=causal, score_bias=None)
@@ -453,7 +453,7 @@ def _decode_workload(spec: ModelSpec, point: Point, device, dtype) -> Workload:
     with torch.no_grad():
         logits(prompt, Positions.of(prompt, None), cache)
     held_tokens = min(L, window) if window else L
-    formula = 2 * n_layers * spec.kv_heads * spec.dim_head * held_tokens * B * torch.empty((), dtype=dtype).element_size()
+    formula = 2 * n_layers * spec.n_kv_heads * spec.head_dim * held_tokens * B * torch.empty((), dtype=dtype).element_size()
     measured = cache.nbytes  # after the prompt: exactly the context's K/V
     next_pos = [L]
 
@@ -665,8 +665,8 @@ def point_columns(point: Point) -> dict[str, Any]:
         "scope": point.scope, "mode": point.mode, "length": point.length,
         "batch_size": point.batch_size, "kv_cache": point.kv_cache,
         "n_layers": spec.decoder_layers if spec.family != "encoder" else spec.encoder_layers,
-        "d_model": spec.d_model, "n_heads": spec.n_heads, "n_kv_heads": spec.kv_heads,
-        "head_dim": spec.dim_head, "dtype": point.dtype,
+        "d_model": spec.d_model, "n_heads": spec.n_heads, "n_kv_heads": spec.n_kv_heads,
+        "head_dim": spec.head_dim, "dtype": point.dtype,
     }
 
 

@@ -131,7 +131,7 @@ def check_position_limit(spec, task_obj, task: dict[str, Any]) -> None:
     """A position scheme with a fixed table (learned) must cover the training sequences; past
     the training length, a too-short table is by design recorded as not applicable."""
     scheme = spec.position.cls(spec.position.params, d_model=spec.d_model, n_heads=spec.n_heads,
-                               head_dim=spec.dim_head)
+                               head_dim=spec.head_dim)
     limit = scheme.max_length
     if limit is None:
         return

@@ -93,7 +93,7 @@ def comparison_inputs(out_dirs: Sequence[str | Path], name: str):
     runs = runs.drop(columns=[c for s in studies for c in s.sweep.keys if c in runs.columns]).drop_duplicates("run_id")
     for key in keys:
         runs[key] = [value_label(key, configs[run_id]) for run_id in runs["run_id"]]
-    runs["position"] = range(len(runs))  # sweep order across the folders, as given
+    runs["index"] = range(len(runs))  # sweep order across the folders, as given
     first = studies[0]
     swept_model = {k.split(".")[1] for k in keys if k.startswith("model.")}
     study = TrainStudy.model_validate({

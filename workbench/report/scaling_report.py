@@ -102,7 +102,7 @@ def measurement_rows(runs: list[dict[str, Any]], keys: list[str]) -> pd.DataFram
     status, every figure with its label (strings kept: instrument names are data)."""
     rows = []
     for r in runs:
-        row = {"run_id": r["run_id"], "position": r["position"], "status": r["status"], "error": r.get("error")}
+        row = {"run_id": r["run_id"], "index": r["index"], "status": r["status"], "error": r.get("error")}
         row.update({k: r["swept"].get(k) for k in keys})
         row.update({c: r["swept"].get(c) for c in COORDINATES})
         row.update(r["metrics"])
@@ -110,7 +110,7 @@ def measurement_rows(runs: list[dict[str, Any]], keys: list[str]) -> pd.DataFram
         row["peak_memory_instrument"] = r.get("peak_memory_instrument")
         rows.append(row)
     frame = pd.DataFrame(rows)
-    return frame.sort_values("position").reset_index(drop=True) if not frame.empty else frame
+    return frame.sort_values("index").reset_index(drop=True) if not frame.empty else frame
 
 
 def exponent_text(exponent: float, stderr: float, n_points: int) -> str:

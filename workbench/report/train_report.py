@@ -146,7 +146,7 @@ class TrainReport:
         runs = inputs.runs.copy()
         self.variants = Variants.of(self.keys, runs, swept)
         runs["variant"] = self.variants.label_runs(runs)
-        order = ["position", "seed"] if "position" in runs else ["variant", "seed"]
+        order = ["index", "seed"] if "index" in runs else ["variant", "seed"]
         runs = runs.sort_values(order, key=self._variant_order).reset_index(drop=True)
         self.runs, self.tuning_runs = split_stages(runs)  # tables and verdicts: final runs only
         self.finished = self.runs[self.runs["status"] == Status.FINISHED]
@@ -553,7 +553,3 @@ class TrainReport:
         frame = runs.drop(columns=["variant"])
         frame.insert(0, "variant", runs["variant"])
         return frame
-
-
-def train_report(inputs: TrainInputs, dest: Path) -> Report:
-    return TrainReport(inputs, dest).build()
