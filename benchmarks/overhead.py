@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from workbench.model import build_model
-from workbench.study import TrainConfig
+from workbench.study.sections import TrainConfig
 from workbench.train import lr_factor, param_groups, quiet_lightning, train_run
 from workbench.weights import make_task
 

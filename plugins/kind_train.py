@@ -28,7 +28,8 @@ from workbench.runner import (
     sweeping,
 )
 from workbench.store import Store
-from workbench.study import StudyFile, TrainStudy, canonical_json
+from workbench.study import StudyFile, TrainStudy
+from workbench.study.keys import canonical_json
 from workbench.sweep import expand, point_key, sweep_points, tuning_runs
 from workbench.tuning import PointTuning, choose, chosen_values, labels
 

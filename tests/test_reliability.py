@@ -4,9 +4,7 @@ the one-line message and that nothing finished was lost."""
 
 from __future__ import annotations
 
-import json
 import os
-import pickle
 import signal
 import sqlite3
 import subprocess
@@ -450,7 +448,7 @@ def test_impossible_training_settings_are_refused(tmp_path, line, message):
 def test_the_strategy_names_are_lightnings():
     from pytorch_lightning.strategies import StrategyRegistry
 
-    from workbench.study import LIGHTNING_STRATEGIES
+    from workbench.study.sections import LIGHTNING_STRATEGIES
 
     firsts = {name.split("_")[0] for name in StrategyRegistry.available_strategies()}
     assert set(LIGHTNING_STRATEGIES) - {"auto"} <= firsts

@@ -23,7 +23,8 @@ import torch
 from workbench import build_model
 from workbench.report import write_report
 from workbench.store import Store, run_dir
-from workbench.study import canonical_json, load_study
+from workbench.study import load_study
+from workbench.study.keys import canonical_json
 from workbench.results import FINAL_WEIGHTS, RunConfig, RunResult
 from workbench.sweep import expand
 from workbench.weights import save_final_weights

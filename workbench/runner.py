@@ -45,7 +45,8 @@ from workbench.kinds import RunOptions, get_kind
 from workbench.registry import run_providers
 from workbench.results import KEPT, PROGRESS_FILE, RESULT_FILE, RunConfig, RunResult, Status, flatten
 from workbench.store import DB_FILE, RUNS_DIR, Store, WriterLock, run_dir, runs_root
-from workbench.study import StudyFile, canonical_json, load_study
+from workbench.study import StudyFile, load_study
+from workbench.study.keys import canonical_json
 
 
 @dataclass

@@ -34,7 +34,9 @@ from workbench.executor import Executor, Job
 from workbench.measure import Mode, Point, Scope, resolve_device, run_points
 from workbench.results import RunConfig, RunResult, Status
 from workbench.spec import parse_spec
-from workbench.study import SWEEP_JSON_SCHEMA, StudyBase, Sweep, check_key, digest, label, set_dotted
+from workbench.study import StudyBase, check_key
+from workbench.study.keys import digest, label, set_dotted
+from workbench.study.sections import SWEEP_JSON_SCHEMA, Sweep
 
 # limits are data: measuring them again gives the same
 KEEP_ON_RERUN = frozenset({Status.FINISHED, Status.OOM, Status.TIMEOUT})

@@ -65,6 +65,9 @@ def spec_error_from(err: ValidationError, prefix: str = "") -> SpecError:
     return SpecError(path, problem)
 
 
+VARIANT_AXES = ("position", "attention", "norm", "ffn")  # the model fields that name a variant
+
+
 class ModelSpec(BaseModel):
     """Everything that defines a model's architecture."""
 
@@ -131,7 +134,7 @@ class ModelSpec(BaseModel):
     def resolved(self) -> dict[str, Any]:
         """Plain, fully resolved mapping (variants with all their parameters) for storage."""
         out = self.model_dump(exclude={"position", "attention", "norm", "ffn"})
-        for axis in ("position", "attention", "norm", "ffn"):
+        for axis in VARIANT_AXES:
             out[axis] = getattr(self, axis).as_dict()
         return out
 

@@ -25,19 +25,10 @@ from workbench.errors import SpecError
 from workbench.registry import get_variant
 from workbench.spec import parse_spec
 from workbench.results import VALIDATION, RunConfig
-from workbench.study import (
-    StudyError,
-    canonical_json,
-    StudyFile,
-    TrainConfig,
-    TrainStudy,
-    digest,
-    label,
-    limit,
-    set_dotted,
-    task_section,
-    unwrap,
-)
+from workbench.study import StudyFile, TrainStudy, task_section, unwrap
+from workbench.study.keys import canonical_json, digest, label, set_dotted
+from workbench.study.sections import TrainConfig
+from workbench.study.yaml_file import StudyError, limit
 from pydantic import ValidationError
 
 def estimated_parameters(model: dict[str, Any]) -> int:

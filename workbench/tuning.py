@@ -30,7 +30,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from workbench.registry import get_variant
-from workbench.study import TrainStudy, label
+from workbench.study import TrainStudy
+from workbench.study.keys import label
 from workbench.results import KEPT, TUNE, Status, run_stage
 from workbench.sweep import point_key
 

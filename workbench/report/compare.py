@@ -20,8 +20,7 @@ from typing import Any
 import pandas as pd
 
 from workbench.errors import WorkbenchError
-
-VARIANT_AXES = ("position", "attention", "norm", "ffn")
+from workbench.spec import VARIANT_AXES
 
 
 def setting_key(flat_key: str) -> str:
@@ -36,7 +35,7 @@ def value_label(key: str, config: dict[str, Any]) -> Any:
     """A run's value of `key` as its label: a variant by name with only its non-default
     parameters (`sliding_window(window=64)`, as a study would write it); others as stored."""
     from workbench.registry import variants
-    from workbench.study import get_dotted, label
+    from workbench.study.keys import get_dotted, label
 
     value = get_dotted(config, key)
     axis = key.split(".")[1] if key.startswith("model.") else None
