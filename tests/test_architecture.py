@@ -128,3 +128,24 @@ def test_the_checker_sees_a_circle():
 @pytest.mark.parametrize("module", ["workbench.report.train_report", "workbench.store", "workbench.runner"])
 def test_readers_of_the_record_do_not_import_the_training_module(module):
     assert "workbench.train" not in graph()[module]
+
+
+def test_imports_inside_functions_say_why():
+    """An import of a workbench module inside a function carries a comment saying why (the CLI
+    says once, in its docstring, that each command imports what it uses)."""
+    silent = []
+    for name, path in modules().items():
+        if name == "workbench.cli":
+            continue
+        lines = path.read_text().splitlines()
+        for function in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for node in ast.walk(function):
+                module = node.module if isinstance(node, ast.ImportFrom) else (
+                    node.names[0].name if isinstance(node, ast.Import) else None)
+                if module and module.split(".")[0] == "workbench":
+                    line, above = lines[node.lineno - 1], lines[node.lineno - 2].strip()
+                    if "#" not in line and not above.startswith("#"):
+                        silent.append(f"{name}:{node.lineno}")
+    assert silent == []

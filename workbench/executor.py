@@ -66,7 +66,7 @@ class InProcessExecutor(Executor):
 
 
 def init_worker(threads: int, stop_event: Any, parent_pid: int) -> None:
-    import torch
+    import torch  # a spawned worker loads torch here, once, before its first run
 
     torch.set_num_threads(threads)  # N workers share the cores instead of oversubscribing them
     stopping.register_event(stop_event)  # the driver's stop request reaches this worker's run

@@ -70,7 +70,7 @@ from workbench.ffn import FeedForward
 from workbench.memory import INSTRUMENT as TENSOR_BYTES_INSTRUMENT
 from workbench.memory import peak_tensor_bytes
 from workbench.model import Block, CrossAttention, DecoderModel, Positions, SelfAttention, build_model
-from workbench.registry import plugin_manager
+from workbench.registry import get_variant, plugin_manager
 from workbench.results import Status
 from workbench.spec import ModelSpec, parse_spec
 
@@ -672,8 +672,6 @@ def point_columns(point: Point) -> dict[str, Any]:
 
 def variant_label(attention: dict[str, Any]) -> str:
     """'sliding_window(window=256)': the attention name with its non-default parameters."""
-    from workbench.registry import get_variant
-
     cls = get_variant("attention", attention["name"])
     defaults = cls.Params().model_dump() if _all_defaulted(cls) else {}
     shown = {k: v for k, v in attention.items() if k != "name" and defaults.get(k, object()) != v}

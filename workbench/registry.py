@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import importlib.metadata
 import warnings
 
 import pluggy
@@ -40,8 +41,6 @@ PROVIDERS: dict[str, str] = {}
 
 def workbench_entry_points():
     """(distribution, entry point) for every entry point in the `workbench` group."""
-    import importlib.metadata
-
     for dist in importlib.metadata.distributions():
         for ep in dist.entry_points:
             if ep.group == ENTRY_POINT_GROUP:

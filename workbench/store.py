@@ -140,7 +140,7 @@ class WriterLock:
         self.fd: int | None = None
 
     def __enter__(self) -> WriterLock:
-        import fcntl
+        import fcntl  # POSIX only: importing the store must work everywhere, locking is checked here
 
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import math
 import pathlib
+import string
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -486,8 +487,6 @@ def blind_scores(positions: Sequence[tuple[float, np.ndarray]], exact_match: flo
 
 def symbol_names(n: int) -> list[str]:
     """Readable names for an alphabet: a..z, A..Z, 0..9, then s62, s63, ..."""
-    import string
-
     base = string.ascii_lowercase + string.ascii_uppercase + string.digits
     return [base[i] if i < len(base) else f"s{i}" for i in range(n)]
 

@@ -21,6 +21,7 @@ and result.json. Nothing read back from a run folder can execute code: checkpoin
 from __future__ import annotations
 
 import functools
+import importlib.util
 import json
 import logging
 import math
@@ -30,6 +31,7 @@ import subprocess
 import time
 import traceback
 import warnings
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
@@ -238,8 +240,6 @@ class PeakMemory(Callback):
 @functools.cache
 def environment(device: str) -> dict[str, Any]:
     """Versions and device a run trained with (the same for every run of a process)."""
-    from importlib.metadata import PackageNotFoundError, version
-
     try:
         project = version("transformer-workbench")
     except PackageNotFoundError:
@@ -300,8 +300,6 @@ def check_device(train: dict[str, Any]) -> str:
             f"train.precision: 'bf16-mixed' needs bfloat16 support (Ampere or newer); "
             f"{torch.cuda.get_device_name()} lacks it: use '16-mixed' or '32'"
         )
-    import importlib.util
-
     modules = LOGGER_MODULES.get(train["logger"], ())
     if modules and not any(importlib.util.find_spec(m) for m in modules):
         raise WorkbenchError(f"train.logger: {train['logger']!r} needs the {modules[0]} package: "

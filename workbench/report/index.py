@@ -23,8 +23,10 @@ from typing import Any
 
 import pandas as pd
 
+from workbench import fit
 from workbench.report.document import Report, fmt_seconds
 from workbench.results import Status
+from workbench.study import load_study
 
 SUMMARY_FILE = "summary.json"
 CLAIM_ID = re.compile(r"\b[EP]\d{1,2}\b")
@@ -99,8 +101,6 @@ def claim_ids(study_path: Path, study) -> list[str]:
 def scaling_findings(results: pd.DataFrame) -> list[str]:
     """One line per variant: fitted exponents of time and memory (train/forward) or of decode
     time with and without the cache and of cache bytes (decode)."""
-    from workbench import fit
-
     ok = results[results["status"] == Status.FINISHED]
     exps = fit.fit_exponents(ok, by=("variant", "mode", "kv_cache"),
                              metrics=("time_median_s", "activation_bytes", "kv_cache_bytes"))
@@ -132,8 +132,6 @@ def cell(lines: Sequence[str]) -> str:
 
 
 def study_row(study_path: Path, reports_dir: Path) -> list[str]:
-    from workbench.study import load_study
-
     study = load_study(study_path).study
     folder = reports_dir / study.name
     name = f"[{study.name}]({study.name}/report.md)" if (folder / "report.md").exists() else study.name

@@ -19,8 +19,11 @@ import pandas as pd
 import yaml
 from scipy import stats as st
 
-from workbench import fit
+from workbench import fit, store
+from workbench.attention import AttentionVariant
+from workbench.report import merged_environment, reproduce_command
 from workbench.results import Status
+from workbench.spec import parse_spec
 from workbench.report import figures
 from workbench.report.document import (
     Code,
@@ -412,16 +415,10 @@ class ScalingReport:
 def dense_pattern(model: dict[str, Any]) -> bool:
     """True when the attention variant reads every key (causal: every earlier key): its
     `allowed` is the base class's, so the n^2 crossover formulas apply."""
-    from workbench.attention import AttentionVariant
-    from workbench.spec import parse_spec
-
     return parse_spec(model).attention.cls.allowed is AttentionVariant.allowed
 
 
 def scaling_report_from_store(out_dir: Path, study, info: dict[str, Any], dest: Path) -> tuple[Report, pd.DataFrame]:
-    from workbench import store
-    from workbench.report import merged_environment, reproduce_command
-
     runs = store.Store(out_dir, create=False).runs()
     builder = ScalingReport(study, runs, merged_environment([r["environment"] for r in runs]),
                             reproduce_command({**info, "name": study.name}, out_dir), dest)
