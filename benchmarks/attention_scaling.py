@@ -9,8 +9,8 @@ forward + backward, batch 1, 4 heads of 64, causal, at n = 1024 .. 8192, for
     sparse          BigBird blocks of 64: local + 1 global + 2 random (about as many keys
                     per query as the window)
 
-Each (variant, n) is measured in a fresh process (workbench.measure). Exponents are fitted
-over the top `--top` lengths (workbench.fit) and checked against the issue's thresholds.
+Each (variant, n) is measured in a fresh process (workbench.cost.measure). Exponents are fitted
+over the top `--top` lengths (workbench.cost.fit) and checked against the issue's thresholds.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from rich.console import Console
 from rich.table import Table
 
 from benchmarks import Check, write_json
-from workbench.fit import fit_exponents
-from workbench.scaling import ScalingStudy, run_scaling
+from workbench.cost.fit import fit_exponents
+from workbench.run.scaling import ScalingStudy, run_scaling
 
 VARIANTS = [
     "full",

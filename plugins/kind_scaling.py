@@ -1,4 +1,4 @@
-"""The `scaling` study kind: cost against sequence length (workbench.scaling), one stored row
+"""The `scaling` study kind: cost against sequence length (workbench.run.scaling), one stored row
 per measurement, each measured in a fresh process; report: fitted exponents and cost curves.
 
 Measurements that hit a limit (oom, timeout) are data and kept on rerun, like finished ones.
@@ -12,9 +12,9 @@ from typing import Any
 from workbench import hookimpl
 from workbench.errors import WorkbenchError
 from workbench.kinds import RunOptions, StudyKind
-from workbench.runner import Summary, check_study, clear_outputs, execute_runs, sweeping
-from workbench.scaling import KEEP_ON_RERUN, MeasureExecutor, ScalingStudy, measurement_line, measurement_runs
-from workbench.store import Store
+from workbench.run.runner import Summary, check_study, clear_outputs, execute_runs, sweeping
+from workbench.run.scaling import KEEP_ON_RERUN, MeasureExecutor, ScalingStudy, measurement_line, measurement_runs
+from workbench.run.store import Store
 from workbench.study import StudyFile
 
 

@@ -2,7 +2,7 @@
 
     validate  expand every run (and tuning run), check each training setting runs here
     run       tuning runs first when the study has `tune:`, then the final runs, through the
-              executor (workbench.runner.execute_runs); finished and diverged runs are kept
+              executor (workbench.run.runner.execute_runs); finished and diverged runs are kept
     report    workbench.report.train_report from the store, with attention pictures from
               the saved final weights
 """
@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from workbench import hookimpl
-from workbench.executor import make_executor
+from workbench.run.executor import make_executor
 from workbench.kinds import RunOptions, StudyKind
 from workbench.results import RunConfig, Status, flatten
-from workbench.runner import (
+from workbench.run.runner import (
     Summary,
     SweepProgress,
     check_providers,
@@ -27,7 +27,7 @@ from workbench.runner import (
     execute_runs,
     sweeping,
 )
-from workbench.store import Store
+from workbench.run.store import Store
 from workbench.study import StudyFile, TrainStudy
 from workbench.study.keys import canonical_json
 from workbench.sweep import expand, point_key, sweep_points, tuning_runs
@@ -98,7 +98,7 @@ class TrainKind(StudyKind):
 
     def report(self, out_dir: Path, info: dict[str, Any], study: TrainStudy, dest: Path, pictures: bool):
         # The report layer (matplotlib, seaborn) loads only when a report is built, not with the plugins.
-        from workbench import store
+        from workbench.run import store
         from workbench.report import ReportSkipWarning, merged_environment, missing_variants, reproduce_command
         from workbench.report.pictures import ModelPictures
         from workbench.report.train_report import TrainInputs, TrainReport
@@ -125,7 +125,7 @@ class TrainKind(StudyKind):
 def check_devices(runs: list[RunConfig]) -> None:
     """Every training setting can run on this machine (precision, accelerator, logger)."""
     # Lightning loads only when a train study is validated or run, not with the plugins.
-    from workbench.train import check_device
+    from workbench.run.train import check_device
 
     for train in {canonical_json(r.config["train"]): r.config["train"] for r in runs}.values():
         check_device(train)

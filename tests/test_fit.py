@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from workbench.fit import analytic_crossover, crossover_length, fit_exponents, loglog_slope, measured_crossover
+from workbench.cost.fit import analytic_crossover, crossover_length, fit_exponents, loglog_slope, measured_crossover
 
 LENGTHS = [256, 512, 1024, 2048, 4096, 8192]
 

@@ -4,10 +4,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from workbench.fit import analytic_crossover, loglog_slope, measured_crossover
-from workbench.measure import (Point, allowed_pairs, count_flops, cpu_flash_pairs, measure_point, peak_memory,
+from workbench.cost.fit import analytic_crossover, loglog_slope, measured_crossover
+from workbench.cost.measure import (Point, allowed_pairs, count_flops, cpu_flash_pairs, measure_point, peak_memory,
                                run_points, saved_tensor_bytes, time_call)
-from workbench.memory import LiveTensorBytes, peak_tensor_bytes
+from workbench.cost.memory import LiveTensorBytes, peak_tensor_bytes
 from workbench.registry import get_variant
 
 TINY = {"vocab_size": 32, "d_model": 16, "n_heads": 4, "n_layers": 2, "position": "none"}

@@ -17,12 +17,12 @@ import torch
 
 from workbench import stopping
 from workbench.errors import WorkbenchError
-from workbench.runner import run_study
-from workbench.store import DB_FILE, Store, load_results, run_dir
+from workbench.run.runner import run_study
+from workbench.run.store import DB_FILE, Store, load_results, run_dir
 from workbench.study import load_study
 from workbench.sweep import expand
 from workbench.results import FINAL_WEIGHTS, LAST_CHECKPOINT, RESULT_FILE, Status
-from workbench.train import RunModule, StepBatches, train_run
+from workbench.run.train import RunModule, StepBatches, train_run
 from workbench.weights import load_final_model
 
 STUDY = """\
@@ -147,7 +147,7 @@ def finished_ids(out: Path) -> set[str]:
 
 
 def test_a_second_writer_is_refused_naming_the_holder_and_readers_still_work(finished_out, tmp_path):
-    from workbench.store import WriterLock
+    from workbench.run.store import WriterLock
 
     study, out = copy_of(finished_out, tmp_path)
     before = finished_ids(out)
@@ -161,7 +161,7 @@ def test_a_second_writer_is_refused_naming_the_holder_and_readers_still_work(fin
 
 
 def test_two_processes_create_one_store_at_once(tmp_path):
-    code = "import sys; from workbench.store import Store; Store(sys.argv[1]); print('ok')"
+    code = "import sys; from workbench.run.store import Store; Store(sys.argv[1]); print('ok')"
     procs = [subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "out")], stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT) for _ in range(3)]
     outputs = [p.communicate(timeout=120)[0].decode() for p in procs]
@@ -304,7 +304,7 @@ def test_an_invalid_result_json_is_named_and_its_run_trained_again(finished_out,
 def test_a_read_only_results_folder_is_read(finished_out, tmp_path, monkeypatch):
     """A folder this process may not write (a received copy, a read-only mount). The tests run as
     root, who may write anywhere, so the permission is what os.access reports."""
-    import workbench.store as store_module
+    import workbench.run.store as store_module
 
     study, out = copy_of(finished_out, tmp_path)
     assert not list(out.glob(f"{DB_FILE}-*"))
@@ -455,7 +455,7 @@ def test_the_strategy_names_are_lightnings():
 
 
 def test_a_full_disk_while_a_run_ends_is_one_message(tmp_path, monkeypatch):
-    import workbench.train as train_module
+    import workbench.run.train as train_module
 
     run = expand(load_study(write(tmp_path)))[0]
 

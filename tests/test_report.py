@@ -22,7 +22,7 @@ import torch
 
 from workbench import build_model
 from workbench.report import write_report
-from workbench.store import Store, run_dir
+from workbench.run.store import Store, run_dir
 from workbench.study import load_study
 from workbench.study.keys import canonical_json
 from workbench.results import FINAL_WEIGHTS, RunConfig, RunResult
@@ -263,7 +263,7 @@ def scaling_row(attention: str, mode: str, n: int, cache: bool | None) -> dict:
 
 @pytest.fixture(scope="module")
 def scaling_report(tmp_path_factory):
-    from workbench.scaling import COORDINATES, measurement_id, measurements
+    from workbench.run.scaling import COORDINATES, measurement_id, measurements
 
     root = tmp_path_factory.mktemp("scaling")
     (root / "study.yaml").write_text(SCALING_STUDY)

@@ -20,12 +20,12 @@ from click.testing import CliRunner
 
 from workbench.cli import main
 from workbench.errors import WorkbenchError
-from workbench.runner import check_study, run_study
-from workbench.store import DB_FILE, Store, load_curves, load_results, run_dir
+from workbench.run.runner import check_study, run_study
+from workbench.run.store import DB_FILE, Store, load_curves, load_results, run_dir
 from workbench.study import load_study
 from workbench.sweep import expand
 from workbench.results import LAST_CHECKPOINT, RESULT_FILE, Status
-from workbench.train import PeakMemory, RunModule, StepBatches, evaluate_lengths, train_run
+from workbench.run.train import PeakMemory, RunModule, StepBatches, evaluate_lengths, train_run
 from workbench.weights import load_final_model, make_task
 
 STUDY = """\

@@ -5,10 +5,10 @@ import textwrap
 import pytest
 
 from workbench.errors import WorkbenchError
-from workbench.fit import fit_exponents
-from workbench.runner import run_study
-from workbench.scaling import ScalingStudy, measurements, run_scaling
-from workbench.store import load_results
+from workbench.cost.fit import fit_exponents
+from workbench.run.runner import run_study
+from workbench.run.scaling import ScalingStudy, measurements, run_scaling
+from workbench.run.store import load_results
 from workbench.study import load_study
 
 STUDY = """\

@@ -5,7 +5,7 @@ from __future__ import annotations
 import multiprocessing
 from types import SimpleNamespace
 
-from workbench.store import Store, load_curves, load_results, load_run_configs
+from workbench.run.store import Store, load_curves, load_results, load_run_configs
 
 WRITERS, RUNS_EACH = 3, 15
 

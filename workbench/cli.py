@@ -126,7 +126,7 @@ def run_command(study: str, out: str | None, jobs: int, fresh: bool, profile: st
     study's report at the end."""
     from workbench.kinds import get_kind
     from workbench.report import write_report
-    from workbench.runner import run_study
+    from workbench.run.runner import run_study
     from workbench.study import load_study
 
     if dry_run:
@@ -135,7 +135,7 @@ def run_command(study: str, out: str | None, jobs: int, fresh: bool, profile: st
         return
     executor = None
     if executor_name == "ray":
-        from workbench.executor_ray import RayExecutor
+        from workbench.run.executor_ray import RayExecutor
 
         executor = RayExecutor(address, cpus=cpus_per_run, gpus=gpus_per_run)
     summary = run_study(study, out, jobs=jobs, fresh=fresh, profile=profile, quiet=quiet,
@@ -172,7 +172,7 @@ def validate_command(study: str, profile: str | None, overrides: tuple[str, ...]
 @click.option("--format", "fmt", type=click.Choice(["csv", "json"]), default="csv", show_default=True)
 def results_command(out_dir: str, fmt: str) -> None:
     """One flat row per run of OUT_DIR: swept keys, status, final metrics, cost."""
-    from workbench.store import load_results
+    from workbench.run.store import load_results
 
     frame = load_results(out_dir)
     click.echo(frame.to_csv(index=False) if fmt == "csv" else frame.to_json(orient="records", indent=2), nl=False)

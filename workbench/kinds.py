@@ -35,7 +35,7 @@ class RunOptions:
     fresh: bool = False  # clear what the folder holds first
     quiet: bool = False  # plain lines instead of the live progress display
     console: Any = None  # a rich Console for the progress display (tests capture it)
-    executor: Any = None  # a workbench.executor.Executor (default: local processes)
+    executor: Any = None  # a workbench.run.executor.Executor (default: local processes)
     runs_dir: Path | None = None  # where run folders go (default: OUT/runs)
 
 

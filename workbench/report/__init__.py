@@ -25,7 +25,7 @@ from typing import Any
 
 import pandas as pd
 
-from workbench import store
+from workbench.run import store
 from workbench.errors import WorkbenchError, WorkbenchWarning
 from workbench.kinds import get_kind
 from workbench import registry  # not `variants`: that name is also the submodule report.variants

@@ -19,7 +19,7 @@ from typing import Any
 
 import pandas as pd
 
-from workbench import store
+from workbench.run import store
 from workbench.errors import WorkbenchError
 from workbench.registry import variants
 from workbench.report import fresh_folder, merged_environment, study_of, write_files

@@ -23,7 +23,7 @@ from typing import Any
 
 import pandas as pd
 
-from workbench import fit
+from workbench.cost import fit
 from workbench.report.document import Report, fmt_seconds
 from workbench.results import Status
 from workbench.study import load_study

@@ -2,7 +2,7 @@
 the attention/projection crossover, decode latency and KV-cache bytes.
 
 Rows are the store's measurements (one per variant x mode x length [x cache]); exponents and
-crossovers come from workbench.fit. Each figure names the instrument behind its numbers
+crossovers come from workbench.cost.fit. Each figure names the instrument behind its numbers
 (FLOP accounting, live tensor bytes or CUDA allocator), time figures show their quartiles,
 axes are in readable units, and every measurement that ran out of memory or time is listed,
 never dropped.
@@ -19,7 +19,9 @@ import pandas as pd
 import yaml
 from scipy import stats as st
 
-from workbench import fit, store
+from workbench.cost import fit
+
+from workbench.run import store
 from workbench.attention import AttentionVariant
 from workbench.report import merged_environment, reproduce_command
 from workbench.results import Status
@@ -206,7 +208,7 @@ class ScalingReport:
                          r["lengths"]])
         return Section("Fitted exponents", [
             Paragraph("Slope of log(cost) against log(n) by least squares over the largest lengths "
-                      "(workbench.fit), with a 95% t interval from its standard error: ~1 is linear, ~2 quadratic."),
+                      "(workbench.cost.fit), with a 95% t interval from its standard error: ~1 is linear, ~2 quadratic."),
             Table(["variant", "mode", "metric", "exponent [95% CI]", "lengths used"], rows,
                   numeric=[False, False, False, True, False])])
 

@@ -15,7 +15,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from workbench.errors import WorkbenchError
-from workbench.executor import Executor, Job, execute
+from workbench.run.executor import Executor, Job, execute
 from workbench.results import RunResult, Status
 
 INSTALL_HINT = "pip install 'transformer-workbench[ray]'"

@@ -11,11 +11,11 @@
       time_budget_s: 300
 
 Every sweep point (same sweep syntax as training studies, over `model.*` keys) is measured
-at every length in every mode (workbench.measure: time, FLOPs, activation and peak memory,
+at every length in every mode (workbench.cost.measure: time, FLOPs, activation and peak memory,
 KV-cache bytes), each (point, length, mode) in a fresh process. A point that runs out of
 memory or time is a row with status "oom" / "timeout"; the others still run. Rows go to the
 same results store as training runs, so `workbench results` exports them flat; fits
-(workbench.fit) read that table.
+(workbench.cost.fit) read that table.
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, model_validat
 
 from workbench import stopping
 from workbench.errors import SpecError
-from workbench.executor import Executor, Job
-from workbench.measure import Mode, Point, Scope, resolve_device, run_points
+from workbench.run.executor import Executor, Job
+from workbench.cost.measure import Mode, Point, Scope, resolve_device, run_points
 from workbench.results import RunConfig, RunResult, Status
 from workbench.spec import parse_spec
 from workbench.study import StudyBase, check_key
@@ -188,7 +188,7 @@ def measurement_runs(study: ScalingStudy) -> list[RunConfig]:
 
 
 class MeasureExecutor(Executor):
-    """Measures one job at a time, each in a fresh process (workbench.measure.run_points) under
+    """Measures one job at a time, each in a fresh process (workbench.cost.measure.run_points) under
     the study's time budget; yields one RunResult per measurement, failures included."""
 
     def __init__(self, section: ScalingSection):

@@ -40,11 +40,11 @@ from rich.progress import TimeRemainingColumn
 
 from workbench import stopping
 from workbench.errors import WorkbenchError
-from workbench.executor import Executor, Job
+from workbench.run.executor import Executor, Job
 from workbench.kinds import RunOptions, get_kind
 from workbench.registry import run_providers
 from workbench.results import KEPT, PROGRESS_FILE, RESULT_FILE, RunConfig, RunResult, Status, flatten
-from workbench.store import DB_FILE, RUNS_DIR, Store, WriterLock, run_dir, runs_root
+from workbench.run.store import DB_FILE, RUNS_DIR, Store, WriterLock, run_dir, runs_root
 from workbench.study import StudyFile, load_study
 from workbench.study.keys import canonical_json
 

@@ -47,7 +47,7 @@ class Executor(ABC):
 
 
 def execute(job: Job):
-    from workbench.train import train_run  # imported here: workers pay for torch once, lazily
+    from workbench.run.train import train_run  # imported here: workers pay for torch once, lazily
 
     return train_run(job.run_id, job.config, job.run_dir)
 

@@ -44,7 +44,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from workbench import stopping
 from workbench.errors import WorkbenchError
-from workbench.memory import LiveTensorBytes
+from workbench.cost.memory import LiveTensorBytes
 from workbench.model import Transformer, build_model
 from workbench.position import PositionLimitError
 from workbench.registry import run_providers
@@ -191,7 +191,7 @@ class PeakMemory(Callback):
 
     cuda_max_allocated: torch.cuda.max_memory_allocated (tensors allocated by PyTorch on the
         GPU, reset at the start of the run; excludes the CUDA context and allocator caching).
-    train_step_live_tensor_bytes (CPU): the peak of live tensor bytes (workbench.memory) that
+    train_step_live_tensor_bytes (CPU): the peak of live tensor bytes (workbench.cost.memory) that
         one training step allocates on top of what is live when it starts (parameters,
         optimizer state, the batch): forward, backward and optimizer step. The step measured
         is the session's second (its first when only one runs), whose optimizer state already

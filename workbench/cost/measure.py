@@ -17,7 +17,7 @@ each of which labels its figures with what it is:
     activation  bytes of the tensors autograd saves for backward (saved_tensors_hooks,
                 one count per storage so views are not counted twice): exact on any device
     peak memory CUDA: max_memory_allocated over the allocation at call start;
-                CPU: peak live tensor bytes allocated during the call (workbench.memory,
+                CPU: peak live tensor bytes allocated during the call (workbench.cost.memory,
                 a TorchDispatchMode over storages); the process' peak-RSS growth is kept
                 apart as `process_peak_rss_delta_bytes` (allocator and library noise
                 included: a label, never the headline)
@@ -67,8 +67,8 @@ from torch.utils.flop_counter import FlopCounterMode
 from workbench.attention import AttentionVariant
 from workbench.cache import KVCache
 from workbench.ffn import FeedForward
-from workbench.memory import INSTRUMENT as TENSOR_BYTES_INSTRUMENT
-from workbench.memory import peak_tensor_bytes
+from workbench.cost.memory import INSTRUMENT as TENSOR_BYTES_INSTRUMENT
+from workbench.cost.memory import peak_tensor_bytes
 from workbench.model import Block, CrossAttention, DecoderModel, Positions, SelfAttention, build_model
 from workbench.registry import get_variant, plugin_manager
 from workbench.results import Status
@@ -249,7 +249,7 @@ def peak_memory(fn: Callable[[], Any], device: torch.device) -> tuple[int, str]:
 
     CUDA: torch.cuda.max_memory_allocated after reset_peak_memory_stats, minus the memory
     allocated when the call starts (parameters, inputs). CPU: the peak of live tensor bytes
-    allocated during the call (workbench.memory.LiveTensorBytes): exact, and blind to the
+    allocated during the call (workbench.cost.memory.LiveTensorBytes): exact, and blind to the
     allocator, the interpreter and libraries, which the process RSS is not.
     """
     gc.collect()
