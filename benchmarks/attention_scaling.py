@@ -9,8 +9,8 @@ forward + backward, batch 1, 4 heads of 64, causal, at n = 1024 .. 8192, for
     sparse          BigBird blocks of 64: local + 1 global + 2 random (about as many keys
                     per query as the window)
 
-Each (variant, n) is measured in a fresh process (workbench.measure). Exponents are fitted
-over the top `--top` lengths (workbench.fit) and checked against the issue's thresholds.
+Each (variant, n) is measured in a fresh process (workbench.cost.measure). Exponents are fitted
+over the top `--top` lengths (workbench.cost.fit) and checked against the issue's thresholds.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from rich.console import Console
 from rich.table import Table
 
 from benchmarks import Check, write_json
-from workbench.fit import fit_exponents
-from workbench.scaling import ScalingStudy, run_scaling
+from workbench.cost.fit import fit_exponents
+from workbench.run.scaling import ScalingStudy, run_scaling
 
 VARIANTS = [
     "full",
@@ -75,7 +75,7 @@ def points_table(rows: pd.DataFrame) -> Table:
                 "GFLOP", "keys/query"):
         table.add_column(col, justify="left" if col in ("variant", "status") else "right")
     for r in rows.itertuples():
-        if r.status != "ok":
+        if r.status != "finished":
             table.add_row(r.variant, str(r.length), r.status, *[""] * 5)
             continue
         # Analytic attention FLOPs of one forward are 4 * h * hd per allowed pair (x3 with backward).
@@ -123,7 +123,7 @@ def main(argv=None) -> int:
     console.print(f"measuring {len(VARIANTS)} variants x {len(args.lengths)} lengths, each in a fresh process")
 
     def progress(row: dict) -> None:
-        timing = f"{row['time_median_s'] * 1e3:.1f} ms" if row["status"] == "ok" else row.get("error", "")
+        timing = f"{row['time_median_s'] * 1e3:.1f} ms" if row["status"] == "finished" else row.get("error", "")
         console.print(f"  {row['variant']:<45} n={row['length']:<6} {row['status']:<8} {timing}", markup=False)
 
     rows = pd.DataFrame(run_scaling(study(args), on_row=progress))

@@ -2,7 +2,7 @@
 without the KV cache, and cache bytes for MHA / GQA / MQA at equal d_model.
 
 A 4-layer decoder (d_model 256, 8 query heads of 32) with 8, 2 and 1 K/V heads. Latency is
-one generated token at context n (workbench.measure, mode decode, each point in a fresh
+one generated token at context n (workbench.cost.measure, mode decode, each point in a fresh
 process): with the cache, a single-token step against the cached K/V; without it, a forward
 over all n + 1 tokens. Cache bytes are read from `model.generate(...).last_cache` and must
 equal 2 * layers * n_kv_heads * head_dim * tokens * batch * element size exactly (P9), so
@@ -20,9 +20,9 @@ from rich.console import Console
 from rich.table import Table
 
 from benchmarks import Check, write_json
-from workbench.fit import fit_exponents
+from workbench.cost.fit import fit_exponents
 from workbench.model import build_model
-from workbench.scaling import ScalingStudy, run_scaling
+from workbench.run.scaling import ScalingStudy, run_scaling
 
 ATTENTIONS = {"MHA": 8, "GQA": 2, "MQA": 1}  # name -> n_kv_heads, with 8 query heads
 MODEL = {"family": "decoder", "d_model": 256, "n_heads": 8, "n_layers": 4, "position": "rope", "vocab_size": 256}
@@ -52,7 +52,7 @@ def cache_bytes_rows(contexts: list[int], batch: int, new_tokens: int = 3) -> li
             cache = model.last_cache
             tokens = n + new_tokens
             element = cache.self_attn[0].k.element_size()
-            per_layer = 2 * spec.kv_heads * spec.dim_head * tokens * batch * element
+            per_layer = 2 * spec.n_kv_heads * spec.head_dim * tokens * batch * element
             rows.append({
                 "attention": name, "n_kv_heads": kv, "tokens": tokens, "batch": batch,
                 "cache_bytes": cache.nbytes, "formula_bytes": spec.decoder_layers * per_layer,

@@ -136,8 +136,8 @@ def quickstart_study(setup: Setup, folder: Path) -> tuple[Path, str | None]:
 
 
 def train_quickstart(setup: Setup) -> dict[str, Any]:
-    from workbench.runner import run_study
-    from workbench.store import Store
+    from workbench.run.runner import run_study
+    from workbench.run.store import Store
 
     with tempfile.TemporaryDirectory() as folder:
         path, profile = quickstart_study(setup, Path(folder))

@@ -76,10 +76,10 @@ def xtransformers_kwargs(spec: ModelSpec) -> dict[str, Any]:
         raise ValueError("x-transformers' attention projections have no bias: compare with bias=False")
     if spec.tie_qk or spec.dropout:
         raise ValueError("tie_qk and dropout have no x-transformers counterpart in this comparison")
-    head_dim = spec.dim_head
+    head_dim = spec.head_dim
     kw: dict[str, Any] = dict(
         dim=spec.d_model, depth=spec.n_layers, heads=spec.n_heads, attn_dim_head=head_dim,
-        attn_kv_heads=spec.kv_heads, attn_flash=True, pre_norm=spec.norm.name == "pre",
+        attn_kv_heads=spec.n_kv_heads, attn_flash=True, pre_norm=spec.norm.name == "pre",
         norm_add_unit_offset=False, ff_mult=d_ff_of(spec) / spec.d_model,
         ff_no_bias=True, verbose=False,
     )

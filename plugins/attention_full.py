@@ -3,7 +3,6 @@ softmax attention over every allowed key, without materialising the n x n matrix
 backend can avoid it (no score bias, no padding). With a score bias (ALiBi) on CUDA,
 FlexAttention adds it inside the kernel instead of materialising an [h, n, n] bias."""
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor
 

@@ -10,10 +10,10 @@ from click.testing import CliRunner
 from test_report import save_study
 from workbench.cli import main
 from workbench.report.compare import comparison_inputs
-from workbench.store import Store
+from workbench.run.store import Store
 from workbench.study import load_study
 from workbench.sweep import expand
-from workbench.train import RunResult
+from workbench.results import RunResult
 
 STUDY = """\
 name: {name}

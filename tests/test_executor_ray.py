@@ -17,7 +17,7 @@ import pytest
 from click.testing import CliRunner
 
 from workbench.cli import main
-from workbench.store import Store, load_results
+from workbench.run.store import Store, load_results
 
 STUDY = """\
 name: ray-e2e

@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from workbench.fit import analytic_crossover, crossover_length, fit_exponents, loglog_slope, measured_crossover
+from workbench.cost.fit import analytic_crossover, crossover_length, fit_exponents, loglog_slope, measured_crossover
 
 LENGTHS = [256, 512, 1024, 2048, 4096, 8192]
 
@@ -46,7 +46,7 @@ def test_failed_points_are_dropped_and_two_points_have_no_error():
 
 
 def test_fit_exponents_groups_by_variant_and_ignores_failed_rows():
-    rows = [{"variant": v, "mode": "train_step", "length": n, "status": "ok", "time_median_s": n**p}
+    rows = [{"variant": v, "mode": "train_step", "length": n, "status": "finished", "time_median_s": n**p}
             for v, p in (("full", 2.0), ("sliding_window", 1.0)) for n in LENGTHS]
     rows.append({"variant": "full", "mode": "train_step", "length": 16384, "status": "oom", "time_median_s": None})
     fits = fit_exponents(pd.DataFrame(rows), by=("variant", "mode"), metrics=("time_median_s",), top=3)
@@ -86,7 +86,7 @@ def test_analytic_crossover(spec, expected):
 
 
 def test_measured_crossover_refuses_rows_without_attention_flops():
-    rows = [{"status": "ok", "mode": "forward", "length": n, "flops_attention": 0, "flops_executed_attention": 0,
+    rows = [{"status": "finished", "mode": "forward", "length": n, "flops_attention": 0, "flops_executed_attention": 0,
              "flops_projections": 1, "flops_ffn": 1} for n in (64, 128)]
     for accounting in ("useful", "executed"):
         with pytest.raises(ValueError, match="no attention FLOPs"):

@@ -16,7 +16,7 @@ import torch
 from workbench.registry import variants
 from workbench.report import write_report
 from workbench.report.index import build_index
-from workbench.runner import run_study
+from workbench.run.runner import run_study
 from workbench.tasks import Task
 
 TASKS = variants("task")

@@ -9,7 +9,7 @@ import torch
 from workbench.errors import WorkbenchError
 from workbench.study import load_study
 from workbench.sweep import expand
-from workbench.train import check_device, train_run
+from workbench.run.train import check_device, train_run
 
 STUDY = """\
 name: tracked

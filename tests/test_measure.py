@@ -4,10 +4,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from workbench.fit import analytic_crossover, loglog_slope, measured_crossover
-from workbench.measure import (Point, allowed_pairs, count_flops, cpu_flash_pairs, measure_point, peak_memory,
+from workbench.cost.fit import analytic_crossover, loglog_slope, measured_crossover
+from workbench.cost.measure import (Point, allowed_pairs, count_flops, cpu_flash_pairs, measure_point, peak_memory,
                                run_points, saved_tensor_bytes, time_call)
-from workbench.memory import LiveTensorBytes, peak_tensor_bytes
+from workbench.cost.memory import LiveTensorBytes, peak_tensor_bytes
 from workbench.registry import get_variant
 
 TINY = {"vocab_size": 32, "d_model": 16, "n_heads": 4, "n_layers": 2, "position": "none"}
@@ -78,7 +78,7 @@ def test_allowed_pairs_of_full_and_sliding_window():
 def test_layer_point_labels_figures_and_counts_projections_exactly():
     n, d = 32, 16
     row = measure_point(Point(model=TINY, scope="layer", mode="train_step", length=n, repeats=2, threads=1))
-    assert row["status"] == "ok"
+    assert row["status"] == "finished"
     # forward QKV (d -> 3d) and output (d -> d) projections, x3 with the backward
     assert row["flops_projections"] == 3 * (2 * n * d * 3 * d + 2 * n * d * d)
     # useful attention: the causal pairs, forward and backward (x3)
@@ -136,7 +136,7 @@ def test_measured_crossover_of_naive_attention_matches_the_analytic_one():
             for n in lengths]
     assert all(r["flops_executed_source"] == "flop_counter" for r in rows)  # explicit matmuls are counted
     for r, n in zip(rows, lengths):
-        r.update(status="ok", mode="forward", length=n)
+        r.update(status="finished", mode="forward", length=n)
         assert r["flops_executed_attention"] == 4 * n * n * TINY["d_model"]
     cross = measured_crossover(rows, "executed")
     assert cross.method == "interpolated"
@@ -182,6 +182,6 @@ def test_oom_point_is_recorded_and_the_next_point_still_runs():
     huge = Point(model=TINY, scope="block", mode="forward", length=2**22, memory_limit_gb=1 / 16, repeats=1)
     small = Point(model=TINY, scope="block", mode="forward", length=16, repeats=1)
     rows = run_points([huge, small], time_budget_s=120)
-    assert [r["status"] for r in rows] == ["oom", "ok"]
+    assert [r["status"] for r in rows] == ["oom", "finished"]
     assert "allocate" in rows[0]["error"]
     assert rows[1]["time_median_s"] > 0 and rows[1]["length"] == 16

@@ -430,7 +430,7 @@ def expected_cache_bytes(model, layers: int, tokens_seen: int, batch: int, eleme
     spec = model.spec
     window = model._cache_window()
     held = min(tokens_seen, window) if window else tokens_seen
-    return 2 * layers * spec.kv_heads * spec.dim_head * held * batch * element
+    return 2 * layers * spec.n_kv_heads * spec.head_dim * held * batch * element
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])

@@ -10,8 +10,8 @@ from click.testing import CliRunner
 
 from workbench.cli import main
 from workbench.errors import WorkbenchError
-from workbench.runner import check_study
-from workbench.store import Store
+from workbench.run.runner import check_study
+from workbench.run.store import Store
 from workbench.study import load_study
 from workbench.sweep import expand
 

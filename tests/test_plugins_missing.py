@@ -12,11 +12,11 @@ from workbench import hookimpl, registry
 from workbench.errors import WorkbenchError
 from workbench.position import PositionScheme
 from workbench.report import ReportSkipWarning, write_report
-from workbench.runner import check_providers
-from workbench.store import Store
+from workbench.run.runner import check_providers
+from workbench.run.store import Store
 from workbench.study import load_study
 from workbench.sweep import expand
-from workbench.train import RunResult
+from workbench.results import RunResult
 
 STUDY = """\
 name: third-party

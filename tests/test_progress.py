@@ -9,11 +9,12 @@ import json
 import torch
 from rich.console import Console
 
-from workbench.executor import PROGRESS_FILE, Job
-from workbench.runner import SweepProgress
+from workbench.run.executor import Job
+from workbench.results import PROGRESS_FILE, RunResult
+from workbench.run.runner import SweepProgress
 from workbench.study import load_study
 from workbench.sweep import expand
-from workbench.train import RunResult, train_run
+from workbench.run.train import train_run
 
 STUDY = """\
 name: live

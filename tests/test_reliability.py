@@ -4,9 +4,7 @@ the one-line message and that nothing finished was lost."""
 
 from __future__ import annotations
 
-import json
 import os
-import pickle
 import signal
 import sqlite3
 import subprocess
@@ -19,12 +17,13 @@ import torch
 
 from workbench import stopping
 from workbench.errors import WorkbenchError
-from workbench.runner import run_study
-from workbench.store import DB_FILE, Store, load_results, run_dir
+from workbench.run.runner import run_study
+from workbench.run.store import DB_FILE, Store, load_results, run_dir
 from workbench.study import load_study
 from workbench.sweep import expand
-from workbench.train import FINISHED, LAST_CHECKPOINT, RESULT_FILE, RunModule, StepBatches
-from workbench.train import load_final_model, train_run
+from workbench.results import FINAL_WEIGHTS, LAST_CHECKPOINT, RESULT_FILE, Status
+from workbench.run.train import RunModule, StepBatches, train_run
+from workbench.weights import load_final_model
 
 STUDY = """\
 name: tiny-reliability
@@ -79,7 +78,7 @@ def test_a_run_stopped_at_any_step_resumes_exactly(tmp_path, monkeypatch, stop_a
     original_item = StepBatches.__getitem__
     monkeypatch.setattr(StepBatches, "__getitem__", lambda self, i: seen.append(i) or original_item(self, i))
     resumed = train_run(run.run_id, run.config, tmp_path / "resumed")
-    assert resumed.status == FINISHED and resumed.resumed_from_step == stop_at
+    assert resumed.status == Status.FINISHED and resumed.resumed_from_step == stop_at
     assert seen == list(range(stop_at, 20))  # each batch once, in order
     assert resumed.metrics == reference.metrics  # exact on the CPU (dropout included)
     assert resumed.curves == reference.curves
@@ -148,7 +147,7 @@ def finished_ids(out: Path) -> set[str]:
 
 
 def test_a_second_writer_is_refused_naming_the_holder_and_readers_still_work(finished_out, tmp_path):
-    from workbench.store import WriterLock
+    from workbench.run.store import WriterLock
 
     study, out = copy_of(finished_out, tmp_path)
     before = finished_ids(out)
@@ -162,7 +161,7 @@ def test_a_second_writer_is_refused_naming_the_holder_and_readers_still_work(fin
 
 
 def test_two_processes_create_one_store_at_once(tmp_path):
-    code = "import sys; from workbench.store import Store; Store(sys.argv[1]); print('ok')"
+    code = "import sys; from workbench.run.store import Store; Store(sys.argv[1]); print('ok')"
     procs = [subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "out")], stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT) for _ in range(3)]
     outputs = [p.communicate(timeout=120)[0].decode() for p in procs]
@@ -305,7 +304,7 @@ def test_an_invalid_result_json_is_named_and_its_run_trained_again(finished_out,
 def test_a_read_only_results_folder_is_read(finished_out, tmp_path, monkeypatch):
     """A folder this process may not write (a received copy, a read-only mount). The tests run as
     root, who may write anywhere, so the permission is what os.access reports."""
-    import workbench.store as store_module
+    import workbench.run.store as store_module
 
     study, out = copy_of(finished_out, tmp_path)
     assert not list(out.glob(f"{DB_FILE}-*"))
@@ -334,8 +333,6 @@ def test_a_truncated_checkpoint_names_the_file_and_what_to_do(tmp_path):
 
 def test_a_truncated_final_weights_file_keeps_the_old_report(finished_out, tmp_path):
     from workbench.report import write_report
-    from workbench.train import FINAL_WEIGHTS
-
     study, out = copy_of(finished_out, tmp_path)
     index = write_report(out, tmp_path / "reports")
     old = index.read_text()
@@ -451,14 +448,14 @@ def test_impossible_training_settings_are_refused(tmp_path, line, message):
 def test_the_strategy_names_are_lightnings():
     from pytorch_lightning.strategies import StrategyRegistry
 
-    from workbench.study import LIGHTNING_STRATEGIES
+    from workbench.study.sections import LIGHTNING_STRATEGIES
 
     firsts = {name.split("_")[0] for name in StrategyRegistry.available_strategies()}
     assert set(LIGHTNING_STRATEGIES) - {"auto"} <= firsts
 
 
 def test_a_full_disk_while_a_run_ends_is_one_message(tmp_path, monkeypatch):
-    import workbench.train as train_module
+    import workbench.run.train as train_module
 
     run = expand(load_study(write(tmp_path)))[0]
 

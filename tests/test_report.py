@@ -22,10 +22,12 @@ import torch
 
 from workbench import build_model
 from workbench.report import write_report
-from workbench.store import Store, run_dir
-from workbench.study import canonical_json, load_study
-from workbench.sweep import RunConfig, expand
-from workbench.train import FINAL_WEIGHTS, RunResult, save_final_weights
+from workbench.run.store import Store, run_dir
+from workbench.study import load_study
+from workbench.study.keys import canonical_json
+from workbench.results import FINAL_WEIGHTS, RunConfig, RunResult
+from workbench.sweep import expand
+from workbench.weights import save_final_weights
 
 TRAIN_STUDY = """
 name: positions
@@ -209,7 +211,7 @@ def test_training_report_figures(train_report):
     assert "| alibi | 0.91 \\[0.885, 0.935\\] | 3/3 |" in md
     assert "<script>" not in md and "&lt;script&gt;" in md
     csv = (folder / "results.csv").read_text().splitlines()
-    assert csv[0].startswith("variant,run_id,position,seed,model.position,status,")
+    assert csv[0].startswith("variant,run_id,index,seed,model.position,status,")
     assert len(csv) == 1 + 9
 
 
@@ -261,7 +263,7 @@ def scaling_row(attention: str, mode: str, n: int, cache: bool | None) -> dict:
 
 @pytest.fixture(scope="module")
 def scaling_report(tmp_path_factory):
-    from workbench.scaling import COORDINATES, measurement_id, measurements
+    from workbench.run.scaling import COORDINATES, measurement_id, measurements
 
     root = tmp_path_factory.mktemp("scaling")
     (root / "study.yaml").write_text(SCALING_STUDY)

@@ -20,12 +20,13 @@ from click.testing import CliRunner
 
 from workbench.cli import main
 from workbench.errors import WorkbenchError
-from workbench.runner import check_study, run_study
-from workbench.store import DB_FILE, Store, load_curves, load_results, run_dir
+from workbench.run.runner import check_study, run_study
+from workbench.run.store import DB_FILE, Store, load_curves, load_results, run_dir
 from workbench.study import load_study
 from workbench.sweep import expand
-from workbench.train import FINISHED, LAST_CHECKPOINT, RESULT_FILE, PeakMemory, RunModule, StepBatches, evaluate_lengths
-from workbench.train import load_final_model, make_task, train_run
+from workbench.results import LAST_CHECKPOINT, RESULT_FILE, Status
+from workbench.run.train import PeakMemory, RunModule, StepBatches, evaluate_lengths, train_run
+from workbench.weights import load_final_model, make_task
 
 STUDY = """\
 name: tiny-e2e
@@ -103,7 +104,7 @@ def test_flat_results_table_and_a_diverging_sibling(sweep_out):
     assert result.exit_code == 0
     rows = json.loads(result.output)
     assert [r["status"] for r in rows] == ["finished", "diverged"]
-    assert CliRunner().invoke(main, ["results", str(out)]).output.splitlines()[0].startswith("run_id,position,seed,train.lr,status")
+    assert CliRunner().invoke(main, ["results", str(out)]).output.splitlines()[0].startswith("run_id,index,seed,train.lr,status")
 
 
 def test_final_weights_reproduce_the_recorded_metrics(sweep_out):
@@ -156,7 +157,7 @@ def test_interrupted_run_continues_from_its_checkpoint_with_the_next_batch(tmp_p
     original_item = StepBatches.__getitem__
     monkeypatch.setattr(StepBatches, "__getitem__", lambda self, i: seen.append(i) or original_item(self, i))
     resumed = train_run(run.run_id, run.config, tmp_path / "resumed")
-    assert resumed.status == FINISHED and resumed.resumed_from_step == 10
+    assert resumed.status == Status.FINISHED and resumed.resumed_from_step == 10
     assert seen == list(range(10, 20))  # batches continue where the checkpoint left off
     assert resumed.metrics == pytest.approx(reference.metrics, rel=1e-5)
     assert [c[:3] for c in resumed.curves] == [c[:3] for c in reference.curves]  # the whole history kept

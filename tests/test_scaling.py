@@ -5,10 +5,10 @@ import textwrap
 import pytest
 
 from workbench.errors import WorkbenchError
-from workbench.fit import fit_exponents
-from workbench.runner import run_study
-from workbench.scaling import ScalingStudy, measurements, run_scaling
-from workbench.store import load_results
+from workbench.cost.fit import fit_exponents
+from workbench.run.runner import run_study
+from workbench.run.scaling import ScalingStudy, measurements, run_scaling
+from workbench.run.store import load_results
 from workbench.study import load_study
 
 STUDY = """\
@@ -62,7 +62,7 @@ def test_run_scaling_without_a_store_gives_flat_rows():
     study = ScalingStudy.model_validate(__import__("yaml").safe_load(text))
     rows = run_scaling(study)
     assert [(r["model.attention"], r["status"], r["mode"], r["length"]) for r in rows] == [
-        ("full", "ok", "forward", 16), ("sliding_window(window=8)", "ok", "forward", 16)]
+        ("full", "finished", "forward", 16), ("sliding_window(window=8)", "finished", "forward", 16)]
     assert rows[0]["activation_bytes"] is None  # inference keeps no activations for backward
 
 

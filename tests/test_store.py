@@ -5,7 +5,7 @@ from __future__ import annotations
 import multiprocessing
 from types import SimpleNamespace
 
-from workbench.store import Store, load_curves, load_results, load_run_configs
+from workbench.run.store import Store, load_curves, load_results, load_run_configs
 
 WRITERS, RUNS_EACH = 3, 15
 
@@ -57,5 +57,20 @@ def test_rewriting_a_run_replaces_it_and_counts_attempts(tmp_path):
 def test_flat_table_orders_metrics_by_length_then_name(tmp_path):
     Store(tmp_path).record(*fake(0, 2))
     columns = list(load_results(tmp_path).columns)
-    assert columns[:5] == ["run_id", "position", "seed", "model.position", "status"]
+    assert columns[:5] == ["run_id", "index", "seed", "model.position", "status"]
     assert columns[5:8] == ["accuracy@8", "loss@8", "accuracy@16"]
+
+
+def test_a_store_written_before_the_index_column_was_named_reads_and_resumes(tmp_path):
+    """Stores written before the sweep index was called `index` have it as `position`."""
+    import sqlite3
+
+    store = Store(tmp_path)
+    for i in (2, 0, 1):
+        store.record(*fake(0, i))
+    with sqlite3.connect(tmp_path / "results.db") as conn:
+        conn.execute('ALTER TABLE runs RENAME COLUMN "index" TO position')
+    assert list(load_results(tmp_path)["index"]) == [0, 1, 2]  # read as it is
+    Store(tmp_path).record(*fake(0, 3))  # a writer renames the column and goes on
+    table = load_results(tmp_path)
+    assert list(table.columns[:3]) == ["run_id", "index", "seed"] and list(table["index"]) == [0, 1, 2, 3]

@@ -16,7 +16,7 @@ import yaml
 from click.testing import CliRunner
 
 from workbench.cli import main
-from workbench.study import load_study, study_json_schema
+from workbench.study import load_study
 from workbench.sweep import expand
 
 STUDIES = Path(__file__).resolve().parent.parent / "studies"

@@ -12,15 +12,15 @@ import torch
 from click.testing import CliRunner
 
 from workbench.cli import main
-from workbench.executor import InProcessExecutor
+from workbench.run.executor import InProcessExecutor
 from workbench.registry import variants
 from workbench.report import write_report
-from workbench.runner import run_study
-from workbench.store import RUNS_DIR, Store, load_results
+from workbench.run.runner import run_study
+from workbench.run.store import RUNS_DIR, Store, load_results
 from workbench.study import load_study, study_json_schema
 from workbench.sweep import expand, tuning_runs
-from workbench.tasks import EVAL, VALIDATION
-from workbench.train import RESULT_FILE
+from workbench.results import EVAL, VALIDATION
+from workbench.results import RESULT_FILE
 from workbench.tuning import choose, chosen_values
 
 TASKS = variants("task")

@@ -253,6 +253,7 @@ def flex_attention_fn(device: torch.device) -> Callable:
     scores materialised: used by tests). Default dynamic shapes: after a second length the
     kernel is compiled for symbolic lengths instead of once per length."""
     global _compiled_flex
+    # On first use only: importing FlexAttention loads torch's compiler stack (dynamo, inductor).
     from torch.nn.attention.flex_attention import flex_attention
 
     if device.type != "cuda":
@@ -272,7 +273,7 @@ def block_mask_from_allowed(allowed: Callable[[Tensor, Tensor], Tensor], n: int,
     evaluated) or partial, whose exact bits are kept and read back by the mask_mod. This works
     for any pattern a variant states through `allowed`, including ones that are not a pointwise
     formula (sparse's random blocks use a top-k), at O(n^2) cost once per length."""
-    from torch.nn.attention.flex_attention import BlockMask
+    from torch.nn.attention.flex_attention import BlockMask  # on first use, as in flex_attention_fn
 
     nb = -(-n // block)
     pos = torch.arange(nb * block, device=device)

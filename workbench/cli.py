@@ -1,4 +1,8 @@
-"""The `workbench` command. User mistakes print one message and exit 2, never a traceback."""
+"""The `workbench` command. User mistakes print one message and exit 2, never a traceback.
+
+Each command imports what it uses inside its function: `workbench --help`, `list` and `new-plugin`
+then start without loading the runner, Lightning or the report layer (matplotlib, seaborn).
+"""
 
 from __future__ import annotations
 
@@ -120,17 +124,18 @@ def run_command(study: str, out: str | None, jobs: int, fresh: bool, profile: st
                 runs_dir: str | None, reports_dir: str | None) -> None:
     """Train every run of STUDY (a YAML file); finished runs in the folder are kept. Writes the
     study's report at the end."""
+    from workbench.kinds import get_kind
     from workbench.report import write_report
-    from workbench.runner import run_study
+    from workbench.run.runner import run_study
+    from workbench.study import load_study
 
     if dry_run:
-        from workbench.study import load_study
-
-        click.echo(dry_run_text(load_study(study, profile, overrides)), nl=False)
+        study_file = load_study(study, profile, overrides)
+        click.echo(get_kind(study_file.study.kind).dry_run(study_file), nl=False)
         return
     executor = None
     if executor_name == "ray":
-        from workbench.executor_ray import RayExecutor
+        from workbench.run.executor_ray import RayExecutor
 
         executor = RayExecutor(address, cpus=cpus_per_run, gpus=gpus_per_run)
     summary = run_study(study, out, jobs=jobs, fresh=fresh, profile=profile, quiet=quiet,
@@ -148,32 +153,6 @@ def default_reports_dir(out_dir: str | Path) -> Path:
     return Path("reports") if out_dir.parent == Path("runs") else out_dir / "reports"
 
 
-def dry_run_text(study_file) -> str:
-    """Every run id with its resolved settings: those shared by all runs once, then per run
-    the ones that differ (flattened dotted keys, as `--set` and sweeps name them)."""
-    from workbench.runner import flatten
-    from workbench.sweep import expand
-
-    s = study_file.study
-    if s.kind != "train":
-        from workbench.scaling import measurements
-
-        points = measurements(s)
-        return f"{s.name}: scaling study, {len(points)} measurements (no run ids: cost points are measured, not trained)\n"
-    runs = expand(study_file)
-    settings = [{k: v for k, v in flatten(r.config).items()} for r in runs]
-    keys = list(dict.fromkeys(k for row in settings for k in row))
-    varying = [k for k in keys if len({json.dumps(row.get(k), sort_keys=True, default=str) for row in settings}) > 1]
-    common = [k for k in keys if k not in varying]
-    lines = [f"{s.name}: {len(runs)} runs (study hash {study_file.study_hash}); nothing is trained with --dry-run",
-             "settings of every run:"]
-    lines += [f"  {k} = {json.dumps(settings[0].get(k), default=str)}" for k in common]
-    for run, row in zip(runs, settings):
-        differing = " ".join(f"{k}={json.dumps(row.get(k), default=str)}" for k in varying)
-        lines.append(f"{run.run_id}  {differing}".rstrip())
-    return "\n".join(lines) + "\n"
-
-
 @main.command("validate")
 @click.argument("study")
 @click.option("--profile", default=None, help="validate with the study's named overrides applied")
@@ -181,27 +160,11 @@ def dry_run_text(study_file) -> str:
               help="override a study field (after --profile), e.g. --set train.steps=500; repeatable")
 def validate_command(study: str, profile: str | None, overrides: tuple[str, ...]) -> None:
     """Check STUDY and every run of its sweep, without training."""
-    from workbench.runner import check_devices
+    from workbench.kinds import get_kind
     from workbench.study import load_study
-    from workbench.sweep import expand, sweep_points, tuning_runs
 
     study_file = load_study(study, profile, overrides)
-    s = study_file.study
-    if s.kind == "scaling":
-        from workbench.scaling import measurements
-
-        click.echo(f"ok: {study} (scaling study {s.name!r}): {len(measurements(s))} measurements = "
-                   f"{len(s.sweep_points())} sweep points x {len(s.seeds)} seeds x modes x lengths")
-        return
-    runs = expand(study_file)
-    tuning = tuning_runs(study_file)  # with `tune:`, the final runs exist once each point has chosen
-    check_devices([*runs, *tuning])
-    steps = sorted({r.config["train"]["steps"] for r in [*runs, *tuning]})
-    n_final = len(sweep_points(s)) * len(s.seeds)
-    tuned = (f" (at values chosen by {len(tuning)} tuning runs = {len(sweep_points(s))} sweep points x "
-             f"{len(s.tune.points())} candidates x {s.tune.seeds} seeds)" if tuning else "")
-    click.echo(f"ok: {study} ({s.kind} study {s.name!r}): {n_final} runs = {len(sweep_points(s))} sweep points "
-               f"x {len(s.seeds)} seeds{tuned}; task {s.task['name']}; {', '.join(map(str, steps))} steps per run")
+    click.echo(get_kind(study_file.study.kind).describe(study_file))
 
 
 @main.command("results")
@@ -209,7 +172,7 @@ def validate_command(study: str, profile: str | None, overrides: tuple[str, ...]
 @click.option("--format", "fmt", type=click.Choice(["csv", "json"]), default="csv", show_default=True)
 def results_command(out_dir: str, fmt: str) -> None:
     """One flat row per run of OUT_DIR: swept keys, status, final metrics, cost."""
-    from workbench.store import load_results
+    from workbench.run.store import load_results
 
     frame = load_results(out_dir)
     click.echo(frame.to_csv(index=False) if fmt == "csv" else frame.to_json(orient="records", indent=2), nl=False)

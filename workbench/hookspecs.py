@@ -32,3 +32,8 @@ def register_ffn_types() -> list[type]:
 @hookspec
 def register_tasks() -> list[type]:
     """Return Task subclasses (data, vocabulary and metrics for a study)."""
+
+
+@hookspec
+def register_study_kinds() -> list[type]:
+    """Return StudyKind subclasses (what a study's `kind:` selects: validate, run, report)."""

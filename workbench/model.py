@@ -22,11 +22,10 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from workbench.attention import AttentionParams
 from workbench.cache import KVCache, LayerCache
 from workbench.position import INIT_STD
 from workbench.registry import get_variant
-from workbench.sampling import next_token
+from workbench.sampling import GenerationConfig, next_token
 from workbench.spec import ModelSpec, parse_spec
 
 
@@ -52,7 +51,7 @@ class SelfAttention(nn.Module):
 
     def __init__(self, spec: ModelSpec, position: nn.Module):
         super().__init__()
-        self.n_heads, self.n_kv_heads, self.head_dim = spec.n_heads, spec.kv_heads, spec.dim_head
+        self.n_heads, self.n_kv_heads, self.head_dim = spec.n_heads, spec.n_kv_heads, spec.head_dim
         self.tie_qk = spec.tie_qk  # keys = queries: scores x Wq (x Wq)^T are symmetric
         n_proj_heads = self.n_heads + (0 if self.tie_qk else self.n_kv_heads) + self.n_kv_heads
         self.qkv = nn.Linear(spec.d_model, n_proj_heads * self.head_dim, bias=spec.bias)
@@ -101,7 +100,7 @@ class CrossAttention(nn.Module):
 
     def __init__(self, spec: ModelSpec):
         super().__init__()
-        self.n_heads, self.n_kv_heads, self.head_dim = spec.n_heads, spec.kv_heads, spec.dim_head
+        self.n_heads, self.n_kv_heads, self.head_dim = spec.n_heads, spec.n_kv_heads, spec.head_dim
         self.q = nn.Linear(spec.d_model, self.n_heads * self.head_dim, bias=spec.bias)
         self.kv = nn.Linear(spec.d_model, 2 * self.n_kv_heads * self.head_dim, bias=spec.bias)
         self.out = nn.Linear(self.n_heads * self.head_dim, spec.d_model, bias=spec.bias)
@@ -169,7 +168,7 @@ class Stack(nn.Module):
         super().__init__()
         self.embedding = embedding  # shared by encoder, decoder and the tied output head
         self.position = spec.position.cls(
-            spec.position.params, d_model=spec.d_model, n_heads=spec.n_heads, head_dim=spec.dim_head
+            spec.position.params, d_model=spec.d_model, n_heads=spec.n_heads, head_dim=spec.head_dim
         )
         self.dropout = nn.Dropout(spec.dropout)
         self.blocks = nn.ModuleList(Block(spec, self.position, causal, cross) for _ in range(n_layers))
@@ -220,33 +219,31 @@ class Transformer(nn.Module):
     # ---- generation (decoder and encoder_decoder) -------------------------------------------
 
     @torch.no_grad()
-    def _generate(self, prefix: Tensor, step, n_layers: int, max_new_tokens: int, strategy: str,
-                  temperature: float, top_k: int | None, top_p: float | None, eos_id: int | None,
-                  pad_id: int, use_cache: bool, prefix_mask: Tensor | None,
-                  generator: torch.Generator | None, cross_capacity: int = 0) -> Tensor:
+    def _generate(self, prefix: Tensor, step, n_layers: int, settings: GenerationConfig,
+                  prefix_mask: Tensor | None, generator: torch.Generator | None, cross_capacity: int = 0) -> Tensor:
         """Shared loop. `step(tokens, seq, cache)` returns logits of the given tokens."""
         B, n = prefix.shape
         cache = None
-        if use_cache:
+        if settings.use_cache:
             window = self._cache_window()
-            total = n + max_new_tokens
+            total = n + settings.max_new_tokens
             cache = KVCache(n_layers, min(total, window) if window else total, cross_capacity)
         tokens, mask = prefix, prefix_mask
         seq = Positions.of(prefix, prefix_mask)
         next_pos = seq.pos[:, -1] + 1  # [B]
         finished = torch.zeros(B, dtype=torch.bool, device=prefix.device)
         logits = step(prefix, seq, cache)[:, -1]  # [B, vocab]
-        for _ in range(max_new_tokens):
-            new = next_token(logits, strategy, temperature, top_k, top_p, generator)  # [B]
-            new = torch.where(finished, torch.full_like(new, pad_id), new)
+        for _ in range(settings.max_new_tokens):
+            new = next_token(logits, settings, generator)  # [B]
+            new = torch.where(finished, torch.full_like(new, settings.pad_id), new)
             tokens = torch.cat([tokens, new[:, None]], dim=1)
             if mask is not None:
                 mask = torch.cat([mask, torch.ones_like(new[:, None], dtype=torch.bool)], dim=1)
-            if eos_id is not None:
-                finished |= new == eos_id
+            if settings.eos_id is not None:
+                finished |= new == settings.eos_id
                 if bool(finished.all()):
                     break
-            if use_cache:
+            if settings.use_cache:
                 logits = step(new[:, None], Positions(next_pos[:, None], None), cache)[:, -1]
             else:
                 logits = step(tokens, Positions.of(tokens, mask), None)[:, -1]
@@ -308,9 +305,8 @@ class DecoderModel(Transformer):
         def step(tokens: Tensor, seq: Positions, cache: KVCache | None) -> Tensor:
             return self.head(self.decoder(tokens, seq, cache=cache))
 
-        return self._generate(prompt, step, len(self.decoder.blocks), max_new_tokens, strategy,
-                              temperature, top_k, top_p, eos_id, pad_id, use_cache, padding_mask,
-                              generator)
+        settings = GenerationConfig(max_new_tokens, strategy, temperature, top_k, top_p, eos_id, pad_id, use_cache)
+        return self._generate(prompt, step, len(self.decoder.blocks), settings, padding_mask, generator)
 
 
 class EncoderDecoderModel(Transformer):
@@ -344,9 +340,9 @@ class EncoderDecoderModel(Transformer):
             return self.head(self.decoder(tokens, seq, memory, src_seq, cache=cache))
 
         start = torch.full((src.shape[0], 1), bos_id, dtype=torch.long, device=src.device)
-        return self._generate(start, step, len(self.decoder.blocks), max_new_tokens, strategy,
-                              temperature, top_k, top_p, eos_id, pad_id, use_cache, None,
-                              generator, cross_capacity=src.shape[1])
+        settings = GenerationConfig(max_new_tokens, strategy, temperature, top_k, top_p, eos_id, pad_id, use_cache)
+        return self._generate(start, step, len(self.decoder.blocks), settings, None, generator,
+                              cross_capacity=src.shape[1])
 
 
 FAMILIES = {"encoder": EncoderModel, "decoder": DecoderModel, "encoder_decoder": EncoderDecoderModel}

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-import torch
 from torch import Tensor, nn
 
 from workbench.variants import Variant

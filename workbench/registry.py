@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import importlib.metadata
 import warnings
 
 import pluggy
@@ -40,8 +41,6 @@ PROVIDERS: dict[str, str] = {}
 
 def workbench_entry_points():
     """(distribution, entry point) for every entry point in the `workbench` group."""
-    import importlib.metadata
-
     for dist in importlib.metadata.distributions():
         for ep in dist.entry_points:
             if ep.group == ENTRY_POINT_GROUP:
@@ -61,9 +60,12 @@ def load_plugin(pm: pluggy.PluginManager, dist, ep) -> None:
     PROVIDERS[getattr(plugin, "__name__", ep.value)] = f"{dist.metadata['name']} {dist.version}"
 
 
+HOOKS = [*HOOK_OF_AXIS.values(), "register_study_kinds"]  # every hook of workbench.hookspecs
+
+
 def suggest_hook(name: str) -> str:
-    hint = closest(name, HOOK_OF_AXIS.values())
-    return f"; did you mean {hint!r}?" if hint else f" (valid: {', '.join(HOOK_OF_AXIS.values())})"
+    hint = closest(name, HOOKS)
+    return f"; did you mean {hint!r}?" if hint else f" (valid: {', '.join(HOOKS)})"
 
 
 @functools.cache

@@ -2,16 +2,32 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
 
 STRATEGIES = ("greedy", "sample")
 
 
-def next_token(logits: Tensor, strategy: str = "greedy", temperature: float = 1.0,
-               top_k: int | None = None, top_p: float | None = None,
+@dataclass(frozen=True)
+class GenerationConfig:
+    """How `generate` continues a sequence."""
+
+    max_new_tokens: int = 32
+    strategy: str = "greedy"  # greedy (argmax) or sample
+    temperature: float = 1.0  # sample: logits are divided by it (lower: closer to greedy)
+    top_k: int | None = None  # sample: only the k most likely tokens
+    top_p: float | None = None  # sample: only the smallest set reaching this probability (nucleus)
+    eos_id: int | None = None  # a row that emitted it continues with pad_id; all did: stop
+    pad_id: int = 0
+    use_cache: bool = True  # decode one token per step from the KV cache (else recompute all)
+
+
+def next_token(logits: Tensor, settings: GenerationConfig = GenerationConfig(),
                generator: torch.Generator | None = None) -> Tensor:
     """logits [B, vocab] -> token ids [B]."""
+    strategy, temperature, top_k, top_p = settings.strategy, settings.temperature, settings.top_k, settings.top_p
     if strategy == "greedy":
         return logits.argmax(dim=-1)
     if strategy != "sample":

@@ -65,6 +65,9 @@ def spec_error_from(err: ValidationError, prefix: str = "") -> SpecError:
     return SpecError(path, problem)
 
 
+VARIANT_AXES = ("position", "attention", "norm", "ffn")  # the model fields that name a variant
+
+
 class ModelSpec(BaseModel):
     """Everything that defines a model's architecture."""
 
@@ -104,25 +107,21 @@ class ModelSpec(BaseModel):
                 f"{self.n_heads} heads do not divide d_model={self.d_model}; "
                 f"use a divisor of {self.d_model} or set head_dim",
             )
-        if self.kv_heads > self.n_heads or self.n_heads % self.kv_heads:
+        # Defaults resolved once, here (the model is frozen afterwards): every reader sees one
+        # head_dim and one n_kv_heads, never None.
+        self.__dict__.update(head_dim=self.head_dim or self.d_model // self.n_heads,
+                             n_kv_heads=self.n_kv_heads or self.n_heads)
+        if self.n_kv_heads > self.n_heads or self.n_heads % self.n_kv_heads:
             raise SpecError(
                 "model.n_kv_heads",
-                f"{self.kv_heads} K/V heads must divide n_heads={self.n_heads} "
+                f"{self.n_kv_heads} K/V heads must divide n_heads={self.n_heads} "
                 f"(valid: {', '.join(str(g) for g in range(1, self.n_heads + 1) if self.n_heads % g == 0)})",
             )
-        if self.tie_qk and self.kv_heads != self.n_heads:
+        if self.tie_qk and self.n_kv_heads != self.n_heads:
             raise SpecError("model.tie_qk", "tying Q and K needs n_kv_heads == n_heads")
         if self.n_classes is not None and self.family != "encoder":
             raise SpecError("model.n_classes", "only the encoder family has a classification head")
         return self
-
-    @property
-    def kv_heads(self) -> int:
-        return self.n_kv_heads or self.n_heads
-
-    @property
-    def dim_head(self) -> int:
-        return self.head_dim or self.d_model // self.n_heads
 
     @property
     def encoder_layers(self) -> int:
@@ -135,9 +134,8 @@ class ModelSpec(BaseModel):
     def resolved(self) -> dict[str, Any]:
         """Plain, fully resolved mapping (variants with all their parameters) for storage."""
         out = self.model_dump(exclude={"position", "attention", "norm", "ffn"})
-        for axis in ("position", "attention", "norm", "ffn"):
+        for axis in VARIANT_AXES:
             out[axis] = getattr(self, axis).as_dict()
-        out["n_kv_heads"], out["head_dim"] = self.kv_heads, self.dim_head
         return out
 
 

@@ -19,26 +19,16 @@ WORKBENCH_MAX_ACTIVATION_BYTES (environment variables; the defaults refuse only 
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, field
 from typing import Any
 
 from workbench.errors import SpecError
 from workbench.registry import get_variant
 from workbench.spec import parse_spec
-from workbench.tasks import VALIDATION
-from workbench.study import (
-    StudyError,
-    canonical_json,
-    StudyFile,
-    TrainConfig,
-    TrainStudy,
-    digest,
-    label,
-    limit,
-    set_dotted,
-    task_section,
-    unwrap,
-)
+from workbench.results import VALIDATION, RunConfig
+from workbench.study import StudyFile, TrainStudy, task_section, unwrap
+from workbench.study.keys import canonical_json, digest, label, set_dotted
+from workbench.study.sections import TrainConfig
+from workbench.study.yaml_file import StudyError, limit
 from pydantic import ValidationError
 
 def estimated_parameters(model: dict[str, Any]) -> int:
@@ -87,34 +77,6 @@ def check_size(train_length: int, eval_lengths: list[int], model: dict[str, Any]
                             "GiB; use a smaller batch, or set WORKBENCH_MAX_ACTIVATION_BYTES to allow it")
 
 
-@dataclass(frozen=True)
-class RunConfig:
-    """One run of a sweep: plain data, picklable, the same on every machine."""
-
-    run_id: str  # hash of what the run computes (task, model, training, seed)
-    index: int  # position in the sweep, for stable ordering in tables
-    seed: int
-    swept: dict[str, Any]  # dotted key -> value label (a flat column of the results table)
-    config: dict[str, Any] = field(repr=False)  # {"task": ..., "model": ..., "train": ..., "seed": ...}
-
-    @property
-    def stage(self) -> str:
-        """"tune" for a tuning run (it evaluates on validation sets), else "final"."""
-        return run_stage(self.config)
-
-    @property
-    def describe(self) -> str:
-        values = " ".join(f"{k}={v}" for k, v in self.swept.items())
-        return f"{'tuning ' if self.stage == TUNE else ''}{values} seed={self.seed}".strip()
-
-
-TUNE, FINAL = "tune", "final"
-
-
-def run_stage(config: dict[str, Any]) -> str:
-    return TUNE if config.get("split") == VALIDATION else FINAL
-
-
 def sweep_points(study: TrainStudy) -> list[dict[str, Any]]:
     """Every combination of swept values as {dotted.key: value} (one {} when nothing is swept)."""
     return study.sweep.points()
@@ -160,7 +122,7 @@ def check_position_limit(spec, task_obj, task: dict[str, Any]) -> None:
     """A position scheme with a fixed table (learned) must cover the training sequences; past
     the training length, a too-short table is by design recorded as not applicable."""
     scheme = spec.position.cls(spec.position.params, d_model=spec.d_model, n_heads=spec.n_heads,
-                               head_dim=spec.dim_head)
+                               head_dim=spec.head_dim)
     limit = scheme.max_length
     if limit is None:
         return

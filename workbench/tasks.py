@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import math
 import pathlib
+import string
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -43,6 +44,8 @@ from scipy.stats import entropy
 from torch import Tensor
 
 from workbench.errors import SpecError, WorkbenchError
+# What a run evaluates on: the evaluation sets, or (a tuning run) the validation sets.
+from workbench.results import EVAL, VALIDATION
 from workbench.variants import Params, Variant
 
 FAMILIES = ("decoder", "encoder_decoder", "encoder")
@@ -51,8 +54,6 @@ SPECIALS = ("<pad>", "<bos>", "<eos>", "<sep>")  # ids 0..3 in every built-in vo
 
 # Seed streams: training and each held-out set draw from disjoint numpy SeedSequences.
 TRAIN_STREAM, EVAL_STREAM, SAMPLE_STREAM, VALID_STREAM = 0, 1, 2, 3
-# What a run evaluates on: the evaluation sets, or (a tuning run) the validation sets.
-EVAL, VALIDATION = "eval", "validation"
 
 # (lowest, highest) value of each built-in metric: reports keep intervals inside this range,
 # and the better end is the perfect score that the learned-at-all margin is measured towards.
@@ -486,8 +487,6 @@ def blind_scores(positions: Sequence[tuple[float, np.ndarray]], exact_match: flo
 
 def symbol_names(n: int) -> list[str]:
     """Readable names for an alphabet: a..z, A..Z, 0..9, then s62, s63, ..."""
-    import string
-
     base = string.ascii_lowercase + string.ascii_uppercase + string.digits
     return [base[i] if i < len(base) else f"s{i}" for i in range(n)]
 

@@ -18,7 +18,7 @@ rate, not the variant. Each point is compared at its own best value instead.
 A point chooses only when every one of its tuning runs is done (finished or diverged): a
 failed tuning run is retried by the next `workbench run` first, so a choice never changes
 after its final runs exist. Tuning and final runs live in one store; a run's stage is
-"tune" when its config evaluates on the validation split (`sweep.run_stage`).
+"tune" when its config evaluates on the validation split (`results.run_stage`).
 """
 
 from __future__ import annotations
@@ -30,10 +30,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from workbench.registry import get_variant
-from workbench.study import TrainStudy, label
-from workbench.sweep import TUNE, point_key, run_stage
+from workbench.study import TrainStudy
+from workbench.study.keys import label
+from workbench.results import KEPT, TUNE, Status, run_stage
+from workbench.sweep import point_key
 
-FINISHED = "finished"
 
 
 @dataclass(frozen=True)
@@ -47,13 +48,11 @@ class Candidate:
 
     @property
     def done(self) -> bool:
-        from workbench.runner import DONE  # the runner imports this module
-
-        return len(self.statuses) == self.runs and all(s in DONE for s in self.statuses)
+        return len(self.statuses) == self.runs and all(s in KEPT for s in self.statuses)
 
     @property
     def eligible(self) -> bool:
-        return (self.done and all(s == FINISHED for s in self.statuses)
+        return (self.done and all(s == Status.FINISHED for s in self.statuses)
                 and all(math.isfinite(v) for v in self.scores))
 
     @property
@@ -102,7 +101,7 @@ def choose(study: TrainStudy, rows: Iterable[Mapping[str, Any]]) -> list[PointTu
         candidates = []
         for values in tune.points():
             mine = recorded[point_key(swept, keys), point_key(labels(values), tune.keys)]
-            scores = tuple(score(r["metrics"].get(tune.metric)) for r in mine if r["status"] == FINISHED)
+            scores = tuple(score(r["metrics"].get(tune.metric)) for r in mine if r["status"] == Status.FINISHED)
             candidates.append(Candidate(values, tuple(r["status"] for r in mine), scores, tune.seeds))
         eligible = [c for c in candidates if c.eligible]
         best = None

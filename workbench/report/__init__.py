@@ -19,17 +19,20 @@ import json
 import os
 import shlex
 import shutil
-import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
+from workbench.run import store
 from workbench.errors import WorkbenchError, WorkbenchWarning
+from workbench.kinds import get_kind
+from workbench import registry  # not `variants`: that name is also the submodule report.variants
 from workbench.report.document import Report
 from workbench.report.index import write_summary
 from workbench.report.render import render_html, render_markdown
+from workbench.study import STORED, study_kinds
 
 REPORT_FILES = ("index.html", "report.md", "results.csv", "summary.json")
 
@@ -82,8 +85,6 @@ def swap_in(built: Path, dest: Path) -> None:
 
 def study_of(info: Mapping[str, Any]):
     """The validated study object stored with the results."""
-    from workbench.study import study_kinds
-
     kinds = study_kinds()
     data = info.get("study")
     if not isinstance(data, Mapping):
@@ -92,19 +93,15 @@ def study_of(info: Mapping[str, Any]):
     if kind not in kinds:
         raise WorkbenchError(f"the stored study has kind {kind!r}, which this workbench does not know "
                              f"(valid: {', '.join(sorted(kinds))})")
-    from workbench.study import STORED
-
     return kinds[kind].model_validate(data, context={STORED: True})
 
 
 def missing_variants(configs: Mapping[str, Mapping[str, Any]]) -> list[str]:
     """`axis name` of every variant or task the stored runs used that no installed package
     provides now (its plugin was uninstalled)."""
-    from workbench.registry import variants
-
     used = {("task", c["task"]["name"]) for c in configs.values()}
     used |= {(axis, c["model"][axis]["name"]) for c in configs.values() for axis in ("position", "attention", "norm", "ffn")}
-    return sorted(f"{axis} {name!r}" for axis, name in used if name not in variants(axis))
+    return sorted(f"{axis} {name!r}" for axis, name in used if name not in registry.variants(axis))
 
 
 class ReportSkipWarning(WorkbenchWarning):
@@ -115,8 +112,6 @@ def write_report(out_dir: str | Path, reports_dir: str | Path = "reports", *, pi
     """Write the report of the study stored in `out_dir`; returns the path of index.html.
 
     `pictures=False` skips the attention heatmaps (which load each variant's final weights)."""
-    from workbench import store
-
     out_dir = Path(out_dir)
     info = store.load_study_info(out_dir)
     study = study_of(info)
@@ -133,37 +128,7 @@ def write_report(out_dir: str | Path, reports_dir: str | Path = "reports", *, pi
 
 
 def build_report(out_dir: Path, info: dict[str, Any], study, dest: Path, pictures: bool) -> None:
-    from workbench import store
-
-    if study.kind == "train":
-        from workbench.report.pictures import ModelPictures
-        from workbench.report.train_report import TrainInputs, TrainReport
-
-        from workbench.tuning import choose
-
-        runs = store.load_results(out_dir)
-        missing = missing_variants(store.load_run_configs(out_dir))
-        if missing and pictures:
-            warnings.warn(f"{', '.join(missing)} not installed: the report leaves out the attention and position "
-                          "pictures (they load the trained models); everything else is from the store",
-                          ReportSkipWarning, stacklevel=2)
-            pictures = False
-        records = store.Store(out_dir, create=False).runs()
-        environment = merged_environment([r["environment"] for r in records])
-        inputs = TrainInputs(
-            study=study, runs=runs, curves=store.load_curves(out_dir), environment=environment,
-            command=reproduce_command({**info, "name": study.name}, out_dir),
-            pictures=ModelPictures(lambda run_id: store.run_dir(out_dir, run_id)) if pictures else None,
-            tuning=choose(study, records),
-        )
-        builder = TrainReport(inputs, dest)
-        report, results = builder.build(), builder.results_csv()
-    elif study.kind == "scaling":
-        from workbench.report.scaling_report import scaling_report_from_store
-
-        report, results = scaling_report_from_store(out_dir, study, info, dest)
-    else:
-        raise WorkbenchError(f"no report for study kind {study.kind!r}")
+    report, results = get_kind(study.kind).report(out_dir, info, study, dest, pictures)
     write_files(report, results, dest)
     write_summary(dest, report, store.Store(out_dir, create=False).runs())
 

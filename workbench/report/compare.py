@@ -19,9 +19,17 @@ from typing import Any
 
 import pandas as pd
 
+from workbench.run import store
 from workbench.errors import WorkbenchError
-
-VARIANT_AXES = ("position", "attention", "norm", "ffn")
+from workbench.registry import variants
+from workbench.report import fresh_folder, merged_environment, study_of, write_files
+from workbench.report.index import write_summary
+from workbench.report.pictures import ModelPictures
+from workbench.report.train_report import TrainInputs, TrainReport
+from workbench.results import flatten
+from workbench.spec import VARIANT_AXES
+from workbench.study import STORED, TrainStudy
+from workbench.study.keys import get_dotted, label
 
 
 def setting_key(flat_key: str) -> str:
@@ -35,9 +43,6 @@ def setting_key(flat_key: str) -> str:
 def value_label(key: str, config: dict[str, Any]) -> Any:
     """A run's value of `key` as its label: a variant by name with only its non-default
     parameters (`sliding_window(window=64)`, as a study would write it); others as stored."""
-    from workbench.registry import variants
-    from workbench.study import get_dotted, label
-
     value = get_dotted(config, key)
     axis = key.split(".")[1] if key.startswith("model.") else None
     if axis in VARIANT_AXES and isinstance(value, dict):
@@ -52,8 +57,6 @@ def distinguishing_keys(studies: Sequence[Any], configs: dict[str, dict[str, Any
     """Swept keys of any folder, then every setting the study files set differently (as
     written: a setting derived from another, such as eval_every from steps, is not one),
     when the runs' values of it differ."""
-    from workbench.runner import flatten
-
     written = [flatten({k: s.run_defining()[k] for k in ("task", "model", "train")}) for s in studies]
     keys = list(dict.fromkeys(k for flat in written for k in flat))
     differing = [setting_key(k) for k in keys
@@ -65,10 +68,6 @@ def distinguishing_keys(studies: Sequence[Any], configs: dict[str, dict[str, Any
 
 def comparison_inputs(out_dirs: Sequence[str | Path], name: str):
     """(study, runs, curves, environment, run folder of each run id) for the training report."""
-    from workbench import store
-    from workbench.report import merged_environment, study_of
-    from workbench.study import STORED, TrainStudy
-
     if len(out_dirs) < 2:
         raise WorkbenchError("compare: give at least two study folders")
     studies, frames, curves, configs, folder_of, environments = [], [], [], {}, {}, []
@@ -93,7 +92,7 @@ def comparison_inputs(out_dirs: Sequence[str | Path], name: str):
     runs = runs.drop(columns=[c for s in studies for c in s.sweep.keys if c in runs.columns]).drop_duplicates("run_id")
     for key in keys:
         runs[key] = [value_label(key, configs[run_id]) for run_id in runs["run_id"]]
-    runs["position"] = range(len(runs))  # sweep order across the folders, as given
+    runs["index"] = range(len(runs))  # sweep order across the folders, as given
     first = studies[0]
     swept_model = {k.split(".")[1] for k in keys if k.startswith("model.")}
     study = TrainStudy.model_validate({
@@ -112,12 +111,6 @@ def comparison_inputs(out_dirs: Sequence[str | Path], name: str):
 def write_comparison(out_dirs: Sequence[str | Path], reports_dir: str | Path, name: str | None = None,
                      *, pictures: bool = True) -> Path:
     """Write the report comparing the runs of `out_dirs` to REPORTS/<name>/; returns index.html."""
-    from workbench import store
-    from workbench.report import fresh_folder, write_files
-    from workbench.report.index import write_summary
-    from workbench.report.pictures import ModelPictures
-    from workbench.report.train_report import TrainInputs, TrainReport
-
     names = [store.load_study_info(d).get("name") or Path(d).name for d in out_dirs]
     name = name or "-vs-".join(dict.fromkeys(names))
     study, runs, curves, environment, folder_of = comparison_inputs(out_dirs, name)

@@ -28,6 +28,7 @@ import seaborn as sns  # noqa: E402
 from matplotlib import font_manager  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
+from workbench.report.document import fmt_bytes  # noqa: E402
 from workbench.report.stats import mean_ci  # noqa: E402
 
 # A CJK font often ships one weight (500): matplotlib would log a warning for every text.
@@ -92,8 +93,6 @@ def band(metric: str) -> Callable[[pd.Series], tuple[float, float]]:
 
 def byte_axis(axis) -> None:
     """A log-scaled axis of byte counts with ticks at powers of two, read as KiB/MiB/GiB."""
-    from workbench.report.document import fmt_bytes
-
     axis.set_major_locator(matplotlib.ticker.LogLocator(base=2))
     axis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: fmt_bytes(v)))
     axis.set_minor_formatter(matplotlib.ticker.NullFormatter())

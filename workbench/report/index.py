@@ -23,7 +23,10 @@ from typing import Any
 
 import pandas as pd
 
+from workbench.cost import fit
 from workbench.report.document import Report, fmt_seconds
+from workbench.results import Status
+from workbench.study import load_study
 
 SUMMARY_FILE = "summary.json"
 CLAIM_ID = re.compile(r"\b[EP]\d{1,2}\b")
@@ -99,9 +102,7 @@ def scaling_findings(results: pd.DataFrame) -> list[str]:
     """One line per variant: fitted exponents of time and peak memory (live tensor bytes on the
     CPU, allocated bytes on CUDA) for forward and train step, or of decode time with and
     without the cache and of cache bytes (decode)."""
-    from workbench import fit
-
-    ok = results[results["status"] == "finished"]
+    ok = results[results["status"] == Status.FINISHED]
     exps = fit.fit_exponents(ok, by=("variant", "mode", "kv_cache"),
                              metrics=("time_median_s", "peak_memory_bytes", "kv_cache_bytes"))
     # With one swept key a variant is labelled by its bare value ("4"): name the key then.
@@ -134,8 +135,6 @@ def cell(lines: Sequence[str]) -> str:
 
 
 def study_row(study_path: Path, reports_dir: Path) -> list[str]:
-    from workbench.study import load_study
-
     study = load_study(study_path).study
     folder = reports_dir / study.name
     name = f"[{study.name}]({study.name}/report.md)" if (folder / "report.md").exists() else study.name
@@ -155,7 +154,7 @@ def study_row(study_path: Path, reports_dir: Path) -> list[str]:
         findings = ["measured (no `expect:`; verdicts in the report's Notes); fitted exponents:", *exponents]
     else:
         findings = ["descriptive (no `expect:`): see the report"]
-    failed = {k: n for k, n in s["statuses"].items() if k != "finished"}
+    failed = {k: n for k, n in s["statuses"].items() if k != Status.FINISHED}
     runs = f"{s['runs']} runs" + (" (" + ", ".join(f"{n} {k}" for k, n in failed.items()) + ")" if failed else "")
     return [name, claims, question, cell(findings), f"{fmt_seconds(s['run_span_s'])}, {runs}",
             f"`{study_path.as_posix()}`"]

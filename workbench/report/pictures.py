@@ -34,6 +34,7 @@ from workbench.position import PositionScheme
 from workbench.report import figures
 from workbench.report.document import Figure, Item, Paragraph, Table, fmt
 from workbench.report.variants import Variants
+from workbench.weights import load_final_model, make_task
 
 # Referring words whose attention row is drawn when a sample contains them.
 FOCUS_TOKENS = ("它", "it")
@@ -96,16 +97,10 @@ class ModelPictures:
     """Callable given to the training report: (variants, finished runs, report folder) -> items.
 
     `run_dir` maps a run id to its folder; `load` returns (model, config) from a run folder
-    and `make_task` a task from a run config (workbench.train's functions by default)."""
+    and `make_task` a task from a run config (workbench.weights' functions by default)."""
 
-    def __init__(self, run_dir: Callable[[str], Path], load: Callable[[Path], tuple[Any, dict]] | None = None,
-                 make_task: Callable[[dict], Any] | None = None):
-        if load is None or make_task is None:
-            from workbench.train import load_final_model
-            from workbench.train import make_task as default_make_task
-
-            load = load or load_final_model
-            make_task = make_task or default_make_task
+    def __init__(self, run_dir: Callable[[str], Path], load: Callable[[Path], tuple[Any, dict]] = load_final_model,
+                 make_task: Callable[[dict], Any] = make_task):
         self.run_dir, self.load, self.make_task = run_dir, load, make_task
 
     def __call__(self, variants: Variants, finished: pd.DataFrame, dest: Path) -> list[Item]:

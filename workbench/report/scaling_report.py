@@ -2,7 +2,7 @@
 the attention/projection crossover, decode latency and KV-cache bytes.
 
 Rows are the store's measurements (one per variant x mode x length [x cache]); exponents and
-crossovers come from workbench.fit. Each figure names the instrument behind its numbers
+crossovers come from workbench.cost.fit. Each figure names the instrument behind its numbers
 (FLOP accounting, live tensor bytes or CUDA allocator), time figures show their quartiles,
 axes are in readable units, and every measurement that ran out of memory or time is listed,
 never dropped.
@@ -19,7 +19,13 @@ import pandas as pd
 import yaml
 from scipy import stats as st
 
-from workbench import fit
+from workbench.cost import fit
+
+from workbench.run import store
+from workbench.attention import AttentionVariant
+from workbench.report import merged_environment, reproduce_command
+from workbench.results import Status
+from workbench.spec import parse_spec
 from workbench.report import figures
 from workbench.report.document import (
     Code,
@@ -36,7 +42,6 @@ from workbench.report.document import (
 from workbench.report.variants import Variants, short_key, value_text
 
 COORDINATES = ("scope", "mode", "length", "kv_cache")
-FINISHED = "finished"
 
 
 @dataclass(frozen=True)
@@ -102,7 +107,7 @@ def measurement_rows(runs: list[dict[str, Any]], keys: list[str]) -> pd.DataFram
     status, every figure with its label (strings kept: instrument names are data)."""
     rows = []
     for r in runs:
-        row = {"run_id": r["run_id"], "position": r["position"], "status": r["status"], "error": r.get("error")}
+        row = {"run_id": r["run_id"], "index": r["index"], "status": r["status"], "error": r.get("error")}
         row.update({k: r["swept"].get(k) for k in keys})
         row.update({c: r["swept"].get(c) for c in COORDINATES})
         row.update(r["metrics"])
@@ -110,7 +115,7 @@ def measurement_rows(runs: list[dict[str, Any]], keys: list[str]) -> pd.DataFram
         row["peak_memory_instrument"] = r.get("peak_memory_instrument")
         rows.append(row)
     frame = pd.DataFrame(rows)
-    return frame.sort_values("position").reset_index(drop=True) if not frame.empty else frame
+    return frame.sort_values("index").reset_index(drop=True) if not frame.empty else frame
 
 
 def exponent_text(exponent: float, stderr: float, n_points: int) -> str:
@@ -131,8 +136,7 @@ class ScalingReport:
         swept = {k: study.sweep.values(k) for k in self.keys}
         self.variants = Variants.of(self.keys, self.rows, swept)
         self.rows["variant"] = self.variants.label_runs(self.rows)
-        self.ok = self.rows[self.rows["status"] == FINISHED].copy()
-        self.ok["status"] = "ok"  # workbench.fit counts rows with the measurer's own "ok"
+        self.ok = self.rows[self.rows["status"] == Status.FINISHED].copy()
         palette = figures.variant_palette(self.variants.labels)
         self.palette = {v: palette[v] for v in self.variants.labels}
         self.exponents = fit.fit_exponents(self.ok, by=("variant", "mode", "kv_cache"),
@@ -170,7 +174,7 @@ class ScalingReport:
             "peak of live tensor bytes allocated during the call (a TorchDispatchMode over storages; kernel "
             "scratch buffers excluded), on CUDA max_memory_allocated over the start; the process's peak-RSS "
             "growth stays in the CSV as process_peak_rss_delta_bytes, not a headline figure."))
-        statuses = sorted(set(self.rows["status"]), key=lambda x: (x != FINISHED, x))
+        statuses = sorted(set(self.rows["status"]), key=lambda x: (x != Status.FINISHED, x))
         table_rows = []
         for variant in self.variants.labels:
             mine = self.rows[self.rows["variant"] == variant]
@@ -204,7 +208,7 @@ class ScalingReport:
                          r["lengths"]])
         return Section("Fitted exponents", [
             Paragraph("Slope of log(cost) against log(n) by least squares over the largest lengths "
-                      "(workbench.fit), with a 95% t interval from its standard error: ~1 is linear, ~2 quadratic."),
+                      "(workbench.cost.fit), with a 95% t interval from its standard error: ~1 is linear, ~2 quadratic."),
             Table(["variant", "mode", "metric", "exponent [95% CI]", "lengths used"], rows,
                   numeric=[False, False, False, True, False])])
 
@@ -370,7 +374,7 @@ class ScalingReport:
         return Section("Decoding", [i for i in items if i is not None])
 
     def failures(self) -> Section:
-        failed = self.rows[self.rows["status"] != FINISHED]
+        failed = self.rows[self.rows["status"] != Status.FINISHED]
         if failed.empty:
             return Section("Failed measurements", [Paragraph("Every measurement finished.")])
         rows = [[r["variant"], str(r["mode"]), f"{int(r['length']):,}", str(r["status"]),
@@ -413,16 +417,10 @@ class ScalingReport:
 def dense_pattern(model: dict[str, Any]) -> bool:
     """True when the attention variant reads every key (causal: every earlier key): its
     `allowed` is the base class's, so the n^2 crossover formulas apply."""
-    from workbench.attention import AttentionVariant
-    from workbench.spec import parse_spec
-
     return parse_spec(model).attention.cls.allowed is AttentionVariant.allowed
 
 
 def scaling_report_from_store(out_dir: Path, study, info: dict[str, Any], dest: Path) -> tuple[Report, pd.DataFrame]:
-    from workbench import store
-    from workbench.report import merged_environment, reproduce_command
-
     runs = store.Store(out_dir, create=False).runs()
     builder = ScalingReport(study, runs, merged_environment([r["environment"] for r in runs]),
                             reproduce_command({**info, "name": study.name}, out_dir), dest)

@@ -27,6 +27,8 @@ import numpy as np
 import pandas as pd
 from scipy import stats as st
 
+from workbench.report.document import fmt
+
 LEVEL = 0.95
 ALPHA = 1 - LEVEL
 # A group learned when its score at the training length is better than chance by at least
@@ -190,8 +192,6 @@ class Learned:
 
     @property
     def text(self) -> str:
-        from workbench.report.document import fmt
-
         if math.isnan(self.chance):
             return f"{self.group}: no chance level of {self.metric}"
         if math.isnan(self.score):

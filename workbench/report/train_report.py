@@ -52,13 +52,12 @@ from workbench.report.stats import (
 )
 from workbench.report.tuning import TuningSection, split_stages
 from workbench.report.variants import Variants, short_key, value_text
+from workbench.results import FAILURES, Status
 from workbench.study import RUN_MEASURES
 from workbench.sweep import resolve_point
 from workbench.tasks import METRIC_RANGES
 from workbench.tuning import PointTuning
 
-FINISHED = "finished"
-FAILED_STATUSES = ("diverged", "oom", "failed")
 
 # Run measures shown next to each leaderboard (column in the store -> heading, formatter).
 MEASURES: dict[str, tuple[str, Callable[[float], str]]] = {
@@ -147,10 +146,10 @@ class TrainReport:
         runs = inputs.runs.copy()
         self.variants = Variants.of(self.keys, runs, swept)
         runs["variant"] = self.variants.label_runs(runs)
-        order = ["position", "seed"] if "position" in runs else ["variant", "seed"]
+        order = ["index", "seed"] if "index" in runs else ["variant", "seed"]
         runs = runs.sort_values(order, key=self._variant_order).reset_index(drop=True)
         self.runs, self.tuning_runs = split_stages(runs)  # tables and verdicts: final runs only
-        self.finished = self.runs[self.runs["status"] == FINISHED]
+        self.finished = self.runs[self.runs["status"] == Status.FINISHED]
         self.palette = figures.variant_palette(self.variants.labels)
         self.palette = {v: self.palette[v] for v in self.variants.labels}  # sweep order for legends
         try:
@@ -354,7 +353,7 @@ class TrainReport:
         return Section("Setup", items)
 
     def status_table(self) -> Table:
-        statuses = [FINISHED, *FAILED_STATUSES]
+        statuses = [Status.FINISHED, *FAILURES]
         statuses += sorted(set(self.runs["status"]) - set(statuses))
         rows = []
         for variant in self.variants.labels:
@@ -507,7 +506,7 @@ class TrainReport:
         return pd.DataFrame(rows)
 
     def failures(self) -> Section:
-        failed = self.runs[self.runs["status"] != FINISHED]
+        failed = self.runs[self.runs["status"] != Status.FINISHED]
         if failed.empty:
             return Section("Failed runs", [Paragraph("Every run finished.")])
         rows = []
@@ -554,7 +553,3 @@ class TrainReport:
         frame = runs.drop(columns=["variant"])
         frame.insert(0, "variant", runs["variant"])
         return frame
-
-
-def train_report(inputs: TrainInputs, dest: Path) -> Report:
-    return TrainReport(inputs, dest).build()

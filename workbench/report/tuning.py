@@ -13,7 +13,7 @@ import pandas as pd
 from workbench.report import figures
 from workbench.report.document import Figure, Item, Paragraph, Section, Table, fmt
 from workbench.report.variants import Variants, short_key, value_text
-from workbench.sweep import TUNE
+from workbench.results import TUNE, Status
 from workbench.tuning import Candidate, PointTuning, higher_is_better, labels
 
 
@@ -34,7 +34,7 @@ def cell(candidate: Candidate) -> str:
         return fmt(candidate.mean) + (f" ({n} seeds)" if n > 1 else "")
     if not candidate.statuses:
         return "not run"
-    return "/".join(sorted(set(candidate.statuses) - {"finished"})) or "no score"
+    return "/".join(sorted(set(candidate.statuses) - {Status.FINISHED})) or "no score"
 
 
 class TuningSection:

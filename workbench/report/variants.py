@@ -18,7 +18,7 @@ from typing import Any
 
 import pandas as pd
 
-from workbench.study import label
+from workbench.study.keys import label
 
 
 def short_key(key: str) -> str:

@@ -15,7 +15,8 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from workbench.errors import WorkbenchError
-from workbench.executor import Executor, Job, execute
+from workbench.run.executor import Executor, Job, execute
+from workbench.results import RunResult, Status
 
 INSTALL_HINT = "pip install 'transformer-workbench[ray]'"
 
@@ -56,8 +57,6 @@ class RayExecutor(Executor):
                                  "start one with `ray start --head` or omit --address") from None
 
     def run(self, jobs: Sequence[Job]) -> Iterator[Any]:
-        from workbench.train import FAILED, RunResult
-
         ray = import_ray()
         started_here = not ray.is_initialized()
         self._connect(ray)
@@ -77,7 +76,7 @@ class RayExecutor(Executor):
                 try:
                     yield ray.get(done[0])
                 except ray.exceptions.RayError as err:  # retries exhausted, or the task itself crashed
-                    yield RunResult(job.run_id, FAILED, error=f"ray: {type(err).__name__}: {err}".strip()[:2000])
+                    yield RunResult(job.run_id, Status.FAILED, error=f"ray: {type(err).__name__}: {err}".strip()[:2000])
         finally:
             for ref in pending:
                 ray.cancel(ref, force=True)

@@ -11,11 +11,11 @@
       time_budget_s: 300
 
 Every sweep point (same sweep syntax as training studies, over `model.*` keys) is measured
-at every length in every mode (workbench.measure: time, FLOPs, activation and peak memory,
+at every length in every mode (workbench.cost.measure: time, FLOPs, activation and peak memory,
 KV-cache bytes), each (point, length, mode) in a fresh process. A point that runs out of
 memory or time is a row with status "oom" / "timeout"; the others still run. Rows go to the
 same results store as training runs, so `workbench results` exports them flat; fits
-(workbench.fit) read that table.
+(workbench.cost.fit) read that table.
 """
 
 from __future__ import annotations
@@ -23,19 +23,23 @@ from __future__ import annotations
 import copy
 import itertools
 import time
-from collections.abc import Callable, Mapping
-from pathlib import Path
+from collections.abc import Callable, Iterator, Sequence
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, model_validator
 
+from workbench import stopping
 from workbench.errors import SpecError
-from workbench.measure import Mode, Point, Scope, resolve_device, run_points
+from workbench.run.executor import Executor, Job
+from workbench.cost.measure import Mode, Point, Scope, resolve_device, run_points
+from workbench.results import RunConfig, RunResult, Status
 from workbench.spec import parse_spec
-from workbench.study import SWEEP_JSON_SCHEMA, StudyBase, Sweep, check_key, digest, label, set_dotted
+from workbench.study import StudyBase, check_key
+from workbench.study.keys import digest, label, set_dotted
+from workbench.study.sections import SWEEP_JSON_SCHEMA, Sweep
 
-MEASURE_STATUS = {"ok": "finished", "oom": "oom", "timeout": "timeout", "error": "failed"}
-KEEP_ON_RERUN = ("finished", "oom", "timeout")  # limits are data: measuring them again gives the same
+# limits are data: measuring them again gives the same
+KEEP_ON_RERUN = frozenset({Status.FINISHED, Status.OOM, Status.TIMEOUT})
 
 
 class ScalingSection(BaseModel):
@@ -161,64 +165,50 @@ def measurement_id(model: dict[str, Any], point: Point) -> str:
 def run_result(run_id: str, row: dict[str, Any]):
     """A measured row as the store's RunResult: figures and their labels as metrics, peak
     memory in the store's own peak-memory columns."""
-    from workbench.train import RunResult  # the store's record type; loads Lightning
-
-    status = MEASURE_STATUS[row["status"]]
     skip = {"status", "error", "peak_bytes", "peak_instrument", "wall_s", "variant", "seed",
             "device", "threads", "machine", "torch_version", *COORDINATES}
     metrics = {k: v for k, v in row.items() if k not in skip and v is not None}
     return RunResult(
-        run_id=run_id, status=status, metrics=metrics, error=row.get("error"),
+        run_id=run_id, status=row["status"], metrics=metrics, error=row.get("error"),
         wall_time_s=row["wall_s"], peak_memory_bytes=row.get("peak_bytes"),
         peak_memory_instrument=row.get("peak_instrument"),
         environment={k: row.get(k) for k in ("device", "threads", "machine", "torch_version")},
     )
 
 
-def run_scaling_study(study_file, out_dir: str | Path | None = None, fresh: bool = False, quiet: bool = False,
-                      console=None):
-    """`workbench run` for a scaling study: each measurement is one row ("run") of the output
-    folder's store; measurements already recorded (including oom and timeout) are kept."""
-    from workbench.runner import Summary, SweepProgress, check_study, clear_outputs, default_out_dir
-    from workbench.store import Store
-    from workbench.sweep import RunConfig
+def measurement_runs(study: ScalingStudy) -> list[RunConfig]:
+    """Every measurement as a run of the store: its id says what it computes, its swept
+    labels include the measurement's coordinates (scope, mode, length, kv_cache)."""
+    runs = []
+    for index, (swept, point) in enumerate(measurements(study)):
+        runs.append(RunConfig(run_id=measurement_id(point.model, point), index=index, seed=point.seed,
+                              swept={**swept, **{c: getattr(point, c) for c in COORDINATES}},
+                              config={"model": point.model, "scaling": point.model_dump(exclude={"model"})}))
+    return runs
 
-    study: ScalingStudy = study_file.study
-    out = Path(out_dir) if out_dir is not None else default_out_dir(study_file)
-    if fresh:
-        clear_outputs(out, [])  # measurements keep no run folders
-    store = Store(out)
-    check_study(store, study_file)
-    todo = measurements(study)
-    summary = Summary(out_dir=out, total=len(todo))
-    done = store.statuses()
-    progress = SweepProgress(study.name, len(todo), quiet, console)
-    try:
-        for index, (swept, point) in enumerate(todo):
-            model = point.model
-            run = RunConfig(run_id=measurement_id(model, point), index=index, seed=point.seed,
-                            swept={**swept, **{c: getattr(point, c) for c in COORDINATES}},
-                            config={"model": model, "scaling": point.model_dump(exclude={"model"})})
-            if done.get(run.run_id) in KEEP_ON_RERUN:
-                summary.skipped += 1
-                progress.advance()
-                continue
+
+class MeasureExecutor(Executor):
+    """Measures one job at a time, each in a fresh process (workbench.cost.measure.run_points) under
+    the study's time budget; yields one RunResult per measurement, failures included."""
+
+    def __init__(self, section: ScalingSection):
+        self.section = section
+
+    def run(self, jobs: Sequence[Job]) -> Iterator[RunResult]:
+        for job in jobs:
+            if stopping.stop_requested():
+                raise stopping.RunInterrupted("stopped before the next measurement")
+            point = Point(model=job.config["model"], **job.config["scaling"])
             started = time.perf_counter()
-            row = run_points([point], time_budget_s=study.scaling.time_budget_s, isolate=study.scaling.isolate)[0]
+            row = run_points([point], time_budget_s=self.section.time_budget_s, isolate=self.section.isolate)[0]
             row["wall_s"] = time.perf_counter() - started
-            result = run_result(run.run_id, row)
-            store.record(run, result)
-            summary.statuses[result.status] += 1
-            progress.failures += result.status != "finished"
-            progress.advance()
-            progress.print(f"[{progress.done}/{len(todo)}] {result.status:<8} {run_line(run.swept, row)}")
-    finally:
-        progress.close()
-    return summary
+            yield run_result(job.run_id, row)
 
 
-def run_line(swept: dict[str, Any], row: dict[str, Any]) -> str:
-    where = " ".join(f"{k}={v}" for k, v in swept.items() if v is not None)
-    if row["status"] != "ok":
-        return f"{where}  {str(row.get('error') or '').splitlines()[0] if row.get('error') else ''}"
-    return f"{where}  {row['time_median_s'] * 1e3:.1f} ms  {row['flops'] / 1e9:.2f} GFLOP"
+def measurement_line(run: RunConfig, result: RunResult) -> str:
+    """`finished model.attention=full scope=layer mode=forward length=1024  3.1 ms  0.52 GFLOP`"""
+    where = " ".join(f"{k}={v}" for k, v in run.swept.items() if v is not None)
+    if result.status != Status.FINISHED:
+        return f"{result.status:<8} {where}  {(result.error or '').splitlines()[0] if result.error else ''}"
+    metrics = result.metrics
+    return f"{result.status:<8} {where}  {metrics['time_median_s'] * 1e3:.1f} ms  {metrics['flops'] / 1e9:.2f} GFLOP"

@@ -22,7 +22,7 @@ Attention passes the rest when 4 n^2 d > n * (projections + FFN per token), i.e.
 For multi-head attention (h_kv hd = d) with a 4x FFN (d_ff = 4d): 8 n d^2 + 16 n d^2 =
 24 n d^2 against 4 n^2 d, so n* = 6 d.
 
-Two accountings (workbench.measure). The formula above is the *executed* work of a kernel
+Two accountings (workbench.cost.measure). The formula above is the *executed* work of a kernel
 that computes the whole n x n score matrix (the naive kernel, causal or not). The *useful*
 work of a causal layer counts only the n (n + 1) / 2 allowed pairs, 2 n (n + 1) d FLOPs:
 
@@ -44,6 +44,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
+from workbench.results import Status
 from workbench.spec import ModelSpec, parse_spec
 
 
@@ -78,14 +79,14 @@ def loglog_slope(lengths: Sequence[float], values: Sequence[float], top: int = 4
     return SlopeFit(float(fit.slope), float(fit.stderr), float(fit.intercept), tuple(int(n) for n, _ in pairs))
 
 
-MEASURED = ("ok", "finished")  # a measurement's status in run_scaling rows / in the store
+MEASURED = (Status.FINISHED,)  # the status of a measurement that produced figures
 METRICS = ("time_median_s", "flops", "flops_executed", "activation_bytes", "peak_bytes", "kv_cache_bytes")
 
 
 def fit_exponents(rows: pd.DataFrame | Sequence[dict[str, Any]], *, by: Sequence[str] = ("variant", "scope", "mode", "kv_cache"),
                   metrics: Sequence[str] = METRICS, top: int = 4) -> pd.DataFrame:
     """One row per group of `by` and metric: exponent, its standard error and the lengths
-    used. Only measured rows count (status "ok", or "finished" as the store records them);
+    used. Only measured rows count (status "finished");
     metrics with fewer than two usable points are left out."""
     df = pd.DataFrame(rows)
     if "status" in df:
@@ -150,8 +151,8 @@ def analytic_crossover(spec: ModelSpec | dict[str, Any], accounting: Accounting 
     executed: a whole n x n score matrix, n* = d + h_kv hd + d_ff (6 d for MHA with a 4x FFN);
     useful: the pairs a causal layer allows, n* = 2 (d + h_kv hd + d_ff) - 1 (12 d - 1)."""
     spec = parse_spec(spec)
-    d, kv_width = spec.d_model, spec.kv_heads * spec.dim_head
-    q_width = spec.n_heads * spec.dim_head
+    d, kv_width = spec.d_model, spec.n_kv_heads * spec.head_dim
+    q_width = spec.n_heads * spec.head_dim
     d_ff, gated = _ffn_width(spec)
     # Per token, forward FLOPs: projections 2 d (2 q_width + 2 kv_width), FFN (4 or 6) d d_ff;
     # attention per pair of tokens: 4 q_width.
@@ -182,7 +183,7 @@ def _ffn_width(spec: ModelSpec) -> tuple[int, bool]:
 
 def measured_crossover(rows: pd.DataFrame | Sequence[dict[str, Any]], accounting: Accounting = "executed") -> Crossover:
     """Crossover from the FLOPs of forward rows: attention (useful or executed, see
-    workbench.measure) against projections + FFN."""
+    workbench.cost.measure) against projections + FFN."""
     df = pd.DataFrame(rows)
     df = df[df["status"].isin(MEASURED) & (df["mode"] == "forward")].sort_values("length")
     column = ACCOUNTING_COLUMNS[accounting]

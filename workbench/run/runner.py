@@ -1,15 +1,19 @@
 """Running a study: expand, skip what is done, execute the rest, record every outcome.
 
-    load_study -> expand -> out_dir/results.db (study hash checked) -> pending runs
-               -> executor (in-process or N processes) -> store.record, one run at a time
+    load_study -> its kind (workbench.kinds) expands it -> out_dir/results.db (study hash
+    checked) -> pending runs -> executor (in-process, N processes, Ray, or the scaling kind's
+    measuring processes) -> store.record, one run at a time
+
+`run_study` is the same for every kind; a kind's `run` puts together the pieces here:
+check_study, `sweeping` (summary, progress, signals) and `execute_runs` (skip, execute, record).
 
 Resume is by construction: a run is recorded only when it ends (one transaction), finished
 and diverged runs are skipped next time, an interrupted run continues from its last
 checkpoint, and a run whose result.json was written but not recorded (the driver died in
 between) is recorded from that file without training again. Failed and oom runs are retried.
 
-A study with `tune:` runs in two stages through the same executor: its tuning runs, then
-the final runs at each point's chosen values (workbench.tuning); both resume the same way.
+A train study with `tune:` runs in two stages through the same executor: its tuning runs,
+then the final runs at each point's chosen values (workbench.tuning); both resume the same way.
 
 One sweep writes a folder at a time (store.WriterLock, taken before --fresh clears anything).
 SIGTERM/SIGINT stop the sweep cleanly (workbench.stopping): the running runs checkpoint their
@@ -23,6 +27,8 @@ import shutil
 import sys
 import threading
 from collections import Counter
+from collections.abc import Callable, Collection, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,14 +40,13 @@ from rich.progress import TimeRemainingColumn
 
 from workbench import stopping
 from workbench.errors import WorkbenchError
-from workbench.executor import PROGRESS_FILE, Executor, Job, make_executor
+from workbench.run.executor import Executor, Job
+from workbench.kinds import RunOptions, get_kind
 from workbench.registry import run_providers
-from workbench.store import DB_FILE, RUNS_DIR, Store, WriterLock, run_dir, runs_root
-from workbench.study import StudyFile, canonical_json, load_study
-from workbench.sweep import RunConfig, expand, point_key, tuning_runs
-from workbench.tuning import PointTuning, choose, chosen_values, labels
-
-DONE = ("finished", "diverged")  # outcomes a rerun keeps; failed and oom are retried
+from workbench.results import KEPT, PROGRESS_FILE, RESULT_FILE, RunConfig, RunResult, Status, flatten
+from workbench.run.store import DB_FILE, RUNS_DIR, Store, WriterLock, run_dir, runs_root
+from workbench.study import StudyFile, load_study
+from workbench.study.keys import canonical_json
 
 
 @dataclass
@@ -53,20 +58,11 @@ class Summary:
 
     @property
     def failures(self) -> int:
-        return sum(n for status, n in self.statuses.items() if status != "finished")
+        return sum(n for status, n in self.statuses.items() if status != Status.FINISHED)
 
 
 def default_out_dir(study_file: StudyFile) -> Path:
     return Path("runs") / study_file.study.name
-
-
-def flatten(value: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(value, dict) and value:
-        out: dict[str, Any] = {}
-        for key, item in value.items():
-            out.update(flatten(item, f"{prefix}.{key}" if prefix else str(key)))
-        return out
-    return {prefix: value}
 
 
 def study_changes(old: dict[str, Any], new: dict[str, Any], limit: int = 4) -> str:
@@ -75,14 +71,6 @@ def study_changes(old: dict[str, Any], new: dict[str, Any], limit: int = 4) -> s
                for key in sorted(set(a) | set(b)) if a.get(key, "(absent)") != b.get(key, "(absent)")]
     more = f"; and {len(changes) - limit} more" if len(changes) > limit else ""
     return "; ".join(changes[:limit]) + more
-
-
-def check_devices(runs: list[RunConfig]) -> None:
-    """Every training setting can run on this machine (precision, accelerator, logger)."""
-    from workbench.train import check_device  # torch and Lightning load only when needed
-
-    for train in {canonical_json(r.config["train"]): r.config["train"] for r in runs}.values():
-        check_device(train)
 
 
 def check_study(store: Store, study_file: StudyFile) -> None:
@@ -142,8 +130,6 @@ def clear_outputs(out_dir: Path, run_ids: list[str]) -> None:
 def recorded_result(run: RunConfig, out_dir: Path, warn=print):
     """The result.json of a run that ended but was not recorded (the driver died between);
     None when there is none, or when it cannot be read (then the run trains again)."""
-    from workbench.train import RESULT_FILE, RunResult
-
     path = run_dir(out_dir, run.run_id) / RESULT_FILE
     if not path.exists():
         return None
@@ -153,7 +139,7 @@ def recorded_result(run: RunConfig, out_dir: Path, warn=print):
         warn(f"{path} is not a readable result ({type(err).__name__}: {str(err).splitlines()[0][:80]}): "
              "training that run again")
         return None
-    return result if result.status in DONE and result.run_id == run.run_id else None
+    return result if result.status in KEPT and result.run_id == run.run_id else None
 
 
 class SweepProgress:
@@ -162,8 +148,9 @@ class SweepProgress:
     run; plain lines only with quiet=True (for logs)."""
 
     def __init__(self, study_name: str, total: int, quiet: bool, console: Console | None = None,
-                 poll_s: float = 0.5):
+                 poll_s: float = 0.5, line: Callable[[RunConfig, RunResult], str] | None = None):
         self.console = console or Console(highlight=False)
+        self.line = line or run_line  # the printed line of a run that ended
         self.quiet = quiet
         self.failures = 0
         self.done = 0
@@ -218,14 +205,14 @@ class SweepProgress:
             self.refresh_runs()
 
     def run_done(self, run: RunConfig, result) -> None:
-        if result.status != "finished":
+        if result.status != Status.FINISHED:
             self.failures += 1
         with self.lock:
             row = self.running.pop(run.run_id, (None, None))[0]
         if row is not None:
             self.progress.remove_task(row)
         self.advance()
-        self.print(f"[{self.done}/{self.total}] {run_line(run, result)}")
+        self.print(f"[{self.done}/{self.total}] {self.line(run, result)}")
 
     def close(self) -> None:
         if self.progress is not None:
@@ -237,9 +224,9 @@ class SweepProgress:
 def run_line(run: RunConfig, result) -> str:
     """`finished  model.position=rope seed=0  accuracy@16=0.981 loss@16=0.05  3.2s 41k tok/s`"""
     head = f"{result.status:<8} {run.describe}"
-    if result.status == "diverged":
+    if result.status == Status.DIVERGED:
         return f"{head}  at step {result.diverged_step}"
-    if result.status != "finished":
+    if result.status != Status.FINISHED:
         return f"{head}  {result.error}"
     shown = [f"{k}={v:.3g}" for k, v in result.metrics.items() if not k.startswith("exact_match")][:4]
     shown += [f"@{n} n/a" for n in result.not_applicable]
@@ -252,60 +239,31 @@ def run_study(path: str | Path, out_dir: str | Path | None = None, jobs: int = 1
               profile: str | None = None, quiet: bool = False, console: Console | None = None,
               executor: Executor | None = None, runs_dir: str | Path | None = None,
               overrides: tuple[str, ...] = ()) -> Summary:
-    """Run every pending run of a study into `out_dir` (default runs/<study name>/).
+    """Run every pending run of a study into `out_dir` (default runs/<study name>/), through
+    its kind (workbench.kinds), under the folder's writer lock.
 
     `executor` defaults to local processes (`jobs` at once); `runs_dir` puts the run folders
     (checkpoints, final weights) elsewhere, e.g. on storage shared by a cluster's nodes,
     while the results store stays in `out_dir`."""
     study_file = load_study(path, profile, overrides)
-    if study_file.study.kind == "scaling":  # cost measurements, not training runs
-        from workbench.scaling import run_scaling_study
-
-        if executor is not None or runs_dir is not None:
-            raise WorkbenchError("--executor/--runs-dir: a scaling study measures cost on this machine, "
-                                 "one point at a time in fresh processes; run it without them")
-        out = Path(out_dir) if out_dir is not None else default_out_dir(study_file)
-        with WriterLock(out):
-            return run_scaling_study(study_file, out, fresh=fresh, quiet=quiet, console=console)
     out = Path(out_dir) if out_dir is not None else default_out_dir(study_file)
+    options = RunOptions(jobs=jobs, fresh=fresh, quiet=quiet, console=console, executor=executor,
+                         runs_dir=Path(runs_dir) if runs_dir is not None else None)
     with WriterLock(out):
-        return sweep(study_file, out, jobs, fresh, quiet, console, executor, runs_dir)
+        return get_kind(study_file.study.kind).run(study_file, out, options)
 
 
-def sweep(study_file: StudyFile, out: Path, jobs: int, fresh: bool, quiet: bool,
-          console: Console | None, executor: Executor | None, runs_dir: str | Path | None) -> Summary:
-    """run_study's work on a train study, under the folder's writer lock."""
-    study = study_file.study
-    tuning = tuning_runs(study_file)  # none without `tune:`
-    finals = expand(study_file) if study.tune is None else None  # with `tune:`, known once tuning is done
-    if fresh:
-        clear_outputs(out, [run.run_id for run in [*tuning, *(finals or candidate_final_runs(study_file))]])
-    store = Store(out)
-    check_study(store, study_file)
-    check_providers(store, [*tuning, *(finals or [])])
-    if runs_dir is not None:
-        store.save_study({"runs_dir": str(Path(runs_dir).resolve())})
-
-    check_devices([*tuning, *(finals or [])])
-
-    total = len(tuning) + len(study.sweep.points()) * len(study.seeds)
+@contextmanager
+def sweeping(study_name: str, out: Path, total: int, options: RunOptions,
+             line: Callable[[RunConfig, RunResult], str] | None = None) -> Iterator[tuple[Summary, SweepProgress]]:
+    """The summary and progress display of one sweep, with SIGTERM/SIGINT turned into a clean
+    stop: what ended is recorded, and RunInterrupted says how to continue."""
     summary = Summary(out_dir=out, total=total)
-    progress = SweepProgress(study.name, total, quiet, console)
-    executor = executor or make_executor(jobs)
-    names = {run.run_id: run.describe for run in [*tuning, *(finals or [])]}
-    if executor.on_start is None:  # a live row per running run
-        executor.on_start = lambda job: progress.started(job, names[job.run_id])
+    progress = SweepProgress(study_name, total, options.quiet, options.console, line=line or run_line)
     stopping.reset()
     handlers = stopping.install_handlers()
     try:
-        if finals is None:
-            execute_runs(tuning, "tuning runs", store, executor, summary, progress)
-            tunings = choose(study, store.runs())
-            for tuned in tunings:
-                report_choice(tuned, study, summary, progress)
-            finals = expand(study_file, chosen_values(tunings, study.sweep.keys))
-            names.update({run.run_id: run.describe for run in finals})
-        execute_runs(finals, "runs", store, executor, summary, progress)
+        yield summary, progress
     except stopping.RunInterrupted:
         done = summary.skipped + sum(summary.statuses.values())
         raise stopping.RunInterrupted(
@@ -314,20 +272,20 @@ def sweep(study_file: StudyFile, out: Path, jobs: int, fresh: bool, quiet: bool,
     finally:
         stopping.restore_handlers(handlers)
         progress.close()
-    return summary
 
 
 def execute_runs(runs: list[RunConfig], what: str, store: Store, executor: Executor, summary: Summary,
-                 progress: SweepProgress) -> None:
+                 progress: SweepProgress, kept: Collection[str] = KEPT) -> None:
     """Run the pending ones of `runs` through `executor`, recording each outcome as it comes;
-    done runs are skipped, and a result.json left unrecorded is recorded without training."""
+    runs whose recorded status is in `kept` are skipped, and a result.json left unrecorded is
+    recorded without running again."""
     out = store.out_dir
     statuses = store.statuses()
     pending: list[RunConfig] = []
     unrecorded: list[tuple[RunConfig, Any]] = []
     skipped = 0
     for run in runs:
-        if statuses.get(run.run_id) in DONE:
+        if statuses.get(run.run_id) in kept:
             skipped += 1
         elif (result := recorded_result(run, out, warn=lambda text: print(text, file=sys.stderr, flush=True))) is not None:
             unrecorded.append((run, result))
@@ -348,32 +306,3 @@ def execute_runs(runs: list[RunConfig], what: str, store: Store, executor: Execu
         store.record(run, result)  # the driver is the only writer of a sweep
         summary.statuses[result.status] += 1
         progress.run_done(run, result)
-
-
-def report_choice(tuned: PointTuning, study, summary: Summary, progress: SweepProgress) -> None:
-    """One line per sweep point: its chosen values, or why its seeds cannot run yet (they
-    count as "untuned" in the summary)."""
-    where = " ".join(f"{k}={v}" for k, v in tuned.swept.items()) or "the study"
-    metric = study.tune.metric
-    curve = ", ".join(f"{' '.join(f'{v}' for v in labels(c.values).values())}: "
-                      + (f"{c.mean:.4g}" if c.eligible else "/".join(sorted(set(c.statuses))) or "not run")
-                      for c in tuned.candidates)
-    if tuned.chosen is not None:
-        chosen = " ".join(f"{k}={v}" for k, v in labels(tuned.chosen.values).items())
-        progress.print(f"tuned    {where}: {chosen} (validation {metric}: {curve})")
-        return
-    summary.statuses["untuned"] += len(study.seeds)
-    progress.advance(len(study.seeds))
-    if not tuned.done:
-        progress.print(f"untuned  {where}: a tuning run did not finish (failed or out of memory); run the study "
-                       f"again to retry it; its {len(study.seeds)} runs wait for the choice")
-    else:
-        progress.print(f"untuned  {where}: no candidate finished with a finite {metric} ({curve}); "
-                       f"its {len(study.seeds)} runs are not run")
-
-
-def candidate_final_runs(study_file: StudyFile) -> list[RunConfig]:
-    """Every final run a study with `tune:` could have: each point at each candidate."""
-    study = study_file.study
-    points = [point_key(labels(p), study.sweep.keys) for p in study.sweep.points()]
-    return [run for values in study.tune.points() for run in expand(study_file, dict.fromkeys(points, values))]

@@ -23,10 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from workbench import stopping
-
-
-# A running run's step and loss, written by the worker into its run folder for the driver's display.
-PROGRESS_FILE = "progress.json"
+from workbench.errors import WorkbenchError
+from workbench.results import RunResult, Status
 
 
 @dataclass(frozen=True)
@@ -49,7 +47,7 @@ class Executor(ABC):
 
 
 def execute(job: Job):
-    from workbench.train import train_run  # imported here: workers pay for torch once, lazily
+    from workbench.run.train import train_run  # imported here: workers pay for torch once, lazily
 
     return train_run(job.run_id, job.config, job.run_dir)
 
@@ -68,7 +66,7 @@ class InProcessExecutor(Executor):
 
 
 def init_worker(threads: int, stop_event: Any, parent_pid: int) -> None:
-    import torch
+    import torch  # a spawned worker loads torch here, once, before its first run
 
     torch.set_num_threads(threads)  # N workers share the cores instead of oversubscribing them
     stopping.register_event(stop_event)  # the driver's stop request reaches this worker's run
@@ -103,8 +101,6 @@ class LocalProcessExecutor(Executor):
                                    initargs=(self.threads, self.stop_event, os.getpid()))
 
     def run(self, jobs: Sequence[Job]) -> Iterator[Any]:
-        from workbench.train import FAILED, RunResult
-
         self.context = multiprocessing.get_context("spawn")
         self.stop_event = self.context.Event()
         stopping.register_event(self.stop_event)
@@ -130,17 +126,17 @@ class LocalProcessExecutor(Executor):
                     except stopping.RunInterrupted:
                         interrupted = True
                     except BrokenProcessPool:
-                        yield RunResult(job.run_id, FAILED, error=(
+                        yield RunResult(job.run_id, Status.FAILED, error=(
                             f"a worker process died while {len(running) + 1} run(s) were training "
                             "(killed by the OS, e.g. out of memory?); run the study again to retry"))
                         for other, other_job in list(running.items()):
                             running.pop(other)
-                            yield RunResult(other_job.run_id, FAILED, error="its worker pool broke (see above)")
+                            yield RunResult(other_job.run_id, Status.FAILED, error="its worker pool broke (see above)")
                         pool.shutdown(wait=False, cancel_futures=True)
                         pool = self._pool()
                         break
                     except Exception as err:  # pickling errors and the like: this run's outcome
-                        yield RunResult(job.run_id, FAILED, error=f"{type(err).__name__}: {err}")
+                        yield RunResult(job.run_id, Status.FAILED, error=f"{type(err).__name__}: {err}")
             if interrupted or stopping.stop_requested():
                 raise stopping.RunInterrupted("stopped")
         finally:
@@ -152,7 +148,5 @@ class LocalProcessExecutor(Executor):
 
 def make_executor(jobs: int, on_start=None) -> Executor:
     if jobs < 1:
-        from workbench.errors import WorkbenchError
-
         raise WorkbenchError(f"--jobs: must be at least 1, got {jobs}")
     return InProcessExecutor(on_start) if jobs == 1 else LocalProcessExecutor(jobs, on_start=on_start)

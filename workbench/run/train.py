@@ -1,4 +1,4 @@
-"""Training one run with PyTorch Lightning, and what the run records.
+"""Training one run with PyTorch Lightning (the run record is workbench.results).
 
     RunConfig --train_run--> RunResult (status, final metrics, curves, cost, environment)
 
@@ -14,29 +14,28 @@
 A run folder holds config.json, checkpoints/last.ckpt (resume), logs/ (Lightning CSV or
 TensorBoard logger), final.safetensors (weights, with the config as metadata, for reports)
 and result.json. Nothing read back from a run folder can execute code: checkpoints load with
-`weights_only=True` (tensors and plain data only), final weights are safetensors.
+`weights_only=True` (tensors and plain data only), final weights are safetensors
+(workbench.weights, which reports read without loading Lightning).
 """
 
 from __future__ import annotations
 
 import functools
+import importlib.util
 import json
 import logging
 import math
 import os
-import pickle
 import platform
 import subprocess
 import time
 import traceback
 import warnings
-from dataclasses import asdict, dataclass, field
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
 import pytorch_lightning as pl
-import safetensors
-import safetensors.torch
 import torch
 from pytorch_lightning.callbacks import Callback, ModelCheckpoint
 from pytorch_lightning.plugins.io import TorchCheckpointIO
@@ -45,14 +44,15 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from workbench import stopping
 from workbench.errors import WorkbenchError
-from workbench.executor import PROGRESS_FILE
-from workbench.memory import LiveTensorBytes
+from workbench.cost.memory import LiveTensorBytes
 from workbench.model import Transformer, build_model
 from workbench.position import PositionLimitError
-from workbench.registry import get_variant, run_providers
+from workbench.registry import run_providers
+from workbench.results import CONFIG_FILE, FINAL_WEIGHTS, LAST_CHECKPOINT, PROGRESS_FILE, RESULT_FILE
+from workbench.results import RunResult, Status, flatten, write_json_atomic
+from workbench.weights import make_task, refuse_or_explain, save_final_weights
 
 # Status of a run, as stored.
-FINISHED, DIVERGED, OOM, FAILED = "finished", "diverged", "oom", "failed"
 # Inputs whose real (non-padding) tokens count as training tokens, with their padding masks.
 INPUT_MASKS = {"tokens": "padding_mask", "src": "src_mask", "tgt": "tgt_mask"}
 
@@ -191,7 +191,7 @@ class PeakMemory(Callback):
 
     cuda_max_allocated: torch.cuda.max_memory_allocated (tensors allocated by PyTorch on the
         GPU, reset at the start of the run; excludes the CUDA context and allocator caching).
-    train_step_live_tensor_bytes (CPU): the peak of live tensor bytes (workbench.memory) that
+    train_step_live_tensor_bytes (CPU): the peak of live tensor bytes (workbench.cost.memory) that
         one training step allocates on top of what is live when it starts (parameters,
         optimizer state, the batch): forward, backward and optimizer step. The step measured
         is the session's second (its first when only one runs), whose optimizer state already
@@ -240,8 +240,6 @@ class PeakMemory(Callback):
 @functools.cache
 def environment(device: str) -> dict[str, Any]:
     """Versions and device a run trained with (the same for every run of a process)."""
-    from importlib.metadata import PackageNotFoundError, version
-
     try:
         project = version("transformer-workbench")
     except PackageNotFoundError:
@@ -302,8 +300,6 @@ def check_device(train: dict[str, Any]) -> str:
             f"train.precision: 'bf16-mixed' needs bfloat16 support (Ampere or newer); "
             f"{torch.cuda.get_device_name()} lacks it: use '16-mixed' or '32'"
         )
-    import importlib.util
-
     modules = LOGGER_MODULES.get(train["logger"], ())
     if modules and not any(importlib.util.find_spec(m) for m in modules):
         raise WorkbenchError(f"train.logger: {train['logger']!r} needs the {modules[0]} package: "
@@ -442,20 +438,6 @@ def evaluate_lengths(task, model, family: str, batch_size: int, cache: dict[int,
 # ---- checkpoints: atomic, and never code ---------------------------------------------------
 
 
-class DamagedFile(WorkbenchError):
-    """A file in a run folder that cannot (or must not) be loaded."""
-
-
-def refuse_or_explain(path: Path, err: Exception, what_to_do: str) -> DamagedFile:
-    """One line naming the file, what is wrong with it and what to do."""
-    if isinstance(err, pickle.UnpicklingError) and "weights only" in str(err).lower():
-        problem = ("holds Python objects that would run code when loaded (refused: only tensors and plain "
-                   "data are loaded from run folders)")
-    else:
-        problem = f"is damaged or not a checkpoint ({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''})"
-    return DamagedFile(f"{path} {problem}; {what_to_do}")
-
-
 class SafeCheckpointIO(TorchCheckpointIO):
     """Lightning's torch checkpoints, written atomically (a temporary file renamed over the old
     one: a kill leaves the old checkpoint or the new one, never half) and loaded with
@@ -491,50 +473,6 @@ class StopOnRequest(Callback):
 # ---- one run --------------------------------------------------------------------------------
 
 
-@dataclass
-class RunResult:
-    """Everything a run records; the driver writes it to the store."""
-
-    run_id: str
-    status: str
-    steps_done: int = 0
-    metrics: dict[str, float] = field(default_factory=dict)  # final, per eval length
-    not_applicable: dict[str, str] = field(default_factory=dict)  # eval length -> reason
-    curves: list[tuple[int, str, str, float]] = field(default_factory=list)
-    n_params: int | None = None
-    diverged_step: int | None = None
-    error: str | None = None
-    wall_time_s: float = 0.0
-    train_time_s: float = 0.0  # training steps only (evaluation excluded), over every attempt
-    eval_time_s: float = 0.0  # evaluation, this attempt
-    tokens: int = 0
-    tokens_per_s: float | None = None
-    peak_memory_bytes: int | None = None
-    peak_memory_instrument: str | None = None
-    resumed_from_step: int | None = None
-    environment: dict[str, Any] = field(default_factory=dict)
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> RunResult:
-        data = dict(data)
-        data["curves"] = [tuple(c) for c in data.get("curves", [])]
-        return cls(**data)
-
-
-RESULT_FILE, FINAL_WEIGHTS, LAST_CHECKPOINT = "result.json", "final.safetensors", "checkpoints/last.ckpt"
-OLD_FINAL_WEIGHTS = "final.pt"  # run folders written before safetensors (loaded with weights_only=True)
-
-
-def make_task(config: dict[str, Any]):
-    spec = dict(config["task"])
-    cls = get_variant("task", spec.pop("name"))
-    # A tuning run's config says split "validation": it evaluates on the validation sets.
-    return cls(cls.Params.model_validate(spec), seed=config["seed"], split=config.get("split", "eval"))
-
-
 def make_logger(kind: str, run_dir: Path, run_id: str = "", config: dict[str, Any] | None = None):
     """Lightning's own logger of each kind. Experiment trackers get the run id as the run name
     and the flattened run config as parameters; they stay on this machine unless configured."""
@@ -555,8 +493,6 @@ def make_logger(kind: str, run_dir: Path, run_id: str = "", config: dict[str, An
                 bool(os.environ.get("WANDB_API_KEY")) and os.environ.get("WANDB_MODE") != "offline")
             logger = WandbLogger(name=run_id, project=os.environ.get("WANDB_PROJECT", "workbench"),
                                  save_dir=run_dir, offline=not online)
-        from workbench.runner import flatten
-
         logger.log_hyperparams(flatten(config or {}))
         return logger
     from pytorch_lightning.loggers import CSVLogger
@@ -571,11 +507,11 @@ def train_run(run_id: str, config: dict[str, Any], run_dir: Path) -> RunResult:
     quiet_lightning()
     start = time.perf_counter()
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
+    (run_dir / CONFIG_FILE).write_text(json.dumps(config, indent=2, sort_keys=True))
     train = config["train"]
     device = resolve_accelerator(train)
     memory = PeakMemory(on_cuda=device == "cuda")
-    result = RunResult(run_id=run_id, status=FAILED, peak_memory_instrument=memory.instrument,
+    result = RunResult(run_id=run_id, status=Status.FAILED, peak_memory_instrument=memory.instrument,
                        environment={**environment(device_name(device)), **run_providers(config)})
     recorder = None
     deterministic_before = torch.are_deterministic_algorithms_enabled()
@@ -604,9 +540,9 @@ def train_run(run_id: str, config: dict[str, Any], run_dir: Path) -> RunResult:
         result.resumed_from_step = recorder.start_step or None
         result.steps_done = trainer.global_step
         if module.diverged_step is not None:
-            result.status, result.diverged_step = DIVERGED, module.diverged_step
+            result.status, result.diverged_step = Status.DIVERGED, module.diverged_step
         else:
-            result.status = FINISHED
+            result.status = Status.FINISHED
             result.metrics = recorder.last_eval["metrics"]
             result.not_applicable = recorder.last_eval["not_applicable"]
             save_final_weights(module.model, config, trainer.global_step, run_dir / FINAL_WEIGHTS)
@@ -614,9 +550,9 @@ def train_run(run_id: str, config: dict[str, Any], run_dir: Path) -> RunResult:
         # Stopped by a signal: the checkpoint holds the run; nothing is recorded for it.
         raise stopping.RunInterrupted(str(err) or "stopped") from None
     except (torch.OutOfMemoryError, MemoryError) as err:
-        result.status, result.error = OOM, f"{type(err).__name__}: {err}".splitlines()[0]
+        result.status, result.error = Status.OOM, f"{type(err).__name__}: {err}".splitlines()[0]
     except Exception as err:  # any other error is this run's outcome; the sweep goes on
-        result.status, result.error = FAILED, f"{type(err).__name__}: {err}".splitlines()[0]
+        result.status, result.error = Status.FAILED, f"{type(err).__name__}: {err}".splitlines()[0]
         (run_dir / "error.txt").write_text(traceback.format_exc())
     finally:
         torch.use_deterministic_algorithms(deterministic_before)  # Trainer(deterministic=True) sets it globally
@@ -634,44 +570,3 @@ def train_run(run_id: str, config: dict[str, Any], run_dir: Path) -> RunResult:
         raise WorkbenchError(f"{run_dir / RESULT_FILE}: cannot write it ({err.strerror}); free some space (or make "
                              "the folder writable) and run again: finished runs are kept") from None
     return result
-
-
-def write_json_atomic(path: Path, data: Any) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(data, default=str))
-    os.replace(tmp, path)  # a reader sees the old file or the whole new one, never half
-
-
-def save_final_weights(model: torch.nn.Module, config: dict[str, Any], step: int, path: Path) -> None:
-    """The trained weights as safetensors (no pickle), the run config and step as metadata;
-    written atomically. save_model keeps one copy of tied tensors."""
-    tmp = path.with_name(path.name + ".tmp")
-    safetensors.torch.save_model(model, str(tmp), metadata={"config": json.dumps(config), "step": str(step)})
-    os.replace(tmp, path)
-
-
-def load_final_model(run_dir: str | Path) -> tuple[Transformer, dict[str, Any]]:
-    """The trained model of a finished run (eval mode) and its resolved run config.
-    Raises FileNotFoundError without final weights and DamagedFile for a file that is not
-    what the workbench writes (truncated, or a pickle with code in it)."""
-    path = Path(run_dir) / FINAL_WEIGHTS
-    old = Path(run_dir) / OLD_FINAL_WEIGHTS
-    redo = "report without pictures (`workbench report --no-pictures`) or retrain (`workbench run --fresh`)"
-    if not path.exists() and old.exists():
-        try:
-            saved = torch.load(old, map_location="cpu", weights_only=True)
-            model = build_model(saved["config"]["model"])
-            model.load_state_dict(saved["state_dict"])
-        except Exception as err:
-            raise refuse_or_explain(old, err, redo) from None
-        return model.eval(), saved["config"]
-    if not path.exists():
-        raise FileNotFoundError(path)
-    try:
-        with safetensors.safe_open(str(path), framework="pt") as f:
-            config = json.loads(f.metadata()["config"])
-        model = build_model(config["model"])
-        safetensors.torch.load_model(model, str(path), device="cpu")
-    except Exception as err:
-        raise refuse_or_explain(path, err, redo) from None
-    return model.eval(), config

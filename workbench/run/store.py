@@ -32,7 +32,7 @@ from typing import Any
 import pandas as pd
 
 from workbench.errors import WorkbenchError
-from workbench.sweep import run_stage
+from workbench.results import run_stage
 
 DB_FILE = "results.db"
 RUNS_DIR = "runs"  # out_dir/runs/<run_id>/: checkpoints, logs, final.safetensors, result.json
@@ -43,9 +43,9 @@ SCHEMA = """
 CREATE TABLE IF NOT EXISTS study (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS runs (
     run_id TEXT PRIMARY KEY,
-    position INTEGER NOT NULL,          -- order in the sweep
+    "index" INTEGER NOT NULL,           -- order in the sweep (`position` in stores written before)
     seed INTEGER NOT NULL,
-    status TEXT NOT NULL,               -- finished | diverged | oom | failed
+    status TEXT NOT NULL,               -- a results.Status: finished | diverged | oom | failed | timeout
     swept TEXT NOT NULL,                -- JSON {dotted.key: value label}
     config TEXT NOT NULL,               -- JSON: the fully resolved run config
     metrics TEXT NOT NULL,              -- JSON {metric@length: value}, final
@@ -77,7 +77,7 @@ CREATE TABLE IF NOT EXISTS curves (
 """
 
 # Run-level columns of the flat table, in order (swept keys and metrics go in between).
-LEADING = ["run_id", "position", "seed"]
+LEADING = ["run_id", "index", "seed"]
 # stage: "tune" for a study's tuning runs, "final" for every other run.
 TRAILING = ["stage", "n_params", "steps_done", "tokens", "tokens_per_s", "train_time_s", "eval_time_s", "wall_time_s",
             "peak_memory_bytes", "peak_memory_instrument", "diverged_step", "resumed_from_step",
@@ -140,7 +140,7 @@ class WriterLock:
         self.fd: int | None = None
 
     def __enter__(self) -> WriterLock:
-        import fcntl
+        import fcntl  # POSIX only: importing the store must work everywhere, locking is checked here
 
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -195,6 +195,9 @@ class Store:
                     if conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
                         conn.execute("PRAGMA journal_mode = WAL")  # persistent: readers never block the writer
                     conn.executescript(SCHEMA)
+                    columns = {row[1] for row in conn.execute("PRAGMA table_info(runs)")}
+                    if "position" in columns:  # a store written before the sweep index had its name
+                        conn.execute('ALTER TABLE runs RENAME COLUMN position TO "index"')
                 return
             except WorkbenchError as err:
                 if "locked" not in str(err) or attempt == 49:
@@ -221,22 +224,27 @@ class Store:
             return dict(conn.execute("SELECT run_id, status FROM runs").fetchall())
 
     def record(self, run, result) -> None:
-        """Write a run's outcome and curves in one transaction (replacing an earlier attempt);
-        the attempt count is read inside it."""
+        """Write a run's outcome (a results.RunConfig and RunResult) and curves in one transaction,
+        by column name (replacing an earlier attempt); the attempt count is read inside it."""
         r = result
         with self.connect() as conn:
             conn.execute("BEGIN IMMEDIATE")
-            row = conn.execute("SELECT attempts FROM runs WHERE run_id = ?", (run.run_id,)).fetchone()
-            attempts = row[0] + 1 if row else 1
-            conn.execute(
-                """INSERT OR REPLACE INTO runs VALUES
-                   (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)""",
-                (run.run_id, run.index, run.seed, r.status, dumps(run.swept), dumps(run.config),
-                 dumps(r.metrics), dumps(r.not_applicable), r.n_params, r.steps_done, r.diverged_step, r.error,
-                 r.wall_time_s, r.train_time_s, r.eval_time_s, r.tokens, r.tokens_per_s, r.peak_memory_bytes,
-                 r.peak_memory_instrument, r.resumed_from_step, dumps(r.environment), attempts,
-                 datetime.now(timezone.utc).isoformat(timespec="seconds")),
-            )
+            earlier = conn.execute("SELECT attempts FROM runs WHERE run_id = ?", (run.run_id,)).fetchone()
+            attempts = earlier[0] + 1 if earlier else 1
+            row = {
+                "run_id": run.run_id, "index": run.index, "seed": run.seed, "status": str(r.status),
+                "swept": dumps(run.swept), "config": dumps(run.config), "metrics": dumps(r.metrics),
+                "not_applicable": dumps(r.not_applicable), "n_params": r.n_params, "steps_done": r.steps_done,
+                "diverged_step": r.diverged_step, "error": r.error, "wall_time_s": r.wall_time_s,
+                "train_time_s": r.train_time_s, "eval_time_s": r.eval_time_s, "tokens": r.tokens,
+                "tokens_per_s": r.tokens_per_s, "peak_memory_bytes": r.peak_memory_bytes,
+                "peak_memory_instrument": r.peak_memory_instrument, "resumed_from_step": r.resumed_from_step,
+                "environment": dumps(r.environment), "attempts": attempts,
+                "recorded_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            }
+            columns = ", ".join(f'"{name}"' for name in row)  # quoted: "index" is an SQL keyword
+            conn.execute(f"INSERT OR REPLACE INTO runs ({columns}) VALUES ({', '.join('?' * len(row))})",
+                         tuple(row.values()))
             conn.execute("DELETE FROM curves WHERE run_id = ?", (run.run_id,))
             conn.executemany(
                 "INSERT OR REPLACE INTO curves VALUES (?, ?, ?, ?, ?)",
@@ -248,14 +256,16 @@ class Store:
         """Every recorded run with its JSON columns decoded, in sweep order."""
         with self.connect() as conn:
             conn.row_factory = sqlite3.Row
-            rows = conn.execute("SELECT * FROM runs ORDER BY position").fetchall()
+            rows = conn.execute("SELECT * FROM runs").fetchall()
         out = []
         for row in rows:
             d = dict(row)
+            if "position" in d:  # a store written before the sweep index had its name, read as it is
+                d["index"] = d.pop("position")
             for key in ("swept", "config", "metrics", "not_applicable", "environment"):
                 d[key] = json.loads(d[key])
             out.append(d)
-        return out
+        return sorted(out, key=lambda d: d["index"])
 
 
 def runs_root(out_dir: str | Path) -> Path:
@@ -286,7 +296,7 @@ def finite_or_none(value: Any) -> float | None:
 
 
 def load_results(out_dir: str | Path) -> pd.DataFrame:
-    """One flat row per run: run_id, position, seed, the swept keys, status, final metrics
+    """One flat row per run: run_id, index (in the sweep), seed, the swept keys, status, final metrics
     (`accuracy@64`, `loss@64`, ...; NaN where not applicable or not finished), then stage
     (tune | final) and cost columns. Sorted in sweep order."""
     runs = Store(out_dir, create=False).runs()

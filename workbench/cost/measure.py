@@ -17,7 +17,7 @@ each of which labels its figures with what it is:
     activation  bytes of the tensors autograd saves for backward (saved_tensors_hooks,
                 one count per storage so views are not counted twice): exact on any device
     peak memory CUDA: max_memory_allocated over the allocation at call start;
-                CPU: peak live tensor bytes allocated during the call (workbench.memory,
+                CPU: peak live tensor bytes allocated during the call (workbench.cost.memory,
                 a TorchDispatchMode over storages); the process' peak-RSS growth is kept
                 apart as `process_peak_rss_delta_bytes` (allocator and library noise
                 included: a label, never the headline)
@@ -67,10 +67,11 @@ from torch.utils.flop_counter import FlopCounterMode
 from workbench.attention import AttentionVariant
 from workbench.cache import KVCache
 from workbench.ffn import FeedForward
-from workbench.memory import INSTRUMENT as TENSOR_BYTES_INSTRUMENT
-from workbench.memory import peak_tensor_bytes
+from workbench.cost.memory import INSTRUMENT as TENSOR_BYTES_INSTRUMENT
+from workbench.cost.memory import peak_tensor_bytes
 from workbench.model import Block, CrossAttention, DecoderModel, Positions, SelfAttention, build_model
-from workbench.registry import plugin_manager
+from workbench.registry import get_variant, plugin_manager
+from workbench.results import Status
 from workbench.spec import ModelSpec, parse_spec
 
 Scope = Literal["attention", "layer", "block", "model"]
@@ -248,7 +249,7 @@ def peak_memory(fn: Callable[[], Any], device: torch.device) -> tuple[int, str]:
 
     CUDA: torch.cuda.max_memory_allocated after reset_peak_memory_stats, minus the memory
     allocated when the call starts (parameters, inputs). CPU: the peak of live tensor bytes
-    allocated during the call (workbench.memory.LiveTensorBytes): exact, and blind to the
+    allocated during the call (workbench.cost.memory.LiveTensorBytes): exact, and blind to the
     allocator, the interpreter and libraries, which the process RSS is not.
     """
     gc.collect()
@@ -389,12 +390,12 @@ def _inputs_and_module(spec: ModelSpec, scope: Scope, n: int, B: int, device, dt
     causal = _causal(spec)
     seq = Positions(torch.arange(n, device=device).expand(B, n), None)
     make_position = lambda: spec.position.cls(  # noqa: E731
-        spec.position.params, d_model=spec.d_model, n_heads=spec.n_heads, head_dim=spec.dim_head)
+        spec.position.params, d_model=spec.d_model, n_heads=spec.n_heads, head_dim=spec.head_dim)
     if scope == "attention":
         module = spec.attention.cls(spec.attention.params, n_heads=spec.n_heads,
-                                    n_kv_heads=spec.kv_heads, head_dim=spec.dim_head)
-        q = torch.randn(B, spec.n_heads, n, spec.dim_head, device=device, dtype=dtype, requires_grad=True)
-        k, v = (torch.randn(B, spec.kv_heads, n, spec.dim_head, device=device, dtype=dtype,
+                                    n_kv_heads=spec.n_kv_heads, head_dim=spec.head_dim)
+        q = torch.randn(B, spec.n_heads, n, spec.head_dim, device=device, dtype=dtype, requires_grad=True)
+        k, v = (torch.randn(B, spec.n_kv_heads, n, spec.head_dim, device=device, dtype=dtype,
                             requires_grad=True) for _ in range(2))
         return module.to(device), lambda: module(q, k, v, q_pos=seq.pos, k_pos=seq.pos, key_mask=None,
                                                  causal=causal, score_bias=None)
@@ -452,7 +453,7 @@ def _decode_workload(spec: ModelSpec, point: Point, device, dtype) -> Workload:
     with torch.no_grad():
         logits(prompt, Positions.of(prompt, None), cache)
     held_tokens = min(L, window) if window else L
-    formula = 2 * n_layers * spec.kv_heads * spec.dim_head * held_tokens * B * torch.empty((), dtype=dtype).element_size()
+    formula = 2 * n_layers * spec.n_kv_heads * spec.head_dim * held_tokens * B * torch.empty((), dtype=dtype).element_size()
     measured = cache.nbytes  # after the prompt: exactly the context's K/V
     next_pos = [L]
 
@@ -507,7 +508,7 @@ def measure_point(point: Point) -> dict[str, Any]:
         torch.set_num_threads(point.threads)
     device = torch.device(point.device)
     workload = build_workload(point)
-    row: dict[str, Any] = {"status": "ok", "error": None}
+    row: dict[str, Any] = {"status": Status.FINISHED, "error": None}
 
     # Warm-up first: lazy initialisation (thread pools, kernel selection) is not the point's
     # memory. Peak memory is measured before the timed repeats, once per clean state.
@@ -581,13 +582,13 @@ def _child(point: Point, results: mp.Queue) -> None:
 
 
 def measure_point_safely(point: Point) -> dict[str, Any]:
-    """measure_point, with failures as data: "oom" for allocation failures, "error" otherwise."""
+    """measure_point, with failures as data: "oom" for allocation failures, "failed" otherwise."""
     try:
         return measure_point(point)
     except Exception as err:  # noqa: BLE001 - every failure of a point is recorded, not raised
-        status = "oom" if is_out_of_memory(err) else "error"
+        status = Status.OOM if is_out_of_memory(err) else Status.FAILED
         detail = f"{type(err).__name__}: {err}"
-        if status == "error":
+        if status == Status.FAILED:
             detail += "\n" + traceback.format_exc(limit=-3)
         return {"status": status, "error": detail[:2000]}
     finally:
@@ -635,7 +636,7 @@ def _run_isolated(point: Point, time_budget_s: float, startup_timeout_s: float) 
                 if time.monotonic() > deadline:
                     what = "measuring" if ready else "starting"
                     limit = time_budget_s if ready else startup_timeout_s
-                    return {"status": "timeout", "error": f"still {what} after {limit:g} s"}
+                    return {"status": Status.TIMEOUT, "error": f"still {what} after {limit:g} s"}
                 continue
             if message[0] == "ready":
                 ready, deadline = True, time.monotonic() + time_budget_s
@@ -652,8 +653,8 @@ def _died(process) -> dict[str, Any]:
     process.join(timeout=5)
     code = process.exitcode
     if code == -signal.SIGKILL:
-        return {"status": "oom", "error": "measuring process killed by SIGKILL (the kernel's OOM killer)"}
-    return {"status": "error", "error": f"measuring process exited with code {code}"}
+        return {"status": Status.OOM, "error": "measuring process killed by SIGKILL (the kernel's OOM killer)"}
+    return {"status": Status.FAILED, "error": f"measuring process exited with code {code}"}
 
 
 def point_columns(point: Point) -> dict[str, Any]:
@@ -664,15 +665,13 @@ def point_columns(point: Point) -> dict[str, Any]:
         "scope": point.scope, "mode": point.mode, "length": point.length,
         "batch_size": point.batch_size, "kv_cache": point.kv_cache,
         "n_layers": spec.decoder_layers if spec.family != "encoder" else spec.encoder_layers,
-        "d_model": spec.d_model, "n_heads": spec.n_heads, "n_kv_heads": spec.kv_heads,
-        "head_dim": spec.dim_head, "dtype": point.dtype,
+        "d_model": spec.d_model, "n_heads": spec.n_heads, "n_kv_heads": spec.n_kv_heads,
+        "head_dim": spec.head_dim, "dtype": point.dtype,
     }
 
 
 def variant_label(attention: dict[str, Any]) -> str:
     """'sliding_window(window=256)': the attention name with its non-default parameters."""
-    from workbench.registry import get_variant
-
     cls = get_variant("attention", attention["name"])
     defaults = cls.Params().model_dump() if _all_defaulted(cls) else {}
     shown = {k: v for k, v in attention.items() if k != "name" and defaults.get(k, object()) != v}

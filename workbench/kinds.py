@@ -1,0 +1,86 @@
+"""Study kinds: what the `kind:` of a study file selects, found through one registry.
+
+A kind is a StudyKind subclass that knows its study class (the pydantic model validating
+the file) and the four things the CLI does with a study:
+
+    describe   `workbench validate`: what the study expands to, in one line
+    dry_run    `workbench run --dry-run`: every run with its settings; nothing runs
+    run        `workbench run`: execute the pending runs into an output folder (the runner
+               holds the folder's writer lock around it)
+    report     `workbench report`: the report document and the results table from the store
+
+Kinds register like variants: a plugin module returns its classes from the
+`register_study_kinds` hook and is declared as an entry point in the `workbench` group. The
+built-ins are plugins/kind_train.py and plugins/kind_scaling.py.
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+from workbench.errors import unknown_name
+from workbench.registry import BUILTIN_PACKAGE, plugin_manager
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """How `workbench run` executes a study (none of it changes what the runs compute)."""
+
+    jobs: int = 1  # runs at once, in local processes
+    fresh: bool = False  # clear what the folder holds first
+    quiet: bool = False  # plain lines instead of the live progress display
+    console: Any = None  # a rich Console for the progress display (tests capture it)
+    executor: Any = None  # a workbench.run.executor.Executor (default: local processes)
+    runs_dir: Path | None = None  # where run folders go (default: OUT/runs)
+
+
+class StudyKind(ABC):
+    """One kind of study; subclasses set `name` and `study` and implement the four steps."""
+
+    name: ClassVar[str]
+    study: ClassVar[type]  # the StudyBase subclass that validates a study file of this kind
+
+    @abstractmethod
+    def describe(self, study_file) -> str:
+        """`workbench validate`'s line; raises a StudyError for a run that cannot be built."""
+
+    @abstractmethod
+    def dry_run(self, study_file) -> str:
+        """Every run (or measurement) of the study with its settings, as text."""
+
+    @abstractmethod
+    def run(self, study_file, out: Path, options: RunOptions):
+        """Execute the pending runs into `out`, record each outcome; returns a runner.Summary."""
+
+    @abstractmethod
+    def report(self, out_dir: Path, info: dict[str, Any], study, dest: Path, pictures: bool):
+        """(report.document.Report, results DataFrame) for the study stored in `out_dir`;
+        figures are written under `dest`."""
+
+
+@functools.cache
+def study_kinds() -> dict[str, StudyKind]:
+    """Every registered study kind by name (built-ins first, so an installed kind of the same
+    name overrides a built-in, with a warning)."""
+    classes = [cls for batch in plugin_manager().hook.register_study_kinds() for cls in batch]
+    classes.sort(key=lambda cls: not cls.__module__.startswith(BUILTIN_PACKAGE))
+    found: dict[str, StudyKind] = {}
+    for cls in classes:
+        if cls.name in found and type(found[cls.name]) is not cls:
+            warnings.warn(f"study kind {cls.name!r} from {cls.__module__} overrides {type(found[cls.name]).__module__}",
+                          stacklevel=2)
+        found[cls.name] = cls()
+    return dict(sorted(found.items()))
+
+
+def get_kind(name: str, field: str = "kind") -> StudyKind:
+    """The study kind registered under `name`; a SpecError naming the field and the choices otherwise."""
+    kinds = study_kinds()
+    if name not in kinds:
+        raise unknown_name(field, name, kinds, "study kind")
+    return kinds[name]

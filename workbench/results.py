@@ -1,0 +1,122 @@
+"""What a run is and what it records: the record every layer reads, without torch or Lightning.
+
+    RunConfig  one run of a sweep (id, sweep index, seed, swept labels, resolved config)
+    RunResult  its outcome (status, final metrics, curves, cost, environment), written by the
+               run as result.json and recorded by the driver in the store
+    Status     the one vocabulary of outcomes, stored as its plain value ("finished", ...)
+
+A run folder holds CONFIG_FILE, LAST_CHECKPOINT (resume), logs/, FINAL_WEIGHTS (for reports),
+PROGRESS_FILE (step and loss while it trains) and RESULT_FILE.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+
+class Status(StrEnum):
+    """How a run (or a measurement) ended; a StrEnum, so stored and printed as its value."""
+
+    FINISHED = "finished"
+    DIVERGED = "diverged"  # a NaN/inf loss stopped training: a result, kept on rerun
+    OOM = "oom"
+    FAILED = "failed"
+    TIMEOUT = "timeout"  # a measurement past its time budget
+    UNTUNED = "untuned"  # a final run whose point found no tuned value (counted, never stored)
+
+
+KEPT = frozenset({Status.FINISHED, Status.DIVERGED})  # outcomes a rerun keeps; failed and oom are retried
+FAILURES = (Status.DIVERGED, Status.OOM, Status.FAILED)  # a training run that produced no final model
+
+RESULT_FILE = "result.json"
+CONFIG_FILE = "config.json"
+FINAL_WEIGHTS = "final.safetensors"
+OLD_FINAL_WEIGHTS = "final.pt"  # run folders written before safetensors (loaded with weights_only=True)
+LAST_CHECKPOINT = "checkpoints/last.ckpt"
+PROGRESS_FILE = "progress.json"  # a running run's step and loss, for the driver's display
+
+# The split a run evaluates on: tuning runs evaluate on validation sets, every other on eval sets.
+EVAL, VALIDATION = "eval", "validation"
+TUNE, FINAL = "tune", "final"  # the stage of a run: a tuning run, or a final one
+
+
+def run_stage(config: dict[str, Any]) -> str:
+    return TUNE if config.get("split") == VALIDATION else FINAL
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """One run of a sweep: plain data, picklable, the same on every machine."""
+
+    run_id: str  # hash of what the run computes (task, model, training, seed)
+    index: int  # position in the sweep, for stable ordering in tables
+    seed: int
+    swept: dict[str, Any]  # dotted key -> value label (a flat column of the results table)
+    config: dict[str, Any] = field(repr=False)  # {"task": ..., "model": ..., "train": ..., "seed": ...}
+
+    @property
+    def stage(self) -> str:
+        """"tune" for a tuning run (it evaluates on validation sets), else "final"."""
+        return run_stage(self.config)
+
+    @property
+    def describe(self) -> str:
+        values = " ".join(f"{k}={v}" for k, v in self.swept.items())
+        return f"{'tuning ' if self.stage == TUNE else ''}{values} seed={self.seed}".strip()
+
+
+@dataclass
+class RunResult:
+    """Everything a run records; the driver writes it to the store."""
+
+    run_id: str
+    status: Status
+    steps_done: int = 0
+    metrics: dict[str, float] = field(default_factory=dict)  # final, per eval length
+    not_applicable: dict[str, str] = field(default_factory=dict)  # eval length -> reason
+    curves: list[tuple[int, str, str, float]] = field(default_factory=list)
+    n_params: int | None = None
+    diverged_step: int | None = None
+    error: str | None = None
+    wall_time_s: float = 0.0
+    train_time_s: float = 0.0  # training steps only (evaluation excluded), over every attempt
+    eval_time_s: float = 0.0  # evaluation, this attempt
+    tokens: int = 0
+    tokens_per_s: float | None = None
+    peak_memory_bytes: int | None = None
+    peak_memory_instrument: str | None = None
+    resumed_from_step: int | None = None
+    environment: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.status = Status(self.status)  # a plain string read back becomes the enum (or fails here)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> RunResult:
+        data = dict(data)
+        data["curves"] = [tuple(c) for c in data.get("curves", [])]
+        return cls(**data)
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(data, default=str))
+    os.replace(tmp, path)  # a reader sees the old file or the whole new one, never half
+
+
+def flatten(value: Any, prefix: str = "") -> dict[str, Any]:
+    """A nested config as {dotted.key: value} (the keys sweeps and `--set` use)."""
+    if isinstance(value, dict) and value:
+        out: dict[str, Any] = {}
+        for key, item in value.items():
+            out.update(flatten(item, f"{prefix}.{key}" if prefix else str(key)))
+        return out
+    return {prefix: value}

@@ -1,0 +1,374 @@
+"""Study files: the study classes, their cross-field checks, and loading.
+
+    keys.py       dotted keys, value labels, hashing (run ids, study hashes)
+    yaml_file.py  YAML with a line map, size limits, profiles and `--set`, error hints
+    sections.py   the `train:`, `expect:`, `sweep:` and `tune:` sections
+    schema.py     the JSON Schema of study files
+
+A study names a task, a model, a training budget and the seeds, and sweeps dotted keys:
+
+    name: positions            task: {name: copy, train_length: 16}
+    model: {d_model: 64, ...}  train: {steps: 500, batch_size: 32, lr: 1.0e-3}
+    seeds: [0, 1]              sweep: {model.position: [none, rope, alibi]}
+
+Loading is three steps, each reporting the first mistake as one line with file, line, field
+path, problem and valid choices:
+
+    YAML text --SafeLoader compose--> node tree (key -> line) + plain data
+              --profile overrides--> data --pydantic (Study kind)--> validated study
+    `workbench.sweep.expand` then validates every run's model spec.
+
+The `kind` field selects the study class through the study-kind registry (workbench.kinds);
+a new kind is a StudyBase subclass with its own section plus a StudyKind that runs and reports it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, WithJsonSchema, field_validator
+from pydantic import model_validator
+
+from workbench import kinds
+from workbench.errors import SpecError
+from workbench.registry import get_variant, variants
+from workbench.spec import VARIANT_AXES, ModelSpec, resolve_choice, spec_error_from
+from workbench.study.keys import digest, label
+from workbench.study.schema import study_json_schema
+from workbench.study.sections import SWEEP_JSON_SCHEMA, TUNE_JSON_SCHEMA, Expectation, Sweep, TrainConfig, Tune
+from workbench.study.yaml_file import LineMap, StudyError, apply_overrides, apply_profile, read_yaml, suggest
+
+__all__ = ["load_study", "study_json_schema", "StudyFile", "StudyBase", "TrainStudy", "STORED", "RUN_MEASURES"]
+
+SWEEPABLE_SECTIONS = ("task", "model", "train")
+# Columns every run records (besides metrics), usable in `expect` records.
+RUN_MEASURES = ("tokens_per_s", "peak_memory_bytes", "n_params", "wall_time_s", "train_time_s")
+
+
+def task_section(value: Any) -> dict[str, Any]:
+    """{name, **params} validated through the task registry; returns the resolved mapping."""
+    if not isinstance(value, Mapping):
+        raise SpecError("task", f"expected a mapping {{name: <task>, <params>}}, got {value!r}")
+    raw = dict(value)
+    if "name" not in raw:
+        raise SpecError("task.name", "missing: the task section needs a name", sorted(variants("task")))
+    name = raw.pop("name")
+    cls = get_variant("task", str(name), "task.name")
+    try:
+        params = cls.Params.model_validate(raw)
+    except ValidationError as err:
+        raise unwrap(err, "task") from None
+    return {"name": str(name), **params.model_dump()}
+
+
+def unwrap(err: ValidationError, prefix: str = "") -> SpecError:
+    """A pydantic report as one SpecError: a SpecError raised inside a validator keeps its own
+    field; otherwise the first error's location becomes the field path."""
+    first = err.errors()[0]
+    inner = (first.get("ctx") or {}).get("error")
+    if isinstance(inner, SpecError):
+        return inner
+    if first["type"] == "extra_forbidden":
+        path = ".".join(str(p) for p in (prefix, *first["loc"]) if p != "")
+        parent = ".".join(path.split(".")[:-1])
+        return SpecError(path, "unknown key" + suggest(path.split(".")[-1], known_keys(parent)), known_keys(parent))
+    return spec_error_from(err, prefix)
+
+
+def known_keys(section: str) -> list[str] | None:
+    """Field names valid inside a dotted section of a train study (for 'unknown key' hints)."""
+    tops = {
+        "": list(TrainStudy.model_fields),
+        "train": list(TrainConfig.model_fields),
+        "model": list(ModelSpec.model_fields),
+        "sweep": None,
+    }
+    if section in tops:
+        return tops[section]
+    if re.fullmatch(r"expect\.\d+", section):
+        return list(Expectation.model_fields)
+    return None
+
+
+# ---- studies --------------------------------------------------------------------------------
+
+
+class StudyBase(BaseModel):
+    """Fields every kind of study has."""
+
+    model_config = ConfigDict(extra="forbid")
+    kind: str
+    name: str = Field(
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$",
+        description="study name: letters, digits, '-', '_', '.'; the default output folder is runs/<name>/",
+    )
+    description: str = Field("", description="one line: the question the study answers")
+    notes: str = Field("", description="free text shown in reports")
+    seeds: list[Annotated[int, Field(ge=0, le=2**32 - 1)]] = Field(
+        [0], min_length=1, description="every sweep point trains once per seed (0 .. 2^32-1)")
+    profiles: dict[str, dict[str, Any]] = Field(
+        {}, description="named overrides {profile: {dotted.key: value}}, applied by `workbench run --profile NAME`"
+    )
+
+    @field_validator("model", mode="before", check_fields=False)  # each kind declares its model field
+    @classmethod
+    def _model(cls, v):
+        if v is None:
+            return {}
+        if not isinstance(v, Mapping):
+            raise SpecError("model", f"expected a mapping of model fields, got {v!r}")
+        return dict(v)
+
+    def run_defining(self) -> dict[str, Any]:
+        """The part of the study that determines which runs exist and what they compute: a
+        change here, against an existing output folder, is a different study."""
+        raise NotImplementedError
+
+
+class TrainStudy(StudyBase):
+    """Train every sweep point on a task and compare the final metrics."""
+
+    kind: Literal["train"] = Field("train", description="train: a sweep of trained models")
+    task: Annotated[
+        dict[str, Any], WithJsonSchema({"x-section": "TaskSection"})
+    ] = Field(description="{name: <task>, <task params>}; see `workbench list task`")
+    model: Annotated[dict[str, Any], WithJsonSchema({"x-section": "ModelSection"})] = Field(
+        default_factory=dict, description="the model spec (see the README); the task sets vocab_size"
+    )
+    train: TrainConfig
+    sweep: Annotated[Sweep, WithJsonSchema(SWEEP_JSON_SCHEMA)] = Field(default_factory=Sweep)
+    baseline: Any = Field(
+        None, description="the swept value (or {dotted.key: value}) the others are compared against"
+    )
+    expect: list[Expectation] = Field([], description="claims the report checks")
+    tune: Annotated[Tune | None, WithJsonSchema(TUNE_JSON_SCHEMA)] = Field(
+        None, description="choose values (e.g. train.lr) per sweep point on validation sets before its seeds run"
+    )
+
+    @field_validator("task", mode="before")
+    @classmethod
+    def _task(cls, v, info: ValidationInfo):
+        if stored(info):
+            return dict(v)
+        return task_section(v)
+
+    @model_validator(mode="after")
+    def _cross_checks(self, info: ValidationInfo):
+        for key in [] if stored(info) else self.sweep.keys:
+            check_key(key, self.sweep.field(key), self.task)
+            check_swept_variants(key, self.sweep.field(key), self.sweep.values(key), self.model, self.sweep.keys)
+        if self.baseline is not None:
+            self.baseline = self.sweep_point(self.baseline, "baseline")
+        for i, exp in enumerate(self.expect):
+            if not stored(info):
+                check_metric(exp.metric, f"expect.{i}.metric", self)
+            exp.better = self.sweep_point(exp.better, f"expect.{i}.better")
+            exp.than = self.sweep_point(exp.than, f"expect.{i}.than")
+        for profile, overrides in self.profiles.items():
+            for key in overrides:
+                if key != "seeds" and not stored(info):
+                    check_key(key, f"profiles.{profile}.{key}", self.task)
+        if self.tune is not None:
+            self.tune = check_tune(self.tune, self)
+        return self
+
+    def sweep_point(self, value: Any, field: str) -> dict[str, Any]:
+        """A swept value (when one key is swept) or {dotted.key: value} -> {key: value}, each
+        value checked against the key's swept values (a variant by name equals {name: ...})."""
+        keys = self.sweep.keys
+        if not keys:
+            raise SpecError(field, "the study sweeps nothing, so there is nothing to compare")
+        if isinstance(value, Mapping) and value and all(k in keys for k in value):
+            point = dict(value)
+        elif len(keys) == 1:
+            point = {keys[0]: value}
+        else:
+            raise SpecError(field, "several keys are swept: give {dotted.key: value}", keys)
+        for key, v in point.items():
+            options = [label(x) for x in self.sweep.values(key)]
+            if label(v) not in options:
+                raise SpecError(f"{field}.{key}" if len(point) > 1 or isinstance(value, Mapping) else field,
+                                f"{label(v)!r} is not a swept value of {key}", [str(o) for o in options])
+        return point
+
+    def run_defining(self) -> dict[str, Any]:
+        train = {k: v for k, v in self.train.model_dump().items() if k not in TrainConfig.EXECUTION}
+        out = {"kind": self.kind, "task": self.task, "model": self.model, "train": train,
+               "seeds": self.seeds, "sweep": self.sweep.model_dump()}
+        if self.tune is not None:  # absent otherwise: an untuned study keeps the hash it always had
+            out["tune"] = self.tune.model_dump()
+        return out
+
+
+STORED = "stored"  # validation context: a study read back from a results store
+
+
+def stored(info: ValidationInfo) -> bool:
+    """A study read back from a store was checked against the registry when it ran; reading
+    it again (for a report) must not need the plugins it used to still be installed."""
+    return bool(info.context and info.context.get(STORED))
+
+
+def check_key(key: str, field: str, task: dict[str, Any]) -> None:
+    """A dotted key that a sweep or profile sets must name an existing field."""
+    section, _, rest = key.partition(".")
+    if section not in SWEEPABLE_SECTIONS or not rest:
+        valid = [f"{s}.<field>" for s in SWEEPABLE_SECTIONS]
+        raise SpecError(field, f"{key!r} is not a dotted key of a study field", valid)
+    head, _, deeper = rest.partition(".")
+    if section == "model":
+        fields = list(ModelSpec.model_fields)
+        if deeper and head not in VARIANT_AXES:
+            raise SpecError(field, f"model.{head} has no sub-keys (only variant axes do: {', '.join(VARIANT_AXES)})")
+    elif section == "train":
+        fields = list(TrainConfig.model_fields)
+    else:
+        fields = ["name", *get_variant("task", task["name"]).Params.model_fields]
+    if head not in fields:
+        choices = [f"{section}.{f}" for f in fields]
+        raise SpecError(field, f"no such key {key!r}" + suggest(f"{section}.{head}", choices), choices)
+    if section != "model" and deeper:
+        raise SpecError(field, f"{section}.{head} has no sub-keys")
+
+
+def check_tune(tune: Tune, study: TrainStudy) -> Tune:
+    """Tuned keys name training or model fields that are not swept; the metric is one the task
+    records, at an evaluation length (a bare name means at train_length); the tuning seeds
+    are among the study's. Returns the section with the metric spelled `name@length`."""
+    for key in tune.keys:
+        field = f"tune.{key}"
+        check_key(key, field, study.task)
+        section, _, name = key.partition(".")
+        if section == "task":
+            raise SpecError(field, "tuning chooses how a model learns (train.* or model.*), not the task")
+        if section == "train" and name in TrainConfig.EXECUTION:
+            raise SpecError(field, f"{key} says where a run executes, not what it computes: nothing to tune")
+        if key in study.sweep.keys:
+            raise SpecError(field, f"{key} is also swept: a key is either compared (sweep) or chosen per point (tune)")
+    name, _, length = tune.metric.partition("@")
+    lengths = study.task.get("eval_lengths") or [study.task["train_length"]]
+    choices = [*get_variant("task", study.task["name"]).metrics, "loss"]
+    if name not in choices:
+        why = " (run measures such as tokens_per_s are not chosen on validation data)" if name in RUN_MEASURES else ""
+        raise SpecError("tune.metric", f"unknown metric {name!r}{why}" + suggest(name, choices),
+                        [f"{c}@{lengths[0]}" for c in choices])
+    if not length:
+        length = str(study.task["train_length"])
+    if "task.eval_lengths" not in study.sweep.keys and (not length.isdigit() or int(length) not in lengths):
+        raise SpecError("tune.metric", f"{tune.metric!r}: no evaluation at length {length}",
+                        [f"{name}@{n}" for n in lengths])
+    if tune.seeds > len(study.seeds):
+        raise SpecError("tune.seeds", f"{tune.seeds} tuning seeds, but the study has {len(study.seeds)} "
+                        f"(tuning runs use the study's first N seeds: {study.seeds})")
+    return tune.model_copy(update={"metric": f"{name}@{length}"})
+
+
+def check_swept_variants(key: str, field: str, values: list[Any], model: Mapping[str, Any],
+                         swept: list[str]) -> None:
+    """Swept variants are checked where they are written: a typo in `model.ffn: [gelu, swigl]`
+    is blamed on the sweep line (not on a baseline or `expect:` that spells the name right),
+    and a swept variant parameter must belong to the variant the model section selects."""
+    parts = key.split(".")
+    if parts[0] != "model" or len(parts) < 2 or parts[1] not in VARIANT_AXES:
+        return
+    axis = parts[1]
+    if len(parts) == 2:
+        for value in values:
+            try:
+                resolve_choice(axis, value, field)
+            except SpecError as err:
+                raise SpecError(field, f"{err.problem} (in the sweep value {key}={label(value)})", err.choices) from None
+        return
+    if f"model.{axis}" in swept:
+        return  # each swept variant gets the parameter: checked per run by the expansion
+    given = model.get(axis, ModelSpec.model_fields[axis].default)
+    name = given.get("name") if isinstance(given, Mapping) else given
+    if not isinstance(name, str) or name not in variants(axis):
+        return  # the model section's own error is reported when it is validated
+    params = list(variants(axis)[name].Params.model_fields)
+    if parts[2] not in params:
+        having = sorted(n for n, cls in variants(axis).items() if parts[2] in cls.Params.model_fields)
+        where = f"model.{axis} is {name!r}" + ("" if axis in model else " (the default)")
+        hint = f"; set model.{axis}: {{name: {having[0]}}} or sweep model.{axis}" if having else ""
+        raise SpecError(field, f"{where}, which has no parameter {parts[2]!r}{hint}",
+                        [f"model.{axis}.{p}" for p in params] or None)
+
+
+def check_metric(metric: str, field: str, study: TrainStudy) -> None:
+    task_cls = get_variant("task", study.task["name"])
+    names = [*task_cls.metrics, "loss"]
+    name, _, length = metric.partition("@")
+    if metric in RUN_MEASURES:
+        return
+    if name not in names:
+        choices = [*names, *RUN_MEASURES]
+        raise SpecError(field, f"unknown metric {name!r}" + suggest(name, choices), choices)
+    lengths = study.task.get("eval_lengths") or [study.task["train_length"]]
+    if length and "task.eval_lengths" not in study.sweep.keys and (not length.isdigit() or int(length) not in lengths):
+        raise SpecError(field, f"{metric!r}: no evaluation at length {length}", [f"{name}@{n}" for n in lengths])
+
+
+def study_kinds() -> dict[str, type[StudyBase]]:
+    """The study class of every registered study kind (workbench.kinds), by name."""
+    return {name: kind.study for name, kind in kinds.study_kinds().items()}
+
+
+# ---- loading --------------------------------------------------------------------------------
+
+
+@dataclass
+class StudyFile:
+    """A loaded study with where it came from, so later checks can point into the file."""
+
+    path: Path
+    text: str
+    data: dict[str, Any]  # the YAML data after profile overrides
+    lines: LineMap
+    study: StudyBase
+    profile: str | None = None
+    overrides: tuple[str, ...] = ()  # `--set key=value` texts, in the order given
+
+    def error(self, err: SpecError, context: str = "") -> StudyError:
+        if context:
+            err = SpecError(err.field, f"{err.problem} ({context})", err.choices)
+        return StudyError(str(self.path), self.lines.line(err.field), err)
+
+    @property
+    def study_hash(self) -> str:
+        return digest(self.study.run_defining())
+
+
+def load_study(path: str | Path, profile: str | None = None, overrides: tuple[str, ...] | list[str] = ()) -> StudyFile:
+    """Read and validate a study file, with a profile's and then the command line's overrides
+    applied. Raises StudyError (a WorkbenchError) with file and line."""
+    path = Path(path)
+    file = str(path)
+    text, data, lines = read_yaml(path)
+    if not isinstance(data, Mapping):
+        raise StudyError(file, 1, SpecError("", f"a study file is a mapping of fields (name, task, ...), got {type(data).__name__}"))
+    data = dict(data)
+    if profile is not None:
+        data = apply_profile(data, profile, file, lines)
+    overrides = tuple(overrides)
+    if overrides:
+        data = apply_overrides(data, overrides, file, lines)
+    kind = data.get("kind", "train")
+    if kind not in study_kinds():
+        raise StudyError(file, lines.line("kind"),
+                         SpecError("kind", f"unknown study kind {kind!r}" + suggest(str(kind), list(study_kinds())),
+                                   study_kinds()))
+    cls = study_kinds()[kind]
+    try:
+        study = cls.model_validate(data)
+    except ValidationError as err:
+        spec_err = unwrap(err)
+        raise StudyError(file, lines.line(spec_err.field), spec_err) from None
+    except SpecError as err:
+        raise StudyError(file, lines.line(err.field), err) from None
+    return StudyFile(path=path, text=text, data=data, lines=lines, study=study, profile=profile, overrides=overrides)
+
+

@@ -1,0 +1,52 @@
+"""Dotted keys (`model.attention.window`) into nested study data, value labels, and hashing
+(run ids and study hashes are digests of canonical JSON)."""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+from collections.abc import Mapping
+from typing import Any
+
+
+def get_dotted(data: Mapping[str, Any], key: str) -> Any:
+    node: Any = data
+    for part in key.split("."):
+        node = node[part]
+    return node
+
+
+def set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
+    """data[a][b][c] = value for key "a.b.c"; a variant given by name becomes {name: ...} when a
+    parameter below it is set (model.attention.window on `attention: sliding_window`)."""
+    *parents, last = key.split(".")
+    node = data
+    for part in parents:
+        child = node.get(part)
+        if isinstance(child, str):
+            child = {"name": child}
+        elif not isinstance(child, dict):
+            child = {}
+        node[part] = child
+        node = child
+    node[last] = copy.deepcopy(value)
+
+
+def label(value: Any) -> Any:
+    """A swept value as one flat column entry: scalars as they are, a variant mapping as
+    `name(param=value, ...)`, anything else as compact JSON."""
+    if isinstance(value, Mapping) and "name" in value:
+        params = ", ".join(f"{k}={v}" for k, v in value.items() if k != "name")
+        return f"{value['name']}({params})" if params else str(value["name"])
+    if isinstance(value, (Mapping, list)):
+        return json.dumps(value, sort_keys=True)
+    return value
+
+
+def canonical_json(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
+
+
+def digest(value: Any, n: int = 12) -> str:
+    return hashlib.sha256(canonical_json(value).encode()).hexdigest()[:n]

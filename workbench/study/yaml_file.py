@@ -1,0 +1,197 @@
+"""A study file as text, plain data and a line map, so every error names file, line and field;
+size limits; profile and `--set` overrides; "did you mean" hints."""
+
+from __future__ import annotations
+
+import copy
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from workbench.errors import SpecError, WorkbenchError, closest
+from workbench.study.keys import set_dotted
+
+
+class StudyError(WorkbenchError):
+    """A mistake in a study file, located as `file:line: field: problem (valid: ...)`."""
+
+    def __init__(self, file: str, line: int | None, error: SpecError | str):
+        self.file, self.line = file, line
+        self.field = error.field if isinstance(error, SpecError) else ""
+        where = f"{file}:{line}" if line else file
+        if line == 0:  # a field the command line set (--set)
+            where = f"{file} with --set"
+        super().__init__(f"{where}: {error}")
+
+
+class LineMap:
+    """Dotted field path -> 1-based line of the YAML key (or list item) that holds it."""
+
+    def __init__(self) -> None:
+        self.lines: dict[str, int] = {}
+
+    @classmethod
+    def of(cls, node: yaml.Node | None, file: str) -> LineMap:
+        out = cls()
+        if node is not None:
+            out._walk(node, "", file)
+        return out
+
+    def _walk(self, node: yaml.Node, prefix: str, file: str) -> None:
+        if isinstance(node, yaml.MappingNode):
+            seen: set[str] = set()
+            for key_node, value_node in node.value:
+                key = str(key_node.value)
+                path = f"{prefix}.{key}" if prefix else key
+                if key in seen:  # SafeLoader would silently keep the last one
+                    raise StudyError(file, key_node.start_mark.line + 1, SpecError(path, "duplicate key"))
+                seen.add(key)
+                self.lines[path] = key_node.start_mark.line + 1
+                self._walk(value_node, path, file)
+        elif isinstance(node, yaml.SequenceNode):
+            for i, item in enumerate(node.value):
+                path = f"{prefix}.{i}"
+                self.lines[path] = item.start_mark.line + 1
+                self._walk(item, path, file)
+
+    def line(self, field: str) -> int | None:
+        """Line of `field`, or of its closest enclosing field that the file spells out."""
+        parts = field.split(".")
+        while parts:
+            found = self.lines.get(".".join(parts))
+            if found is not None:
+                return found
+            parts.pop()
+        return None
+
+
+def read_yaml(path: Path) -> tuple[str, Any, LineMap]:
+    """Text, plain data and line map of a YAML file; safe loading only (no Python objects)."""
+    file = str(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise WorkbenchError(f"{file}: study file not found") from None
+    except OSError as err:
+        raise WorkbenchError(f"{file}: cannot read the study file ({err.strerror})") from None
+    except UnicodeDecodeError:
+        raise WorkbenchError(f"{file}: not a text (UTF-8) file; a study is a YAML file") from None
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        size = expanded_size(node)
+        if size > limit("WORKBENCH_MAX_YAML_NODES"):
+            raise StudyError(file, None, f"its YAML aliases (*name) expand to {size:.3g} nodes, over the limit of "
+                             f"{limit('WORKBENCH_MAX_YAML_NODES')}: write the values out, or set "
+                             "WORKBENCH_MAX_YAML_NODES to allow it")
+        data = loader.construct_document(node) if node is not None else None
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None) or getattr(err, "context_mark", None)
+        problem = getattr(err, "problem", None) or str(err)
+        context = getattr(err, "context", None)
+        message = f"malformed YAML: {problem}" + (f" ({context})" if context else "")
+        raise StudyError(file, mark.line + 1 if mark else None, message) from None
+    finally:
+        loader.dispose()
+    return text, data, LineMap.of(node, file)
+
+
+def expanded_size(node: yaml.Node | None, memo: dict[int, int] | None = None) -> int:
+    """Nodes of the document once every alias is expanded, computed without expanding them
+    (a 400-byte "billion laughs" file expands to 10^9 nodes)."""
+    if node is None:
+        return 0
+    memo = {} if memo is None else memo
+    key = id(node)
+    if key in memo:
+        return memo[key]
+    memo[key] = 1  # a recursive alias counts once more, instead of forever
+    if isinstance(node, yaml.MappingNode):
+        size = 1 + sum(expanded_size(k, memo) + expanded_size(v, memo) for k, v in node.value)
+    elif isinstance(node, yaml.SequenceNode):
+        size = 1 + sum(expanded_size(item, memo) for item in node.value)
+    else:
+        size = 1
+    memo[key] = size
+    return size
+
+
+# ---- size limits ----------------------------------------------------------------------------
+
+LIMITS = {  # environment variable -> default; the defaults refuse only the absurd
+    "WORKBENCH_MAX_RUNS": 10_000,  # runs of one study (sweep points x seeds)
+    "WORKBENCH_MAX_PARAMS": 20_000_000_000,  # estimated parameters of one model
+    "WORKBENCH_MAX_ACTIVATION_BYTES": 2**40,  # estimated activation memory of one batch (1 TiB)
+    "WORKBENCH_MAX_YAML_NODES": 100_000,  # nodes of a study file once its aliases are expanded
+}
+
+
+def limit(name: str) -> int:
+    value = os.environ.get(name)
+    if value is None:
+        return LIMITS[name]
+    try:
+        return int(float(value))
+    except ValueError:
+        raise SpecError(name, f"expected a number, got {value!r}") from None
+
+
+def suggest(name: str, choices: list[str] | None) -> str:
+    hint = closest(name, choices or [])
+    return f"; did you mean {hint!r}?" if hint else ""
+
+
+
+def apply_profile(data: dict[str, Any], profile: str, file: str, lines: LineMap) -> dict[str, Any]:
+    profiles = data.get("profiles") or {}
+    if not isinstance(profiles, Mapping) or profile not in profiles:
+        names = sorted(profiles) if isinstance(profiles, Mapping) else []
+        raise StudyError(file, lines.line("profiles"),
+                         SpecError("--profile", f"unknown profile {profile!r}" + suggest(profile, names), names))
+    overrides = profiles[profile]
+    if not isinstance(overrides, Mapping):
+        raise StudyError(file, lines.line(f"profiles.{profile}"),
+                         SpecError(f"profiles.{profile}", "expected a mapping {dotted.key: value}"))
+    data = copy.deepcopy(data)
+    for key, value in overrides.items():
+        set_dotted(data, str(key), value)
+        # An error in an overridden field points at the profile line that set it.
+        lines.lines[str(key)] = lines.line(f"profiles.{profile}.{key}") or 0
+    return data
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """`train.steps=500` -> ("train.steps", 500): the value is read as YAML (safe), so lists,
+    mappings and numbers are written as in a study file."""
+    key, sep, value = text.partition("=")
+    key = key.strip()
+    if not sep or not key:
+        raise SpecError("--set", f"expected KEY=VALUE (e.g. train.steps=500), got {text!r}")
+    try:
+        return key, yaml.safe_load(value) if value.strip() else None
+    except yaml.YAMLError as err:
+        raise SpecError(f"--set {key}", f"the value {value!r} is not valid YAML ({getattr(err, 'problem', err)})") from None
+
+
+def apply_overrides(data: dict[str, Any], overrides: tuple[str, ...], file: str, lines: LineMap) -> dict[str, Any]:
+    """`--set` on the command line: each KEY=VALUE edits the study as if the file said so
+    (a dotted key of task, model or train; `seeds`; or `sweep.<dotted key>` for a swept list),
+    so it changes the study hash exactly like the same edit of the file would."""
+    data = copy.deepcopy(data)
+    for text in overrides:
+        try:
+            key, value = parse_override(text)
+        except SpecError as err:
+            raise StudyError(file, None, err) from None
+        if key.startswith("sweep."):
+            sweep = data.get("sweep")
+            data["sweep"] = {**(sweep if isinstance(sweep, Mapping) else {}), key.removeprefix("sweep."): value}
+        elif "." in key:
+            set_dotted(data, key, value)
+        else:
+            data[key] = value
+        lines.lines[key] = 0  # an error in an overridden field names the field, not a line of the file
+    return data

@@ -1,0 +1,80 @@
+"""What a finished run leaves for its readers (reports, `workbench compare`): its final weights
+and the task it trained on, loaded without Lightning and without running code.
+
+final.safetensors holds the trained weights (safetensors: no pickle) with the resolved run
+config and the step as metadata; run folders written before that hold final.pt, loaded with
+`weights_only=True` (tensors and plain data only).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+from pathlib import Path
+from typing import Any
+
+import safetensors
+import safetensors.torch
+import torch
+
+from workbench.errors import WorkbenchError
+from workbench.model import Transformer, build_model
+from workbench.registry import get_variant
+from workbench.results import FINAL_WEIGHTS, OLD_FINAL_WEIGHTS
+
+
+class DamagedFile(WorkbenchError):
+    """A file in a run folder that cannot (or must not) be loaded."""
+
+
+def refuse_or_explain(path: Path, err: Exception, what_to_do: str) -> DamagedFile:
+    """One line naming the file, what is wrong with it and what to do."""
+    if isinstance(err, pickle.UnpicklingError) and "weights only" in str(err).lower():
+        problem = ("holds Python objects that would run code when loaded (refused: only tensors and plain "
+                   "data are loaded from run folders)")
+    else:
+        problem = f"is damaged or not a checkpoint ({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''})"
+    return DamagedFile(f"{path} {problem}; {what_to_do}")
+
+
+def make_task(config: dict[str, Any]):
+    spec = dict(config["task"])
+    cls = get_variant("task", spec.pop("name"))
+    # A tuning run's config says split "validation": it evaluates on the validation sets.
+    return cls(cls.Params.model_validate(spec), seed=config["seed"], split=config.get("split", "eval"))
+
+
+def save_final_weights(model: torch.nn.Module, config: dict[str, Any], step: int, path: Path) -> None:
+    """The trained weights as safetensors (no pickle), the run config and step as metadata;
+    written atomically. save_model keeps one copy of tied tensors."""
+    tmp = path.with_name(path.name + ".tmp")
+    safetensors.torch.save_model(model, str(tmp), metadata={"config": json.dumps(config), "step": str(step)})
+    os.replace(tmp, path)
+
+
+def load_final_model(run_dir: str | Path) -> tuple[Transformer, dict[str, Any]]:
+    """The trained model of a finished run (eval mode) and its resolved run config.
+    Raises FileNotFoundError without final weights and DamagedFile for a file that is not
+    what the workbench writes (truncated, or a pickle with code in it)."""
+    path = Path(run_dir) / FINAL_WEIGHTS
+    old = Path(run_dir) / OLD_FINAL_WEIGHTS
+    redo = "report without pictures (`workbench report --no-pictures`) or retrain (`workbench run --fresh`)"
+    if not path.exists() and old.exists():
+        try:
+            saved = torch.load(old, map_location="cpu", weights_only=True)
+            model = build_model(saved["config"]["model"])
+            model.load_state_dict(saved["state_dict"])
+        except Exception as err:
+            raise refuse_or_explain(old, err, redo) from None
+        return model.eval(), saved["config"]
+    if not path.exists():
+        raise FileNotFoundError(path)
+    try:
+        with safetensors.safe_open(str(path), framework="pt") as f:
+            config = json.loads(f.metadata()["config"])
+        model = build_model(config["model"])
+        safetensors.torch.load_model(model, str(path), device="cpu")
+    except Exception as err:
+        raise refuse_or_explain(path, err, redo) from None
+    return model.eval(), config
