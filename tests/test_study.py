@@ -95,6 +95,17 @@ profiles:
     assert big[0].config["train"]["batch_size"] == 64 and big[0].config["model"]["d_model"] == 64
 
 
+def test_a_profile_can_replace_a_swept_list(tmp_path):
+    path = write(tmp_path, BASE + """\
+sweep: {model.position: [none, {name: learned, max_len: 16}]}
+profiles:
+  long: {task.train_length: 40, sweep.model.position: [none, {name: learned, max_len: 128}]}
+""")
+    tables = [r.config["model"]["position"].get("max_len") for r in expand(load_study(path, profile="long"))]
+    assert tables == [None, None, 128, 128]
+    assert load_study(path, profile="long").study_hash != load_study(path).study_hash
+
+
 def test_baseline_and_expectations_are_normalised(tmp_path):
     path = write(tmp_path, BASE + """\
 sweep: {model.position: [none, rope]}

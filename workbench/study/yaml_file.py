@@ -145,6 +145,18 @@ def suggest(name: str, choices: list[str] | None) -> str:
 
 
 
+def set_study_key(data: dict[str, Any], key: str, value: Any) -> None:
+    """Set one override (a profile's or --set's): a dotted key of task, model or train; a
+    top-level key such as `seeds`; or `sweep.<dotted key>` for a swept list (its key keeps its dots)."""
+    if key.startswith("sweep."):
+        sweep = data.get("sweep")
+        data["sweep"] = {**(sweep if isinstance(sweep, Mapping) else {}), key.removeprefix("sweep."): value}
+    elif "." in key:
+        set_dotted(data, key, value)
+    else:
+        data[key] = value
+
+
 def apply_profile(data: dict[str, Any], profile: str, file: str, lines: LineMap) -> dict[str, Any]:
     profiles = data.get("profiles") or {}
     if not isinstance(profiles, Mapping) or profile not in profiles:
@@ -157,7 +169,7 @@ def apply_profile(data: dict[str, Any], profile: str, file: str, lines: LineMap)
                          SpecError(f"profiles.{profile}", "expected a mapping {dotted.key: value}"))
     data = copy.deepcopy(data)
     for key, value in overrides.items():
-        set_dotted(data, str(key), value)
+        set_study_key(data, str(key), value)
         # An error in an overridden field points at the profile line that set it.
         lines.lines[str(key)] = lines.line(f"profiles.{profile}.{key}") or 0
     return data
@@ -186,12 +198,6 @@ def apply_overrides(data: dict[str, Any], overrides: tuple[str, ...], file: str,
             key, value = parse_override(text)
         except SpecError as err:
             raise StudyError(file, None, err) from None
-        if key.startswith("sweep."):
-            sweep = data.get("sweep")
-            data["sweep"] = {**(sweep if isinstance(sweep, Mapping) else {}), key.removeprefix("sweep."): value}
-        elif "." in key:
-            set_dotted(data, key, value)
-        else:
-            data[key] = value
+        set_study_key(data, key, value)
         lines.lines[key] = 0  # an error in an overridden field names the field, not a line of the file
     return data
