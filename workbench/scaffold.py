@@ -32,10 +32,11 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
-from workbench.position import PositionScheme
+from workbench.position import INIT_STD, PositionScheme
 from workbench.variants import Params
 ''', '''\
-    scale: float = Field(1.0, gt=0, description="multiplies the encoding added to the embeddings")
+    scale: float = Field(INIT_STD, gt=0, description="multiplies the encoding added to the embeddings; the "
+                         "token embeddings' init std keeps both at comparable RMS")
     base: float = Field(10000.0, gt=1, description="wavelength scale of the slowest dimension")
 ''', '''\
     def embed(self, x: Tensor, pos: Tensor) -> Tensor:
