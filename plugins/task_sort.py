@@ -6,7 +6,7 @@ import numpy as np
 from scipy.stats import binom
 
 from workbench import hookimpl
-from workbench.tasks import SymbolTask, blind_scores
+from workbench.tasks import SymbolTask
 
 
 class Sort(SymbolTask):
@@ -17,7 +17,7 @@ class Sort(SymbolTask):
     def transform(self, symbols: list[int]) -> list[int]:
         return sorted(symbols)
 
-    def chance(self, family, length):
+    def symbol_chance(self, length):
         """Closed form: target position k holds the k-th smallest of `length` uniform draws
         from A symbols, P(X_(k) <= s) = P(Binomial(length, (s+1)/A) >= k+1), so a blind
         predictor already does better than 1/A at the ends (the first sorted symbol is the
@@ -28,8 +28,7 @@ class Sort(SymbolTask):
         marginals = np.diff(cdf, axis=1, prepend=0.0)  # [n, A]: P(X_(k) = s)
         q, r = divmod(n, a)  # r symbols occur q + 1 times, the others q times
         log_mode = math.lgamma(n + 1) - r * math.lgamma(q + 2) - (a - r) * math.lgamma(q + 1) - n * math.log(a)
-        positions = [(1.0, p) for p in marginals] + [(1.0, np.ones(1))] * self.always_predictable(family)
-        return blind_scores(positions, math.exp(log_mode))
+        return [(1.0, p) for p in marginals], math.exp(log_mode)
 
 
 @hookimpl

@@ -37,6 +37,42 @@ def test_copy_and_reverse_chance_is_uniform_over_the_alphabet(name, family, eos)
     assert chance["exact_match"] == pytest.approx(a ** -n)
 
 
+@pytest.mark.parametrize("name", ["reverse", "sort"])
+def test_symbol_accuracy_chance_leaves_out_the_eos_in_every_family(name):
+    task = make(name, train_length=12, alphabet_size=10)
+    encoder, decoder, both = (task.chance(f, 12) for f in ("encoder", "decoder", "encoder_decoder"))
+    assert encoder["symbol_accuracy"] == pytest.approx(encoder["accuracy"])  # no <eos> in encoder labels
+    assert decoder["symbol_accuracy"] == pytest.approx(both["symbol_accuracy"]) == pytest.approx(encoder["symbol_accuracy"])
+    assert decoder["symbol_accuracy"] == pytest.approx((13 * decoder["accuracy"] - 1) / 12)
+    if name == "reverse":
+        assert decoder["symbol_accuracy"] == pytest.approx(0.1)
+
+
+@pytest.mark.parametrize("family", ["decoder", "encoder_decoder", "encoder"])
+def test_symbol_accuracy_scores_the_answer_symbols_only(family):
+    """A model that gets every symbol wrong and every <eos> right: accuracy counts the <eos>,
+    symbol_accuracy does not."""
+    task = make("reverse", train_length=6, alphabet_size=10, n_eval=16)
+    batch = task.eval_batches(6, 16, family)[0]
+    targets, mask = task.scored_ids(batch, family)
+    shifted = task.first_symbol + (targets - task.first_symbol + 1) % 10  # the next symbol: always wrong
+    wrong_symbols = torch.where(targets == task.eos_id, targets, shifted)
+    logits = torch.nn.functional.one_hot(wrong_symbols.clamp(min=0), len(task.vocab)).float()
+    assert not ((wrong_symbols == targets) & mask & (targets != task.eos_id)).any()
+
+    class Fixed(torch.nn.Module):  # returns the prepared logits, whatever the batch
+        def __init__(self):
+            super().__init__()
+            self.p = torch.nn.Parameter(torch.zeros(1))
+
+    task.scored = lambda model, b, fam: (logits, targets, mask)
+    scores = task.evaluate(Fixed(), [batch], family)
+    eos = int(((targets == task.eos_id) & mask).sum())
+    assert scores["symbol_accuracy"] == 0.0
+    assert scores["accuracy"] == pytest.approx(eos / int(mask.sum()))
+    assert (eos > 0) == (family != "encoder")
+
+
 def test_sort_chance_is_the_order_statistics_of_uniform_draws():
     a, n = 3, 4  # every string enumerated: the blind predictor's scores by brute force
     sorted_rows = [sorted(s) for s in itertools.product(range(a), repeat=n)]

@@ -60,6 +60,7 @@ TRAIN_STREAM, EVAL_STREAM, SAMPLE_STREAM, VALID_STREAM = 0, 1, 2, 3
 METRIC_RANGES: dict[str, tuple[float, float]] = {
     "accuracy": (0.0, 1.0), "exact_match": (0.0, 1.0), "loss": (0.0, math.inf), "bleu": (0.0, 100.0),
     "bpc": (0.0, math.inf), "perplexity": (1.0, math.inf), "distinct_2": (0.0, 1.0), "repetition_4": (0.0, 1.0),
+    "symbol_accuracy": (0.0, 1.0),
 }
 
 
@@ -95,6 +96,9 @@ class Tally:
     correct: int = 0  # target tokens whose argmax is right (teacher forcing)
     rows: int = 0
     exact: int = 0  # rows whose target tokens are all right
+    eos_id: int | None = None  # symbol_accuracy leaves out targets equal to it
+    symbols: int = 0  # scored targets other than <eos>
+    symbols_correct: int = 0
 
     def add(self, logits: Tensor, targets: Tensor, mask: Tensor) -> None:
         nll = F.cross_entropy(logits.transpose(1, 2).float(), targets.clamp(min=0), reduction="none")
@@ -102,6 +106,9 @@ class Tally:
         self.nll += float((nll * mask).sum())
         self.tokens += int(mask.sum())
         self.correct += int((right & mask).sum())
+        symbols = mask & (targets != self.eos_id) if self.eos_id is not None else mask
+        self.symbols += int(symbols.sum())
+        self.symbols_correct += int((right & symbols).sum())
         scored_rows = mask.any(-1)
         self.rows += int(scored_rows.sum())
         self.exact += int((right.all(-1) & scored_rows).sum())
@@ -111,6 +118,7 @@ class Tally:
             "loss": self.nll / self.tokens if self.tokens else math.nan,
             "accuracy": self.correct / self.tokens if self.tokens else math.nan,
             "exact_match": self.exact / self.rows if self.rows else math.nan,
+            "symbol_accuracy": self.symbols_correct / self.symbols if self.symbols else math.nan,
         }
 
 
@@ -373,7 +381,7 @@ class Task(Variant):
         was_training = model.training
         model.eval()
         try:
-            tally = Tally()
+            tally = Tally(eos_id=self.eos_id)
             for batch in batches:
                 tally.add(*self.scored(model, batch, family))
             scores = tally.scores()
@@ -516,9 +524,14 @@ class SymbolTask(Task):
     labels (label i = answer[i]) for reverse and sort, which need reads across the whole
     string, as a bidirectional encoder has. Copy has no encoder form: a tied-embedding
     encoder solves the identity map before any training.
+
+    `symbol_accuracy` scores the answer's symbols only: the <eos> that decoder and
+    encoder-decoder rows also predict is left out, so every family is scored on the same
+    tokens (an encoder's per-token labels hold no <eos>, and its `accuracy` equals this one).
     """
 
     Params = SymbolParams
+    metrics: ClassVar[dict[str, bool]] = {**Task.metrics, "symbol_accuracy": True}
 
     def __init__(self, params: SymbolParams, **kw):
         super().__init__(params, **kw)
@@ -534,9 +547,16 @@ class SymbolTask(Task):
         return Example(tuple(symbols), tuple(self.transform(symbols)))
 
     def chance(self, family, length):
+        """The blind predictor of `symbol_chance` on the answer's symbols, plus the <eos> a
+        family also scores, which is always right (and left out of symbol_accuracy)."""
+        symbols, exact = self.symbol_chance(length)
+        scores = blind_scores(symbols + [(1.0, np.ones(1))] * self.always_predictable(family), exact)
+        return scores | {"symbol_accuracy": blind_scores(symbols, exact)["accuracy"]}
+
+    def symbol_chance(self, length: int) -> tuple[list[tuple[float, np.ndarray]], float]:
         """Closed form: an evaluation string holds `length` symbols drawn uniformly from the
-        alphabet (A), so a blind predictor gets each target symbol right with probability 1/A
-        (loss ln A) and the whole string with A^-length; the <eos> is always right."""
+        alphabet (A), so a blind predictor gets each answer symbol right with probability 1/A
+        (loss ln A) and the whole string with A^-length. Returns the per-position target
+        distributions (as `blind_scores` takes them) and the whole-row chance."""
         a = self.params.alphabet_size
-        uniform = [(1.0, np.full(a, 1.0 / a))] * length
-        return blind_scores(uniform + [(1.0, np.ones(1))] * self.always_predictable(family), float(a) ** -length)
+        return [(1.0, np.full(a, 1.0 / a))] * length, float(a) ** -length
