@@ -60,8 +60,10 @@ def summary(report: Report, runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "kind": report.kind,
         "question": report.question,
         "verdicts": [{"statement": v.statement, "outcome": v.outcome, "label": v.label, "note": v.note,
-                      "difference": json_numbers(v.difference), "learned": [json_numbers(g) for g in v.gates]}
+                      "difference": json_numbers(v.difference), "learned": [json_numbers(g) for g in v.gates],
+                      "groups": [json_numbers(g) for g in v.groups], "expect": v.expect}
                      for v in report.verdicts],
+        "learned_criterion": report.learned,
         "runs": len(runs),
         "statuses": dict(sorted(statuses.items())),
         "run_span_s": None if span is None else round(span),
