@@ -158,7 +158,7 @@ def test_a_study_trained_for_3_steps_is_not_tested(tmp_path):
     # The header states the criterion with the same numbers, and names who missed it with its score.
     missed = [gates[group] for group in ("none", "rope") if not gates[group]["learned"]]  # sweep order
     met = len(gates) - len(missed)
-    scores = ", ".join(f"{g['group']} ({fmt(g['score'])})" for g in missed)
+    scores = "; ".join(f"{g['group']} ({fmt(g['score'])})" for g in missed)
     outcome = f"no group met it ({scores})" if not met else f"{met} of 2 groups met it; not met: {scores}"
     header = (f"Learned (accuracy@6 ≥ {fmt(gates['rope']['needed'])}, 10% of the way from chance {fmt(chance)} "
               f"to 1): {outcome}")

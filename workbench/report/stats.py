@@ -235,14 +235,14 @@ def learned_criterion(name: str, gates: Sequence[Learned]) -> str:
         rule = f"{threshold(metric, needed, higher)}, {MARGIN:.0%} of the way from chance {fmt(chance)} to {fmt(perfect)}"
     else:  # the chance level (or the training length) differs between groups, e.g. by family
         rule = f"{MARGIN:.0%} of the way from chance to a perfect score: " + "; ".join(
-            f"{threshold(metric, needed, higher)} for {', '.join(groups)} (chance {fmt(chance)})"
+            f"{threshold(metric, needed, higher)} for {' and '.join(groups)} (chance {fmt(chance)})"
             for (metric, chance, needed, higher, _), groups in thresholds.items())
     missed = [g for g in gates if not g.learned]
     n = len(gates)
     if not missed:
         outcome = {1: "the group met it", 2: "both groups met it"}.get(n, f"all {n} groups met it")
     else:
-        why = ", ".join(f"{g.group} ({score_text(g)})" for g in missed)
+        why = "; ".join(f"{g.group} ({score_text(g)})" for g in missed)  # labels may hold commas
         outcome = (f"no group met it ({why})" if len(missed) == n
                    else f"{n - len(missed)} of {n} groups met it; not met: {why}")
     return f"Learned ({rule}): {outcome}"

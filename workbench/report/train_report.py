@@ -55,7 +55,7 @@ from workbench.report.tuning import TuningSection, split_stages
 from workbench.report.variants import Variants, short_key, value_text
 from workbench.results import FAILURES, Status
 from workbench.study import RUN_MEASURES
-from workbench.study.keys import label
+from workbench.study.keys import point_labels
 from workbench.sweep import resolve_point
 from workbench.tasks import METRIC_RANGES
 from workbench.tuning import PointTuning
@@ -134,12 +134,6 @@ def gate_record(g: Learned) -> dict[str, Any]:
 def group_record(group: str, iv: Interval) -> dict[str, Any]:
     """A compared group's mean with its interval as plain JSON (summary.json)."""
     return {"group": group, "mean": iv.mean, "lo": iv.lo, "hi": iv.hi, "n": iv.n, "constant": iv.constant}
-
-
-def point_labels(point: dict[str, Any]) -> dict[str, Any]:
-    """An `expect:` point ({dotted.key: value}) with each value as its sweep label (JSON-safe,
-    and equal for equal variants however they were written)."""
-    return {key: label(value) for key, value in point.items()}
 
 
 def split_metric(col: str) -> tuple[str, int | None]:
