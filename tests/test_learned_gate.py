@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from workbench.registry import variants
+from workbench.report.document import fmt
 from workbench.report import write_report
 from workbench.report.index import build_index
 from workbench.run.runner import run_study
@@ -190,6 +191,16 @@ def test_a_study_trained_for_3_steps_is_not_tested(tmp_path):
     assert f"{failed}: accuracy@6 " in quality["label"] and "vs chance 0.286" in quality["label"]
     assert cost["outcome"] != "not tested" and cost["learned"] == []  # cost needs no gate
 
+    # The header states the criterion with the same numbers, and names who missed it with its score.
+    missed = [gates[group] for group in ("none", "rope") if not gates[group]["learned"]]  # sweep order
+    met = len(gates) - len(missed)
+    scores = "; ".join(f"{g['group']} ({fmt(g['score'])})" for g in missed)
+    outcome = f"no group met it ({scores})" if not met else f"{met} of 2 groups met it; not met: {scores}"
+    header = (f"Learned (accuracy@6 ≥ {fmt(gates['rope']['needed'])}, 10% of the way from chance {fmt(chance)} "
+              f"to 1): {outcome}")
+    assert summary["learned_criterion"] == [header]
+    assert (folder / "report.md").read_text().split("\n\n")[2] == header
+    assert f'<p class="learned">{header}</p>' in (folder / "index.html").read_text()
     assert "**not tested (did not learn" in (folder / "report.md").read_text()
     html = (folder / "index.html").read_text()
     assert 'class="outcome not-tested">not tested (did not learn' in html

@@ -29,6 +29,7 @@ from workbench.results import FINAL_WEIGHTS, RunConfig, RunResult
 from workbench.sweep import expand
 from workbench.weights import save_final_weights
 
+TRAIN_STUDY_QUESTION = "Does ALiBi extrapolate? <script>alert('x')</script> & more"
 TRAIN_STUDY = """
 name: positions
 description: "Does ALiBi extrapolate? <script>alert('x')</script> & more"
@@ -309,6 +310,9 @@ def test_scaling_report(scaling_report):
     assert cells[("full", "executed")][1] == "–"  # a tiled kernel has no closed formula
     # Scope line: decode measures the whole model; time figures carry their quartiles.
     assert "Scope: layer (forward); the whole model (decode)" in index.read_text()
+    # Nothing is trained: the header says no learned criterion applies.
+    assert (index.parent / "report.md").read_text().split("\n\n")[2] == (
+        "Learned: no learned criterion applies: nothing is trained for quality here (this study measures cost)")
     measured = next(t for t in page.tables if t[0][:4] == ["variant", "mode", "length", "status"] and len(t[0]) > 5)
     assert any("[" in row[4] for row in measured[1:])
     names = {Path(img["src"]).name for img in page.images}
@@ -316,3 +320,21 @@ def test_scaling_report(scaling_report):
             "kv_cache_bytes.png", "crossover_1.png"} <= names
     for img in page.images:
         assert min(png_size(index.parent / img["src"])) > 150
+
+
+def test_training_report_header_states_the_learned_criterion(train_report):
+    """Right under the question: the threshold at the training length, from the same gate
+    objects as the Learned section's table (chance, the margin, the perfect score), and who met it."""
+    _, _, index = train_report
+    page = parse(index.read_text())
+    table = next(t for t in page.tables if t[0][:2] == ["variant", "at the training length"])
+    chance, needed = {row[3] for row in table[1:]}, {row[4] for row in table[1:]}
+    assert len(chance) == len(needed) == 1 and all(row[5] == "yes" for row in table[1:])
+    line = (f"Learned (accuracy@6 ≥ {needed.pop()}, 10% of the way from chance {chance.pop()} to 1): "
+            "all 3 groups met it")
+    texts = [t.strip() for t in page.text if t.strip()]
+    assert texts[texts.index(TRAIN_STUDY_QUESTION) + 1] == line  # the line after the question
+    md = (index.parent / "report.md").read_text().split("\n\n")
+    assert md[2] == line and md[3] == "## Verdicts"
+    summary = json.loads((index.parent / "summary.json").read_text())
+    assert summary["learned_criterion"] == [line]

@@ -34,7 +34,7 @@ def test_summary_counts_runs_and_spans_the_sweep():
     s = summary(Report("x", "train", "q?", [verdict], []), runs)
     assert s["statuses"] == {"diverged": 1, "finished": 1} and s["run_span_s"] == 60
     assert s["verdicts"] == [{"statement": verdict.statement, "outcome": "holds", "label": "holds", "note": "note",
-                              "difference": {}, "learned": []}]
+                              "difference": {}, "learned": [], "groups": [], "expect": {}}]
 
 
 def test_index_rows_read_summaries_and_mark_studies_not_run(tmp_path):

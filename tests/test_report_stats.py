@@ -12,7 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st_h
 from scipy import stats
 
-from workbench.report.stats import Comparison, difference, holm, learned_gate, mean_ci, verdict, verdicts, welch_diff
+from workbench.report.stats import (Comparison, difference, holm, learned_criterion, learned_gate, mean_ci, verdict,
+                                    verdicts, welch_diff)
 from workbench.report.variants import Variants
 
 
@@ -170,3 +171,21 @@ def test_pairs_compare_like_with_like_across_other_swept_keys():
     assert pairs == [("position=alibi, n_layers=2", "position=rope, n_layers=2"),
                      ("position=alibi, n_layers=6", "position=rope, n_layers=6")]
     assert variants.counterpart("position=alibi, n_layers=6", {"model.position": "rope"}) == "position=rope, n_layers=6"
+
+
+def test_learned_criterion_line_states_threshold_and_who_missed_it():
+    gate = lambda group, score, chance=0.2: learned_gate(group, "accuracy@12", score, chance, 1.0, True)  # noqa: E731
+    assert learned_criterion("accuracy", [gate("a", 0.9), gate("b", 0.3)]) == (
+        "Learned (accuracy@12 ≥ 0.28, 10% of the way from chance 0.2 to 1): both groups met it")
+    assert learned_criterion("accuracy", [gate("a", 0.9), gate("b", 0.25), gate("c", math.nan)]) == (
+        "Learned (accuracy@12 ≥ 0.28, 10% of the way from chance 0.2 to 1): 1 of 3 groups met it; "
+        "not met: b (0.25); c (no finished run)")
+    # Chance differs by group (e.g. by family): one threshold per chance level.
+    assert learned_criterion("accuracy", [gate("enc", 0.15, 0.1), gate("dec", 0.3), gate("ed", 0.5)]) == (
+        "Learned (10% of the way from chance to a perfect score: accuracy@12 ≥ 0.19 for enc (chance 0.1); "
+        "accuracy@12 ≥ 0.28 for dec and ed (chance 0.2)): 2 of 3 groups met it; not met: enc (0.15)")
+    loss = learned_gate("x", "loss@8", 1.0, 2.0, 0.0, False)
+    assert learned_criterion("loss", [loss]) == (
+        "Learned (loss@8 ≤ 1.8, 10% of the way from chance 2 to 0): the group met it")
+    unknown = learned_gate("x", "accuracy@8", 0.9, math.nan, 1.0, True)
+    assert learned_criterion("accuracy", [unknown]).startswith("Learned: no chance level of accuracy is known")

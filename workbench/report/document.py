@@ -75,6 +75,8 @@ class VerdictLine:
     note: str = ""
     gates: list[dict] = field(default_factory=list)  # each group's score at the training length vs chance
     difference: dict = field(default_factory=dict)  # mean, lo, hi, level, method, p_holm
+    groups: list[dict] = field(default_factory=list)  # the two groups' means with their intervals
+    expect: dict = field(default_factory=dict)  # the `expect:` entry decided: index, metric, better, than
 
 
 @dataclass
@@ -84,6 +86,7 @@ class Report:
     question: str
     verdicts: list[VerdictLine]
     sections: list[Section]
+    learned: list[str] = field(default_factory=list)  # the header's lines: what "learned" means, who met it
 
 
 # ---- number formatting (one place, so tables, captions and figures agree) ---------------------

@@ -7,7 +7,9 @@ Each row is read from committed files only (no results store needed): the study 
 question, and the claim ids its header comment or `expect:` names), and what `workbench
 run` / `workbench report` wrote to `reports/<name>/`: `summary.json` (verdicts, run counts,
 run time) and, for scaling studies, `results.csv` (refitted here to one exponent line per
-variant). A study that was never run is listed as "not run".
+variant). A study that was never run is listed as "not run". Below the table, the studies
+folder's `findings/published.yaml` (when it has one) becomes the "Published findings" table
+(workbench.report.findings).
 """
 
 from __future__ import annotations
@@ -25,10 +27,10 @@ import pandas as pd
 
 from workbench.cost import fit
 from workbench.report.document import Report, fmt_seconds
+from workbench.report.findings import FINDINGS_FILE, SUMMARY_FILE, findings_section
 from workbench.results import Status
 from workbench.study import load_study
 
-SUMMARY_FILE = "summary.json"
 CLAIM_ID = re.compile(r"\b[EP]\d{1,2}\b")
 
 
@@ -60,8 +62,10 @@ def summary(report: Report, runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "kind": report.kind,
         "question": report.question,
         "verdicts": [{"statement": v.statement, "outcome": v.outcome, "label": v.label, "note": v.note,
-                      "difference": json_numbers(v.difference), "learned": [json_numbers(g) for g in v.gates]}
+                      "difference": json_numbers(v.difference), "learned": [json_numbers(g) for g in v.gates],
+                      "groups": [json_numbers(g) for g in v.groups], "expect": v.expect}
                      for v in report.verdicts],
+        "learned_criterion": report.learned,
         "runs": len(runs),
         "statuses": dict(sorted(statuses.items())),
         "run_span_s": None if span is None else round(span),
@@ -134,8 +138,7 @@ def cell(lines: Sequence[str]) -> str:
     return "<br>".join(line.replace("|", "\\|").replace("\n", " ") for line in lines) or "–"
 
 
-def study_row(study_path: Path, reports_dir: Path) -> list[str]:
-    study = load_study(study_path).study
+def study_row(study_path: Path, study, reports_dir: Path) -> list[str]:
     folder = reports_dir / study.name
     name = f"[{study.name}]({study.name}/report.md)" if (folder / "report.md").exists() else study.name
     claims = ", ".join(claim_ids(study_path, study)) or "–"
@@ -185,8 +188,9 @@ def intro(studies_dir: Path, reports_dir: Path) -> str:
 
 
 def build_index(studies_dir: Path, reports_dir: Path) -> str:
-    paths = sorted(studies_dir.glob("*.yaml"))
-    rows = [study_row(p, reports_dir) for p in paths]
+    studies = {p: load_study(p).study for p in sorted(studies_dir.glob("*.yaml"))}
+    rows = [study_row(p, study, reports_dir) for p, study in studies.items()]
+    findings = findings_section(studies_dir / FINDINGS_FILE, {s.name: s for s in studies.values()}, reports_dir)
     header = ["study (report)", "claims", "question", "verdicts", "run time", "study file"]
     lines = [
         intro(studies_dir, reports_dir),
@@ -195,6 +199,7 @@ def build_index(studies_dir: Path, reports_dir: Path) -> str:
         "|" + "|".join("---" for _ in header) + "|",
         *("| " + " | ".join(row) + " |" for row in rows),
         "",
+        *findings,
     ]
     return "\n".join(lines)
 

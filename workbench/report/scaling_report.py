@@ -42,6 +42,8 @@ from workbench.report.document import (
 from workbench.report.variants import Variants, short_key, value_text
 
 COORDINATES = ("scope", "mode", "length", "kv_cache")
+# The header's Learned line: a cost study trains nothing, so there is no chance level to beat.
+NOT_TRAINED = "Learned: no learned criterion applies: nothing is trained for quality here (this study measures cost)"
 
 
 @dataclass(frozen=True)
@@ -406,7 +408,7 @@ class ScalingReport:
             sections.append(Section("Notes", [Paragraph(p.strip()) for p in self.study.notes.split("\n\n") if p.strip()]))
         sections.append(Section("Environment", [Table(["", "value"], [[k, v] for k, v in sorted(self.environment.items())])]))
         return Report(name=self.study.name, kind="scaling", question=self.study.description or "(no description)",
-                      verdicts=[], sections=sections)
+                      verdicts=[], sections=sections, learned=[NOT_TRAINED])
 
     def results_csv(self) -> pd.DataFrame:
         frame = self.rows.drop(columns=["variant"])

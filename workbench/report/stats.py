@@ -183,6 +183,7 @@ class Learned:
     chance: float  # NaN: unknown
     needed: float  # the score the margin asks for
     higher: bool
+    perfect: float = math.nan  # the metric's best possible value (1 for accuracy, 0 for loss)
 
     @property
     def learned(self) -> bool:
@@ -205,7 +206,46 @@ def learned_gate(group: str, metric: str, score: float, chance: float, perfect: 
     """The margin rule: learned when `score` closes at least MARGIN of the gap from `chance`
     to `perfect` (the metric's best possible value)."""
     needed = chance + MARGIN * (perfect - chance) if math.isfinite(perfect) else math.nan
-    return Learned(group, metric, score, chance, needed, higher)
+    return Learned(group, metric, score, chance, needed, higher, perfect)
+
+
+def score_text(g: Learned) -> str:
+    if math.isnan(g.chance):
+        return "no chance level"
+    return "no finished run" if math.isnan(g.score) else fmt(g.score)
+
+
+def learned_criterion(name: str, gates: Sequence[Learned]) -> str:
+    """One line for a report's header: the learned rule for metric `name` (the threshold each
+    group must reach at its training length) and which groups met it, e.g.
+    'Learned (accuracy@12 ≥ 0.252, 10% of the way from chance 0.169 to 1): all 4 groups met it'."""
+    known = [g for g in gates if not (math.isnan(g.chance) or math.isnan(g.needed))]
+    if not known:
+        return (f"Learned: no chance level of {name} is known for this task, so no group can be shown to have "
+                "learned it (verdicts on it read 'not tested')")
+    thresholds: dict[tuple, list[str]] = {}
+    for g in known:
+        thresholds.setdefault((g.metric, g.chance, g.needed, g.higher, g.perfect), []).append(g.group)
+
+    def threshold(metric: str, needed: float, higher: bool) -> str:
+        return f"{metric} {'≥' if higher else '≤'} {fmt(needed)}"
+
+    if len(thresholds) == 1:
+        (metric, chance, needed, higher, perfect), _ = next(iter(thresholds.items()))
+        rule = f"{threshold(metric, needed, higher)}, {MARGIN:.0%} of the way from chance {fmt(chance)} to {fmt(perfect)}"
+    else:  # the chance level (or the training length) differs between groups, e.g. by family
+        rule = f"{MARGIN:.0%} of the way from chance to a perfect score: " + "; ".join(
+            f"{threshold(metric, needed, higher)} for {' and '.join(groups)} (chance {fmt(chance)})"
+            for (metric, chance, needed, higher, _), groups in thresholds.items())
+    missed = [g for g in gates if not g.learned]
+    n = len(gates)
+    if not missed:
+        outcome = {1: "the group met it", 2: "both groups met it"}.get(n, f"all {n} groups met it")
+    else:
+        why = "; ".join(f"{g.group} ({score_text(g)})" for g in missed)  # labels may hold commas
+        outcome = (f"no group met it ({why})" if len(missed) == n
+                   else f"{n - len(missed)} of {n} groups met it; not met: {why}")
+    return f"Learned ({rule}): {outcome}"
 
 
 # ---- verdicts ---------------------------------------------------------------------------------

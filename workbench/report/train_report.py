@@ -46,6 +46,7 @@ from workbench.report.stats import (
     Verdict,
     difference,
     higher_is_better,
+    learned_criterion,
     learned_gate,
     mean_ci,
     verdicts,
@@ -54,6 +55,7 @@ from workbench.report.tuning import TuningSection, split_stages
 from workbench.report.variants import Variants, short_key, value_text
 from workbench.results import FAILURES, Status
 from workbench.study import RUN_MEASURES
+from workbench.study.keys import point_labels
 from workbench.sweep import resolve_point
 from workbench.tasks import METRIC_RANGES
 from workbench.tuning import PointTuning
@@ -127,6 +129,11 @@ def interval_text(iv: Interval) -> str:
 def gate_record(g: Learned) -> dict[str, Any]:
     """A group's learned-at-all check as plain JSON (summary.json)."""
     return {**asdict(g), "learned": g.learned}
+
+
+def group_record(group: str, iv: Interval) -> dict[str, Any]:
+    """A compared group's mean with its interval as plain JSON (summary.json)."""
+    return {"group": group, "mean": iv.mean, "lo": iv.lo, "hi": iv.hi, "n": iv.n, "constant": iv.constant}
 
 
 def split_metric(col: str) -> tuple[str, int | None]:
@@ -260,9 +267,12 @@ class TrainReport:
         chance = self.chance_levels(variant, length).get(name, math.nan)
         return learned_gate(variant, gate, self.interval(variant, gate).mean, chance, hi if higher else lo, higher)
 
-    def verdicts(self) -> list[tuple[Verdict, str]]:
-        comparisons = []
-        for exp in self.study.expect:
+    def verdicts(self) -> list[tuple[Verdict, int]]:
+        """Each verdict with the index of the `expect:` entry it decides (an entry whose points
+        differ in an unswept-by-it key gives one verdict per pair)."""
+        comparisons, origins = [], []
+        for index, exp in enumerate(self.study.expect):
+            origins.append(index)
             higher = metric_direction(exp.metric, self.task_name)
             bounds = self.range_of(exp.metric)
             gate = self.gate_name(exp.metric)
@@ -272,14 +282,15 @@ class TrainReport:
                 b = ", ".join(f"{short_key(k)}={value_text(v)}" for k, v in exp.than.items())
                 comparisons.append(Comparison(exp.metric, a, b, [], [], higher, bounds, note=exp.note))
                 continue
+            origins += [index] * (len(pairs) - 1)
             for a, b in pairs:
                 gates = () if gate is None else (self.learned(a, gate), self.learned(b, gate))
                 comparisons.append(Comparison(exp.metric, a, b, self.values(a, exp.metric), self.values(b, exp.metric),
                                               higher, bounds, gates, exp.note))
-        return [(v, c.note) for v, c in zip(verdicts(comparisons), comparisons)]
+        return list(zip(verdicts(comparisons), origins))
 
-    @staticmethod
-    def verdict_line(v: Verdict, note: str) -> VerdictLine:
+    def verdict_line(self, v: Verdict, index: int) -> VerdictLine:
+        exp = self.study.expect[index]
         def group(name: str, iv: Interval) -> str:
             return f"{name}: {interval_text(iv)}" + ("" if iv.constant else f" ({iv.n} seeds)")
 
@@ -294,15 +305,33 @@ class TrainReport:
         if v.gates:
             detail += ". Learned at the training length: " + "; ".join(
                 f"{g.text} {'yes' if g.learned else 'no'}" for g in v.gates)
-        return VerdictLine(statement=v.statement, outcome=v.outcome, label=v.label, detail=detail, note=note,
+        return VerdictLine(statement=v.statement, outcome=v.outcome, label=v.label, detail=detail, note=exp.note,
                            gates=[gate_record(g) for g in v.gates],
                            difference={"mean": d.mean, "lo": d.lo, "hi": d.hi, "level": d.level, "method": d.method,
-                                       "p": d.p, "p_holm": v.p_holm})
+                                       "p": d.p, "p_holm": v.p_holm},
+                           groups=[group_record(name, iv) for name, iv in ((v.better, v.better_ci), (v.than, v.than_ci))],
+                           expect={"index": index, "metric": exp.metric, "better": point_labels(exp.better),
+                                   "than": point_labels(exp.than)})
+
+    @cached_property
+    def gates(self) -> dict[str, list[Learned]]:
+        """Per gated metric (of the headline metrics), every variant's learned-at-all check, in
+        sweep order: what the header's Learned lines and the Learned section show."""
+        names = list(dict.fromkeys(g for g in map(self.gate_name, self.headline) if g is not None))
+        return {name: [self.learned(variant, name) for variant in self.variants.labels] for name in names}
+
+    def learned_lines(self) -> list[str]:
+        """The header's Learned lines: one per gated metric."""
+        if not self.variants.labels:
+            return []
+        if not self.gates:
+            return ["Learned: no criterion applies: every verdict compares cost measures (time, memory, "
+                    "throughput), which need no gate"]
+        return [learned_criterion(name, gates) for name, gates in self.gates.items()]
 
     def learned_section(self) -> Section | None:
         """Per variant, its score at the training length beside chance, and whether it learned."""
-        names = list(dict.fromkeys(g for g in map(self.gate_name, self.headline) if g is not None))
-        if not names or not self.variants.labels:
+        if not self.gates or not self.variants.labels:
             return None
         items: list[Item] = [Paragraph(
             "Chance: the score of a predictor that ignores the input, derived from the task's definition "
@@ -310,10 +339,9 @@ class TrainReport:
             "unigram model's bits per byte). A group learned when its mean over finished seeds at the training "
             f"length is better than chance by at least {MARGIN:.0%} of the distance from chance to a perfect "
             "score. Verdicts compare only groups that learned; the others read 'not tested'.")]
-        for name in names:
+        for name, gates in self.gates.items():
             rows = []
-            for variant in self.variants.labels:
-                g = self.learned(variant, name)
+            for variant, g in zip(self.variants.labels, gates):
                 rows.append([variant, g.metric, interval_text(self.interval(variant, g.metric)), fmt(g.chance),
                              fmt(g.needed), "yes" if g.learned else "no"])
             better = "≥" if metric_direction(name, self.task_name) else "≤"
@@ -542,9 +570,9 @@ class TrainReport:
         if self.study.notes.strip():
             sections.append(Section("Notes", [Paragraph(p.strip()) for p in self.study.notes.split("\n\n") if p.strip()]))
         sections.append(self.environment())
-        lines = [self.verdict_line(v, note) for v, note in self.verdicts()]
+        lines = [self.verdict_line(v, index) for v, index in self.verdicts()]
         return Report(name=self.study.name, kind="train", question=self.study.description or "(no description)",
-                      verdicts=lines, sections=[s for s in sections if s is not None])
+                      verdicts=lines, sections=[s for s in sections if s is not None], learned=self.learned_lines())
 
 
     def results_csv(self) -> pd.DataFrame:

@@ -44,6 +44,12 @@ def label(value: Any) -> Any:
     return value
 
 
+def point_labels(point: Mapping[str, Any]) -> dict[str, Any]:
+    """A sweep point ({dotted.key: value}, e.g. an `expect:` entry's) with each value as its
+    label: JSON-safe, and equal for equal variants however they were written."""
+    return {key: label(value) for key, value in point.items()}
+
+
 def canonical_json(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
 

@@ -1,0 +1,190 @@
+"""The "Published findings" table of the index: the findings file validated against the study
+files, agreement computed from each study's summary.json verdicts, and the shipped file checked
+against the shipped studies (not against reports/, which are regenerated separately)."""
+
+from __future__ import annotations
+
+import json
+import re
+import textwrap
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from workbench.cli import main
+from workbench.errors import WorkbenchError
+from workbench.report.document import Report, VerdictLine
+from workbench.report.findings import FINDINGS_FILE, agreement, load_findings
+from workbench.report.index import build_index, summary
+from workbench.study import load_study
+
+STUDIES = Path(__file__).resolve().parents[1] / "studies"
+
+STUDY = """\
+name: positions
+description: Which position scheme copies best?
+task: {name: copy, train_length: 4, eval_lengths: [4, 8]}
+train: {steps: 1}
+sweep: {model.position: [none, rope, alibi]}
+expect:
+  - {metric: accuracy@8, better: alibi, than: none}
+  - {metric: accuracy@8, better: rope, than: none}
+  - {metric: accuracy@4, better: rope, than: alibi}
+"""
+
+PAPER = "paper: {authors: Doe et al., year: 2024, title: A <b>bold</b> claim}"
+
+
+def finding(expect: str, extra: str = "") -> str:
+    return textwrap.indent(textwrap.dedent(f"""\
+        - {PAPER}
+          claim: E6
+          setup: "their setup"
+          result: "their number"
+          study: positions
+          expect: {expect}
+        """) + textwrap.indent(textwrap.dedent(extra), "  "), "  ")
+
+
+def verdict(better: str, than: str, metric: str, outcome: str, means=(0.9, 0.5)) -> VerdictLine:
+    groups = [{"group": g, "mean": m, "lo": m - 0.05, "hi": m + 0.05, "n": 3, "constant": False}
+              for g, m in ((better, means[0]), (than, means[1]))]
+    diff = means[0] - means[1]
+    return VerdictLine(f"{better} is better than {than} on {metric}", outcome, outcome, "detail",
+                       groups=groups, difference={"mean": diff, "lo": diff - 0.1, "hi": diff + 0.1, "level": 0.975,
+                                                  "method": "paired", "p": 0.01, "p_holm": 0.02},
+                       expect={"index": 0, "metric": metric, "better": {"model.position": better},
+                               "than": {"model.position": than}})
+
+
+@pytest.fixture
+def folders(tmp_path):
+    studies, reports = tmp_path / "studies", tmp_path / "reports"
+    studies.mkdir()
+    (studies / "positions.yaml").write_text(STUDY)
+    (reports / "positions").mkdir(parents=True)
+    (reports / "positions" / "report.md").write_text("# positions\n")
+    verdicts = [verdict("alibi", "none", "accuracy@8", "holds"),
+                verdict("rope", "none", "accuracy@8", "does not hold", means=(0.3, 0.5)),
+                verdict("rope", "alibi", "accuracy@4", "inconclusive")]
+    s = summary(Report("positions", "train", "q?", verdicts, []), [{"status": "finished"}])
+    (reports / "positions" / "summary.json").write_text(json.dumps(s))
+    return studies, reports
+
+
+def write_findings(studies: Path, *rows: str) -> Path:
+    path = studies / FINDINGS_FILE
+    path.parent.mkdir(exist_ok=True)
+    path.write_text("findings:\n" + "".join(rows))
+    return path
+
+
+def findings_rows(text: str) -> list[list[str]]:
+    table = text[text.index("## Published findings"):].splitlines()
+    return [[c.strip() for c in line.strip().strip("|").split(" | ")] for line in table if line.startswith("| Doe")]
+
+
+def test_agreement_follows_the_verdict_and_the_papers_direction():
+    same, = load_findings_from_text("")
+    opposite, = load_findings_from_text("paper_expects: opposite\nwhy: reversed")
+    unfit, = load_findings_from_text("comparable: false\nwhy: other setup")
+    assert [agreement(o, same) for o in ("holds", "does not hold", "inconclusive", "not tested", None)] == [
+        "agrees", "does not agree", "not comparable", "not comparable", "not comparable"]
+    assert [agreement(o, opposite) for o in ("holds", "does not hold", "inconclusive")] == [
+        "does not agree", "agrees", "not comparable"]
+    assert agreement("holds", unfit) == "not comparable"
+
+
+def load_findings_from_text(extra: str):
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        (Path(folder) / "positions.yaml").write_text(STUDY)
+        path = write_findings(Path(folder), finding("{metric: accuracy@8, better: alibi, than: none}", extra))
+        study = load_study(Path(folder) / "positions.yaml").study
+        return [row.finding for row in load_findings(path, {study.name: study})]
+
+
+def test_table_renders_numbers_links_and_computed_agreement(folders):
+    studies, reports = folders
+    write_findings(
+        studies,
+        finding("{metric: accuracy@8, better: alibi, than: none}"),  # holds -> agrees
+        finding("{metric: accuracy@8, better: {model.position: rope}, than: none}",  # does not hold, reversed
+                "paper_expects: opposite\n"),
+        finding("{metric: accuracy@4, better: rope, than: alibi}", "why: three seeds are too few <here>\n"),
+        finding("{metric: accuracy@8, better: alibi, than: none}", "comparable: false\nwhy: not their setup\n"),
+    )
+    text = build_index(studies, reports)
+    agrees, opposite, inconclusive, unfit = findings_rows(text)
+    assert agrees[0] == "Doe et al. 2024, A &lt;b&gt;bold&lt;/b&gt; claim \\[E6\\]"  # escaped, no HTML
+    assert agrees[1] == "their setup<br>their number"
+    assert agrees[2] == "[positions](positions/report.md)"
+    assert agrees[3] == ("alibi is better than none on accuracy@8: 0.9 \\[0.85, 0.95\\] vs 0.5 \\[0.45, 0.55\\]; "
+                         "difference +0.4 \\[0.3, 0.5\\] (97.5% paired); holds")
+    assert agrees[4:] == ["agrees", "–"]
+    assert opposite[3].endswith("does not hold") and opposite[4:] == ["agrees", "–"]
+    assert inconclusive[4:] == ["not comparable", "three seeds are too few &lt;here&gt;"]
+    assert unfit[3].endswith("holds") and unfit[4:] == ["not comparable", "not their setup"]
+
+
+def test_a_row_that_does_not_agree_without_why_is_an_error_naming_it(folders):
+    studies, reports = folders
+    path = write_findings(studies, finding("{metric: accuracy@8, better: alibi, than: none}"),
+                          finding("{metric: accuracy@8, better: rope, than: none}"))  # does not hold, no why
+    with pytest.raises(WorkbenchError) as err:
+        build_index(studies, reports)
+    message = str(err.value)
+    assert message.startswith(f"{path}:8: findings.1.why: missing: the row (Doe et al. 2024 vs positions) reads "
+                              "'does not agree' (verdict: does not hold)")
+    result = CliRunner().invoke(main, ["report-index", "--studies", str(studies), "--reports", str(reports)])
+    assert result.exit_code != 0 and "findings.1.why: missing" in result.output + (result.stderr or "")
+    assert not isinstance(result.exception, AssertionError) and "Traceback" not in result.output
+
+
+def test_a_study_not_run_reads_not_comparable_without_a_why(folders):
+    studies, reports = folders
+    (reports / "positions" / "summary.json").unlink()
+    write_findings(studies, finding("{metric: accuracy@8, better: alibi, than: none}"))
+    [row] = findings_rows(build_index(studies, reports))
+    assert row[4] == "not comparable" and row[5].startswith("not run: no ")
+
+
+@pytest.mark.parametrize("edit, field, hint", [
+    (("study: positions", "study: positoins"), "findings.0.study", "did you mean 'positions'?"),
+    (("claim: E6", "claim: X6"), "findings.0.claim", "pattern"),
+    (("setup:", "setpu:"), "findings.0.setpu", "did you mean 'setup'?"),
+    (("better: alibi", "better: learned"), "findings.0.expect.better", "is not a swept value"),
+    (("accuracy@8", "accuracy@16"), "findings.0.expect", "has no expect: entry"),
+])
+def test_bad_findings_name_the_field(folders, edit, field, hint):
+    studies, reports = folders
+    path = write_findings(studies, finding("{metric: accuracy@8, better: alibi, than: none}").replace(*edit))
+    with pytest.raises(WorkbenchError) as err:
+        build_index(studies, reports)
+    assert str(err.value).startswith(f"{path}:") and f": {field}: " in str(err.value) and hint in str(err.value)
+
+
+def test_comparable_false_needs_a_why(folders):
+    studies, reports = folders
+    write_findings(studies, finding("{metric: accuracy@8, better: alibi, than: none}", "comparable: false\n"))
+    with pytest.raises(WorkbenchError, match=r"findings\.0\.why: missing: `comparable: false`"):
+        build_index(studies, reports)
+
+
+def test_shipped_findings_validate_against_the_shipped_studies():
+    """Every study and expect: entry the shipped file names exists (reports are not consulted)."""
+    studies = {s.name: s for s in (load_study(p).study for p in sorted(STUDIES.glob("*.yaml")))}
+    rows = load_findings(STUDIES / FINDINGS_FILE, studies)
+    assert len(rows) >= 5  # issue 13: at least five published findings side by side
+
+
+def test_the_readme_example_validates(tmp_path):
+    readme = (STUDIES.parent / "README.md").read_text(encoding="utf-8")
+    [block] = [b for b in re.findall(r"```yaml\n(.*?)```", readme, flags=re.S) if "findings:" in b]
+    path = tmp_path / "published.yaml"
+    path.write_text(textwrap.dedent(block), encoding="utf-8")
+    studies = {s.name: s for s in (load_study(p).study for p in sorted(STUDIES.glob("*.yaml")))}
+    [row] = load_findings(path, studies)
+    assert row.finding.study == "position-extrapolation-text"

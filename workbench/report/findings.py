@@ -1,0 +1,255 @@
+"""Published findings side by side with our verdicts: the "Published findings" table of the
+index (`reports/README.md`).
+
+The studies folder's `findings/published.yaml` lists findings of papers, each tied to one
+`expect:` entry of a study (named by its metric, better and than, as the study writes them):
+
+    findings:
+      - paper: {authors: Press et al., year: 2022, title: "Train Short, Test Long (ALiBi)"}
+        claim: E6
+        setup: "their setup, one line"
+        result: "their number or result, one line"
+        study: position-extrapolation-text
+        expect: {metric: bpc_tail@256, better: alibi, than: sinusoidal}
+        paper_expects: same      # `opposite` when the entry states the reverse of the paper's claim
+        comparable: true         # false (with `why`) when our setup cannot test their claim
+        why: ""                  # one line; required whenever the row does not read 'agrees'
+
+Agreement is computed from the verdict in `reports/<study>/summary.json`: holds -> agrees,
+does not hold -> does not agree (the other way round with `paper_expects: opposite`);
+inconclusive, not tested, no verdict yet, or `comparable: false` -> not comparable. The file
+is checked against the study files (every study and `expect:` entry must exist); a row that
+does not agree and has no `why` stops the index with an error naming it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from workbench.errors import SpecError, WorkbenchError, unknown_name
+from workbench.report.document import fmt_interval, fmt_signed_interval
+from workbench.report.render import md_cell
+from workbench.spec import spec_error_from
+from workbench.study.keys import point_labels
+from workbench.study.yaml_file import LineMap, StudyError, read_yaml, suggest
+
+FINDINGS_FILE = Path("findings") / "published.yaml"  # in the studies folder (outside its *.yaml glob)
+SUMMARY_FILE = "summary.json"  # what each report writes for the index (workbench.report.index.summary)
+AGREES, DISAGREES, NOT_COMPARABLE = "agrees", "does not agree", "not comparable"
+
+
+class Paper(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    authors: str = Field(min_length=1, description='e.g. "Press et al."')
+    year: int = Field(ge=1900, le=2100)
+    title: str = Field(min_length=1, description="the paper's title, short")
+
+
+class ExpectRef(BaseModel):
+    """One `expect:` entry of the study, as the study writes it (a variant name, or {dotted.key: value})."""
+
+    model_config = ConfigDict(extra="forbid")
+    metric: str
+    better: Any
+    than: Any
+
+
+class Finding(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    paper: Paper
+    claim: str = Field(pattern=r"^E\d{1,2}$", description="the claim id in CLAIMS.md (E1, E2, ...)")
+    setup: str = Field(min_length=1, description="their setup, one line")
+    result: str = Field(min_length=1, description="their number or result, one line")
+    study: str = Field(description="the name of our study")
+    expect: ExpectRef
+    paper_expects: Literal["same", "opposite"] = Field(
+        "same", description="opposite: the expect: entry states the reverse of the paper's claim")
+    comparable: bool = Field(True, description="false: our setup cannot test their claim (say why)")
+    why: str = Field("", description="one line; required whenever the row does not read 'agrees'")
+
+
+class FindingsFile(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    findings: list[Finding] = Field(min_length=1)
+
+
+MODELS: dict[str, type[BaseModel]] = {"": FindingsFile, "findings": Finding, "paper": Paper, "expect": ExpectRef}
+
+
+def field_error(err: ValidationError) -> SpecError:
+    """pydantic's first error as a SpecError on its dotted field. An unknown key comes first (it
+    is usually a misspelt required one) and lists the valid keys."""
+    unknown = [e for e in err.errors() if e["type"] == "extra_forbidden"]
+    if not unknown:
+        return spec_error_from(err)
+    loc = unknown[0]["loc"]
+    parent = next((str(p) for p in reversed(loc[:-1]) if isinstance(p, str)), "")
+    valid = list(MODELS[parent].model_fields)
+    return SpecError(".".join(map(str, loc)), "unknown key" + suggest(str(loc[-1]), valid), valid)
+
+
+@dataclass
+class Row:
+    """A finding checked against the studies: the `expect:` entry it compares with."""
+
+    finding: Finding
+    field: str  # findings.<i>
+    line: int | None
+    metric: str
+    better: dict[str, Any]  # the entry's points, as labels (what summary.json records)
+    than: dict[str, Any]
+
+
+def load_findings(path: Path, studies: Mapping[str, Any]) -> list[Row]:
+    """Read and validate the findings file against the studies (name -> validated study);
+    raises StudyError (a WorkbenchError) naming file, line and field."""
+    file = str(path)
+    _, data, lines = read_yaml(path)
+    try:
+        parsed = FindingsFile.model_validate(data)
+    except ValidationError as err:
+        spec = field_error(err)
+        raise StudyError(file, lines.line(spec.field), spec) from None
+    rows = []
+    for i, finding in enumerate(parsed.findings):
+        try:
+            rows.append(check(finding, f"findings.{i}", studies, lines))
+        except SpecError as err:
+            raise StudyError(file, lines.line(err.field), err) from None
+    return rows
+
+
+def check(finding: Finding, field: str, studies: Mapping[str, Any], lines: LineMap) -> Row:
+    if not finding.comparable and not finding.why.strip():
+        raise SpecError(f"{field}.why", "missing: `comparable: false` needs one line on why")
+    if finding.study not in studies:
+        raise unknown_name(f"{field}.study", finding.study, studies, "study")
+    study = studies[finding.study]
+    entries = getattr(study, "expect", [])
+    if not entries:
+        raise SpecError(f"{field}.study", f"study {finding.study!r} has no expect: entries to compare with")
+    ref = finding.expect
+    better = point_labels(study.sweep_point(ref.better, f"{field}.expect.better"))
+    than = point_labels(study.sweep_point(ref.than, f"{field}.expect.than"))
+    if not any((e.metric, point_labels(e.better), point_labels(e.than)) == (ref.metric, better, than) for e in entries):
+        raise SpecError(f"{field}.expect", f"study {finding.study!r} has no expect: entry "
+                        f"{entry_text(ref.metric, better, than)}", [entry_text(e.metric, point_labels(e.better),
+                                                                             point_labels(e.than)) for e in entries])
+    return Row(finding, field, lines.line(field), ref.metric, better, than)
+
+
+def entry_text(metric: str, better: Mapping[str, Any], than: Mapping[str, Any]) -> str:
+    def point(p: Mapping[str, Any]) -> str:
+        return ", ".join(f"{k}={v}" for k, v in p.items())
+
+    return f"{{metric: {metric}, better: {point(better)}, than: {point(than)}}}"
+
+
+# ---- the table -----------------------------------------------------------------------------------
+
+
+def agreement(outcome: str | None, finding: Finding) -> str:
+    """holds -> agrees, does not hold -> does not agree (reversed for `paper_expects: opposite`);
+    anything else, or `comparable: false` -> not comparable."""
+    if not finding.comparable or outcome not in ("holds", "does not hold"):
+        return NOT_COMPARABLE
+    return AGREES if (outcome == "holds") == (finding.paper_expects == "same") else DISAGREES
+
+
+def number(value: Any) -> float:
+    return math.nan if value is None else float(value)
+
+
+def verdict_text(v: Mapping[str, Any]) -> str:
+    """'alibi is better than sinusoidal on bpc_tail@256: 3.33 [3.29, 3.37] vs 3.84 [3.75, 3.93];
+    difference -0.512 [-0.663, -0.362] (97.5% paired); holds' (the groups in the statement's order)."""
+    groups = [fmt_interval(number(g["mean"]), number(g["lo"]), number(g["hi"])) for g in v.get("groups", [])]
+    parts = [" vs ".join(groups)] if groups else []
+    d = v.get("difference") or {}
+    if d.get("mean") is not None:
+        level = f"{number(d.get('level')):.1%}".replace(".0%", "%")
+        parts.append(f"difference {fmt_signed_interval(number(d['mean']), number(d.get('lo')), number(d.get('hi')))}"
+                     f" ({level} {d.get('method', '')})")
+    outcome = v["outcome"]
+    if outcome == "not tested":
+        missed = [g["group"] for g in v.get("learned", []) if not g.get("learned")]
+        outcome += f" (did not learn: {'; '.join(missed)})" if missed else ""
+    elif outcome == "inconclusive":
+        outcome = v.get("label", outcome)
+    return f"{v['statement']}: {'; '.join(parts)}; {outcome}"
+
+
+def matching_verdicts(row: Row, summary: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    want = {"metric": row.metric, "better": row.better, "than": row.than}
+    return [v for v in summary.get("verdicts", [])
+            if {k: (v.get("expect") or {}).get(k) for k in want} == want]
+
+
+def cells(lines: Sequence[str]) -> str:
+    """Several plain-text lines in one Markdown table cell, each escaped."""
+    return "<br>".join(md_cell(line) for line in lines) or "–"
+
+
+def table_row(row: Row, reports_dir: Path) -> tuple[list[str], str | None]:
+    """The row's cells, and the problem when it needs a `why` and has none."""
+    f = row.finding
+    folder = reports_dir / f.study
+    study = f"[{f.study}]({f.study}/report.md)" if (folder / "report.md").exists() else md_cell(f.study)
+    summary_path = folder / SUMMARY_FILE
+    verdicts: list[Mapping[str, Any]] = []
+    auto_why = ""
+    if not summary_path.exists():
+        auto_why = f"not run: no {summary_path.as_posix()}"
+    else:
+        summary = json.loads(summary_path.read_text(encoding="utf-8"))
+        verdicts = matching_verdicts(row, summary)
+        if not verdicts:
+            old = any("expect" not in v for v in summary.get("verdicts", []))
+            auto_why = ("its summary.json predates this table: regenerate the report (`workbench report OUT`)"
+                        if old else f"no verdict on this expect: entry in {summary_path.as_posix()}: rerun the study")
+    ours = [verdict_text(v) for v in verdicts] or [f"{entry_text(row.metric, row.better, row.than)}: no verdict"]
+    agreements = list(dict.fromkeys(agreement(v["outcome"], f) for v in verdicts)) or [NOT_COMPARABLE]
+    why = auto_why or f.why.strip()  # without a verdict, that is the reason, whatever the file says
+    problem = None
+    if not why and agreements != [AGREES]:
+        problem = (f"{row.field}.why: missing: the row ({f.paper.authors} {f.paper.year} vs {f.study}) reads "
+                   f"'{'; '.join(agreements)}' (verdict: {', '.join(v['outcome'] for v in verdicts)}), "
+                   "so it needs one line on why")
+    paper = f"{f.paper.authors} {f.paper.year}, {f.paper.title} [{f.claim}]"
+    return [md_cell(paper), cells([f.setup, f.result]), study, cells(ours), md_cell("; ".join(agreements)),
+            md_cell(why) or "–"], problem
+
+
+def findings_section(path: Path, studies: Mapping[str, Any], reports_dir: Path) -> list[str]:
+    """The "Published findings" section's Markdown lines ([] without a findings file)."""
+    if not path.exists():
+        return []
+    rows = load_findings(path, studies)
+    built = [table_row(row, reports_dir) for row in rows]
+    problems = [f"{path}:{row.line}: {problem}" if row.line else f"{path}: {problem}"
+                for row, (_, problem) in zip(rows, built) if problem]
+    if problems:
+        raise WorkbenchError("\n".join(problems))
+    header = ["paper (claim)", "their setup and number", "our study", "our number [95% CI]",
+              "agreement", "why"]
+    return [
+        "## Published findings",
+        "",
+        f"One row per finding in `{path.as_posix()}`, beside the verdict of the study's `expect:` entry that",
+        "tests it: each group's mean over seeds with its 95% t interval, the difference with its (Holm-widened)",
+        "interval, and the verdict. Agreement is computed: holds -> agrees, does not hold -> does not agree",
+        "(reversed where our entry states the opposite of the paper's claim); inconclusive, not tested or not",
+        "run -> not comparable.",
+        "",
+        "| " + " | ".join(header) + " |",
+        "|" + "|".join("---" for _ in header) + "|",
+        *("| " + " | ".join(cells_) + " |" for cells_, _ in built),
+        "",
+    ]
