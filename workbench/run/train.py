@@ -418,7 +418,9 @@ def evaluate_lengths(task, model, family: str, batch_size: int, cache: dict[int,
                      context=None, entropy: bool = False) -> tuple[dict[str, float], dict[str, str]]:
     """Every metric at every eval length (`accuracy@64`); a length the position scheme cannot
     represent is recorded as not applicable, with the reason. With `entropy`, also
-    `attention_entropy@<train_length>` (see `measure_attention_entropy`)."""
+    `attention_entropy@<train_length>` (see `measure_attention_entropy`), on the evaluation set
+    at train_length; when eval_lengths leave that length out, the set drawn there is not held
+    out from training (a descriptive measure of the attention, not a score)."""
     metrics: dict[str, float] = {}
     not_applicable: dict[str, str] = {}
     context = context or contextlib.nullcontext
