@@ -56,6 +56,12 @@ class AttentionVariant(Variant, nn.Module):
         """Boolean 'query at q_pos may read key at k_pos', for broadcastable position tensors."""
         return k_pos <= q_pos if causal else torch.ones_like(q_pos == k_pos)
 
+    def visible_keys(self, q_pos: Tensor, k_pos: Tensor, key_mask: Tensor | None, causal: bool) -> Tensor:
+        """[B, 1 or h, nq, nk]: True where a query may read a key (the pattern and real keys).
+        q_pos [B, nq], k_pos [B, nk], key_mask [B, nk] True for real tokens (None: all real)."""
+        keep = self.allowed(q_pos[:, None, :, None], k_pos[:, None, None, :], causal)
+        return keep if key_mask is None else keep & key_mask[:, None, None, :]
+
     def forward(
         self,
         q: Tensor,
@@ -79,10 +85,7 @@ class AttentionVariant(Variant, nn.Module):
         scores = (q @ k.transpose(-2, -1)) * self.scale  # [B, h, nq, nk]
         if score_bias is not None:
             scores = scores + score_bias((q_pos[:, :, None] - k_pos[:, None, :])[:, None])
-        keep = self.allowed(q_pos[:, None, :, None], k_pos[:, None, None, :], causal)  # [B, 1 or h, nq, nk]
-        if key_mask is not None:
-            keep = keep & key_mask[:, None, None, :]
-        weights = masked_softmax(scores, keep)
+        weights = masked_softmax(scores, self.visible_keys(q_pos, k_pos, key_mask, causal))
         out = weights @ v  # [B, h, nq, hd]
         return (out, weights) if return_weights else out
 

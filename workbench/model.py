@@ -61,7 +61,8 @@ class SelfAttention(nn.Module):
         self.variant = spec.attention.cls(
             spec.attention.params, n_heads=self.n_heads, n_kv_heads=self.n_kv_heads, head_dim=self.head_dim
         )
-        self.recorded: list[Tensor] | None = None  # set by record_attention()
+        self.recorded: list[Tensor] | None = None  # set by record_attention(), with self.visible
+        self.visible: list[Tensor] | None = None
 
     def forward(self, x: Tensor, seq: Positions, causal: bool, cache: LayerCache | None = None) -> Tensor:
         B, n, _ = x.shape
@@ -84,12 +85,8 @@ class SelfAttention(nn.Module):
         else:  # one decoding step: read every cached key
             cache.append(k, v, seq.pos, seq.mask)
             k, v, k_pos, key_mask = cache.k, cache.v, cache.pos, cache.mask
-        kwargs = dict(q_pos=seq.pos, k_pos=k_pos, key_mask=key_mask, causal=causal, score_bias=bias)
-        if self.recorded is not None:
-            y, weights = self.variant.dense(q, k, v, **kwargs, return_weights=True)
-            self.recorded.append(weights.detach())
-        else:
-            y = self.variant(q, k, v, **kwargs)  # (B, h, n, hd)
+        y = attend(self, q, k, v, seq.mask, q_pos=seq.pos, k_pos=k_pos, key_mask=key_mask, causal=causal,
+                   score_bias=bias)  # (B, h, n, hd)
         y = y.transpose(1, 2).reshape(B, n, h * hd)
         return self.dropout(self.out(y))
 
@@ -109,6 +106,7 @@ class CrossAttention(nn.Module):
         params = full.Params.model_validate({"scaled": spec.attention.params.scaled})
         self.variant = full(params, n_heads=self.n_heads, n_kv_heads=self.n_kv_heads, head_dim=self.head_dim)
         self.recorded: list[Tensor] | None = None
+        self.visible: list[Tensor] | None = None
 
     def forward(self, x: Tensor, seq: Positions, memory: Tensor, memory_seq: Positions,
                 cache: LayerCache | None = None) -> Tensor:
@@ -121,14 +119,25 @@ class CrossAttention(nn.Module):
             k, v = self.kv(memory).view(B, -1, 2 * g, hd).transpose(1, 2).chunk(2, dim=1)  # (B, g, m, hd) x2
             if cache is not None:
                 cache.append(k, v, memory_seq.pos, memory_seq.mask)
-        kwargs = dict(q_pos=seq.pos, k_pos=memory_seq.pos, key_mask=memory_seq.mask, causal=False, score_bias=None)
-        if self.recorded is not None:
-            y, weights = self.variant.dense(q, k, v, **kwargs, return_weights=True)
-            self.recorded.append(weights.detach())
-        else:
-            y = self.variant(q, k, v, **kwargs)
+        y = attend(self, q, k, v, seq.mask, q_pos=seq.pos, k_pos=memory_seq.pos, key_mask=memory_seq.mask,
+                   causal=False, score_bias=None)  # (B, h, n, hd)
         y = y.transpose(1, 2).reshape(B, n, h * hd)
         return self.dropout(self.out(y))
+
+
+def attend(layer: SelfAttention | CrossAttention, q: Tensor, k: Tensor, v: Tensor, query_mask: Tensor | None,
+           **kwargs) -> Tensor:
+    """The layer's attention variant on q, k, v -> (B, h, nq, hd). Within record_attention() it
+    runs the explicit `dense` path and keeps the weights and the visible (query, key) pairs."""
+    if layer.recorded is None:
+        return layer.variant(q, k, v, **kwargs)
+    y, weights = layer.variant.dense(q, k, v, **kwargs, return_weights=True)
+    visible = layer.variant.visible_keys(kwargs["q_pos"], kwargs["k_pos"], kwargs["key_mask"], kwargs["causal"])
+    if query_mask is not None:  # padding queries read nothing
+        visible = visible & query_mask[:, None, :, None]
+    layer.recorded.append(weights.detach())
+    layer.visible.append(visible)
+    return y
 
 
 def make_placement(spec: ModelSpec) -> nn.Module:
@@ -354,15 +363,45 @@ def build_model(spec: Mapping[str, Any] | ModelSpec) -> Transformer:
     return FAMILIES[spec.family](spec)
 
 
+class RecordedAttention(dict):
+    """{layer name: [weights [B, h, nq, nk] per forward call]}, and `visible`, the same layout of
+    boolean masks [B, 1 or h, nq, nk]: True where a real query may read the key (the variant's
+    pattern, causal and padding masks). A weight of 0 on a visible key is a saturated softmax,
+    not a mask."""
+
+    def __init__(self, layers: Mapping[str, nn.Module]):
+        super().__init__({name: m.recorded for name, m in layers.items()})
+        self.visible = {name: m.visible for name, m in layers.items()}
+
+
 @contextmanager
 def record_attention(model: nn.Module):
     """Within the block, attention layers record their weights [B, h, nq, nk] (explicit scores:
-    small inputs only). Yields {layer name: [weights per forward call]}."""
+    small inputs only). Yields a RecordedAttention: {layer name: [weights per forward call]}."""
     layers = {name: m for name, m in model.named_modules() if isinstance(m, (SelfAttention, CrossAttention))}
     for m in layers.values():
-        m.recorded = []
+        m.recorded, m.visible = [], []
     try:
-        yield {name: m.recorded for name, m in layers.items()}
+        yield RecordedAttention(layers)
     finally:
         for m in layers.values():
-            m.recorded = None
+            m.recorded = m.visible = None
+
+
+def attention_entropy(recorded: RecordedAttention) -> tuple[float, int]:
+    """Normalised attention entropy of recorded forward calls: (sum over rows, rows).
+
+    A row is one (layer, head, real query) of self- or cross-attention (encoder_decoder's
+    cross-attention rows count too: the 1/sqrt(d_k) scale applies to them as well). Its entropy
+    -sum p ln p over the keys it can see is divided by ln(number of those keys), so it lies in
+    [0, 1]: 1 is uniform over the visible keys, 0 all weight on one key (a saturated softmax).
+    Rows that see a single key are left out (their entropy is 0 whatever the scores)."""
+    total, rows = 0.0, 0
+    for name, calls in recorded.items():
+        for weights, visible in zip(calls, recorded.visible[name]):
+            n_keys = visible.expand_as(weights).sum(-1)  # [B, h, nq]
+            entropy = -torch.xlogy(weights.double(), weights.double()).sum(-1)  # masked weights are exactly 0
+            counted = n_keys > 1
+            total += float((entropy[counted] / n_keys[counted].double().log()).sum())
+            rows += int(counted.sum())
+    return total, rows

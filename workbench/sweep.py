@@ -84,8 +84,8 @@ def sweep_points(study: TrainStudy) -> list[dict[str, Any]]:
 
 def run_identity(config: dict[str, Any]) -> dict[str, Any]:
     """What a run computes; where it runs (accelerator, logger, ...) is not part of it."""
-    train = {k: v for k, v in config["train"].items() if k not in TrainConfig.EXECUTION}
-    identity = {"task": config["task"], "model": config["model"], "train": train, "seed": config["seed"]}
+    identity = {"task": config["task"], "model": config["model"], "train": TrainConfig.defining(config["train"]),
+                "seed": config["seed"]}
     if "split" in config:  # tuning runs only: every other run keeps the id it always had
         identity["split"] = config["split"]
     return identity

@@ -45,7 +45,7 @@ from torch import Tensor
 
 from workbench.errors import SpecError, WorkbenchError
 # What a run evaluates on: the evaluation sets, or (a tuning run) the validation sets.
-from workbench.results import EVAL, VALIDATION
+from workbench.results import ATTENTION_ENTROPY, EVAL, VALIDATION
 from workbench.variants import Params, Variant
 
 FAMILIES = ("decoder", "encoder_decoder", "encoder")
@@ -60,7 +60,7 @@ TRAIN_STREAM, EVAL_STREAM, SAMPLE_STREAM, VALID_STREAM = 0, 1, 2, 3
 METRIC_RANGES: dict[str, tuple[float, float]] = {
     "accuracy": (0.0, 1.0), "exact_match": (0.0, 1.0), "loss": (0.0, math.inf), "bleu": (0.0, 100.0),
     "bpc": (0.0, math.inf), "perplexity": (1.0, math.inf), "distinct_2": (0.0, 1.0), "repetition_4": (0.0, 1.0),
-    "symbol_accuracy": (0.0, 1.0),
+    "symbol_accuracy": (0.0, 1.0), ATTENTION_ENTROPY: (0.0, 1.0),
 }
 
 

@@ -53,7 +53,7 @@ from workbench.report.stats import (
 )
 from workbench.report.tuning import TuningSection, split_stages
 from workbench.report.variants import Variants, short_key, value_text
-from workbench.results import FAILURES, Status
+from workbench.results import ATTENTION_ENTROPY, DESCRIPTIVE_METRICS, FAILURES, Status
 from workbench.study import RUN_MEASURES
 from workbench.study.keys import point_labels
 from workbench.sweep import resolve_point
@@ -109,8 +109,9 @@ def metric_range(metric: str, task_name: str) -> tuple[float, float]:
 
 
 def metric_columns(runs: pd.DataFrame, task_cls_metrics: Sequence[str]) -> list[str]:
-    """Final-metric columns (`accuracy@64`, `loss@64`, `bleu`), task metrics first, by length."""
-    names = [*task_cls_metrics, "loss"]
+    """Final-metric columns (`accuracy@64`, `loss@64`, `bleu`), task metrics first, by length,
+    then descriptive measures (attention_entropy@16) when the runs recorded them."""
+    names = [*task_cls_metrics, "loss", *DESCRIPTIVE_METRICS]
     found = []
     for col in runs.columns:
         m = re.fullmatch(r"(\w+)(?:@(\d+))?", str(col))
@@ -437,9 +438,11 @@ class TrainReport:
             for metric in self.metrics:
                 cells.append(interval_text(self.interval(variant, metric)))
             rows.append([variant, *cells])
-        arrows = ["↑" if metric_direction(m, self.task_name) else "↓" for m in self.metrics]
-        return Table(["variant", *(f"{m} {a}" for m, a in zip(self.metrics, arrows))], rows,
-                     caption="Every final metric: mean [95% CI] over finished seeds (↑ higher is better, ↓ lower)",
+        arrows = ["" if split_metric(m)[0] in DESCRIPTIVE_METRICS else " ↑" if metric_direction(m, self.task_name)
+                  else " ↓" for m in self.metrics]
+        return Table(["variant", *(f"{m}{a}" for m, a in zip(self.metrics, arrows))], rows,
+                     caption="Every final metric: mean [95% CI] over finished seeds (↑ higher is better, ↓ lower; "
+                     "no arrow: descriptive)",
                      numeric=[False] + [True] * len(self.metrics))
 
     def leaderboards(self) -> Section:
@@ -493,10 +496,16 @@ class TrainReport:
 
     def curve_panels(self) -> list[tuple[str, str]]:
         """(split, metric) of the learning-curve panels: the training loss, and the evaluation
-        loss and headline metric at the training length (or the first evaluation length)."""
+        loss and headline metric at the training length (or the first evaluation length), and
+        the attention entropy when the runs recorded it."""
         lengths = self.study.task.get("eval_lengths") or [self.study.task["train_length"]]
         length = self.study.task["train_length"] if self.study.task["train_length"] in lengths else lengths[0]
-        return [("train", "loss"), ("eval", f"loss@{length}"), ("eval", f"{self.primary}@{length}")]
+        panels = [("train", "loss"), ("eval", f"loss@{length}"), ("eval", f"{self.primary}@{length}")]
+        entropy = f"{ATTENTION_ENTROPY}@{self.study.task['train_length']}"  # recorded at the training length only
+        curves = self.inputs.curves
+        if curves is not None and not curves.empty and (curves["metric"] == entropy).any():
+            panels.append(("eval", entropy))
+        return panels
 
     def curves(self) -> pd.DataFrame:
         """Long rows (variant, seed, step, metric, value) of the curve panels, every run."""

@@ -20,6 +20,7 @@ and result.json. Nothing read back from a run folder can execute code: checkpoin
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
 import json
@@ -45,11 +46,11 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from workbench import stopping
 from workbench.errors import WorkbenchError
 from workbench.cost.memory import LiveTensorBytes
-from workbench.model import Transformer, build_model
+from workbench.model import Transformer, attention_entropy, build_model, record_attention
 from workbench.position import PositionLimitError
 from workbench.registry import run_providers
 from workbench.results import CONFIG_FILE, FINAL_WEIGHTS, LAST_CHECKPOINT, PROGRESS_FILE, RESULT_FILE
-from workbench.results import RunResult, Status, flatten, write_json_atomic
+from workbench.results import ATTENTION_ENTROPY, RunResult, Status, flatten, write_json_atomic
 from workbench.weights import make_task, refuse_or_explain, save_final_weights
 
 # Status of a run, as stored.
@@ -366,7 +367,7 @@ class RunRecorder(Callback):
         start = time.perf_counter()
         metrics, not_applicable = evaluate_lengths(
             self.task, pl_module.model, self.family, self.train["eval_batch_size"], self._eval_batches,
-            trainer.precision_plugin.forward_context,
+            trainer.precision_plugin.forward_context, self.train["attention_entropy"],
         )
         self._sync(pl_module)
         self.session_eval_time += time.perf_counter() - start
@@ -414,25 +415,67 @@ class ProgressFile(Callback):
 
 
 def evaluate_lengths(task, model, family: str, batch_size: int, cache: dict[int, list],
-                     context=None) -> tuple[dict[str, float], dict[str, str]]:
+                     context=None, entropy: bool = False) -> tuple[dict[str, float], dict[str, str]]:
     """Every metric at every eval length (`accuracy@64`); a length the position scheme cannot
-    represent is recorded as not applicable, with the reason."""
+    represent is recorded as not applicable, with the reason. With `entropy`, also
+    `attention_entropy@<train_length>` (see `measure_attention_entropy`), on the evaluation set
+    at train_length; when eval_lengths leave that length out, the set drawn there is not held
+    out from training (a descriptive measure of the attention, not a score)."""
     metrics: dict[str, float] = {}
     not_applicable: dict[str, str] = {}
+    context = context or contextlib.nullcontext
     for length in task.eval_lengths:
-        if length not in cache:
-            cache[length] = task.eval_batches(length, batch_size, family)
         try:
-            if context is None:
-                scores = task.evaluate(model, cache[length], family)
-            else:
-                with context():
-                    scores = task.evaluate(model, cache[length], family)
+            with context():
+                scores = task.evaluate(model, eval_batches(task, length, batch_size, family, cache), family)
         except PositionLimitError as err:
             not_applicable[str(length)] = f"not applicable: {err}"
             continue
         metrics.update({f"{name}@{length}": float(value) for name, value in scores.items()})
+    if entropy:
+        length = task.params.train_length
+        with context():
+            value = measure_attention_entropy(task, model, family, eval_batches(task, length, batch_size, family, cache))
+        metrics[f"{ATTENTION_ENTROPY}@{length}"] = value
     return metrics, not_applicable
+
+
+def eval_batches(task, length: int, batch_size: int, family: str, cache: dict[int, list]) -> list:
+    """The held-out batches at one length, made once per run."""
+    if length not in cache:
+        cache[length] = task.eval_batches(length, batch_size, family)
+    return cache[length]
+
+
+# Attention weights held at once by the entropy pass: [rows, h, nq, nk] per attention layer.
+ENTROPY_WEIGHTS_PER_FORWARD = 2**24
+
+
+@torch.no_grad()
+def measure_attention_entropy(task, model, family: str, batches: list[dict[str, torch.Tensor]]) -> float:
+    """Mean normalised attention entropy (workbench.model.attention_entropy) over every row of
+    the held-out batches: 1 = uniform over the visible keys, 0 = a saturated softmax; NaN when
+    no row sees two keys. A separate teacher-forced pass through the explicit-weights path, so
+    the other metrics are computed exactly as without it; batches are cut into pieces small
+    enough that the recorded weights stay under ENTROPY_WEIGHTS_PER_FORWARD per layer."""
+    spec = model.spec
+    was_training = model.training
+    model.eval()
+    total, rows = 0.0, 0
+    try:
+        for batch in batches:
+            widest = max(v.shape[-1] for v in batch.values() if v.dim() == 2)
+            step = max(1, ENTROPY_WEIGHTS_PER_FORWARD // (spec.n_heads * widest * widest))
+            size = next(iter(batch.values())).shape[0]
+            for start in range(0, size, step):
+                piece = {k: v[start: start + step] for k, v in batch.items()}
+                with record_attention(model) as recorded:
+                    task.scored(model, piece, family)
+                piece_total, piece_rows = attention_entropy(recorded)
+                total, rows = total + piece_total, rows + piece_rows
+    finally:
+        model.train(was_training)
+    return total / rows if rows else math.nan
 
 
 # ---- checkpoints: atomic, and never code ---------------------------------------------------

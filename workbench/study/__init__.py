@@ -36,6 +36,7 @@ from pydantic import model_validator
 from workbench import kinds
 from workbench.errors import SpecError
 from workbench.registry import get_variant, variants
+from workbench.results import DESCRIPTIVE_METRICS
 from workbench.spec import VARIANT_AXES, ModelSpec, resolve_choice, spec_error_from
 from workbench.study.keys import digest, label
 from workbench.study.schema import study_json_schema
@@ -196,7 +197,7 @@ class TrainStudy(StudyBase):
         return point
 
     def run_defining(self) -> dict[str, Any]:
-        train = {k: v for k, v in self.train.model_dump().items() if k not in TrainConfig.EXECUTION}
+        train = TrainConfig.defining(self.train.model_dump())
         out = {"kind": self.kind, "task": self.task, "model": self.model, "train": train,
                "seeds": self.seeds, "sweep": self.sweep.model_dump()}
         if self.tune is not None:  # absent otherwise: an untuned study keeps the hash it always had
@@ -253,7 +254,8 @@ def check_tune(tune: Tune, study: TrainStudy) -> Tune:
     lengths = study.task.get("eval_lengths") or [study.task["train_length"]]
     choices = [*get_variant("task", study.task["name"]).metrics, "loss"]
     if name not in choices:
-        why = " (run measures such as tokens_per_s are not chosen on validation data)" if name in RUN_MEASURES else ""
+        why = (" (run measures such as tokens_per_s are not chosen on validation data)" if name in RUN_MEASURES
+               else " (descriptive: no better direction to choose by)" if name in DESCRIPTIVE_METRICS else "")
         raise SpecError("tune.metric", f"unknown metric {name!r}{why}" + suggest(name, choices),
                         [f"{c}@{lengths[0]}" for c in choices])
     if not length:
@@ -304,6 +306,9 @@ def check_metric(metric: str, field: str, study: TrainStudy) -> None:
     name, _, length = metric.partition("@")
     if metric in RUN_MEASURES:
         return
+    if name in DESCRIPTIVE_METRICS:
+        raise SpecError(field, f"{name} is descriptive (no better direction): the report shows it, `expect:` does "
+                        "not test it", [*names, *RUN_MEASURES])
     if name not in names:
         choices = [*names, *RUN_MEASURES]
         raise SpecError(field, f"unknown metric {name!r}" + suggest(name, choices), choices)

@@ -26,6 +26,9 @@ class TrainConfig(BaseModel):
     EXECUTION: ClassVar[tuple[str, ...]] = (
         "accelerator", "devices", "strategy", "num_nodes", "logger", "checkpoint_every", "eval_batch_size",
     )
+    # Opt-in measurements: part of a run's id and a study's hash only when switched on, so studies
+    # that never set them keep the ids and hashes they always had.
+    OPT_IN: ClassVar[tuple[str, ...]] = ("attention_entropy",)
 
     steps: int | None = Field(None, gt=0, description="optimizer steps per run (give steps or tokens)")
     tokens: int | None = Field(
@@ -53,6 +56,9 @@ class TrainConfig(BaseModel):
         "csv", description="Lightning logger of each run: csv, tensorboard (run folder's logs/), mlflow (MLFLOW_TRACKING_URI, "
         "default the run folder's mlflow.db) or wandb (offline in the run folder unless WANDB_MODE=online or WANDB_API_KEY)")
     checkpoint_every: int | None = Field(None, gt=0, description="checkpoint every N steps for resume (default: eval_every)")
+    attention_entropy: bool = Field(
+        False, description="also record attention_entropy@<train_length> at every evaluation: the mean entropy of "
+        "the attention rows over the keys each can see, divided by ln(that number): 1 uniform, 0 a saturated softmax")
 
     @field_validator("precision", mode="before")
     @classmethod
@@ -80,6 +86,12 @@ class TrainConfig(BaseModel):
         if (self.steps is None) == (self.tokens is None):
             raise SpecError("train.steps", "give exactly one training budget: steps or tokens")
         return self
+
+    @classmethod
+    def defining(cls, train: Mapping[str, Any]) -> dict[str, Any]:
+        """The fields of a training section that decide what a run computes (no execution
+        fields, no opt-in measurement that is off)."""
+        return {k: v for k, v in train.items() if k not in cls.EXECUTION and (v or k not in cls.OPT_IN)}
 
     def resolved(self, train_length: int) -> dict[str, Any]:
         """Every field filled in: steps from tokens, eval and checkpoint intervals."""
