@@ -147,7 +147,7 @@ def test_measured_at_the_training_length_when_it_is_not_an_eval_length():
     task = copy_task(eval_lengths=[9])
     model = build(tiny_spec("decoder", vocab_size=len(task.vocab)))
     metrics, _ = evaluate_lengths(task, model, "decoder", 8, {}, entropy=True)
-    assert sorted(metrics) == ["accuracy@9", "attention_entropy@6", "exact_match@9", "loss@9"]
+    assert sorted(metrics) == ["accuracy@9", "attention_entropy@6", "exact_match@9", "loss@9", "symbol_accuracy@9"]
 
 
 def test_batches_cut_into_pieces_give_the_same_mean(monkeypatch):
