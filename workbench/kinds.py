@@ -51,7 +51,7 @@ class StudyKind(ABC):
         """`workbench validate`'s line; raises a StudyError for a run that cannot be built."""
 
     def hardware_needs(self, study_file, machine) -> list:
-        """The workbench.hardware.Need`s of the study's settings that `machine` lacks (none by
+        """The `workbench.hardware.Need`s of the study's settings that `machine` lacks (none by
         default). `validate` lists them as notes; `run` refuses them itself, before anything runs."""
         return []
 
