@@ -41,9 +41,10 @@ class ScalingKind(StudyKind):
             raise WorkbenchError("--executor/--runs-dir: a scaling study measures cost on this machine, "
                                  "one point at a time in fresh processes; run it without them")
         study: ScalingStudy = study_file.study
-        needs = scaling_needs(study.scaling.device, Machine.here())
+        machine = Machine.here()
+        needs = scaling_needs(study.scaling.device, machine)
         if needs:
-            raise WorkbenchError(needs[0].error(study_file.source_of(needs[0].field)))
+            raise WorkbenchError(needs[0].error(study_file.source_of(needs[0].field), machine))
         if options.fresh:
             clear_outputs(out, [])  # measurements keep no run folders
         store = Store(out)

@@ -120,7 +120,7 @@ def test_run_refuses_a_gpu_profile_on_the_cpu_in_one_line_without_a_traceback(tm
     assert proc.returncode == 2 and "Traceback" not in proc.stderr and proc.stderr.count("\n") == 1, proc.stderr
     assert proc.stderr == ("error: train.precision: 'bf16-mixed' runs on a GPU; this machine trains on the CPU, "
                            "where only '32' is supported (it comes from --profile gpu, for a machine with a GPU: "
-                           "run it on one, or leave --profile gpu out here)\n")
+                           "run it on one, or leave --profile gpu out on this machine)\n")
     assert not (tmp_path / "out" / "runs").exists() and not (tmp_path / "out" / "results.db").exists()
 
 

@@ -174,7 +174,7 @@ def validate_command(study: str, profile: str | None, overrides: tuple[str, ...]
     machine = Machine.target(device) if device else Machine.here()
     needs = kind.hardware_needs(study_file, machine)
     if device and needs:
-        raise WorkbenchError(needs[0].error(study_file.source_of(needs[0].field)))
+        raise WorkbenchError(needs[0].error(study_file.source_of(needs[0].field), machine))
     click.echo(line)
     for need in needs:
         click.echo(f"note: {need.note(machine)}", err=True)

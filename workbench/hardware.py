@@ -73,14 +73,15 @@ class Need:
         return (f"needs {self.needs}: {self.field} {self.value!r} ({machine.name}: {machine.description}); "
                 "`workbench run` here would refuse")
 
-    def error(self, source: str | None) -> str:
+    def error(self, source: str | None, machine: Machine) -> str:
         """The refusal, with advice that fits where the setting came from: `source` is the
         option that set it ("--profile gpu", "--set KEY=VALUE"), None for the study file."""
         if source is None:
             advice = (f"{self.fix}, or put the setting in a profile, e.g. profiles: {{gpu: {{{self.field}: "
                       f"{self.value}}}}}, and run with --profile gpu on a machine with {self.needs}")
         else:
-            advice = f"it comes from {source}, for a machine with {self.needs}: run it on one, or leave {source} out here"
+            advice = (f"it comes from {source}, for a machine with {self.needs}: run it on one, or leave {source} "
+                      f"out on {machine.name}")
         return f"{self.field}: {self.value!r} {self.problem} ({advice})"
 
 

@@ -284,7 +284,7 @@ def check_device(train: dict[str, Any], source_of: Callable[[str], str | None] =
     machine = Machine.here()
     needs = train_needs(train, machine)
     if needs:
-        raise WorkbenchError(needs[0].error(source_of(needs[0].field)))
+        raise WorkbenchError(needs[0].error(source_of(needs[0].field), machine))
     check_logger(train)
     return machine.device_for(train["accelerator"])
 
