@@ -11,6 +11,7 @@ from typing import Any
 
 from workbench import hookimpl
 from workbench.errors import WorkbenchError
+from workbench.hardware import Machine, Need, scaling_needs
 from workbench.kinds import RunOptions, StudyKind
 from workbench.run.runner import Summary, check_study, clear_outputs, execute_runs, sweeping
 from workbench.run.scaling import KEEP_ON_RERUN, MeasureExecutor, ScalingStudy, measurement_line, measurement_runs
@@ -27,6 +28,9 @@ class ScalingKind(StudyKind):
         return (f"ok: {study_file.path} (scaling study {s.name!r}): {len(measurement_runs(s))} measurements = "
                 f"{len(s.sweep_points())} sweep points x {len(s.seeds)} seeds x modes x lengths")
 
+    def hardware_needs(self, study_file: StudyFile, machine: Machine) -> list[Need]:
+        return scaling_needs(study_file.study.scaling.device, machine)
+
     def dry_run(self, study_file: StudyFile) -> str:
         s = study_file.study
         return (f"{s.name}: scaling study, {len(measurement_runs(s))} measurements "
@@ -37,6 +41,10 @@ class ScalingKind(StudyKind):
             raise WorkbenchError("--executor/--runs-dir: a scaling study measures cost on this machine, "
                                  "one point at a time in fresh processes; run it without them")
         study: ScalingStudy = study_file.study
+        machine = Machine.here()
+        needs = scaling_needs(study.scaling.device, machine)
+        if needs:
+            raise WorkbenchError(needs[0].error(study_file.source_of(needs[0].field), machine))
         if options.fresh:
             clear_outputs(out, [])  # measurements keep no run folders
         store = Store(out)

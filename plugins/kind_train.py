@@ -1,6 +1,6 @@
 """The `train` study kind: train every run of a sweep with Lightning, report the comparison.
 
-    validate  expand every run (and tuning run), check each training setting runs here
+    validate  expand every run (and tuning run); list the hardware each training setting needs
     run       tuning runs first when the study has `tune:`, then the final runs, through the
               executor (workbench.run.runner.execute_runs); finished and diverged runs are kept
     report    workbench.report.train_report from the store, with attention pictures from
@@ -16,6 +16,7 @@ from typing import Any
 
 from workbench import hookimpl
 from workbench.run.executor import make_executor
+from workbench.hardware import Machine, Need, train_needs
 from workbench.kinds import RunOptions, StudyKind
 from workbench.results import RunConfig, Status, flatten
 from workbench.run.runner import (
@@ -42,13 +43,21 @@ class TrainKind(StudyKind):
         s = study_file.study
         runs = expand(study_file)
         tuning = tuning_runs(study_file)  # with `tune:`, the final runs exist once each point has chosen
-        check_devices([*runs, *tuning])
+        from workbench.run.train import check_logger  # Lightning loads with a train study, not the plugins
+
+        for train in train_sections([*runs, *tuning]):
+            check_logger(train)
         steps = sorted({r.config["train"]["steps"] for r in [*runs, *tuning]})
         n_final = len(sweep_points(s)) * len(s.seeds)
         tuned = (f" (at values chosen by {len(tuning)} tuning runs = {len(sweep_points(s))} sweep points x "
                  f"{len(s.tune.points())} candidates x {s.tune.seeds} seeds)" if tuning else "")
         return (f"ok: {study_file.path} ({s.kind} study {s.name!r}): {n_final} runs = {len(sweep_points(s))} sweep "
                 f"points x {len(s.seeds)} seeds{tuned}; task {s.task['name']}; {', '.join(map(str, steps))} steps per run")
+
+    def hardware_needs(self, study_file: StudyFile, machine: Machine) -> list[Need]:
+        runs = [*expand(study_file), *tuning_runs(study_file)]
+        needs = [need for train in train_sections(runs) for need in train_needs(train, machine)]
+        return list(dict.fromkeys(needs))
 
     def dry_run(self, study_file: StudyFile) -> str:
         """Every run id with its resolved settings: those shared by all runs once, then per run
@@ -71,6 +80,7 @@ class TrainKind(StudyKind):
         study = study_file.study
         tuning = tuning_runs(study_file)  # none without `tune:`
         finals = expand(study_file) if study.tune is None else None  # with `tune:`, known once tuning is done
+        check_devices(study_file, [*tuning, *(finals or [])])  # before the folder is touched (--fresh clears it)
         if options.fresh:
             clear_outputs(out, [run.run_id for run in [*tuning, *(finals or candidate_final_runs(study_file))]])
         store = Store(out)
@@ -78,7 +88,6 @@ class TrainKind(StudyKind):
         check_providers(store, [*tuning, *(finals or [])])
         if options.runs_dir is not None:
             store.save_study({"runs_dir": str(options.runs_dir.resolve())})
-        check_devices([*tuning, *(finals or [])])
 
         total = len(tuning) + len(study.sweep.points()) * len(study.seeds)
         executor = options.executor or make_executor(options.jobs)
@@ -122,13 +131,18 @@ class TrainKind(StudyKind):
         return builder.build(), builder.results_csv()
 
 
-def check_devices(runs: list[RunConfig]) -> None:
+def train_sections(runs: list[RunConfig]) -> list[dict[str, Any]]:
+    """The distinct `train:` sections of the runs."""
+    return list({canonical_json(r.config["train"]): r.config["train"] for r in runs}.values())
+
+
+def check_devices(study_file: StudyFile, runs: list[RunConfig]) -> None:
     """Every training setting can run on this machine (precision, accelerator, logger)."""
     # Lightning loads only when a train study is validated or run, not with the plugins.
     from workbench.run.train import check_device
 
-    for train in {canonical_json(r.config["train"]): r.config["train"] for r in runs}.values():
-        check_device(train)
+    for train in train_sections(runs):
+        check_device(train, study_file.source_of)
 
 
 def report_choice(tuned: PointTuning, study: TrainStudy, summary: Summary, progress: SweepProgress) -> None:

@@ -16,7 +16,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "workbench"
 # Lowest first. A module may import its own layer and the ones below it.
 LAYERS = {
     "foundation": ["errors", "variants", "hookspecs", "registry", "results", "kinds", "stopping", "sampling",
-                   "cache"],
+                   "cache", "hardware"],
     "model": ["attention", "ffn", "norm", "position", "spec", "tasks", "model", "weights"],
     "cost": ["cost"],  # measure, memory, fit
     "study": ["study", "sweep", "tuning"],

@@ -9,7 +9,7 @@ import torch
 from workbench.errors import WorkbenchError
 from workbench.study import load_study
 from workbench.sweep import expand
-from workbench.run.train import check_device, train_run
+from workbench.run.train import check_logger, train_run
 
 STUDY = """\
 name: tracked
@@ -61,6 +61,6 @@ def test_a_missing_logger_package_is_named_before_training(monkeypatch):
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a))
-    train = {"accelerator": "cpu", "precision": "32", "logger": "wandb"}
+    train = {"logger": "wandb"}
     with pytest.raises(WorkbenchError, match=r"'wandb' needs the wandb package: pip install 'transformer-workbench\[wandb\]'"):
-        check_device(train)
+        check_logger(train)

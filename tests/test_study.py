@@ -231,15 +231,6 @@ def test_schema_matches_what_the_loader_accepts():
             assert expand(study)
 
 
-def test_validate_refuses_a_precision_this_machine_cannot_run(tmp_path):
-    import torch
-
-    if torch.cuda.is_available():
-        pytest.skip("this machine has a GPU: bf16-mixed may run here")
-    result = validate(write(tmp_path, BASE.replace("batch_size: 8}", "batch_size: 8, precision: bf16-mixed}")))
-    assert result.exit_code == 2 and "train.precision: 'bf16-mixed' runs on a GPU" in result.stderr
-
-
 def test_a_long_enough_learned_table_and_eval_lengths_past_it_validate(tmp_path):
     """Past the training length a short table is recorded as not applicable, by design (E6)."""
     text = BASE.replace("position: rope", "position: {name: learned, max_len: 20}").replace(

@@ -158,13 +158,26 @@ def default_reports_dir(out_dir: str | Path) -> Path:
 @click.option("--profile", default=None, help="validate with the study's named overrides applied")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
               help="override a study field (after --profile), e.g. --set train.steps=500; repeatable")
-def validate_command(study: str, profile: str | None, overrides: tuple[str, ...]) -> None:
-    """Check STUDY and every run of its sweep, without training."""
+@click.option("--device", type=click.Choice(["cpu", "cuda", "mps"]), default=None,
+              help="check the hardware the study needs against a machine with this device (a CUDA GPU is "
+                   "taken to have bfloat16) instead of this one: what it lacks is an error")
+def validate_command(study: str, profile: str | None, overrides: tuple[str, ...], device: str | None) -> None:
+    """Check STUDY and every run of its sweep, without training. Hardware this machine lacks (a
+    GPU for bf16-mixed, say) is a note, not an error: the study is fine, `run` here would refuse."""
+    from workbench.hardware import Machine
     from workbench.kinds import get_kind
     from workbench.study import load_study
 
     study_file = load_study(study, profile, overrides)
-    click.echo(get_kind(study_file.study.kind).describe(study_file))
+    kind = get_kind(study_file.study.kind)
+    line = kind.describe(study_file)
+    machine = Machine.target(device) if device else Machine.here()
+    needs = kind.hardware_needs(study_file, machine)
+    if device and needs:
+        raise WorkbenchError(needs[0].error(study_file.source_of(needs[0].field), machine))
+    click.echo(line)
+    for need in needs:
+        click.echo(f"note: {need.note(machine)}", err=True)
 
 
 @main.command("results")

@@ -3,7 +3,8 @@
 A kind is a StudyKind subclass that knows its study class (the pydantic model validating
 the file) and the four things the CLI does with a study:
 
-    describe   `workbench validate`: what the study expands to, in one line
+    describe   `workbench validate`: what the study expands to, in one line (what the
+               machine lacks, `hardware_needs`, is not checked there but listed after it)
     dry_run    `workbench run --dry-run`: every run with its settings; nothing runs
     run        `workbench run`: execute the pending runs into an output folder (the runner
                holds the folder's writer lock around it)
@@ -48,6 +49,11 @@ class StudyKind(ABC):
     @abstractmethod
     def describe(self, study_file) -> str:
         """`workbench validate`'s line; raises a StudyError for a run that cannot be built."""
+
+    def hardware_needs(self, study_file, machine) -> list:
+        """The `workbench.hardware.Need`s of the study's settings that `machine` lacks (none by
+        default). `validate` lists them as notes; `run` refuses them itself, before anything runs."""
+        return []
 
     @abstractmethod
     def dry_run(self, study_file) -> str:

@@ -692,10 +692,10 @@ def environment_columns(point: Point) -> dict[str, Any]:
 
 
 def resolve_device(name: str) -> str:
+    """'auto' is CUDA when present, else the CPU; whether a machine has the device named is
+    workbench.hardware's question (`workbench run` refuses, `validate` notes it)."""
     if name == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
-    if name == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device 'cuda' requested but torch sees no CUDA device")
     return name
 
 

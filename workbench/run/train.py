@@ -32,6 +32,7 @@ import subprocess
 import time
 import traceback
 import warnings
+from collections.abc import Callable
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
@@ -45,6 +46,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from workbench import stopping
 from workbench.errors import WorkbenchError
+from workbench.hardware import Machine, train_needs
 from workbench.cost.memory import LiveTensorBytes
 from workbench.model import Transformer, attention_entropy, build_model, record_attention
 from workbench.position import PositionLimitError
@@ -272,40 +274,28 @@ def git_commit() -> str | None:
 
 
 def resolve_accelerator(train: dict[str, Any]) -> str:
-    """'cuda', 'mps' or 'cpu' for the study's accelerator setting; explains impossible choices."""
-    wanted = train["accelerator"]
-    if wanted == "auto":
-        if torch.cuda.is_available():
-            return "cuda"
-        return "mps" if torch.backends.mps.is_available() else "cpu"
-    if wanted in ("gpu", "cuda"):
-        if not torch.cuda.is_available():
-            raise WorkbenchError("train.accelerator: 'gpu' asked for, but PyTorch sees no CUDA GPU here "
-                                 "(use 'auto' or 'cpu')")
-        return "cuda"
-    return wanted
+    """'cuda', 'mps' or 'cpu' that the study's accelerator setting picks on this machine."""
+    return Machine.here().device_for(train["accelerator"])
 
 
-def check_device(train: dict[str, Any]) -> str:
-    """The device the runs will use; a WorkbenchError, before anything trains, when the
-    precision cannot run on it or the chosen logger is not installed."""
-    device = resolve_accelerator(train)
-    precision = train["precision"]
-    if precision != "32" and device == "cpu":
-        raise WorkbenchError(
-            f"train.precision: {precision!r} runs on a GPU; this machine trains on the CPU, where only '32' "
-            "is supported (set precision: \"32\", or put the GPU setting in a profile: --profile gpu)"
-        )
-    if precision == "bf16-mixed" and device == "cuda" and not torch.cuda.is_bf16_supported():
-        raise WorkbenchError(
-            f"train.precision: 'bf16-mixed' needs bfloat16 support (Ampere or newer); "
-            f"{torch.cuda.get_device_name()} lacks it: use '16-mixed' or '32'"
-        )
+def check_device(train: dict[str, Any], source_of: Callable[[str], str | None] = lambda key: None) -> str:
+    """The device the runs will use; a WorkbenchError, before anything trains, when a setting
+    needs hardware this machine lacks (workbench.hardware) or the chosen logger is not installed.
+    `source_of(key)` names the option that set a key (StudyFile.source_of), for the advice."""
+    machine = Machine.here()
+    needs = train_needs(train, machine)
+    if needs:
+        raise WorkbenchError(needs[0].error(source_of(needs[0].field), machine))
+    check_logger(train)
+    return machine.device_for(train["accelerator"])
+
+
+def check_logger(train: dict[str, Any]) -> None:
+    """A WorkbenchError when `train.logger` names a logger whose package is not installed."""
     modules = LOGGER_MODULES.get(train["logger"], ())
     if modules and not any(importlib.util.find_spec(m) for m in modules):
         raise WorkbenchError(f"train.logger: {train['logger']!r} needs the {modules[0]} package: "
                              f"pip install 'transformer-workbench[{train['logger']}]', or use 'csv'")
-    return device
 
 
 # Modules an optional logger needs (any one of them), by `train.logger`.

@@ -342,6 +342,18 @@ class StudyFile:
             err = SpecError(err.field, f"{err.problem} ({context})", err.choices)
         return StudyError(str(self.path), self.lines.line(err.field), err)
 
+    def source_of(self, key: str) -> str | None:
+        """The command-line option that set the dotted `key` ("--set KEY=VALUE", "--profile NAME"),
+        or None when the study file itself does; the last one applied wins, as in loading."""
+        prefixes = {".".join(key.split(".")[:i]) for i in range(1, key.count(".") + 2)}  # train, train.precision
+        for text in reversed(self.overrides):
+            if text.partition("=")[0].strip() in prefixes:
+                return f"--set {text}"
+        profile = (self.data.get("profiles") or {}).get(self.profile) if self.profile else None
+        if isinstance(profile, Mapping) and prefixes & {str(k) for k in profile}:
+            return f"--profile {self.profile}"
+        return None
+
     @property
     def study_hash(self) -> str:
         return digest(self.study.run_defining())

@@ -1,0 +1,118 @@
+"""What a study's settings need from the machine that runs them, decided in one place.
+
+    Machine.here()          this machine, as PyTorch sees it (CUDA, bfloat16, MPS, GPU count)
+    Machine.target("cuda")  a machine named on the command line (`workbench validate --device`)
+    train_needs / scaling_needs   the settings a machine cannot run, as `Need`s
+
+`workbench run` refuses the first need this machine lacks, before anything trains
+(`Need.error`). `workbench validate` checks everything else about the study and lists the needs
+this machine lacks as notes (`Need.note`), so a GPU profile validates on a CPU-only laptop; with
+`--device` it checks against the named machine instead, and a need that machine lacks is an error.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+
+@dataclass(frozen=True)
+class Machine:
+    """The hardware a study is checked against."""
+
+    name: str  # how messages refer to it: "this machine", "a --device cuda machine"
+    description: str  # what it has, for notes: "CPU only", "CUDA: NVIDIA H200 x1"
+    cuda: bool = False
+    mps: bool = False
+    bf16: bool = False  # its CUDA GPU computes in bfloat16 (Ampere or newer)
+    gpu_count: int | None = None  # None: not known (a named target)
+
+    @classmethod
+    def here(cls) -> Machine:
+        if torch.cuda.is_available():
+            count = torch.cuda.device_count()
+            return cls("this machine", f"CUDA: {torch.cuda.get_device_name()} x{count}", cuda=True,
+                       bf16=torch.cuda.is_bf16_supported(), gpu_count=count)
+        if torch.backends.mps.is_available():
+            return cls("this machine", "Apple MPS", mps=True)
+        return cls("this machine", "CPU only")
+
+    @classmethod
+    def target(cls, device: str) -> Machine:
+        """A machine with `device` ('cpu', 'cuda', 'mps'); a CUDA target is assumed to have
+        bfloat16 (Ampere or newer) and enough GPUs, which only the machine itself can tell."""
+        name = f"a --device {device} machine"
+        if device == "cuda":
+            return cls(name, "a CUDA GPU, assumed Ampere or newer", cuda=True, bf16=True)
+        if device == "mps":
+            return cls(name, "Apple MPS", mps=True)
+        return cls(name, "CPU only")
+
+    def device_for(self, accelerator: str) -> str:
+        """'cuda', 'mps', 'cpu' (or 'tpu') that Lightning's `accelerator` picks on this machine;
+        a GPU asked for by name is 'cuda' even where there is none (`train_needs` says so)."""
+        if accelerator == "auto":
+            return "cuda" if self.cuda else "mps" if self.mps else "cpu"
+        return "cuda" if accelerator in ("gpu", "cuda") else accelerator
+
+
+@dataclass(frozen=True)
+class Need:
+    """A setting that needs hardware a machine lacks."""
+
+    field: str  # dotted study key: "train.precision"
+    value: Any  # its value: "bf16-mixed"
+    needs: str  # what it needs: "a GPU"
+    problem: str  # why, naming the machine: "runs on a GPU; this machine trains on the CPU, ..."
+    fix: str  # what to change in the study to run there: 'set precision: "32"'
+
+    def note(self, machine: Machine) -> str:
+        """`workbench validate`'s line: the study is fine, this machine cannot run it."""
+        return (f"needs {self.needs}: {self.field} {self.value!r} ({machine.name}: {machine.description}); "
+                "`workbench run` here would refuse")
+
+    def error(self, source: str | None, machine: Machine) -> str:
+        """The refusal, with advice that fits where the setting came from: `source` is the
+        option that set it ("--profile gpu", "--set KEY=VALUE"), None for the study file."""
+        if source is None:
+            advice = (f"{self.fix}, or put the setting in a profile, e.g. profiles: {{gpu: {{{self.field}: "
+                      f"{self.value}}}}}, and run with --profile gpu on a machine with {self.needs}")
+        else:
+            advice = (f"it comes from {source}, for a machine with {self.needs}: run it on one, or leave {source} "
+                      f"out on {machine.name}")
+        return f"{self.field}: {self.value!r} {self.problem} ({advice})"
+
+
+def train_needs(train: dict[str, Any], machine: Machine) -> list[Need]:
+    """The needs of one `train:` section (accelerator, precision, devices) that `machine` lacks."""
+    accelerator, precision, devices = train["accelerator"], train["precision"], train["devices"]
+    device = machine.device_for(accelerator)
+    needs = []
+    if device == "cuda" and not machine.cuda:
+        needs.append(Need("train.accelerator", accelerator, "a CUDA GPU",
+                          f"asks for a CUDA GPU; PyTorch sees none on {machine.name}", "use accelerator: auto or cpu"))
+    if device == "mps" and not machine.mps:
+        needs.append(Need("train.accelerator", accelerator, "Apple MPS",
+                          f"asks for Apple's MPS; {machine.name} has none", "use accelerator: auto or cpu"))
+    if precision != "32" and device == "cpu":
+        needs.append(Need("train.precision", precision, "a GPU",
+                          f"runs on a GPU; {machine.name} trains on the CPU, where only '32' is supported",
+                          'set precision: "32"'))
+    if precision == "bf16-mixed" and device == "cuda" and machine.cuda and not machine.bf16:
+        needs.append(Need("train.precision", precision, "a GPU with bfloat16 (Ampere or newer)",
+                          f"needs bfloat16 support (Ampere or newer); {machine.name} ({machine.description}) lacks it",
+                          "use '16-mixed' or '32'"))
+    if device == "cuda" and machine.gpu_count is not None and isinstance(devices, int) and devices > machine.gpu_count:
+        needs.append(Need("train.devices", devices, f"{devices} GPUs",
+                          f"GPUs per run; {machine.name} has {machine.gpu_count}", f"use devices: {machine.gpu_count} or -1"))
+    return needs
+
+
+def scaling_needs(device: str, machine: Machine) -> list[Need]:
+    """The need of a scaling study's `scaling.device` that `machine` lacks."""
+    if device == "cuda" and not machine.cuda:
+        return [Need("scaling.device", device, "a CUDA GPU",
+                     f"measures on a CUDA GPU; PyTorch sees none on {machine.name}", "use device: auto or cpu")]
+    return []
