@@ -115,14 +115,14 @@ class Expectation(BaseModel):
     note: str = Field("", description="free text shown with the verdict")
 
 
+ZIP_GROUP = {"type": "object", "additionalProperties": {"type": "array", "minItems": 1}}
 SWEEP_JSON_SCHEMA = {
     "type": "object",
-    "description": "dotted.key: [values] (a grid over every key); `zip: [{key: [...], key2: [...]}]` for keys "
-    "that vary together (lists of equal length)",
+    "description": "dotted.key: [values] (a grid over every key); `zip: {key: [...], key2: [...]}` (or a list of "
+    "such groups) for keys that vary together (lists of equal length)",
     "properties": {
-        "zip": {
-            "type": "array",
-            "items": {"type": "object", "additionalProperties": {"type": "array", "minItems": 1}},
+        "zip": {  # one group, or a list of groups, as the loader accepts
+            "anyOf": [{"type": "array", "items": ZIP_GROUP}, ZIP_GROUP],
         }
     },
     "additionalProperties": {"type": "array", "minItems": 1},
