@@ -188,3 +188,17 @@ def test_the_readme_example_validates(tmp_path):
     studies = {s.name: s for s in (load_study(p).study for p in sorted(STUDIES.glob("*.yaml")))}
     [row] = load_findings(path, studies)
     assert row.finding.study == "position-extrapolation-text"
+
+
+def test_groups_whose_seeds_all_scored_the_same_say_so():
+    """A ceiling group has no interval because its seeds agree, not because it has one seed."""
+    from workbench.report.findings import verdict_text
+
+    verdict = {"statement": "4 is better than 1 on accuracy@4", "outcome": "inconclusive",
+               "label": "inconclusive (every seed gave the same difference)",
+               "groups": [{"group": "4", "mean": 1.0, "lo": 1.0, "hi": 1.0, "n": 3, "constant": True},
+                          {"group": "1", "mean": 0.9, "lo": 0.8, "hi": 1.0, "n": 3, "constant": False}],
+               "difference": {"mean": 0.0, "lo": None, "hi": None, "level": 0.95, "method": "paired"}}
+    text = verdict_text(verdict)
+    assert "1 (all 3 seeds equal) vs 0.9 [0.8, 1]" in text
+    assert "1 seed" not in text and "95%" not in text

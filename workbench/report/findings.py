@@ -34,7 +34,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from workbench.errors import SpecError, WorkbenchError, unknown_name
-from workbench.report.document import fmt_interval, fmt_signed_interval
+from workbench.report.document import fmt, fmt_interval, fmt_signed_interval
 from workbench.report.render import md_cell
 from workbench.spec import spec_error_from
 from workbench.study.keys import point_labels
@@ -167,16 +167,26 @@ def number(value: Any) -> float:
     return math.nan if value is None else float(value)
 
 
+def group_text(g: Mapping[str, Any]) -> str:
+    """A group's mean with its interval; seeds that all scored the same are said so, as the
+    study's report does, not shown as a missing interval."""
+    if g.get("constant"):
+        return f"{fmt(number(g['mean']))} (all {g.get('n')} seeds equal)"
+    return fmt_interval(number(g["mean"]), number(g["lo"]), number(g["hi"]))
+
+
 def verdict_text(v: Mapping[str, Any]) -> str:
     """'alibi is better than sinusoidal on bpc_tail@256: 3.33 [3.29, 3.37] vs 3.84 [3.75, 3.93];
     difference -0.512 [-0.663, -0.362] (97.5% paired); holds' (the groups in the statement's order)."""
-    groups = [fmt_interval(number(g["mean"]), number(g["lo"]), number(g["hi"])) for g in v.get("groups", [])]
+    groups = [group_text(g) for g in v.get("groups", [])]
     parts = [" vs ".join(groups)] if groups else []
     d = v.get("difference") or {}
     if d.get("mean") is not None:
-        level = f"{number(d.get('level')):.1%}".replace(".0%", "%")
-        parts.append(f"difference {fmt_signed_interval(number(d['mean']), number(d.get('lo')), number(d.get('hi')))}"
-                     f" ({level} {d.get('method', '')})")
+        text = f"difference {fmt_signed_interval(number(d['mean']), number(d.get('lo')), number(d.get('hi')))}"
+        if not math.isnan(number(d.get("lo"))):  # an interval: say at which level and how
+            level = f"{number(d.get('level')):.1%}".replace(".0%", "%")
+            text += f" ({level} {d.get('method', '')})"
+        parts.append(text)
     outcome = v["outcome"]
     if outcome == "not tested":
         missed = [g["group"] for g in v.get("learned", []) if not g.get("learned")]
