@@ -6,12 +6,15 @@ Every helper works for any registered variant, so tests parametrized over the re
 
 from __future__ import annotations
 
+import types
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from workbench import build_model
+from workbench import build_model, hookimpl, registry
 from workbench.cache import KVCache
 from workbench.model import EncoderDecoderModel, Positions, Transformer
 from workbench.registry import variants
@@ -147,3 +150,21 @@ def train_step(model: Transformer, x: Tensor, lr: float = 1e-2) -> float:
         assert torch.isfinite(p).all(), f"non-finite parameter {name} after one step"
     model.eval()
     return loss.item()
+
+
+@contextmanager
+def installed_plugin(name: str, **hooks: list[type]) -> Iterator[types.ModuleType]:
+    """A module `name` whose hooks (e.g. register_position_schemes=[MyScheme]) are registered
+    with the plugin manager, as if installed; unregistered on exit unless the test already did."""
+    module = types.ModuleType(name)
+    for hook, classes in hooks.items():
+        setattr(module, hook, hookimpl(lambda classes=classes: classes))
+    pm = registry.plugin_manager()
+    pm.register(module)
+    registry.variants.cache_clear()
+    try:
+        yield module
+    finally:
+        if pm.is_registered(module):
+            pm.unregister(module)
+        registry.variants.cache_clear()

@@ -3,12 +3,11 @@ whose plugin was uninstalled is still written, leaving out only what needs the p
 
 from __future__ import annotations
 
-import types
-
 import pytest
 
+from conftest import installed_plugin
 from test_report import save_study
-from workbench import hookimpl, registry
+from workbench import registry
 from workbench.errors import WorkbenchError
 from workbench.position import PositionScheme
 from workbench.report import ReportSkipWarning, write_report
@@ -37,15 +36,8 @@ class MyNoPE(PositionScheme):
 
 @pytest.fixture
 def plugin():
-    module = types.ModuleType("my_nope_plugin")
-    module.register_position_schemes = hookimpl(lambda: [MyNoPE])
-    pm = registry.plugin_manager()
-    pm.register(module)
-    registry.variants.cache_clear()
-    yield module
-    if pm.is_registered(module):
-        pm.unregister(module)
-    registry.variants.cache_clear()
+    with installed_plugin("my_nope_plugin", register_position_schemes=[MyNoPE]) as module:
+        yield module
 
 
 def test_providers_are_recorded_and_a_changed_one_refuses_to_resume(tmp_path, plugin, monkeypatch):

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pluggy
 import pytest
+from conftest import installed_plugin
 
 from workbench import hookimpl, hookspecs, registry
 from workbench.position import PositionScheme
@@ -143,32 +144,16 @@ class DuplicateRope(PositionScheme):
 
 
 def test_an_installed_plugin_reusing_a_name_overrides_the_builtin_with_a_warning():
-    plugin = types.ModuleType("duplicate_rope_plugin")
-    plugin.register_position_schemes = hookimpl(lambda: [DuplicateRope])
-    pm = registry.plugin_manager()
-    pm.register(plugin)
-    registry.variants.cache_clear()
-    try:
+    with installed_plugin("duplicate_rope_plugin", register_position_schemes=[DuplicateRope]):
         with pytest.warns(UserWarning, match=r"'rope' from .*test_registry overrides workbench_plugins"):
             assert registry.variants("position")["rope"] is DuplicateRope
-    finally:
-        pm.unregister(plugin)
-        registry.variants.cache_clear()
     assert registry.variants("position")["rope"] is not DuplicateRope
 
 
 def test_a_class_registered_under_the_wrong_axis_is_rejected():
-    plugin = types.ModuleType("wrong_axis_plugin")
-    plugin.register_ffn_types = hookimpl(lambda: [DuplicateRope])
-    pm = registry.plugin_manager()
-    pm.register(plugin)
-    registry.variants.cache_clear()
-    try:
+    with installed_plugin("wrong_axis_plugin", register_ffn_types=[DuplicateRope]):
         with pytest.raises(TypeError, match="axis 'position'"):
             registry.variants("ffn")
-    finally:
-        pm.unregister(plugin)
-        registry.variants.cache_clear()
 
 
 # ---- the example out-of-tree plugin, installed with pip --------------------------------------
