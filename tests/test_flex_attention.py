@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_attention_variants import H, HD, alibi_bias, make
+from test_attention_variants import H, alibi_bias, make
 
 from workbench import attention
 from workbench.attention import block_mask_from_allowed, flex_applies
@@ -19,6 +19,7 @@ VARIANTS = {
     "full": {},
 }
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+HD = attention.FLEX_MIN_HEAD_DIM  # the compiled kernel's smallest head (torch 2.11 - 2.13 on CUDA)
 
 
 def qkv(B, n, n_kv_heads, device="cpu", dtype=torch.float32, grad=False):
@@ -45,7 +46,7 @@ def block_tiles(block_mask, n):
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
 @pytest.mark.parametrize("n", [100, 300])
 def test_block_mask_equals_allowed(name, causal, n):
-    variant = make(name, **VARIANTS[name])
+    variant = make(name, head_dim=HD, **VARIANTS[name])
     mask = block_mask_from_allowed(lambda qp, kp: variant.allowed(qp, kp, causal), n, torch.device("cpu"))
     pos = torch.arange(n)
     expected = variant.allowed(pos[:, None], pos[None, :], causal)  # [n, n], or [h, n, n] per head
@@ -79,6 +80,44 @@ def test_selection_cuda_training_shapes_only(monkeypatch):
     assert not flex_applies(q, pos, pos, mask)  # padding
     assert not flex_applies(q, (mask.cumsum(-1) - 1).clamp(min=0), (mask.cumsum(-1) - 1).clamp(min=0), None)
     assert not flex_applies(q[:, :, :1], pos[:, -1:], pos, None)  # a decoding step reads a cache
+    small_heads = torch.zeros(2, H, 8, attention.FLEX_MIN_HEAD_DIM // 2)
+    assert not flex_applies(small_heads, pos, pos, None)  # the kernel refuses head_dim < 16: own path
+    with attention.flex_disabled():  # while torch's FLOP counter runs (workbench.cost.measure)
+        assert not flex_applies(q, pos, pos, None)
+    assert flex_applies(q, pos, pos, None)
+
+
+def test_model_positions_are_known_to_count_from_zero_without_reading_them():
+    """A model's positions (no padding) are recognised as 0..n-1 from how they were made, so the
+    FlexAttention check does not wait for the GPU in every layer; other tensors are read."""
+    from workbench.attention import arange_positions, counts_from_zero
+
+    assert counts_from_zero(arange_positions(2, 6, "meta"))  # a meta tensor has no values to read
+    assert counts_from_zero(torch.arange(6).expand(2, 6))
+    assert not counts_from_zero(torch.arange(1, 7).expand(2, 6))
+
+
+@pytest.mark.filterwarnings("ignore:.*Profiler function.*")
+def test_recompile_limit_clears_the_cache_with_a_warning_instead_of_falling_back(monkeypatch):
+    """Past dynamo's recompile limit, compiled flex_attention would silently run eagerly (the n x n
+    scores materialised). The CPU's compiled FlexAttention (forward) stands in for CUDA's, with a
+    limit of 1: the second kind of call warns, compiles again and still equals the reference."""
+    monkeypatch.setattr(attention, "FLEX_DEVICES", ("cpu",))
+    monkeypatch.setattr(attention, "FLEX_COMPILED_DEVICES", ("cpu",))
+    monkeypatch.setattr(attention, "FLEX_RECOMPILE_LIMIT", 1)
+    monkeypatch.setattr(attention, "_compiled_flex", None)
+    n = 128
+    pos = torch.arange(n).expand(1, n)
+    kwargs = dict(q_pos=pos, k_pos=pos, key_mask=None, causal=True, score_bias=None)
+    outputs = []
+    with torch.no_grad(), pytest.warns(UserWarning, match="compiled graphs in this process") as caught:
+        for n_kv_heads in (H, 1):  # another head count: another graph
+            variant = make("sliding_window", n_kv_heads=n_kv_heads, head_dim=HD, window=40)
+            q, k, v = qkv(1, n, n_kv_heads)
+            outputs.append((variant(q, k, v, **kwargs), variant.dense(q, k, v, **kwargs)))
+    assert sum("compiled graphs" in str(w.message) for w in caught) == 1
+    for out, expected in outputs:
+        torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("name", sorted(VARIANTS))
@@ -87,11 +126,11 @@ def test_selection_cuda_training_shapes_only(monkeypatch):
 def test_flex_forward_equals_dense_on_cpu(name, causal, n_kv_heads, monkeypatch):
     """The variant's own forward, with the CPU standing in for CUDA, goes through flex and
     returns the dense reference (eager FlexAttention: forward only on the CPU)."""
-    variant = make(name, n_kv_heads=n_kv_heads, **VARIANTS[name])
+    variant = make(name, n_kv_heads=n_kv_heads, head_dim=HD, **VARIANTS[name])
     n = 150
     q, k, v = qkv(2, n, n_kv_heads)
     pos = torch.arange(n).expand(2, n)
-    bias = alibi_bias(torch.float32)
+    bias = alibi_bias(torch.float32)  # a function of offsets and heads only: any head_dim
     kwargs = dict(q_pos=pos, k_pos=pos, key_mask=None, causal=causal, score_bias=bias)
     calls = []
     monkeypatch.setattr(attention, "FLEX_DEVICES", ("cpu",))
@@ -111,7 +150,7 @@ def test_flex_forward_equals_dense_on_cpu(name, causal, n_kv_heads, monkeypatch)
 def test_flex_equals_dense_on_cuda(name, causal, n_kv_heads, bias):
     if name == "full" and not bias:
         pytest.skip("full attention without a bias stays on the SDPA kernel")
-    variant = make(name, n_kv_heads=n_kv_heads, **VARIANTS[name]).cuda()
+    variant = make(name, n_kv_heads=n_kv_heads, head_dim=HD, **VARIANTS[name]).cuda()
     n = 300
     q, k, v = qkv(2, n, n_kv_heads, device="cuda", grad=True)
     pos = torch.arange(n, device="cuda").expand(2, n)

@@ -185,3 +185,39 @@ def test_oom_point_is_recorded_and_the_next_point_still_runs():
     assert [r["status"] for r in rows] == ["oom", "finished"]
     assert "allocate" in rows[0]["error"]
     assert rows[1]["time_median_s"] > 0 and rows[1]["length"] == 16
+
+
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+@pytest.mark.parametrize("attention", [{"name": "sliding_window", "window": 40},
+                                       {"name": "sparse", "block": 16, "n_global_blocks": 1, "n_random_blocks": 2}])
+def test_flex_attention_points_count_block_mask_tiles(attention, monkeypatch):
+    """On CUDA sliding_window, sparse and full+ALiBi run FlexAttention, which torch's FLOP counter
+    cannot run under (TypeError: no implementation for 'torch.ops.higher_order.flex_attention').
+    Eager FlexAttention on the CPU stands in: the point finishes, its timed calls went through
+    FlexAttention, the useful count is the allowed pairs and the executed count the block
+    mask's computed 128 x 128 tiles."""
+    from workbench import attention as attention_module
+    from workbench.cost import measure
+
+    monkeypatch.setattr(attention_module, "FLEX_DEVICES", ("cpu",))
+    # The CPU tensor-bytes instrument (a dispatch mode) cannot run eager FlexAttention either; on
+    # CUDA peak memory is torch.cuda.max_memory_allocated. This test is about FLOPs.
+    monkeypatch.setattr(measure, "peak_memory", lambda fn, device: (fn(), (0, "not measured"))[1])
+    calls = []
+    cls = get_variant("attention", attention["name"])
+    monkeypatch.setattr(cls, "flex", lambda self, *a, **kw: calls.append(1) or attention_module.AttentionVariant.flex(self, *a, **kw))
+    n, B, model = 300, 2, {**TINY, "d_model": 64, "attention": attention}  # head_dim 16: the kernel's minimum
+    row = measure_point(Point(model=model, scope="layer", mode="forward", length=n, batch_size=B,
+                              repeats=1, warmup=0))
+    assert row["status"] == "finished" and calls
+    variant = cls(cls.Params.model_validate({k: v for k, v in attention.items() if k != "name"}),
+                  n_heads=4, n_kv_heads=4, head_dim=16)
+    pos = torch.arange(n).expand(B, n)
+    assert row["flops_attention"] == 4 * 16 * 4 * allowed_pairs(variant, pos, pos, causal=True)
+    mask = variant.flex_block_mask(n, True, torch.device("cpu"))
+    tiles = mask.to_dense()[0].sum(-1).sum(-1)  # computed tiles per mask head (partial + full)
+    per_head = tiles.sum() * (4 // tiles.numel())
+    assert row["flops_executed_attention"] == 4 * 16 * B * int(per_head) * 128 * 128
+    assert row["flops_executed_source"].endswith("+flex_block_mask_tiles")
+    if attention["name"] == "sliding_window":  # the band skips whole tiles: less than n x n
+        assert row["flops_executed_attention"] < 4 * 16 * 4 * B * 384 * 384

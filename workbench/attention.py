@@ -19,7 +19,10 @@ Fast paths (fused kernels, blocked local attention) live in `forward()`.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import warnings
+import weakref
+from collections.abc import Callable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -93,13 +96,17 @@ class AttentionVariant(Variant, nn.Module):
         """FlexAttention over positions 0..n-1 (see `flex_applies`): `allowed` as a block mask
         (built once per length and kept), the score bias as a score_mod."""
         n, dev = q.shape[2], q.device
-        masks = self.__dict__.setdefault("_flex_masks", {})  # plain attribute: not state_dict
-        key = (n, causal, str(dev))
-        if key not in masks:
-            masks[key] = block_mask_from_allowed(lambda qp, kp: self.allowed(qp, kp, causal), n, dev)
         score_mod = None if score_bias is None else bias_score_mod(score_bias, n, dev)
-        return flex_attention_fn(dev)(q, k, v, score_mod=score_mod, block_mask=masks[key], scale=self.scale,
-                                      enable_gqa=self.n_kv_heads != self.n_heads)
+        return flex_attention_call(q, k, v, score_mod=score_mod, block_mask=self.flex_block_mask(n, causal, dev),
+                                   scale=self.scale, enable_gqa=self.n_kv_heads != self.n_heads)
+
+    def flex_block_mask(self, n: int, causal: bool, device: torch.device):
+        """The BlockMask of `allowed` on positions 0..n-1, built once per (n, causal, device)."""
+        masks = self.__dict__.setdefault("_flex_masks", {})  # plain attribute: not state_dict
+        key = (n, causal, str(device))
+        if key not in masks:
+            masks[key] = block_mask_from_allowed(lambda qp, kp: self.allowed(qp, kp, causal), n, device)
+        return masks[key]
 
 
 def repeat_kv(x: Tensor, n_heads: int) -> Tensor:
@@ -239,31 +246,99 @@ def block_attention(
 
 FLEX_BLOCK = 128  # FlexAttention's default tile: tiles the pattern leaves empty are skipped
 FLEX_DEVICES = ("cuda",)  # on the CPU the tiled SDPA path stays: FlexAttention there has no backward
+FLEX_COMPILED_DEVICES = ("cuda",)  # elsewhere eager flex_attention (scores materialised: tests only)
+FLEX_MIN_HEAD_DIM = 16  # the compiled kernel needs head_dim >= 16 (torch 2.11 - 2.13): smaller heads keep their path
+# Tiles of the compiled kernel (both passes): torch's defaults for Hopper at head_dim 64 ask for
+# more shared memory than an H200 has once the mask reads its partial tiles (measured: 247,808 >
+# 232,448 bytes, "No valid triton configs"); 64 x 64 tiles fit every head_dim up to 128 there.
+# The block mask's 128-wide tiles stay: the kernel's tiles must divide them.
+FLEX_KERNEL_OPTIONS = {"BLOCK_M": 64, "BLOCK_N": 64, "num_stages": 2, "num_warps": 4,
+                       "BLOCK_M1": 32, "BLOCK_N1": 64, "BLOCK_M2": 64, "BLOCK_N2": 32}
+# Compiled graphs flex_attention may accumulate in a process (mask kinds x head counts x dtypes x
+# grad modes, over a sweep's runs) before dynamo would silently fall back to eager flex_attention,
+# which materialises the n x n scores. Past it the compile cache is cleared, with a warning.
+FLEX_RECOMPILE_LIMIT = 64
+_flex_disabled = False
 _compiled_flex = None
 
 
 def flex_applies(q: Tensor, q_pos: Tensor, k_pos: Tensor, key_mask: Tensor | None) -> bool:
-    """Whether a variant takes the FlexAttention path: a device in FLEX_DEVICES, one sequence
-    (queries are the keys: training, a prompt), no padding, and positions 0..n-1 in every row,
-    so that the block mask depends only on n. Anything else keeps the variant's own path."""
-    if q.device.type not in FLEX_DEVICES or key_mask is not None or not same_sequence(q_pos, k_pos):
+    """Whether a variant takes the FlexAttention path: `flex_eligible`, outside `flex_disabled`."""
+    return not _flex_disabled and flex_eligible(q, q_pos, k_pos, key_mask)
+
+
+def flex_eligible(q: Tensor, q_pos: Tensor, k_pos: Tensor, key_mask: Tensor | None) -> bool:
+    """A device in FLEX_DEVICES, heads of at least FLEX_MIN_HEAD_DIM, one sequence (queries are
+    the keys: training, a prompt), no padding, and positions 0..n-1 in every row, so that the
+    block mask depends only on n. Anything else keeps the variant's own path."""
+    if q.device.type not in FLEX_DEVICES or q.shape[-1] < FLEX_MIN_HEAD_DIM:
         return False
-    return bool((q_pos == torch.arange(q.shape[2], device=q_pos.device)).all())
+    if key_mask is not None or not same_sequence(q_pos, k_pos):
+        return False
+    return counts_from_zero(q_pos)
 
 
-def flex_attention_fn(device: torch.device) -> Callable:
-    """torch.compile'd flex_attention on CUDA (a fused kernel); eager elsewhere (CPU forward only,
-    scores materialised: used by tests). Default dynamic shapes: after a second length the
-    kernel is compiled for symbolic lengths instead of once per length."""
+def counts_from_zero(pos: Tensor) -> bool:
+    """Every row of pos [B, n] is 0..n-1. Positions made by `arange_positions` are known to be,
+    without reading the tensor (a read would wait for the GPU in every layer of every step)."""
+    known = _ARANGE_POSITIONS.get(id(pos))
+    if known is not None and known() is pos:
+        return True
+    return bool((pos == torch.arange(pos.shape[1], device=pos.device)).all())
+
+
+# id -> weak reference of the tensors arange_positions made (a WeakSet would compare tensors with ==)
+_ARANGE_POSITIONS: dict[int, weakref.ref] = {}
+
+
+def arange_positions(B: int, n: int, device: torch.device | str) -> Tensor:
+    """[B, n] positions 0..n-1 in every row (an expanded view), recognised by `counts_from_zero`."""
+    pos = torch.arange(n, device=device).expand(B, n)
+    key = id(pos)
+    _ARANGE_POSITIONS[key] = weakref.ref(pos, lambda _: _ARANGE_POSITIONS.pop(key, None))
+    return pos
+
+
+@contextlib.contextmanager
+def flex_disabled() -> Iterator[None]:
+    """Within the block every variant keeps its own path (FLOP counting: torch's FlopCounterMode
+    has no rule for the FlexAttention operator; workbench.cost.measure counts its tiles instead)."""
+    global _flex_disabled
+    before, _flex_disabled = _flex_disabled, True
+    try:
+        yield
+    finally:
+        _flex_disabled = before
+
+
+def flex_attention_call(q: Tensor, k: Tensor, v: Tensor, **kwargs) -> Tensor:
+    """flex_attention: compiled with FLEX_KERNEL_OPTIONS on FLEX_COMPILED_DEVICES (a fused kernel),
+    eager elsewhere. Default dynamic shapes: after a second length the kernel is compiled for
+    symbolic lengths instead of once per length.
+
+    Dynamo's recompile limit is raised to FLEX_RECOMPILE_LIMIT for these calls and made to
+    raise instead of falling back to eager: at the limit the compile cache is cleared, one
+    warning says so, and the call compiles again. The eager fallback would run silently with
+    O(n^2) memory."""
     global _compiled_flex
     # On first use only: importing FlexAttention loads torch's compiler stack (dynamo, inductor).
     from torch.nn.attention.flex_attention import flex_attention
 
-    if device.type != "cuda":
-        return flex_attention
+    if q.device.type not in FLEX_COMPILED_DEVICES:
+        return flex_attention(q, k, v, **kwargs)
     if _compiled_flex is None:
         _compiled_flex = torch.compile(flex_attention)
-    return _compiled_flex
+    limits = dict(recompile_limit=FLEX_RECOMPILE_LIMIT, fail_on_recompile_limit_hit=True)
+    try:
+        with torch._dynamo.config.patch(**limits):
+            return _compiled_flex(q, k, v, kernel_options=FLEX_KERNEL_OPTIONS, **kwargs)
+    except torch._dynamo.exc.FailOnRecompileLimitHit:
+        warnings.warn(f"FlexAttention: {FLEX_RECOMPILE_LIMIT} compiled graphs in this process (mask kinds, head "
+                      "counts, dtypes, grad modes); clearing torch.compile's cache and compiling again rather "
+                      "than falling back to eager FlexAttention (O(n^2) memory)", stacklevel=2)
+        torch._dynamo.reset()
+        with torch._dynamo.config.patch(**limits):
+            return _compiled_flex(q, k, v, kernel_options=FLEX_KERNEL_OPTIONS, **kwargs)
 
 
 def block_mask_from_allowed(allowed: Callable[[Tensor, Tensor], Tensor], n: int, device: torch.device,
@@ -276,7 +351,7 @@ def block_mask_from_allowed(allowed: Callable[[Tensor, Tensor], Tensor], n: int,
     evaluated) or partial, whose exact bits are kept and read back by the mask_mod. This works
     for any pattern a variant states through `allowed`, including ones that are not a pointwise
     formula (sparse's random blocks use a top-k), at O(n^2) cost once per length."""
-    from torch.nn.attention.flex_attention import BlockMask  # on first use, as in flex_attention_fn
+    from torch.nn.attention.flex_attention import BlockMask  # on first use, as in flex_attention_call
 
     nb = -(-n // block)
     pos = torch.arange(nb * block, device=device)

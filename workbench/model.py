@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from workbench.attention import arange_positions
 from workbench.cache import KVCache, LayerCache
 from workbench.position import INIT_STD
 from workbench.registry import get_variant
@@ -40,7 +41,7 @@ class Positions:
     def of(cls, tokens: Tensor, padding_mask: Tensor | None) -> Positions:
         B, n = tokens.shape
         if padding_mask is None or bool(padding_mask.all()):
-            return cls(torch.arange(n, device=tokens.device).expand(B, n), None)
+            return cls(arange_positions(B, n, tokens.device), None)
         mask = padding_mask.bool()
         # Left padding shifts a row's first real token; it still gets position 0.
         return cls((mask.cumsum(-1) - 1).clamp(min=0), mask)

@@ -64,7 +64,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from torch import Tensor, nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from workbench.attention import AttentionVariant
+from workbench.attention import FLEX_BLOCK, AttentionVariant, arange_positions, flex_disabled, flex_eligible
 from workbench.cache import KVCache
 from workbench.ffn import FeedForward
 from workbench.cost.memory import INSTRUMENT as TENSOR_BYTES_INSTRUMENT
@@ -187,13 +187,49 @@ KERNEL_FLOPS = {
 
 def count_flops(fn: Callable[[], Any]) -> FlopCount:
     """FLOPs of one call of `fn` as FlopCounterMode counts them (matmul-like ops), with the
-    CPU flash-attention kernel counted by its tiles (KERNEL_FLOPS)."""
-    with FlopCounterMode(display=False, custom_mapping=KERNEL_FLOPS) as counter:
+    CPU flash-attention kernel counted by its tiles (KERNEL_FLOPS). FlexAttention, which the
+    counter cannot run under it, is switched off for the call: variants take their own path
+    (`flex_tile_flops` counts what the FlexAttention kernel computes instead)."""
+    with flex_disabled(), FlopCounterMode(display=False, custom_mapping=KERNEL_FLOPS) as counter:
         fn()
     counts = counter.get_flop_counts()
     by_module = {name: sum(ops.values()) for name, ops in counts.items()}
     by_op = {str(op): flops for op, flops in counts.get("Global", {}).items()}
     return FlopCount(total=counter.get_total_flops(), by_module=by_module, by_op=by_op)
+
+
+# Backward of a flash-style kernel over the same tiles: scores recomputed, then dV, dP, dQ and dK
+# (five matrix products against the forward's two).
+FLASH_BACKWARD_RATIO = 2.5
+
+
+@contextmanager
+def flex_tile_flops(root: nn.Module) -> Iterator[dict[str, int]]:
+    """Within the block, each attention-variant call that would run FlexAttention adds the
+    forward FLOPs of the tiles its block mask computes (partial and full 128 x 128 tiles, each
+    whole: 4 * hd per (query, key) pair of a tile, per head) to the yielded mapping, under the
+    FlopCounterMode name of the variant's module (`module_groups`)."""
+    prefix = type(root).__name__
+    names = {module: f"{prefix}.{name}" if name else prefix for name, module in root.named_modules()}
+    flops: dict[str, int] = {}
+
+    def hook(module: AttentionVariant, args, kwargs) -> None:
+        q = args[0]  # [B, h, n, hd]
+        if not flex_eligible(q, kwargs["q_pos"], kwargs["k_pos"], kwargs["key_mask"]):
+            return
+        mask = module.flex_block_mask(q.shape[2], kwargs["causal"], q.device)
+        tiles = mask.kv_num_blocks.sum() + (0 if mask.full_kv_num_blocks is None else mask.full_kv_num_blocks.sum())
+        heads_per_mask = q.shape[1] // mask.kv_num_blocks.shape[1]  # a pattern shared by all heads, or one per head
+        pairs = int(tiles) * heads_per_mask * FLEX_BLOCK * FLEX_BLOCK * q.shape[0]
+        flops[names[module]] = flops.get(names[module], 0) + 4 * q.shape[3] * pairs
+
+    handles = [m.register_forward_pre_hook(hook, with_kwargs=True)
+               for m in root.modules() if isinstance(m, AttentionVariant)]
+    try:
+        yield flops
+    finally:
+        for h in handles:
+            h.remove()
 
 
 def _storage_key(t: Tensor) -> tuple[str, int]:
@@ -388,7 +424,7 @@ def _causal(spec: ModelSpec) -> bool:
 def _inputs_and_module(spec: ModelSpec, scope: Scope, n: int, B: int, device, dtype):
     """(module, forward callable taking nothing and returning the output tensor)."""
     causal = _causal(spec)
-    seq = Positions(torch.arange(n, device=device).expand(B, n), None)
+    seq = Positions(arange_positions(B, n, device), None)
     make_position = lambda: spec.position.cls(  # noqa: E731
         spec.position.params, d_model=spec.d_model, n_heads=spec.n_heads, head_dim=spec.head_dim)
     if scope == "attention":
@@ -523,9 +559,11 @@ def measure_point(point: Point) -> dict[str, Any]:
     else:
         row.update(activation_bytes=None, activation_instrument=None)
 
-    with analytic_attention_flops(workload.root) as analytic:
+    with analytic_attention_flops(workload.root) as analytic, flex_tile_flops(workload.root) as flex_tiles:
         counted = count_flops(workload.run)
-    row.update(flop_figures(counted, module_groups(workload.root), sum(analytic) * workload.backward_factor))
+    flex_factor = 1 + (FLASH_BACKWARD_RATIO if workload.backward_factor > 1 else 0)
+    row.update(flop_figures(counted, module_groups(workload.root), sum(analytic) * workload.backward_factor,
+                            {name: round(f * flex_factor) for name, f in flex_tiles.items()}))
 
     timing = time_call(workload.run, warmup=0, repeats=point.repeats, device=device)
     row.update(
@@ -537,22 +575,31 @@ def measure_point(point: Point) -> dict[str, Any]:
     return row
 
 
-def flop_figures(counted: FlopCount, groups: dict[str, str], useful_attention: int) -> dict[str, Any]:
+def flop_figures(counted: FlopCount, groups: dict[str, str], useful_attention: int,
+                 flex_executed: dict[str, int] | None = None) -> dict[str, Any]:
     """The two FLOP accountings of one call (module docstring), per group, with their sources.
 
     useful_attention: FLOPs of the (query, key) pairs the pattern allows (analytic, backward
-    included). Outside the attention variant both accountings are the counter's figures."""
+    included). flex_executed: FLOPs of the tiles FlexAttention computes, by variant module name
+    (`flex_tile_flops`): they replace what the counter saw of those modules (their own path,
+    counted while FlexAttention was off). Outside the attention variant both accountings are
+    the counter's figures."""
+    flex_executed = flex_executed or {}
     by_group = {"attention": 0, "projections": 0, "ffn": 0}
     for name, group in groups.items():
         by_group[group] += counted.by_module.get(name, 0)
     rest = counted.total - by_group["attention"]
-    if by_group["attention"] == 0 and useful_attention > 0:
+    counted_attention = sum(flex_executed.get(name, counted.by_module.get(name, 0))
+                            for name, group in groups.items() if group == "attention")
+    if counted_attention == 0 and useful_attention > 0:
         # A kernel the counter has no formula for: its executed work is not known here, so
         # the executed figure falls back to the useful one and says so.
         executed_attention, executed_source = useful_attention, "flop_counter+allowed_pairs(kernel not counted)"
     else:
         tiles = any("flash_attention_for_cpu" in op for op in counted.by_op)
-        executed_attention, executed_source = by_group["attention"], "flop_counter" + ("+cpu_flash_tiles" if tiles else "")
+        executed_attention = counted_attention
+        executed_source = ("flop_counter" + ("+cpu_flash_tiles" if tiles else "")
+                           + ("+flex_block_mask_tiles" if flex_executed else ""))
     return {
         "flops": rest + useful_attention,
         "flops_source": "allowed_pairs+flop_counter(rest)",

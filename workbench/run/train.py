@@ -53,6 +53,7 @@ from workbench.position import PositionLimitError
 from workbench.registry import run_providers
 from workbench.results import CONFIG_FILE, FINAL_WEIGHTS, LAST_CHECKPOINT, PROGRESS_FILE, RESULT_FILE
 from workbench.results import ATTENTION_ENTROPY, RunResult, Status, flatten, write_json_atomic
+from workbench.run.distributed import needs_processes, rank_zero, shard, train_in_processes
 from workbench.weights import make_task, refuse_or_explain, save_final_weights
 
 # Status of a run, as stored.
@@ -89,17 +90,20 @@ def count_tokens(batch: dict[str, torch.Tensor]) -> int:
 
 
 class StepBatches(Dataset):
-    """Item i is training batch i (already batched), with its token count."""
+    """Item i is training batch i (already batched), with its token count. With several
+    processes (DDP), item i is this rank's share of batch i, with the whole batch's count."""
 
-    def __init__(self, task, batch_size: int, family: str, steps: int):
+    def __init__(self, task, batch_size: int, family: str, steps: int, rank: int = 0, world: int = 1):
         self.task, self.batch_size, self.family, self.steps = task, batch_size, family, steps
+        self.rank, self.world = rank, world
 
     def __len__(self) -> int:
         return self.steps
 
     def __getitem__(self, index: int) -> tuple[dict[str, torch.Tensor], int]:
         batch = self.task.train_batch(index, self.batch_size, self.family)
-        return batch, count_tokens(batch)
+        tokens = count_tokens(batch)
+        return (batch if self.world == 1 else shard(batch, self.rank, self.world)), tokens
 
 
 class StepSampler(Sampler[int]):
@@ -124,15 +128,25 @@ class StepSampler(Sampler[int]):
 class TaskDataModule(pl.LightningDataModule):
     def __init__(self, task, family: str, batch_size: int, steps: int):
         super().__init__()
-        self.dataset = StepBatches(task, batch_size, family, steps)
+        self.task, self.family, self.batch_size, self.steps = task, family, batch_size, steps
 
     def train_dataloader(self) -> DataLoader:
+        trainer = self.trainer
+        world = trainer.world_size if trainer is not None else 1
+        if self.batch_size % world:
+            raise WorkbenchError(f"train.batch_size: {self.batch_size} rows cannot be shared equally by {world} "
+                                 f"processes; use a multiple of {world}")
+        rank = trainer.global_rank if trainer is not None else 0
+        dataset = StepBatches(self.task, self.batch_size, self.family, self.steps, rank, world)
         # Lightning restores the global step before iterating: start there, so a resumed run
-        # continues with the batch it would have seen next.
-        sampler = StepSampler(len(self.dataset), lambda: self.trainer.global_step if self.trainer is not None else 0)
+        # continues with the batch it would have seen next. Every rank steps through the same
+        # indices (its share of each batch), so Lightning's distributed sampler stays off.
+        sampler = StepSampler(len(dataset), lambda: trainer.global_step if trainer is not None else 0)
         # Its own generator: starting an iterator would otherwise draw from the global random
         # state that dropout uses, once more in a resumed session than in an uninterrupted run.
-        return DataLoader(self.dataset, batch_size=None, sampler=sampler, generator=torch.Generator())
+        # Pinned host memory: Lightning copies the batch to a GPU without blocking.
+        pin = trainer is not None and trainer.strategy.root_device.type == "cuda"
+        return DataLoader(dataset, batch_size=None, sampler=sampler, generator=torch.Generator(), pin_memory=pin)
 
 
 # ---- model and optimisation -----------------------------------------------------------------
@@ -166,16 +180,24 @@ class RunModule(pl.LightningModule):
         self.family = config["model"]["family"]
         self.train_cfg = config["train"]
         self.diverged_step: int | None = None
+        self.divergence: DivergenceCheck | None = None
 
     def training_step(self, batch, batch_idx: int):
         inputs, _ = batch
         loss = self.task.loss(self.model, inputs, self.family)
-        if not torch.isfinite(loss):
-            # Returning None skips the optimizer step; the run stops as diverged at this step.
-            self.diverged_step = self.global_step + 1
+        if self.divergence is None:
+            self.divergence = DivergenceCheck(self.trainer)
+        diverged_step = self.divergence.check(loss, self.global_step + 1)
+        if diverged_step is not None:
+            self.diverged_step = diverged_step
             self.trainer.should_stop = True
-            return None
+            if diverged_step == self.global_step + 1:
+                return None  # skips the optimizer step: the weights stay those before the bad step
         return loss
+
+    def on_train_end(self) -> None:
+        if self.divergence is not None and (step := self.divergence.flush()) is not None:
+            self.diverged_step = step
 
     def configure_optimizers(self):
         cfg = self.train_cfg
@@ -184,6 +206,50 @@ class RunModule(pl.LightningModule):
                                      schedule=cfg["schedule"], min_ratio=cfg["min_lr_ratio"])
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+
+class DivergenceCheck:
+    """Whether a training loss was NaN or inf, and at which step.
+
+    CPU: read at once (no cost). Several processes: read at once and agreed on by every rank
+    (a rank that stopped alone would leave the others waiting in the gradient all-reduce).
+    One GPU: reading a loss makes the host wait for the GPU in every step, so each step's
+    flag is copied to pinned host memory without blocking and read once its copy is done,
+    a step or two later; `flush` reads the rest at the end. A run found diverged that way took
+    its bad step's update; it is recorded diverged at the first non-finite step either way,
+    and its weights are not kept."""
+
+    def __init__(self, trainer: pl.Trainer):
+        self.strategy = trainer.strategy
+        self.collective = trainer.world_size > 1
+        self.deferred = trainer.strategy.root_device.type == "cuda" and not self.collective
+        self.pending: list[tuple[int, torch.Tensor, torch.cuda.Event]] = []
+
+    def check(self, loss: torch.Tensor, step: int) -> int | None:
+        """The first step known to have diverged (this one or an earlier one), or None."""
+        if not self.deferred:
+            bad = not bool(torch.isfinite(loss))
+            if self.collective:
+                bad = self.strategy.reduce_boolean_decision(bad, all=False)
+            return step if bad else None
+        flag = torch.empty((), dtype=torch.bool, pin_memory=True)
+        flag.copy_(~torch.isfinite(loss.detach()), non_blocking=True)
+        event = torch.cuda.Event()
+        event.record()
+        self.pending.append((step, flag, event))
+        return self._read(wait=False)
+
+    def flush(self) -> int | None:
+        return self._read(wait=True) if self.deferred else None
+
+    def _read(self, wait: bool) -> int | None:
+        while self.pending and (wait or self.pending[0][2].query()):
+            step, flag, event = self.pending.pop(0)
+            event.synchronize()
+            if bool(flag):
+                self.pending.clear()
+                return step
+        return None
 
 
 # ---- measuring ------------------------------------------------------------------------------
@@ -343,14 +409,14 @@ class RunRecorder(Callback):
         step = trainer.global_step
         if outputs is None:  # diverged: no optimizer step was taken
             return
-        self.tokens += batch[1]
+        self.tokens += batch[1]  # the whole step's tokens (every rank's share)
         if step % self.train["log_every"] == 0 or step == self.train["steps"]:
             lr = trainer.optimizers[0].param_groups[0]["lr"]
-            loss = float(outputs["loss"])
+            loss = float(trainer.strategy.reduce(outputs["loss"].detach(), reduce_op="mean"))  # every rank calls it
             self.curves += [(step, "train", "loss", loss), (step, "train", "lr", lr)]
             self._log(trainer, {"train/loss": loss, "train/lr": lr}, step)
-        if step % self.train["eval_every"] == 0 or step == self.train["steps"]:
-            self.evaluate(trainer, pl_module, step)
+        if (step % self.train["eval_every"] == 0 or step == self.train["steps"]) and trainer.is_global_zero:
+            self.evaluate(trainer, pl_module, step)  # on rank 0 alone: the others wait at the next step
 
     def evaluate(self, trainer, pl_module, step: int) -> None:
         self._sync(pl_module)
@@ -397,7 +463,7 @@ class ProgressFile(Callback):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         step, now = trainer.global_step, time.perf_counter()
-        if outputs is None or (now - self.last_write < self.every_s and step < self.steps):
+        if outputs is None or not trainer.is_global_zero or (now - self.last_write < self.every_s and step < self.steps):
             return
         self.last_write = now
         write_json_atomic(self.path, {"step": step, "steps": self.steps, "loss": float(outputs["loss"]),
@@ -497,7 +563,10 @@ class StopOnRequest(Callback):
         self.path = path
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if stopping.stop_requested():
+        stop = stopping.stop_requested()
+        if trainer.world_size > 1:  # the ranks stop at the same step, or one waits for the others forever
+            stop = trainer.strategy.reduce_boolean_decision(stop, all=False)
+        if stop:
             if outputs is not None and trainer.global_step < trainer.max_steps:  # nothing to keep otherwise
                 trainer.save_checkpoint(self.path)
             raise stopping.RunInterrupted(f"stopped at step {trainer.global_step}")
@@ -536,11 +605,22 @@ def make_logger(kind: str, run_dir: Path, run_id: str = "", config: dict[str, An
 def train_run(run_id: str, config: dict[str, Any], run_dir: Path) -> RunResult:
     """Train one run to completion (or divergence / error) and write its result.json and
     final weights. Continues from checkpoints/last.ckpt when an earlier attempt left one.
-    Never raises for a run's own failure: outcomes are data."""
+    Never raises for a run's own failure: outcomes are data. A run on several devices or nodes
+    trains in a process group of its own (workbench.run.distributed)."""
+    if needs_processes(config["train"]):
+        return train_in_processes(run_id, config, run_dir)
+    return train_here(run_id, config, run_dir)
+
+
+def train_here(run_id: str, config: dict[str, Any], run_dir: Path) -> RunResult:
+    """train_run in this process: every rank of a multi-process run runs it; rank 0 alone
+    writes the run folder's files."""
     quiet_lightning()
     start = time.perf_counter()
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / CONFIG_FILE).write_text(json.dumps(config, indent=2, sort_keys=True))
+    writer = rank_zero()
+    if writer:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / CONFIG_FILE).write_text(json.dumps(config, indent=2, sort_keys=True))
     train = config["train"]
     device = resolve_accelerator(train)
     memory = PeakMemory(on_cuda=device == "cuda")
@@ -557,7 +637,8 @@ def train_run(run_id: str, config: dict[str, Any], run_dir: Path) -> RunResult:
         checkpoint = ModelCheckpoint(dirpath=run_dir / "checkpoints", save_last=True, save_top_k=0,
                                      every_n_train_steps=train["checkpoint_every"])
         ckpt = run_dir / LAST_CHECKPOINT
-        ckpt.with_name(ckpt.name + ".tmp").unlink(missing_ok=True)  # a save cut short by a kill
+        if writer:
+            ckpt.with_name(ckpt.name + ".tmp").unlink(missing_ok=True)  # a save cut short by a kill
         trainer = pl.Trainer(
             max_steps=train["steps"], max_epochs=-1, limit_val_batches=0, num_sanity_val_steps=0,
             accelerator=train["accelerator"], devices=train["devices"], strategy=train["strategy"],
@@ -567,18 +648,21 @@ def train_run(run_id: str, config: dict[str, Any], run_dir: Path) -> RunResult:
             callbacks=[recorder, StopOnRequest(ckpt), checkpoint, memory, ProgressFile(run_dir, train["steps"])],
             log_every_n_steps=train["log_every"], plugins=[SafeCheckpointIO()],
             enable_progress_bar=False, enable_model_summary=False, default_root_dir=run_dir,
+            use_distributed_sampler=False,  # StepBatches shares each batch between the ranks
         )
         datamodule = TaskDataModule(task, module.family, train["batch_size"], train["steps"])
         trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt if ckpt.exists() else None, weights_only=True)
         result.resumed_from_step = recorder.start_step or None
         result.steps_done = trainer.global_step
+        result.environment["processes"] = trainer.world_size
         if module.diverged_step is not None:
             result.status, result.diverged_step = Status.DIVERGED, module.diverged_step
         else:
             result.status = Status.FINISHED
             result.metrics = recorder.last_eval["metrics"]
             result.not_applicable = recorder.last_eval["not_applicable"]
-            save_final_weights(module.model, config, trainer.global_step, run_dir / FINAL_WEIGHTS)
+            if writer:
+                save_final_weights(module.model, config, trainer.global_step, run_dir / FINAL_WEIGHTS)
     except (stopping.RunInterrupted, SIGTERMException) as err:
         # Stopped by a signal: the checkpoint holds the run; nothing is recorded for it.
         raise stopping.RunInterrupted(str(err) or "stopped") from None
@@ -586,7 +670,8 @@ def train_run(run_id: str, config: dict[str, Any], run_dir: Path) -> RunResult:
         result.status, result.error = Status.OOM, f"{type(err).__name__}: {err}".splitlines()[0]
     except Exception as err:  # any other error is this run's outcome; the sweep goes on
         result.status, result.error = Status.FAILED, f"{type(err).__name__}: {err}".splitlines()[0]
-        (run_dir / "error.txt").write_text(traceback.format_exc())
+        if writer:
+            (run_dir / "error.txt").write_text(traceback.format_exc())
     finally:
         torch.use_deterministic_algorithms(deterministic_before)  # Trainer(deterministic=True) sets it globally
     if recorder is not None:
@@ -597,6 +682,8 @@ def train_run(run_id: str, config: dict[str, Any], run_dir: Path) -> RunResult:
         result.tokens_per_s = result.tokens / result.train_time_s if result.tokens and result.train_time_s > 0 else None
     result.peak_memory_bytes = memory.peak_bytes()
     result.wall_time_s = time.perf_counter() - start
+    if not writer:
+        return result
     try:
         write_json_atomic(run_dir / RESULT_FILE, result.to_json())
     except OSError as err:  # a full disk, a folder made read-only: the sweep cannot go on

@@ -17,6 +17,19 @@ from workbench.study.yaml_file import limit, suggest
 # Lightning's registered strategy names, by their first word (ddp_spawn, deepspeed_stage_2, ...);
 # tests/test_reliability.py checks them against Lightning's StrategyRegistry.
 LIGHTNING_STRATEGIES = ("auto", "ddp", "deepspeed", "fsdp", "single", "xla")
+# Lightning's strategies that start their ranks with multiprocessing instead of a command line:
+# their rank 0 trains in a process whose recorded curves never return to the run.
+SPAWNING_STRATEGIES = ("ddp_spawn", "ddp_fork", "ddp_notebook")
+
+
+def world_size(train: Mapping[str, Any]) -> int | None:
+    """Processes a run's `devices` x `num_nodes` ask for; None when Lightning decides (-1, 'auto')."""
+    devices = train["devices"]
+    if isinstance(devices, str) and devices != "auto":
+        devices = len([d for d in devices.split(",") if d.strip()])
+    if not isinstance(devices, int) or devices < 0:
+        return None
+    return devices * train["num_nodes"]
 
 
 class TrainConfig(BaseModel):
@@ -79,7 +92,19 @@ class TrainConfig(BaseModel):
     def _strategy(cls, v):
         if v.split("_")[0] not in LIGHTNING_STRATEGIES:
             raise SpecError("train.strategy", f"unknown Lightning strategy {v!r}", LIGHTNING_STRATEGIES)
+        if v in SPAWNING_STRATEGIES:
+            raise SpecError("train.strategy", f"{v!r} trains rank 0 in a process started by multiprocessing, whose "
+                            "recorded curves and evaluations never return to the run; use 'ddp' (the same training: "
+                            "Lightning starts each rank as a process of its own)")
         return v
+
+    @model_validator(mode="after")
+    def _batch_shared_by_processes(self):
+        size = world_size(self.model_dump())
+        if size and self.batch_size % size:
+            raise SpecError("train.batch_size", f"{self.batch_size} sequences cannot be shared equally by the "
+                            f"{size} processes of devices x num_nodes; use a multiple of {size}")
+        return self
 
     @model_validator(mode="after")
     def _one_budget(self):

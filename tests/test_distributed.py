@@ -1,0 +1,132 @@
+"""One run on several processes: Lightning's DDP on 2 CPU processes over gloo, started from a
+sweep (the path a multi-GPU run takes, with NCCL in place of gloo), its stop on a signal, and
+the settings a multi-process run needs."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from test_reliability import alive, kill_group
+
+from workbench.errors import WorkbenchError
+from workbench.results import LAST_CHECKPOINT, RESULT_FILE
+from workbench.run.distributed import LOG_FILE, shard
+from workbench.run.train import count_tokens
+from workbench.run.store import Store, WriterLock, run_dir
+from workbench.study import load_study
+from workbench.sweep import expand
+from workbench.weights import make_task
+
+STUDY = """\
+name: ddp-e2e
+task: {name: copy, train_length: 6, eval_lengths: [6], n_eval: 32, alphabet_size: 6}
+model: {family: decoder, d_model: 32, n_layers: 1, n_heads: 2, position: rope}
+train: {steps: 12, batch_size: 8, lr: 3.0e-3, eval_every: 6, log_every: 3, checkpoint_every: 3,
+        accelerator: cpu, devices: 2, strategy: ddp}
+seeds: [0]
+"""
+
+
+def write(tmp_path: Path, text: str = STUDY) -> Path:
+    path = tmp_path / "study.yaml"
+    path.write_text(text)
+    return path
+
+
+def workbench_run(study: Path, out: Path, tmp_path: Path, **popen) -> subprocess.Popen:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen([sys.executable, "-m", "workbench.cli", "run", str(study), "--out", str(out), "--quiet",
+                             "--jobs", "1", "--reports", str(tmp_path / "reports")],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True, **popen)
+
+
+def processes_of(folder: Path) -> list[int]:
+    """Live processes whose command line names `folder` (the run's ranks)."""
+    pids = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if str(folder) in cmdline.read_bytes().decode(errors="replace") and alive(int(cmdline.parent.name)):
+                pids.append(int(cmdline.parent.name))
+        except OSError:
+            continue
+    return pids
+
+
+def test_a_ddp_run_on_two_cpu_processes_finishes_and_leaves_the_folder_free(tmp_path):
+    """`train: {accelerator: cpu, devices: 2, strategy: ddp}`: Lightning starts rank 1 by running
+    a command again; that command is the run's own (not the sweep's), so no rank meets the
+    folder's writer lock, rank 0 alone records, and both ranks trained the run's steps."""
+    study, out = write(tmp_path), tmp_path / "out"
+    proc = workbench_run(study, out, tmp_path)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err.decode()[-2000:]
+    [run] = expand(load_study(study))
+    assert Store(out, create=False).statuses() == {run.run_id: "finished"}
+    folder = run_dir(out, run.run_id)
+    result = json.loads((folder / RESULT_FILE).read_text())
+    assert result["steps_done"] == 12 and result["metrics"]["accuracy@6"] > 0
+    task = make_task(run.config)  # every rank's share of each step counted once: the whole batches
+    assert result["tokens"] == sum(count_tokens(task.train_batch(i, 8, "decoder")) for i in range(12))
+    assert result["environment"]["processes"] == 2, (folder / LOG_FILE).read_text()[-2000:]
+    with WriterLock(out):  # nobody holds the folder any more
+        pass
+
+
+def test_a_stop_reaches_every_rank_which_checkpoint_and_leave(tmp_path):
+    """SIGTERM to the driver: the run's process group gets it, the ranks agree on a step,
+    checkpoint it and end; the sweep exits 130 with nothing recorded and no process left."""
+    study, out = write(tmp_path, STUDY.replace("steps: 12", "steps: 5000").replace("eval_every: 6", "eval_every: 2500")), tmp_path / "out"
+    [run] = expand(load_study(study))
+    proc = workbench_run(study, out, tmp_path)
+    checkpoint = run_dir(out, run.run_id) / LAST_CHECKPOINT
+    deadline = time.monotonic() + 240
+    while not checkpoint.exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            kill_group(proc)
+            pytest.fail(f"the run did not start training: {proc.communicate()}")
+        time.sleep(0.1)
+    assert len(processes_of(run_dir(out, run.run_id))) == 2  # rank 0 and rank 1
+    try:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        kill_group(proc)
+    assert proc.returncode == 130, err.decode()[-2000:]
+    assert "Traceback" not in err.decode()
+    assert Store(out, create=False).statuses() == {}
+    assert torch.load(checkpoint, weights_only=True)["global_step"] > 0
+    assert not (run_dir(out, run.run_id) / RESULT_FILE).exists()
+    deadline = time.monotonic() + 5
+    while processes_of(run_dir(out, run.run_id)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not processes_of(run_dir(out, run.run_id))
+
+
+def test_ranks_share_each_batch_exactly():
+    batch = {"tokens": torch.arange(24).view(8, 3), "padding_mask": torch.ones(8, 3, dtype=torch.bool)}
+    parts = [shard(batch, rank, 2) for rank in range(2)]
+    assert all(p["tokens"].shape == (4, 3) for p in parts)
+    assert torch.equal(torch.cat([p["tokens"] for p in parts]), batch["tokens"])
+
+
+@pytest.mark.parametrize("change, message", [
+    ("batch_size: 8", None),
+    ("batch_size: 9", r"train\.batch_size: 9 sequences cannot be shared equally by the 2 processes"),
+    ("strategy: ddp_spawn", r"train\.strategy: 'ddp_spawn' trains rank 0 in a process started by multiprocessing"),
+])
+def test_multi_process_settings_are_checked(tmp_path, change, message):
+    key = change.split(":")[0]
+    text = STUDY.replace("batch_size: 8" if key == "batch_size" else "strategy: ddp", change)
+    if message is None:
+        load_study(write(tmp_path, text))
+        return
+    with pytest.raises(WorkbenchError, match=message):
+        load_study(write(tmp_path, text))

@@ -1,0 +1,108 @@
+"""One run over several processes: Lightning's DDP (and its other multi-process strategies).
+
+Lightning's `ddp` strategy starts ranks 1..N-1 by running the command line of rank 0 again.
+Run from `workbench run`, that would start the whole sweep again in every rank (and meet the
+folder's writer lock). So a run that needs several processes trains in a child process of its
+own, `python -m workbench.run.one_run RUN_DIR RUN_ID`, which reads the run's config.json and
+trains that one run; Lightning re-launches exactly that command for the other ranks.
+
+    worker: train_run -> train_in_processes -> child (rank 0) ----- ranks 1.. (Lightning)
+                         waits, forwards a stop,    trains, writes       train, write nothing
+                         reads result.json          result.json
+
+Only rank 0 writes (result.json, final weights, progress, logs; Lightning writes checkpoints
+from rank 0). The child runs in a process group of its own: a stop request reaches its ranks
+from the worker (SIGTERM: they agree on a step, checkpoint it and end), never from the
+terminal directly, and a group that does not end in STOP_GRACE_S is killed (a rank stuck in
+the rendezvous cannot run a signal handler).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from workbench import stopping
+from workbench.results import CONFIG_FILE, RESULT_FILE, RunResult, Status
+from workbench.study.sections import world_size
+
+LOG_FILE = "distributed.log"  # the ranks' stdout and stderr
+POLL_S = 0.5
+STOP_GRACE_S = 60.0  # after SIGTERM, time for the ranks to checkpoint before the group is killed
+
+
+def needs_processes(train: dict[str, Any]) -> bool:
+    """True when the run may train on several processes (several devices or nodes, or a count
+    left to Lightning): then it trains in a child process of its own."""
+    size = world_size(train)
+    return size is None or size > 1
+
+
+def rank_zero() -> bool:
+    """This process is rank 0 of its run (ranks > 0 are started by Lightning with these set)."""
+    return os.environ.get("LOCAL_RANK", "0") == "0" and os.environ.get("NODE_RANK", "0") == "0"
+
+
+def shard(batch: dict[str, Any], rank: int, world: int) -> dict[str, Any]:
+    """Rank `rank`'s contiguous share of the rows of every tensor of a batch: the ranks together
+    train on the same batch a single process would, so a step's global batch is unchanged."""
+    return {key: value.tensor_split(world)[rank] for key, value in batch.items()}
+
+
+def train_in_processes(run_id: str, config: dict[str, Any], run_dir: Path) -> RunResult:
+    """Train the run in a child process group (see the module docstring); its result.json is
+    the result. A stop request (workbench.stopping) is forwarded as SIGTERM and ends in
+    RunInterrupted once the ranks have checkpointed."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / CONFIG_FILE).write_text(json.dumps(config, indent=2, sort_keys=True))
+    result_path = run_dir / RESULT_FILE
+    result_path.unlink(missing_ok=True)
+    env = dict(os.environ)  # the worker's thread share, split between the ranks
+    env["OMP_NUM_THREADS"] = str(max(1, torch.get_num_threads() // (world_size(config["train"]) or 1)))
+    with open(run_dir / LOG_FILE, "ab") as log:
+        child = subprocess.Popen([sys.executable, "-m", "workbench.run.one_run", str(run_dir), run_id],
+                                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                 env=env, start_new_session=True)
+        stopped_at = None
+        while child.poll() is None:
+            if stopped_at is None and stopping.stop_requested():
+                stopped_at = time.monotonic()
+                _signal_group(child.pid, signal.SIGTERM)
+            elif stopped_at is not None and time.monotonic() - stopped_at > STOP_GRACE_S:
+                _signal_group(child.pid, signal.SIGKILL)
+            time.sleep(POLL_S)
+        _signal_group(child.pid, signal.SIGKILL)  # ranks left behind by a rank 0 that died
+    if stopped_at is not None:
+        raise stopping.RunInterrupted("stopped")
+    if result_path.exists():
+        return RunResult.from_json(json.loads(result_path.read_text()))
+    return RunResult(run_id, Status.FAILED, error=(
+        f"its processes ended ({_exit_reason(child.returncode)}) without a result; "
+        f"see {run_dir / LOG_FILE}: {_last_line(run_dir / LOG_FILE)}"))
+
+
+def _signal_group(pid: int, sig: int) -> None:
+    try:
+        os.killpg(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def _exit_reason(code: int) -> str:
+    return f"killed by signal {-code}" if code < 0 else f"exit code {code}"
+
+
+def _last_line(path: Path) -> str:
+    try:
+        lines = path.read_text(errors="replace").strip().splitlines()
+    except OSError:
+        return "(no log)"
+    return lines[-1][:300] if lines else "(empty log)"
