@@ -47,6 +47,7 @@ import yaml
 from torch import nn
 
 from benchmarks import RESULTS_DIR, Check, write_json
+from workbench.attention import arange_positions
 from benchmarks.vs_xtransformers import BASE, CONFIGS, alternate, random_tokens, xtransformers_available
 
 QUICKSTART = Path(__file__).resolve().parent.parent / "studies" / "quickstart.yaml"
@@ -255,6 +256,9 @@ def train_mfu(setup: Setup) -> dict[str, Any]:
     peak = gemm_peak(setup)
     rows = {}
     for name, config in CONFIGS.items():
+        if setup.cuda:  # this config's peak alone, not an earlier section's or config's
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats(setup.device)
         model = build_decoder(setup, config)
         tokens = random_tokens(s.batch, s.seq + 1, BASE["vocab_size"]).to(setup.device)
         times = alternate({"step": train_step(setup, model, tokens)}, s.warmup, s.repeats)["step"]
@@ -264,7 +268,6 @@ def train_mfu(setup: Setup) -> dict[str, Any]:
                           mfu=flops / step_s / peak["peak_flops"], parameters=sum(p.numel() for p in model.parameters()))
         if setup.cuda:
             rows[name]["cuda_max_allocated"] = torch.cuda.max_memory_allocated(setup.device)
-            torch.cuda.reset_peak_memory_stats(setup.device)
         del model
     return dict(sizes=dict(d_model=s.d_model, n_layers=s.n_layers, n_heads=s.n_heads, seq=s.seq, batch=s.batch),
                 gemm=peak, configs=rows)
@@ -297,7 +300,7 @@ def local_attention(setup: Setup) -> dict[str, Any]:
         g = torch.Generator(device=setup.device).manual_seed(n)
         q, k, v = (torch.randn(1, s.attention_heads, n, 64, generator=g, device=setup.device, dtype=setup.dtype)
                    .requires_grad_() for _ in range(3))
-        pos = torch.arange(n, device=setup.device).expand(1, n)
+        pos = arange_positions(1, n, setup.device)
         kwargs = dict(q_pos=pos, k_pos=pos, key_mask=None, causal=True, score_bias=None)
 
         def fwd_bwd(variant):
@@ -306,11 +309,41 @@ def local_attention(setup: Setup) -> dict[str, Any]:
         times = alternate({name: fwd_bwd(variant) for name, variant in variants.items()}, s.warmup, s.repeats)
         seconds = {name: median_s(t) for name, t in times.items()}
         rows[n] = dict(seconds=seconds, speedup_vs_full={name: seconds["full"] / t for name, t in seconds.items()})
+        if setup.cuda:  # peak bytes one forward + backward allocates on top of q, k, v
+            rows[n]["peak_bytes"] = {name: cuda_peak_bytes(setup, fwd_bwd(variant)) for name, variant in variants.items()}
         if i == 0:
             rows[n]["max_error_vs_dense"] = {name: dense_error(variant, q, k, v, kwargs)
                                              for name, variant in variants.items()}
+            if not setup.cuda:  # the CPU smoke run: the FlexAttention path's forward (eager) too
+                rows[n]["flex_forward_error_vs_dense"] = {name: flex_forward_error(variant, q, k, v, kwargs)
+                                                          for name, variant in variants.items() if name != "full"}
         del q, k, v
     return dict(window=s.window, sparse_block=s.sparse_block, heads=s.attention_heads, head_dim=64, lengths=rows)
+
+
+def cuda_peak_bytes(setup: Setup, call: Callable[[], Any]) -> int:
+    """torch.cuda.max_memory_allocated over one call, above what was allocated before it."""
+    torch.cuda.synchronize(setup.device)
+    torch.cuda.reset_peak_memory_stats(setup.device)
+    before = torch.cuda.memory_allocated(setup.device)
+    call()
+    return torch.cuda.max_memory_allocated(setup.device) - before
+
+
+def flex_forward_error(variant: nn.Module, q, k, v, kwargs) -> float:
+    """Largest |FlexAttention - dense| / max |dense| of the forward, with the CPU standing in for
+    CUDA (eager FlexAttention has no backward on the CPU): the CPU smoke run reaches that path."""
+    from workbench import attention
+
+    before = attention.FLEX_DEVICES
+    attention.FLEX_DEVICES = (q.device.type,)
+    try:
+        with torch.no_grad():
+            q, k, v = (x.detach() for x in (q, k, v))
+            flex, dense = variant(q, k, v, **kwargs), variant.dense(q, k, v, **kwargs)
+    finally:
+        attention.FLEX_DEVICES = before
+    return ((flex - dense).abs().max() / dense.abs().max()).item()
 
 
 def dense_error(variant: nn.Module, q, k, v, kwargs) -> dict[str, float]:
@@ -335,12 +368,52 @@ def local_checks(setup: Setup, result: dict[str, Any]) -> list[Check]:
     checks = [Check(f"{name} equals dense (max error / max value)",
                     max(v for key, v in err.items() if key != "scale") / err["scale"], "<=", tolerance)
               for name, err in first["max_error_vs_dense"].items()]
-    checks.append(Check(f"sliding window speed-up over full at n = {max(lengths)}",
-                        last["speedup_vs_full"]["sliding_window"], ">=", 5.0))
+    checks += [Check(f"{name} (FlexAttention, eager) forward equals dense", error, "<=", tolerance)
+               for name, error in first.get("flex_forward_error_vs_dense", {}).items()]
+    checks += [Check(f"{name} speed-up over full at n = {max(lengths)}", last["speedup_vs_full"][name], ">=", 5.0)
+               for name in ("sliding_window", "sparse")]
+    if "peak_bytes" in last:  # O(n w) and O(n) memory against full attention's O(n) (flash)
+        checks += [Check(f"{name} peak memory / full's at n = {max(lengths)}",
+                         last["peak_bytes"][name] / last["peak_bytes"]["full"], "<=", 2.0)
+                   for name in ("sliding_window", "sparse")]
     return checks
 
 
-# ---- 5. cached decoding against x-transformers --------------------------------------------------
+# ---- 5. a scaling study's points: the measuring child, the FLOP counter and FlexAttention -------
+
+
+def scaling_points(setup: Setup) -> dict[str, Any]:
+    """What a scaling study measures, on FlexAttention variants: one attention layer's training
+    step (ALiBi with full attention, and the sliding window) at the first attention length, each
+    point in a fresh measuring process on CUDA (workbench.cost.measure.run_points): time, the
+    two FLOP accountings (FlexAttention's by its block mask's tiles) and peak memory."""
+    from workbench.cost.measure import Point, run_points
+
+    s = setup.sizes
+    model = {"vocab_size": 256, "d_model": s.attention_heads * 64, "n_heads": s.attention_heads, "n_layers": 1}
+    variants = {"full+alibi": {"position": "alibi", "attention": "full"},
+                "sliding_window": {"position": "none", "attention": {"name": "sliding_window", "window": s.window}}}
+    points = {name: Point(model={**model, **v}, scope="layer", mode="train_step", length=s.attention_lengths[0],
+                          device=setup.device.type, dtype="bfloat16" if setup.cuda else "float32", warmup=1,
+                          repeats=3, memory_limit_gb=8)
+              for name, v in variants.items()}
+    keep = ("status", "error", "time_median_s", "flops", "flops_executed", "flops_executed_source", "peak_bytes",
+            "peak_instrument")
+    rows = run_points(points.values(), time_budget_s=180, isolate=setup.cuda)
+    return {name: {key: row.get(key) for key in keep} for name, row in zip(points, rows)}
+
+
+def scaling_checks(setup: Setup, result: dict[str, Any]) -> list[Check]:
+    checks = [Check(f"{name} scaling point finished", float(row["status"] == "finished"), "==", 1.0)
+              for name, row in result.items() if isinstance(row, dict) and "status" in row]
+    if setup.cuda:
+        checks += [Check(f"{name}: executed FLOPs counted by FlexAttention's tiles",
+                         float("flex_block_mask_tiles" in (row["flops_executed_source"] or "")), "==", 1.0)
+                   for name, row in result.items() if isinstance(row, dict) and row.get("status") == "finished"]
+    return checks
+
+
+# ---- 6. cached decoding against x-transformers --------------------------------------------------
 
 
 def decode(setup: Setup) -> dict[str, Any]:
@@ -384,6 +457,7 @@ SECTIONS: dict[str, tuple[Callable[[Setup], dict], Callable[[Setup, dict], list[
     "local_attention": (local_attention, local_checks),
     "train_quickstart": (train_quickstart, quickstart_checks),
     "train_mfu": (train_mfu, lambda setup, r: mfu_checks(r)),
+    "scaling_points": (scaling_points, scaling_checks),
     "decode": (decode, lambda setup, r: []),
 }
 

@@ -89,36 +89,36 @@ class Example:
 
 @dataclass
 class Tally:
-    """Sums over an evaluation set, so metrics weight every token / row equally."""
+    """Sums over an evaluation set, so metrics weight every token / row equally. The sums stay
+    on the model's device until `scores` (one wait for a GPU per evaluation, not one per sum
+    and batch)."""
 
-    nll: float = 0.0  # summed negative log-likelihood (nats) over target tokens
-    tokens: int = 0
-    correct: int = 0  # target tokens whose argmax is right (teacher forcing)
-    rows: int = 0
-    exact: int = 0  # rows whose target tokens are all right
     eos_id: int | None = None  # symbol_accuracy leaves out targets equal to it
-    symbols: int = 0  # scored targets other than <eos>
-    symbols_correct: int = 0
+    _nll: list[Tensor] = field(default_factory=list)  # per batch: summed NLL (nats) over target tokens
+    _counts: list[Tensor] = field(default_factory=list)  # per batch: COUNTS, in that order
+
+    # target tokens; of them right under teacher forcing; targets other than <eos>; of them
+    # right; rows with a target; of them rows whose every target token is right
+    COUNTS = ("tokens", "correct", "symbols", "symbols_correct", "rows", "exact")
 
     def add(self, logits: Tensor, targets: Tensor, mask: Tensor) -> None:
         nll = F.cross_entropy(logits.transpose(1, 2).float(), targets.clamp(min=0), reduction="none")
         right = (logits.argmax(-1) == targets) | ~mask
-        self.nll += float((nll * mask).sum())
-        self.tokens += int(mask.sum())
-        self.correct += int((right & mask).sum())
         symbols = mask & (targets != self.eos_id) if self.eos_id is not None else mask
-        self.symbols += int(symbols.sum())
-        self.symbols_correct += int((right & symbols).sum())
         scored_rows = mask.any(-1)
-        self.rows += int(scored_rows.sum())
-        self.exact += int((right.all(-1) & scored_rows).sum())
+        self._nll.append((nll * mask).sum())
+        self._counts.append(torch.stack([mask.sum(), (right & mask).sum(), symbols.sum(), (right & symbols).sum(),
+                                         scored_rows.sum(), (right.all(-1) & scored_rows).sum()]))
 
     def scores(self) -> dict[str, float]:
+        nll = sum(float(x) for x in torch.stack(self._nll).cpu()) if self._nll else 0.0
+        counts = dict(zip(self.COUNTS, torch.stack(self._counts).sum(0).tolist() if self._counts else [0] * 6))
+        ratio = lambda a, b: a / b if b else math.nan  # noqa: E731
         return {
-            "loss": self.nll / self.tokens if self.tokens else math.nan,
-            "accuracy": self.correct / self.tokens if self.tokens else math.nan,
-            "exact_match": self.exact / self.rows if self.rows else math.nan,
-            "symbol_accuracy": self.symbols_correct / self.symbols if self.symbols else math.nan,
+            "loss": ratio(nll, counts["tokens"]),
+            "accuracy": ratio(counts["correct"], counts["tokens"]),
+            "exact_match": ratio(counts["exact"], counts["rows"]),
+            "symbol_accuracy": ratio(counts["symbols_correct"], counts["symbols"]),
         }
 
 
@@ -370,7 +370,10 @@ class Task(Variant):
     def loss(self, model, batch: dict[str, Tensor], family: str) -> Tensor:
         """Mean cross-entropy over scored target tokens."""
         logits, targets, mask = self.scored(model, batch, family)
-        return F.cross_entropy(logits[mask].float(), targets[mask])
+        # Masked mean over all positions: selecting the scored ones (logits[mask]) would make the
+        # host wait for the GPU in every training step (the selection's size is data).
+        nll = F.cross_entropy(logits.transpose(1, 2).float(), targets.clamp(min=0), reduction="none")  # [B, T]
+        return (nll * mask).sum() / mask.sum()
 
     @torch.no_grad()
     def evaluate(self, model, batches: Sequence[dict[str, Tensor]], family: str) -> dict[str, float]:

@@ -198,6 +198,18 @@ def count_flops(fn: Callable[[], Any]) -> FlopCount:
     return FlopCount(total=counter.get_total_flops(), by_module=by_module, by_op=by_op)
 
 
+@contextmanager
+def on_attention_calls(root: nn.Module, hook: Callable[[AttentionVariant, tuple, dict], None]) -> Iterator[None]:
+    """Within the block, `hook(variant, args, kwargs)` runs before every attention-variant call in root."""
+    handles = [m.register_forward_pre_hook(hook, with_kwargs=True)
+               for m in root.modules() if isinstance(m, AttentionVariant)]
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
 # Backward of a flash-style kernel over the same tiles: scores recomputed, then dV, dP, dQ and dK
 # (five matrix products against the forward's two).
 FLASH_BACKWARD_RATIO = 2.5
@@ -223,13 +235,8 @@ def flex_tile_flops(root: nn.Module) -> Iterator[dict[str, int]]:
         pairs = int(tiles) * heads_per_mask * FLEX_BLOCK * FLEX_BLOCK * q.shape[0]
         flops[names[module]] = flops.get(names[module], 0) + 4 * q.shape[3] * pairs
 
-    handles = [m.register_forward_pre_hook(hook, with_kwargs=True)
-               for m in root.modules() if isinstance(m, AttentionVariant)]
-    try:
+    with on_attention_calls(root, hook):
         yield flops
-    finally:
-        for h in handles:
-            h.remove()
 
 
 def _storage_key(t: Tensor) -> tuple[str, int]:
@@ -368,13 +375,8 @@ def analytic_attention_flops(root: nn.Module) -> Iterator[list[int]]:
         pairs = allowed_pairs(module, kwargs["q_pos"], kwargs["k_pos"], kwargs["causal"], kwargs["key_mask"])
         flops.append(4 * q.shape[1] * q.shape[3] * pairs)
 
-    handles = [m.register_forward_pre_hook(hook, with_kwargs=True)
-               for m in root.modules() if isinstance(m, AttentionVariant)]
-    try:
+    with on_attention_calls(root, hook):
         yield flops
-    finally:
-        for h in handles:
-            h.remove()
 
 
 def module_groups(root: nn.Module) -> dict[str, str]:
