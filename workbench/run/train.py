@@ -278,11 +278,12 @@ def resolve_accelerator(train: dict[str, Any]) -> str:
     return Machine.here().device_for(train["accelerator"])
 
 
-def check_device(train: dict[str, Any], source_of: Callable[[str], str | None] = lambda key: None) -> str:
+def check_device(train: dict[str, Any], source_of: Callable[[str], str | None] = lambda key: None,
+                 machine: Machine | None = None) -> str:
     """The device the runs will use; a WorkbenchError, before anything trains, when a setting
-    needs hardware this machine lacks (workbench.hardware) or the chosen logger is not installed.
-    `source_of(key)` names the option that set a key (StudyFile.source_of), for the advice."""
-    machine = Machine.here()
+    needs hardware `machine` (default: this one) lacks (workbench.hardware) or the chosen logger
+    is not installed. `source_of(key)` names the option that set a key (StudyFile.source_of)."""
+    machine = machine or Machine.here()
     needs = train_needs(train, machine)
     if needs:
         raise WorkbenchError(needs[0].error(source_of(needs[0].field), machine))
