@@ -94,9 +94,9 @@ def visible_gpu_ids(count: int) -> list[str]:
     return named[:count] if len(named) >= count else [str(i) for i in range(count)]
 
 
-def init_worker(threads: int, stop_event: Any, parent_pid: int, gpu_slots: Any = None) -> None:
-    if gpu_slots is not None:  # before torch starts CUDA: this worker sees its own GPUs only
-        os.environ["CUDA_VISIBLE_DEVICES"] = gpu_slots.get()
+def init_worker(threads: int, stop_event: Any, parent_pid: int, slots: Any = None) -> None:
+    if slots is not None:  # before torch starts CUDA: this worker takes its own GPUs from the queue
+        os.environ["CUDA_VISIBLE_DEVICES"] = slots.get()
     import torch  # a spawned worker loads torch here, once, before its first run
 
     torch.set_num_threads(threads)  # N workers share the cores instead of oversubscribing them
