@@ -28,6 +28,7 @@ from typing import Any
 
 from workbench import stopping
 from workbench.errors import WorkbenchError
+from workbench.hardware import Machine, gpus_per_run
 from workbench.results import RunResult, Status
 
 
@@ -49,10 +50,8 @@ class Executor(ABC):
     def run(self, jobs: Sequence[Job]) -> Iterator[Any]:
         ...
 
-    def machine(self):
+    def machine(self) -> Machine:
         """The hardware the runs are checked against (workbench.hardware.Machine): this machine."""
-        from workbench.hardware import Machine
-
         return Machine.here()
 
     def place(self, trains: Sequence[dict[str, Any]]) -> str | None:
@@ -95,7 +94,7 @@ def visible_gpu_ids(count: int) -> list[str]:
 
 
 def init_worker(threads: int, stop_event: Any, parent_pid: int, slots: Any = None) -> None:
-    if slots is not None:  # before torch starts CUDA: this worker takes its own GPUs from the queue
+    if slots is not None:  # before this worker's first CUDA call, which reads it: its own GPUs, from the queue
         os.environ["CUDA_VISIBLE_DEVICES"] = slots.get()
     import torch  # a spawned worker loads torch here, once, before its first run
 
@@ -129,8 +128,6 @@ class LocalProcessExecutor(Executor):
         self.gpus: list[str] | None = None  # CUDA_VISIBLE_DEVICES of each worker (place); None: all GPUs
 
     def place(self, trains: Sequence[dict[str, Any]]) -> str | None:
-        from workbench.hardware import gpus_per_run
-
         machine = self.machine()
         counts = {gpus_per_run(train, machine) for train in trains} - {0}
         if not counts:
