@@ -80,7 +80,11 @@ class TrainKind(StudyKind):
         study = study_file.study
         tuning = tuning_runs(study_file)  # none without `tune:`
         finals = expand(study_file) if study.tune is None else None  # with `tune:`, known once tuning is done
-        check_devices(study_file, [*tuning, *(finals or [])])  # before the folder is touched (--fresh clears it)
+        executor = options.executor or make_executor(options.jobs)
+        # Checked against where the runs train (a Ray cluster, not its driver), before the folder
+        # is touched (--fresh clears it); so are the GPUs each run gets.
+        check_devices(study_file, [*tuning, *(finals or [])], executor.machine())
+        placement = executor.place(train_sections([*tuning, *(finals or [])]))
         if options.fresh:
             clear_outputs(out, [run.run_id for run in [*tuning, *(finals or candidate_final_runs(study_file))]])
         store = Store(out)
@@ -90,11 +94,12 @@ class TrainKind(StudyKind):
             store.save_study({"runs_dir": str(options.runs_dir.resolve())})
 
         total = len(tuning) + len(study.sweep.points()) * len(study.seeds)
-        executor = options.executor or make_executor(options.jobs)
         names = {run.run_id: run.describe for run in [*tuning, *(finals or [])]}
         with sweeping(study.name, out, total, options) as (summary, progress):
             if executor.on_start is None:  # a live row per running run
                 executor.on_start = lambda job: progress.started(job, names[job.run_id])
+            if placement:
+                progress.print(placement)
             if finals is None:
                 execute_runs(tuning, "tuning runs", store, executor, summary, progress)
                 tunings = choose(study, store.runs())
@@ -136,13 +141,13 @@ def train_sections(runs: list[RunConfig]) -> list[dict[str, Any]]:
     return list({canonical_json(r.config["train"]): r.config["train"] for r in runs}.values())
 
 
-def check_devices(study_file: StudyFile, runs: list[RunConfig]) -> None:
-    """Every training setting can run on this machine (precision, accelerator, logger)."""
+def check_devices(study_file: StudyFile, runs: list[RunConfig], machine: Machine) -> None:
+    """Every training setting can run on `machine` (precision, accelerator, logger)."""
     # Lightning loads only when a train study is validated or run, not with the plugins.
     from workbench.run.train import check_device
 
     for train in train_sections(runs):
-        check_device(train, study_file.source_of)
+        check_device(train, study_file.source_of, machine)
 
 
 def report_choice(tuned: PointTuning, study: TrainStudy, summary: Summary, progress: SweepProgress) -> None:

@@ -116,6 +116,7 @@ def test_final_weights_reproduce_the_recorded_metrics(sweep_out):
     assert metrics["accuracy@9"] == pytest.approx(row["accuracy@9"], abs=1e-6)
     env = json.loads(Path(run_dir(tmp / "out", row["run_id"]), RESULT_FILE).read_text())["environment"]
     assert {"torch", "lightning", "python", "device", "workbench", "git_commit"} <= set(env)
+    assert env["float32_matmul_precision"] == "highest"  # the CPU: full float32 (CUDA: train.matmul_precision)
 
 
 def test_rerun_skips_every_done_run(sweep_out):

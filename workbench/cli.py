@@ -111,8 +111,9 @@ def list_variants(axis: str | None, as_json: bool) -> None:
 @click.option("--address", default=None, help="Ray cluster address HOST:PORT (default: a private local cluster)")
 @click.option("--cpus-per-run", default=1.0, show_default=True, type=click.FloatRange(min=0),
               help="Ray: CPUs reserved for each run (also its torch threads)")
-@click.option("--gpus-per-run", default=0.0, show_default=True, type=click.FloatRange(min=0),
-              help="Ray: GPUs reserved for each run")
+@click.option("--gpus-per-run", default=None, type=click.FloatRange(min=0),
+              help="Ray: GPUs reserved for each run (default: its train.devices when it trains on a GPU of the "
+                   "cluster, else 0; a fraction shares a GPU)")
 @click.option("--runs-dir", default=None,
               help="where run folders (checkpoints, final weights) go; default OUT/runs. Use shared storage on a cluster")
 @click.option("--reports", "reports_dir", default=None,
@@ -120,7 +121,7 @@ def list_variants(axis: str | None, as_json: bool) -> None:
                    "(default: reports/ for the default --out runs/<name>, else OUT/reports/)")
 def run_command(study: str, out: str | None, jobs: int, fresh: bool, profile: str | None,
                 overrides: tuple[str, ...], dry_run: bool, quiet: bool,
-                executor_name: str, address: str | None, cpus_per_run: float, gpus_per_run: float,
+                executor_name: str, address: str | None, cpus_per_run: float, gpus_per_run: float | None,
                 runs_dir: str | None, reports_dir: str | None) -> None:
     """Train every run of STUDY (a YAML file); finished runs in the folder are kept. Writes the
     study's report at the end."""

@@ -3,11 +3,13 @@
     Machine.here()          this machine, as PyTorch sees it (CUDA, bfloat16, MPS, GPU count)
     Machine.target("cuda")  a machine named on the command line (`workbench validate --device`)
     train_needs / scaling_needs   the settings a machine cannot run, as `Need`s
+    gpus_per_run            the GPUs one run takes on a machine (executors place runs by it)
 
 `workbench run` refuses the first need this machine lacks, before anything trains
 (`Need.error`). `workbench validate` checks everything else about the study and lists the needs
 this machine lacks as notes (`Need.note`), so a GPU profile validates on a CPU-only laptop; with
 `--device` it checks against the named machine instead, and a need that machine lacks is an error.
+A cluster executor checks `run` against its cluster instead of this machine (Executor.machine).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ class Machine:
     cuda: bool = False
     mps: bool = False
     bf16: bool = False  # its CUDA GPU computes in bfloat16 (Ampere or newer)
-    gpu_count: int | None = None  # None: not known (a named target)
+    gpu_count: int | None = None  # GPUs one run can use (a cluster: the most on one node); None: not known
 
     @classmethod
     def here(cls) -> Machine:
@@ -108,6 +110,16 @@ def train_needs(train: dict[str, Any], machine: Machine) -> list[Need]:
         needs.append(Need("train.devices", devices, f"{devices} GPUs",
                           f"GPUs per run; {machine.name} has {machine.gpu_count}", f"use devices: {machine.gpu_count} or -1"))
     return needs
+
+
+def gpus_per_run(train: dict[str, Any], machine: Machine) -> int | None:
+    """The GPUs one run with this `train:` section takes on `machine`: 0 when it trains on the
+    CPU (or MPS), its `devices` count on CUDA; None when `devices` is not a count ('auto' and -1
+    take every GPU the run sees; '0,1' names GPUs)."""
+    if machine.device_for(train["accelerator"]) != "cuda":
+        return 0
+    devices = train["devices"]
+    return devices if isinstance(devices, int) and devices >= 1 else None
 
 
 def scaling_needs(device: str, machine: Machine) -> list[Need]:

@@ -97,7 +97,8 @@ class Point(BaseModel):
     dtype: Literal["float32", "float16", "bfloat16"] = "float32"
     threads: int | None = Field(None, gt=0, description="torch CPU threads (None: torch's default)")
     memory_limit_gb: float | None = Field(
-        None, gt=0, description="cap on the point's address-space growth (isolated runs only)"
+        None, gt=0, description="cap on the point's memory (isolated runs only): its address-space growth on "
+        "the CPU, what PyTorch's caching allocator may reserve on CUDA"
     )
 
 
@@ -619,15 +620,32 @@ def flop_figures(counted: FlopCount, groups: dict[str, str], useful_attention: i
 def _child(point: Point, results: mp.Queue) -> None:
     """Entry point of a spawned measuring process: reports ("ready",) then ("row", row)."""
     return_freed_memory_to_os()
-    if point.memory_limit_gb:
-        # Import every plugin first (some load scipy, whose BLAS threads cannot start under the cap),
-        # then cap the address space above what the interpreter, torch and plugins already hold, so a
-        # size that does not fit fails with an allocation error instead of the kernel's OOM killer.
-        plugin_manager()
-        limit = _rss_bytes("VmSize") + int(point.memory_limit_gb * 2**30)
-        resource.setrlimit(resource.RLIMIT_AS, (limit, resource.getrlimit(resource.RLIMIT_AS)[1]))
+    limit_memory(point)
     results.put(("ready",))
     results.put(("row", measure_point_safely(point)))
+
+
+def limit_memory(point: Point) -> str | None:
+    """Bound this (measuring) process's memory by `point.memory_limit_gb`, so a size that does not
+    fit fails with an allocation error (recorded "oom") instead of the kernel's OOM killer; which
+    bound it set: "address_space" on the CPU, "cuda_memory_fraction" on CUDA, None without a limit.
+
+    CUDA maps far more virtual memory than it allocates (its context, the caching allocator), so
+    an address-space cap would fail every CUDA point: there the caching allocator is capped
+    instead, and past the cap torch raises torch.OutOfMemoryError."""
+    if not point.memory_limit_gb:
+        return None
+    limit = int(point.memory_limit_gb * 2**30)
+    device = torch.device(point.device)
+    if device.type == "cuda":
+        total = torch.cuda.get_device_properties(device).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, limit / total), device)
+        return "cuda_memory_fraction"
+    # Import every plugin first (some load scipy, whose BLAS threads cannot start under the cap),
+    # then cap the address space above what the interpreter, torch and plugins already hold.
+    plugin_manager()
+    resource.setrlimit(resource.RLIMIT_AS, (_rss_bytes("VmSize") + limit, resource.getrlimit(resource.RLIMIT_AS)[1]))
+    return "address_space"
 
 
 def measure_point_safely(point: Point) -> dict[str, Any]:

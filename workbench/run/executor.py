@@ -5,6 +5,10 @@ cluster executor (Ray, ...) only has to implement `run`.
     InProcessExecutor       --jobs 1: one run after another in this process
     LocalProcessExecutor    --jobs N: N spawned worker processes, torch threads = cores // N
 
+Where runs execute is also what the study is checked against: `machine()` is the hardware
+(this machine; a cluster's for Ray), and `place()` decides which GPUs each run gets before the
+first one starts. LocalProcessExecutor gives each worker its own GPUs (`gpu_slots`).
+
 On a stop request (workbench.stopping: SIGTERM/SIGINT) an executor starts no new run, lets
 the running ones checkpoint and end, and raises RunInterrupted. Workers share the driver's
 stop event and watch its pid, so none outlives it.
@@ -24,6 +28,7 @@ from typing import Any
 
 from workbench import stopping
 from workbench.errors import WorkbenchError
+from workbench.hardware import Machine, gpus_per_run
 from workbench.results import RunResult, Status
 
 
@@ -45,6 +50,15 @@ class Executor(ABC):
     def run(self, jobs: Sequence[Job]) -> Iterator[Any]:
         ...
 
+    def machine(self) -> Machine:
+        """The hardware the runs are checked against (workbench.hardware.Machine): this machine."""
+        return Machine.here()
+
+    def place(self, trains: Sequence[dict[str, Any]]) -> str | None:
+        """Decide which GPUs runs with these `train:` sections get; a line that says what was
+        chosen, or None when there is nothing to choose."""
+        return None
+
 
 def execute(job: Job):
     from workbench.run.train import train_run  # imported here: workers pay for torch once, lazily
@@ -65,7 +79,23 @@ class InProcessExecutor(Executor):
             yield execute(job)
 
 
-def init_worker(threads: int, stop_event: Any, parent_pid: int) -> None:
+def gpu_slots(workers: int, per_run: int, gpu_ids: Sequence[str]) -> list[str]:
+    """CUDA_VISIBLE_DEVICES of each of `workers` processes: `per_run` GPUs each, round-robin over
+    `gpu_ids`, so N workers on N GPUs get one each (more workers than GPUs share them)."""
+    return [",".join(gpu_ids[(worker * per_run + i) % len(gpu_ids)] for i in range(per_run))
+            for worker in range(workers)]
+
+
+def visible_gpu_ids(count: int) -> list[str]:
+    """The ids of this machine's `count` GPUs as CUDA_VISIBLE_DEVICES names them (it may already
+    narrow them down), else 0..count-1."""
+    named = [d.strip() for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    return named[:count] if len(named) >= count else [str(i) for i in range(count)]
+
+
+def init_worker(threads: int, stop_event: Any, parent_pid: int, slots: Any = None) -> None:
+    if slots is not None:  # before this worker's first CUDA call, which reads it: its own GPUs, from the queue
+        os.environ["CUDA_VISIBLE_DEVICES"] = slots.get()
     import torch  # a spawned worker loads torch here, once, before its first run
 
     torch.set_num_threads(threads)  # N workers share the cores instead of oversubscribing them
@@ -95,10 +125,34 @@ class LocalProcessExecutor(Executor):
         self.n = jobs
         self.threads = threads or max(1, (os.cpu_count() or 1) // jobs)
         self.on_start = on_start
+        self.gpus: list[str] | None = None  # CUDA_VISIBLE_DEVICES of each worker (place); None: all GPUs
+
+    def place(self, trains: Sequence[dict[str, Any]]) -> str | None:
+        machine = self.machine()
+        counts = {gpus_per_run(train, machine) for train in trains} - {0}
+        if not counts:
+            return None
+        if None in counts:
+            self.gpus = None
+            return (f"GPUs: every worker sees all {machine.gpu_count} (train.devices is not a count); "
+                    "set train.devices to N to give each of the --jobs its own N GPUs")
+        per_run, ids = max(counts), visible_gpu_ids(machine.gpu_count or 0)
+        self.gpus = gpu_slots(self.n, per_run, ids)
+        line = f"GPUs: {per_run} per run (train.devices); " + ", ".join(
+            f"worker {i + 1}: {'GPUs' if per_run > 1 else 'GPU'} {slot}" for i, slot in enumerate(self.gpus))
+        if self.n * per_run > len(ids):
+            line += (f"; warning: --jobs {self.n} x {per_run} GPUs is more than the {len(ids)} this machine has, "
+                     "so runs share GPUs (use fewer --jobs to give each run its own)")
+        return line
 
     def _pool(self) -> ProcessPoolExecutor:
+        slots = None
+        if self.gpus is not None:  # one slot per worker: initializers all get the same arguments
+            slots = self.context.Queue()
+            for slot in self.gpus:
+                slots.put(slot)
         return ProcessPoolExecutor(max_workers=self.n, mp_context=self.context, initializer=init_worker,
-                                   initargs=(self.threads, self.stop_event, os.getpid()))
+                                   initargs=(self.threads, self.stop_event, os.getpid(), slots))
 
     def run(self, jobs: Sequence[Job]) -> Iterator[Any]:
         self.context = multiprocessing.get_context("spawn")

@@ -57,7 +57,8 @@ class ScalingSection(BaseModel):
     repeats: int = Field(5, gt=0, description="timed calls; the median and quartiles are kept")
     time_budget_s: float = Field(600, gt=0, description="a measurement still running after this is recorded as timeout")
     memory_limit_gb: float | None = Field(
-        None, gt=0, description="cap on each measurement's memory growth; past it the point is recorded as oom")
+        None, gt=0, description="cap on each measurement's memory (the CPU: address-space growth; CUDA: what "
+        "PyTorch's allocator may reserve); past it the point is recorded as oom")
     decode_lengths: list[Annotated[int, Field(gt=0)]] | None = Field(
         None, description="context lengths of decode measurements (default: lengths)")
     decode_cache: list[bool] = Field([True, False], min_length=1, description="decode with and/or without the KV cache")

@@ -344,11 +344,18 @@ def resolve_accelerator(train: dict[str, Any]) -> str:
     return Machine.here().device_for(train["accelerator"])
 
 
-def check_device(train: dict[str, Any], source_of: Callable[[str], str | None] = lambda key: None) -> str:
+def matmul_precision(train: dict[str, Any], device: str) -> str:
+    """torch's float32 matmul precision a run trains with: the study's `train.matmul_precision`
+    on CUDA ('high': TF32 on Ampere or newer), full float32 ('highest') elsewhere."""
+    return train["matmul_precision"] if device == "cuda" else "highest"
+
+
+def check_device(train: dict[str, Any], source_of: Callable[[str], str | None] = lambda key: None,
+                 machine: Machine | None = None) -> str:
     """The device the runs will use; a WorkbenchError, before anything trains, when a setting
-    needs hardware this machine lacks (workbench.hardware) or the chosen logger is not installed.
-    `source_of(key)` names the option that set a key (StudyFile.source_of), for the advice."""
-    machine = Machine.here()
+    needs hardware `machine` (default: this one) lacks (workbench.hardware) or the chosen logger
+    is not installed. `source_of(key)` names the option that set a key (StudyFile.source_of)."""
+    machine = machine or Machine.here()
     needs = train_needs(train, machine)
     if needs:
         raise WorkbenchError(needs[0].error(source_of(needs[0].field), machine))
@@ -624,11 +631,15 @@ def train_here(run_id: str, config: dict[str, Any], run_dir: Path) -> RunResult:
     train = config["train"]
     device = resolve_accelerator(train)
     memory = PeakMemory(on_cuda=device == "cuda")
+    matmul_before = torch.get_float32_matmul_precision()
+    matmul = matmul_precision(train, device)
     result = RunResult(run_id=run_id, status=Status.FAILED, peak_memory_instrument=memory.instrument,
-                       environment={**environment(device_name(device)), **run_providers(config)})
+                       environment={**environment(device_name(device)), "float32_matmul_precision": matmul,
+                                    **run_providers(config)})
     recorder = None
     deterministic_before = torch.are_deterministic_algorithms_enabled()
     try:
+        torch.set_float32_matmul_precision(matmul)
         pl.seed_everything(config["seed"], workers=True, verbose=False)
         task = make_task(config)
         module = RunModule(config, task)
@@ -674,6 +685,7 @@ def train_here(run_id: str, config: dict[str, Any], run_dir: Path) -> RunResult:
             (run_dir / "error.txt").write_text(traceback.format_exc())
     finally:
         torch.use_deterministic_algorithms(deterministic_before)  # Trainer(deterministic=True) sets it globally
+        torch.set_float32_matmul_precision(matmul_before)  # global too: the next run in this process sets its own
     if recorder is not None:
         result.curves = recorder.curves
         result.tokens = recorder.tokens

@@ -38,6 +38,7 @@ class TrainConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
     EXECUTION: ClassVar[tuple[str, ...]] = (
         "accelerator", "devices", "strategy", "num_nodes", "logger", "checkpoint_every", "eval_batch_size",
+        "matmul_precision",
     )
     # Opt-in measurements: part of a run's id and a study's hash only when switched on, so studies
     # that never set them keep the ids and hashes they always had.
@@ -60,6 +61,9 @@ class TrainConfig(BaseModel):
     precision: Literal["32", "bf16-mixed", "16-mixed"] = Field(
         "32", description="'32' anywhere; 'bf16-mixed' on GPUs with bfloat16 (Ampere+); '16-mixed' on GPUs"
     )
+    matmul_precision: Literal["high", "highest", "medium"] = Field(
+        "high", description="float32 matmuls on CUDA (torch.set_float32_matmul_precision): 'high' TF32 (Ampere+), "
+        "'highest' full float32 (a study about numerics), 'medium' bfloat16; the CPU keeps full float32")
     accelerator: Literal["auto", "cpu", "gpu", "cuda", "mps", "tpu"] = Field(
         "auto", description="Lightning accelerator: auto (GPU when present), cpu, gpu, mps")
     devices: int | str = Field(1, description="devices per run (Lightning `devices`: N, -1 for all, 'auto', or '0,1')")
