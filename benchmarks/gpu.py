@@ -17,14 +17,18 @@ another fails (its error is kept, its check fails):
                     (an 8192^2 matmul, best of 10)
   local_attention   one attention layer's forward + backward (B 1, 16 heads, head_dim 64, bf16):
                     sliding window (w 1024) and sparse (block 128) through FlexAttention against
-                    full attention (flash SDPA), n = 8k, 16k, 32k; at the smallest n both equal
-                    the dense reference in values and gradients
+                    full attention (flash SDPA), n = 8k, 16k, 32k, with each one's peak memory; at the
+                    smallest n both equal the dense reference in values and gradients (on the CPU
+                    also the FlexAttention path's forward, eager)
+  scaling_points    a scaling study's measurement of FlexAttention variants (full + ALiBi, sliding
+                    window): one layer's training step at the first attention length, each point in a
+                    fresh measuring process; FlexAttention's executed FLOPs counted by its tiles
   decode            greedy generation with the KV cache (prompt 256, 256 new tokens, batch 1 and 8):
                     ours against x-transformers' `generate(cache_kv=True)` (skipped when it is not
                     installed)
 
 Targets on an H100/H200-class GPU, reported as checks, not asserted: MFU >= 0.45;
-sliding window >= 5x faster than full at n = 32k.
+sliding window and sparse >= 5x faster than full at n = 32k, with at most 2x its peak memory.
 """
 
 from __future__ import annotations

@@ -248,12 +248,15 @@ FLEX_BLOCK = 128  # FlexAttention's default tile: tiles the pattern leaves empty
 FLEX_DEVICES = ("cuda",)  # on the CPU the tiled SDPA path stays: FlexAttention there has no backward
 FLEX_COMPILED_DEVICES = ("cuda",)  # elsewhere eager flex_attention (scores materialised: tests only)
 FLEX_MIN_HEAD_DIM = 16  # the compiled kernel needs head_dim >= 16 (torch 2.11 - 2.13): smaller heads keep their path
-# Tiles of the compiled kernel (both passes): torch's defaults for Hopper at head_dim 64 ask for
-# more shared memory than an H200 has once the mask reads its partial tiles (measured: 247,808 >
-# 232,448 bytes, "No valid triton configs"); 64 x 64 tiles fit every head_dim up to 128 there.
+# Tiles of the compiled kernel (both passes). torch's default tiles for Hopper at head_dim 64
+# (128 x 128, 3 stages) asked an H200 for more shared memory than it has on a sliding-window
+# mask at n = 8192 (torch 2.11, 2026-12-01: 247,808 > 232,448 bytes, "No valid triton configs").
+# 64 x 64 tiles in 2 stages hold a fraction of that (q, k, v tiles of 8 KiB each in bf16 at
+# head_dim 64): chosen from that arithmetic; not yet run on a GPU (benchmarks/README.md).
 # The block mask's 128-wide tiles stay: the kernel's tiles must divide them.
-FLEX_KERNEL_OPTIONS = {"BLOCK_M": 64, "BLOCK_N": 64, "num_stages": 2, "num_warps": 4,
-                       "BLOCK_M1": 32, "BLOCK_N1": 64, "BLOCK_M2": 64, "BLOCK_N2": 32}
+FLEX_KERNEL_OPTIONS = {"fwd_BLOCK_M": 64, "fwd_BLOCK_N": 64, "fwd_num_stages": 2, "fwd_num_warps": 4,
+                       "bwd_BLOCK_M1": 32, "bwd_BLOCK_N1": 64, "bwd_BLOCK_M2": 64, "bwd_BLOCK_N2": 32,
+                       "bwd_num_stages": 2, "bwd_num_warps": 4}
 # Compiled graphs flex_attention may accumulate in a process (mask kinds x head counts x dtypes x
 # grad modes, over a sweep's runs) before dynamo would silently fall back to eager flex_attention,
 # which materialises the n x n scores. Past it the compile cache is cleared, with a warning.
