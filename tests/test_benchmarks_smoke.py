@@ -88,6 +88,10 @@ def test_gpu_check_runs_end_to_end_on_the_cpu(tmp_path):
     assert [r["status"] for r in result["train_quickstart"]["runs"]] == ["finished"] * 4
     checks = {c["what"]: c["passed"] for c in result["checks"]}
     assert all(passed for what, passed in checks.items() if "equals dense" in what or "fused SDPA" in what), checks
+    assert {"sliding_window (FlexAttention, eager) forward equals dense",
+            "sparse (FlexAttention, eager) forward equals dense"} <= set(checks)  # the CPU run reaches FlexAttention
+    assert all(passed for what, passed in checks.items() if "scaling point finished" in what) and any(
+        "scaling point finished" in what for what in checks), checks
     assert set(result["train_mfu"]["configs"]) == set(CONFIGS)
     assert all(row["mfu"] > 0 and row["tokens_per_s"] > 0 for row in result["train_mfu"]["configs"].values())
     lengths = result["local_attention"]["lengths"]
