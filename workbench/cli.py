@@ -6,6 +6,11 @@ then start without loading the runner, Lightning or the report layer (matplotlib
 
 from __future__ import annotations
 
+from workbench import stopping
+
+if __name__ == "__main__":  # `python -m workbench.cli`: the stop handler before the heavy imports
+    stopping.install_handlers()
+
 import json
 import sys
 import warnings
@@ -49,6 +54,8 @@ DEFAULT_SHOWWARNING = warnings.showwarning
 def main() -> None:
     """Declare studies of Transformer design choices, run them, read the reports."""
     warnings.showwarning = show_warning
+    if click.get_current_context().invoked_subcommand != "run":
+        stopping.leave_to_default()  # only a sweep stops cleanly (workbench.stopping)
 
 
 def variant_rows(axis: str) -> list[dict]:
@@ -142,7 +149,16 @@ def run_command(study: str, out: str | None, jobs: int, fresh: bool, profile: st
                         executor=executor, runs_dir=runs_dir, overrides=overrides)
     counts = ", ".join(f"{n} {status}" for status, n in sorted(summary.statuses.items())) or "nothing to run"
     click.echo(f"{summary.total} runs in {summary.out_dir}: {counts}; {summary.skipped} already done")
-    index = write_report(summary.out_dir, reports_dir or default_reports_dir(summary.out_dir))
+    index = None
+    try:
+        with stopping.immediate():  # the report is built aside and swapped in: a stop loses nothing
+            index = write_report(summary.out_dir, reports_dir or default_reports_dir(summary.out_dir))
+        stopping.check()
+    except stopping.RunInterrupted:
+        written = f"the report was written ({index})" if index else \
+            f"the report was not written (`workbench report {summary.out_dir}` writes it)"
+        raise stopping.RunInterrupted(f"stopped by {stopping.reason()} after the sweep: its {summary.total} runs are "
+                                      f"recorded in {summary.out_dir} ({counts}); {written}") from None
     click.echo(f"report: {index} (and {index.parent / 'report.md'})")
 
 

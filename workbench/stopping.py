@@ -1,14 +1,19 @@
 """Stopping a sweep on SIGTERM or SIGINT without losing or half-writing anything.
 
-    signal -> request_stop() -> every registered event is set
-           -> the training loop finishes its step, checkpoints it, raises RunInterrupted
-           -> the executor starts nothing new, waits for its running runs, re-raises
+One process decides: the driver (the `workbench run` process). Its handler turns the first
+signal into a stop request; its worker processes ignore SIGINT and SIGTERM (so a terminal's
+Ctrl-C, which signals the whole process group, reaches them only through the driver) and
+stop when the driver sets the event it shares with them.
+
+    signal -> driver: request_stop() -> its own event and every registered worker event set
+           -> each training loop finishes its step, checkpoints it, raises RunInterrupted
+           -> the executor starts nothing new, collects its running runs, re-raises
            -> the CLI prints one line and exits 130
 
-The driver's handler also sets the event shared with its worker processes (--jobs N), so
-the workers stop the same way; a worker whose driver disappears (SIGKILL) notices through a
-watchdog on its parent's pid and stops too, then exits instead of waiting for work.
-A second signal acts as if no handler were installed (the default: end now).
+`workbench run` installs the handler before anything else, so a signal during start-up,
+training, or a store or report write is the same clean stop. A worker whose driver
+disappears (SIGKILL) notices through a watchdog on its parent's pid, stops its run and
+exits. A second signal to the driver acts as if no handler were installed (end now).
 """
 
 from __future__ import annotations
@@ -17,13 +22,15 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from workbench.errors import WorkbenchError
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 PARENT_POLL_S = 0.5
-ORPHAN_GRACE_S = 120  # a worker without its driver exits at the latest this long after noticing
+ORPHAN_GRACE_S = 30  # a worker without its driver exits at the latest this long after noticing
 
 
 class RunInterrupted(WorkbenchError):
@@ -33,7 +40,8 @@ class RunInterrupted(WorkbenchError):
 
 
 _events: list[Any] = [threading.Event()]  # this process's event, plus one shared with workers
-_received: list[str] = []
+_received: list[str] = []  # the signals (or other reasons) this process was asked to stop for
+_at_once = [False]  # a signal raises RunInterrupted in the main thread right away (see immediate)
 
 
 def register_event(event: Any) -> None:
@@ -56,6 +64,12 @@ def stop_requested() -> bool:
     return any(event.is_set() for event in _events)
 
 
+def check() -> None:
+    """Raise RunInterrupted if a stop was requested (a long step checks between its parts)."""
+    if stop_requested():
+        raise RunInterrupted("stopped")
+
+
 def reason() -> str:
     return _received[0] if _received else "a stop request"
 
@@ -69,20 +83,38 @@ def reset() -> None:
 
 def _handler(signum: int, frame: Any) -> None:
     name = signal.Signals(signum).name
-    if stop_requested():  # the second signal: stop now
+    if _received:  # the second signal this process received: stop now
         signal.signal(signum, signal.SIG_DFL)
         os.kill(os.getpid(), signum)
         return
     request_stop(name)
+    if _at_once[0]:
+        raise RunInterrupted("stopped")
+
+
+@contextmanager
+def immediate(enabled: bool = True) -> Iterator[None]:
+    """Within `immediate()`: a signal raises RunInterrupted at once in the main thread, for work
+    that keeps nothing until it ends (a report built in a scratch folder); `immediate(False)`
+    inside it shields a step that must not be cut in half (swapping the built report in)."""
+    before = _at_once[0]
+    _at_once[0] = enabled
+    try:
+        if enabled:
+            check()
+        yield
+    finally:
+        _at_once[0] = before
 
 
 def install_handlers() -> dict[int, Any]:
-    """Route SIGTERM and SIGINT to request_stop(); returns the previous handlers (for restore).
-    Only the main thread can install handlers: elsewhere (a thread, a test runner) nothing changes."""
+    """In the driver: route SIGTERM and SIGINT to request_stop(); returns the handlers it
+    replaced (for restore_handlers), none when ours were in place already. Only the main
+    thread can install handlers: elsewhere (a thread, a test runner) nothing changes."""
     if threading.current_thread() is not threading.main_thread():
         return {}
-    previous = {sig: signal.getsignal(sig) for sig in SIGNALS}
-    for sig in SIGNALS:
+    previous = {sig: signal.getsignal(sig) for sig in SIGNALS if signal.getsignal(sig) is not _handler}
+    for sig in previous:
         signal.signal(sig, _handler)
     return previous
 
@@ -90,6 +122,36 @@ def install_handlers() -> dict[int, Any]:
 def restore_handlers(previous: dict[int, Any]) -> None:
     for sig, handler in previous.items():
         signal.signal(sig, handler)
+
+
+def leave_to_default() -> None:
+    """A command other than a sweep ends at once on a signal (KeyboardInterrupt on SIGINT);
+    one that arrived while it started ends it now."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    restore_handlers({signal.SIGINT: signal.default_int_handler, signal.SIGTERM: signal.SIG_DFL})
+    if _received:
+        raise KeyboardInterrupt
+
+
+@contextmanager
+def signals_blocked() -> Iterator[None]:
+    """Hold SIGINT and SIGTERM back while starting a worker process: it inherits the blocked
+    mask and ignores both (ignore_signals) before any can reach it; the driver receives a
+    signal that arrived meanwhile as soon as this block ends."""
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
+
+
+def ignore_signals() -> None:
+    """In a worker: SIGINT and SIGTERM are the driver's to handle (it relays a stop through
+    the shared event); a pending one from before is discarded."""
+    for sig in SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, SIGNALS)
 
 
 def watch_parent(parent_pid: int) -> None:

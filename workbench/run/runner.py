@@ -17,7 +17,7 @@ then the final runs at each point's chosen values (workbench.tuning); both resum
 
 One sweep writes a folder at a time (store.WriterLock, taken before --fresh clears anything).
 SIGTERM/SIGINT stop the sweep cleanly (workbench.stopping): the running runs checkpoint their
-current step, finished ones are recorded, and RunInterrupted says how to continue.
+current step, finished ones are recorded, and RunInterrupted says what each running run did.
 """
 
 from __future__ import annotations
@@ -260,15 +260,15 @@ def sweeping(study_name: str, out: Path, total: int, options: RunOptions,
     stop: what ended is recorded, and RunInterrupted says how to continue."""
     summary = Summary(out_dir=out, total=total)
     progress = SweepProgress(study_name, total, options.quiet, options.console, line=line or run_line)
-    stopping.reset()
-    handlers = stopping.install_handlers()
+    handlers = stopping.install_handlers()  # `workbench run` installed them at start-up already
     try:
+        stopping.check()  # a signal during start-up
         yield summary, progress
-    except stopping.RunInterrupted:
+    except stopping.RunInterrupted as err:
         done = summary.skipped + sum(summary.statuses.values())
         raise stopping.RunInterrupted(
-            f"stopped by {stopping.reason()}: {done} of {total} runs done and recorded in {out}, the running "
-            "ones checkpointed; run the same command again to continue") from None
+            f"stopped by {stopping.reason()}: {done} of {total} runs done and recorded in {out}; {err}; "
+            "run the same command again to continue") from None
     finally:
         stopping.restore_handlers(handlers)
         progress.close()

@@ -52,7 +52,7 @@ from workbench.model import Transformer, attention_entropy, build_model, record_
 from workbench.position import PositionLimitError
 from workbench.registry import run_providers
 from workbench.results import CONFIG_FILE, FINAL_WEIGHTS, LAST_CHECKPOINT, PROGRESS_FILE, RESULT_FILE
-from workbench.results import ATTENTION_ENTROPY, RunResult, Status, flatten, write_json_atomic
+from workbench.results import ATTENTION_ENTROPY, RunResult, Status, flatten, write_json_atomic, write_text_atomic
 from workbench.weights import make_task, refuse_or_explain, save_final_weights
 
 # Status of a run, as stored.
@@ -500,6 +500,7 @@ class StopOnRequest(Callback):
         if stopping.stop_requested():
             if outputs is not None and trainer.global_step < trainer.max_steps:  # nothing to keep otherwise
                 trainer.save_checkpoint(self.path)
+                raise stopping.RunInterrupted(f"stopped at step {trainer.global_step} and checkpointed it")
             raise stopping.RunInterrupted(f"stopped at step {trainer.global_step}")
 
 
@@ -537,10 +538,12 @@ def train_run(run_id: str, config: dict[str, Any], run_dir: Path) -> RunResult:
     """Train one run to completion (or divergence / error) and write its result.json and
     final weights. Continues from checkpoints/last.ckpt when an earlier attempt left one.
     Never raises for a run's own failure: outcomes are data."""
+    if stopping.stop_requested():
+        raise stopping.RunInterrupted("had not begun training")
     quiet_lightning()
     start = time.perf_counter()
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / CONFIG_FILE).write_text(json.dumps(config, indent=2, sort_keys=True))
+    write_text_atomic(run_dir / CONFIG_FILE, json.dumps(config, indent=2, sort_keys=True))
     train = config["train"]
     device = resolve_accelerator(train)
     memory = PeakMemory(on_cuda=device == "cuda")
@@ -586,7 +589,8 @@ def train_run(run_id: str, config: dict[str, Any], run_dir: Path) -> RunResult:
         result.status, result.error = Status.OOM, f"{type(err).__name__}: {err}".splitlines()[0]
     except Exception as err:  # any other error is this run's outcome; the sweep goes on
         result.status, result.error = Status.FAILED, f"{type(err).__name__}: {err}".splitlines()[0]
-        (run_dir / "error.txt").write_text(traceback.format_exc())
+        with contextlib.suppress(OSError):  # a full disk fails this too; the error is in the result already
+            write_text_atomic(run_dir / "error.txt", traceback.format_exc())
     finally:
         torch.use_deterministic_algorithms(deterministic_before)  # Trainer(deterministic=True) sets it globally
     if recorder is not None:
