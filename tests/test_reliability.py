@@ -147,7 +147,7 @@ def finished_ids(out: Path) -> set[str]:
 
 
 def test_a_second_writer_is_refused_naming_the_holder_and_readers_still_work(finished_out, tmp_path):
-    from workbench.run.store import WriterLock
+    from workbench.run.folder import WriterLock
 
     study, out = copy_of(finished_out, tmp_path)
     before = finished_ids(out)

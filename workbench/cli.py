@@ -131,20 +131,21 @@ def run_command(study: str, out: str | None, jobs: int, fresh: bool, profile: st
                 runs_dir: str | None, reports_dir: str | None) -> None:
     """Train every run of STUDY (a YAML file); finished runs in the folder are kept. Writes the
     study's report at the end."""
-    from workbench.kinds import get_kind
-    from workbench.report import write_report
-    from workbench.run.runner import run_study
-    from workbench.study import load_study
+    with stopping.immediate(stopping.BEFORE_START):  # nothing is written yet: a signal ends it at once
+        from workbench.kinds import get_kind
+        from workbench.report import write_report
+        from workbench.run.runner import run_study
+        from workbench.study import load_study
 
-    if dry_run:
-        study_file = load_study(study, profile, overrides)
-        click.echo(get_kind(study_file.study.kind).dry_run(study_file), nl=False)
-        return
-    executor = None
-    if executor_name == "ray":
-        from workbench.run.executor_ray import RayExecutor
+        if dry_run:
+            study_file = load_study(study, profile, overrides)
+            click.echo(get_kind(study_file.study.kind).dry_run(study_file), nl=False)
+            return
+        executor = None
+        if executor_name == "ray":
+            from workbench.run.executor_ray import RayExecutor
 
-        executor = RayExecutor(address, cpus=cpus_per_run, gpus=gpus_per_run)
+            executor = RayExecutor(address, cpus=cpus_per_run, gpus=gpus_per_run)
     summary = run_study(study, out, jobs=jobs, fresh=fresh, profile=profile, quiet=quiet,
                         executor=executor, runs_dir=runs_dir, overrides=overrides)
     counts = ", ".join(f"{n} {status}" for status, n in sorted(summary.statuses.items())) or "nothing to run"
@@ -165,8 +166,13 @@ def run_command(study: str, out: str | None, jobs: int, fresh: bool, profile: st
 def default_reports_dir(out_dir: str | Path) -> Path:
     """reports/ beside the default output folders runs/<name>/; a study run elsewhere keeps
     its report with its results: OUT/reports/."""
+    from workbench.run.folder import refuse_links
+
     out_dir = Path(out_dir)
-    return Path("reports") if out_dir.parent == Path("runs") else out_dir / "reports"
+    if out_dir.parent == Path("runs"):
+        return Path("reports")
+    refuse_links(out_dir, "reports")  # a received folder's own `reports` must not lead elsewhere
+    return out_dir / "reports"
 
 
 @main.command("validate")

@@ -41,7 +41,7 @@ class RunInterrupted(WorkbenchError):
 
 _events: list[Any] = [threading.Event()]  # this process's event, plus one shared with workers
 _received: list[str] = []  # the signals (or other reasons) this process was asked to stop for
-_at_once = [False]  # a signal raises RunInterrupted in the main thread right away (see immediate)
+_at_once: list[str | None] = [None]  # set: a signal raises RunInterrupted at once, saying this (immediate)
 
 
 def register_event(event: Any) -> None:
@@ -64,10 +64,13 @@ def stop_requested() -> bool:
     return any(event.is_set() for event in _events)
 
 
-def check() -> None:
-    """Raise RunInterrupted if a stop was requested (a long step checks between its parts)."""
+def check(what: str = "no run was training") -> None:
+    """Raise RunInterrupted(what) if a stop was requested (long work checks between its parts)."""
     if stop_requested():
-        raise RunInterrupted("stopped")
+        raise RunInterrupted(what)
+
+
+BEFORE_START = "before the sweep began: nothing was trained or recorded; run the same command again to start it"
 
 
 def reason() -> str:
@@ -88,20 +91,21 @@ def _handler(signum: int, frame: Any) -> None:
         os.kill(os.getpid(), signum)
         return
     request_stop(name)
-    if _at_once[0]:
-        raise RunInterrupted("stopped")
+    if _at_once[0] is not None:
+        raise RunInterrupted(f"stopped by {name} {_at_once[0]}".strip())
 
 
 @contextmanager
-def immediate(enabled: bool = True) -> Iterator[None]:
-    """Within `immediate()`: a signal raises RunInterrupted at once in the main thread, for work
-    that keeps nothing until it ends (a report built in a scratch folder); `immediate(False)`
+def immediate(what: str | None = "") -> Iterator[None]:
+    """Within `immediate(what)`: a signal raises RunInterrupted("stopped by SIGINT <what>") at
+    once in the main thread, for work that writes nothing or keeps nothing until it ends (the
+    start-up's imports and checks, a report built in a scratch folder); `immediate(None)`
     inside it shields a step that must not be cut in half (swapping the built report in)."""
     before = _at_once[0]
-    _at_once[0] = enabled
+    _at_once[0] = what
     try:
-        if enabled:
-            check()
+        if what is not None:
+            check(f"stopped by {reason()} {what}".strip())
         yield
     finally:
         _at_once[0] = before
