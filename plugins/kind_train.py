@@ -14,7 +14,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from workbench import hookimpl, stopping
+from workbench import hookimpl
 from workbench.run.executor import make_executor
 from workbench.hardware import Machine, Need, train_needs
 from workbench.kinds import RunOptions, StudyKind
@@ -80,8 +80,7 @@ class TrainKind(StudyKind):
         study = study_file.study
         tuning = tuning_runs(study_file)  # none without `tune:`
         finals = expand(study_file) if study.tune is None else None  # with `tune:`, known once tuning is done
-        with stopping.immediate(stopping.BEFORE_START):  # Lightning loads for this check: a signal ends it at once
-            check_devices(study_file, [*tuning, *(finals or [])])  # before the folder is touched (--fresh clears it)
+        check_devices(study_file, [*tuning, *(finals or [])])  # before the folder is touched (--fresh clears it)
         if options.fresh:
             clear_outputs(out, [run.run_id for run in [*tuning, *(finals or candidate_final_runs(study_file))]])
         store = Store(out)

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 from workbench import stopping
 
-if __name__ == "__main__":  # `python -m workbench.cli`: the stop handler before the heavy imports
+OWN_PROCESS = __name__ == "__main__"  # not called from other code (tests): may end the process itself
+if OWN_PROCESS:  # `python -m workbench.cli`: the stop handler before the heavy imports
     stopping.install_handlers()
 
 import json
+import os
 import sys
 import warnings
 from pathlib import Path
@@ -32,6 +34,9 @@ class WorkbenchGroup(click.Group):
             return super().invoke(ctx)
         except WorkbenchError as err:
             click.echo(f"error: {err}", err=True)
+            if isinstance(err, stopping.RunInterrupted) and OWN_PROCESS:
+                sys.stdout.flush()  # everything is on disk: skip the interpreter's seconds-long teardown
+                os._exit(err.exit_code)
             sys.exit(getattr(err, "exit_code", 2))
         except KeyboardInterrupt:  # Ctrl-C outside a sweep (which stops cleanly by itself)
             click.echo("error: interrupted", err=True)
@@ -131,7 +136,9 @@ def run_command(study: str, out: str | None, jobs: int, fresh: bool, profile: st
                 runs_dir: str | None, reports_dir: str | None) -> None:
     """Train every run of STUDY (a YAML file); finished runs in the folder are kept. Writes the
     study's report at the end."""
-    with stopping.immediate(stopping.BEFORE_START):  # nothing is written yet: a signal ends it at once
+    # Until the sweep begins (runner.sweeping) a signal ends the command at once: what it
+    # writes by then (the lock, --fresh, the study's record) is transactional or a fresh start.
+    with stopping.immediate(stopping.BEFORE_START if OWN_PROCESS else None):
         from workbench.kinds import get_kind
         from workbench.report import write_report
         from workbench.run.runner import run_study
@@ -146,20 +153,16 @@ def run_command(study: str, out: str | None, jobs: int, fresh: bool, profile: st
             from workbench.run.executor_ray import RayExecutor
 
             executor = RayExecutor(address, cpus=cpus_per_run, gpus=gpus_per_run)
-    summary = run_study(study, out, jobs=jobs, fresh=fresh, profile=profile, quiet=quiet,
-                        executor=executor, runs_dir=runs_dir, overrides=overrides)
+        summary = run_study(study, out, jobs=jobs, fresh=fresh, profile=profile, quiet=quiet,
+                            executor=executor, runs_dir=runs_dir, overrides=overrides)
     counts = ", ".join(f"{n} {status}" for status, n in sorted(summary.statuses.items())) or "nothing to run"
     click.echo(f"{summary.total} runs in {summary.out_dir}: {counts}; {summary.skipped} already done")
-    index = None
-    try:
-        with stopping.immediate():  # the report is built aside and swapped in: a stop loses nothing
-            index = write_report(summary.out_dir, reports_dir or default_reports_dir(summary.out_dir))
-        stopping.check()
-    except stopping.RunInterrupted:
-        written = f"the report was written ({index})" if index else \
-            f"the report was not written (`workbench report {summary.out_dir}` writes it)"
-        raise stopping.RunInterrupted(f"stopped by {stopping.reason()} after the sweep: its {summary.total} runs are "
-                                      f"recorded in {summary.out_dir} ({counts}); {written}") from None
+    done = f"after the sweep: its {summary.total} runs are recorded in {summary.out_dir} ({counts})"
+    # the report is built in a scratch folder and swapped in: a stop while it builds loses nothing
+    with stopping.immediate(f"{done}; the report was not written (`workbench report {summary.out_dir}` "
+                            "writes it)" if OWN_PROCESS else None):
+        index = write_report(summary.out_dir, reports_dir or default_reports_dir(summary.out_dir))
+    stopping.check(f"stopped by {stopping.reason()} {done}; the report was written ({index})")
     click.echo(f"report: {index} (and {index.parent / 'report.md'})")
 
 

@@ -3,17 +3,18 @@
 One process decides: the driver (the `workbench run` process). Its handler turns the first
 signal into a stop request; its worker processes ignore SIGINT and SIGTERM (so a terminal's
 Ctrl-C, which signals the whole process group, reaches them only through the driver) and
-stop when the driver sets the event it shares with them.
+stop when the driver tells them to (workbench.run.executor).
 
-    signal -> driver: request_stop() -> its own event and every registered worker event set
+    signal -> driver: request_stop() -> the executor tells each worker to stop
            -> each training loop finishes its step, checkpoints it, raises RunInterrupted
            -> the executor starts nothing new, collects its running runs, re-raises
            -> the CLI prints one line and exits 130
 
 `workbench run` installs the handler before anything else, so a signal during start-up,
-training, or a store or report write is the same clean stop. A worker whose driver
-disappears (SIGKILL) notices through a watchdog on its parent's pid, stops its run and
-exits. A second signal to the driver acts as if no handler were installed (end now).
+training, or a store or report write is the same clean stop; during start-up and a report
+build, which have nothing to checkpoint, it ends the process at once (`immediate`). A worker
+whose driver disappears (SIGKILL) notices (its pipe closes), stops its run and exits. A
+second signal to the driver acts as if no handler were installed (end now).
 """
 
 from __future__ import annotations
@@ -29,7 +30,6 @@ from typing import Any
 from workbench.errors import WorkbenchError
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
-PARENT_POLL_S = 0.5
 ORPHAN_GRACE_S = 30  # a worker without its driver exits at the latest this long after noticing
 
 
@@ -39,29 +39,18 @@ class RunInterrupted(WorkbenchError):
     exit_code = 130
 
 
-_events: list[Any] = [threading.Event()]  # this process's event, plus one shared with workers
+_requested = threading.Event()
 _received: list[str] = []  # the signals (or other reasons) this process was asked to stop for
-_at_once: list[str | None] = [None]  # set: a signal raises RunInterrupted at once, saying this (immediate)
-
-
-def register_event(event: Any) -> None:
-    """Also set `event` (e.g. a multiprocessing.Event shared with workers) when a stop is requested."""
-    _events.append(event)
-
-
-def unregister_event(event: Any) -> None:
-    if event in _events:
-        _events.remove(event)
+_at_once: list[str | None] = [None]  # set: a signal ends the process at once, saying this (immediate)
 
 
 def request_stop(reason: str = "a stop request") -> None:
     _received.append(reason)
-    for event in _events:
-        event.set()
+    _requested.set()
 
 
 def stop_requested() -> bool:
-    return any(event.is_set() for event in _events)
+    return _requested.is_set()
 
 
 def check(what: str = "no run was training") -> None:
@@ -80,8 +69,7 @@ def reason() -> str:
 def reset() -> None:
     """Forget an earlier stop request (a new sweep in the same process)."""
     _received.clear()
-    for event in _events:
-        event.clear()
+    _requested.clear()
 
 
 def _handler(signum: int, frame: Any) -> None:
@@ -91,24 +79,32 @@ def _handler(signum: int, frame: Any) -> None:
         os.kill(os.getpid(), signum)
         return
     request_stop(name)
-    if _at_once[0] is not None:
-        raise RunInterrupted(f"stopped by {name} {_at_once[0]}".strip())
+    if _at_once[0] is not None:  # os.write: the main thread may be inside a print to stderr
+        os.write(2, f"error: stopped by {name} {_at_once[0]}\n".encode())
+        os._exit(RunInterrupted.exit_code)
 
 
 @contextmanager
-def immediate(what: str | None = "") -> Iterator[None]:
-    """Within `immediate(what)`: a signal raises RunInterrupted("stopped by SIGINT <what>") at
-    once in the main thread, for work that writes nothing or keeps nothing until it ends (the
-    start-up's imports and checks, a report built in a scratch folder); `immediate(None)`
+def immediate(what: str | None) -> Iterator[None]:
+    """Within `immediate(what)`, in a `workbench` process: a signal prints "error: stopped by
+    SIGINT <what>" and ends the process at once (exit 130). For work that has written nothing
+    yet, or only into a scratch folder the next run removes (start-up, a report being built);
+    never an exception, which an import or a library could catch halfway. `immediate(None)`
     inside it shields a step that must not be cut in half (swapping the built report in)."""
     before = _at_once[0]
     _at_once[0] = what
     try:
         if what is not None:
-            check(f"stopped by {reason()} {what}".strip())
+            check(f"stopped by {reason()} {what}")
         yield
     finally:
-        _at_once[0] = before
+        _at_once[0] = before if _at_once[0] == what else _at_once[0]  # a defer() inside stands
+
+
+def defer() -> None:
+    """End an `immediate` start-up for good: from here a signal only requests the stop (a sweep
+    began, whose running runs checkpoint first)."""
+    _at_once[0] = None
 
 
 def install_handlers() -> dict[int, Any]:
@@ -156,21 +152,3 @@ def ignore_signals() -> None:
     for sig in SIGNALS:
         signal.signal(sig, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, SIGNALS)
-
-
-def watch_parent(parent_pid: int) -> None:
-    """In a worker process: when the driver is gone (its pid is no longer our parent), stop the
-    run in progress (it checkpoints) and exit; never linger as an orphan."""
-
-    def watch() -> None:
-        while os.getppid() == parent_pid:
-            time.sleep(PARENT_POLL_S)
-        request_stop("the driver process ended")
-        time.sleep(ORPHAN_GRACE_S)
-        os._exit(1)
-
-    threading.Thread(target=watch, name="workbench-parent-watchdog", daemon=True).start()
-
-
-def orphaned(parent_pid: int) -> bool:
-    return os.getppid() != parent_pid

@@ -18,9 +18,11 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
+import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import suppress
 from dataclasses import dataclass
 from multiprocessing.connection import wait
 from pathlib import Path
@@ -75,13 +77,12 @@ class InProcessExecutor(Executor):
 # ---- worker processes ------------------------------------------------------------------------
 
 
-def worker_main(conn, threads: int, stop_event: Any, parent_pid: int) -> None:
+def worker_main(conn, stop_conn, threads: int) -> None:
     """A worker: runs the jobs the driver sends, one at a time, and sends back ("started",),
-    then ("result", RunResult) or ("interrupted", "stopped at step N"); leaves on None or
-    when the driver is gone."""
+    then ("result", RunResult) or ("interrupted", "stopped at step N ..."); leaves on None or
+    when the driver is gone. `stop_conn` carries the driver's stop request (relay_stop)."""
     stopping.ignore_signals()  # started with them blocked (stopping.signals_blocked)
-    stopping.register_event(stop_event)  # the driver's stop request reaches this worker's run
-    stopping.watch_parent(parent_pid)
+    relay_stop(stop_conn)
     import torch  # a spawned worker loads torch here, once, before its first run
 
     torch.set_num_threads(threads)  # N workers share the cores instead of oversubscribing them
@@ -89,9 +90,9 @@ def worker_main(conn, threads: int, stop_event: Any, parent_pid: int) -> None:
         try:
             job = conn.recv()
         except (EOFError, OSError):  # the driver is gone
-            return
-        if job is None:
-            return
+            job = None
+        if job is None:  # leave now: nothing to flush, and an interpreter's teardown takes seconds
+            os._exit(0)
         try:
             conn.send(("started",))
             try:
@@ -104,6 +105,23 @@ def worker_main(conn, threads: int, stop_event: Any, parent_pid: int) -> None:
             conn.send(outcome)
         except (BrokenPipeError, EOFError, OSError):  # the driver is gone: nobody reads the result
             os._exit(1)
+
+
+def relay_stop(stop_conn) -> None:
+    """In a worker: a message from the driver stops the run in progress (it checkpoints); the
+    pipe closing means the driver is gone: the run stops too and the worker exits, at the
+    latest stopping.ORPHAN_GRACE_S later (never an orphan)."""
+
+    def relay() -> None:
+        try:
+            stop_conn.recv()
+        except (EOFError, OSError):
+            stopping.request_stop("the driver process ended")
+            time.sleep(stopping.ORPHAN_GRACE_S)
+            os._exit(1)
+        stopping.request_stop("the driver's stop request")
+
+    threading.Thread(target=relay, name="workbench-stop-relay", daemon=True).start()
 
 
 def oom_kills() -> int | None:
@@ -136,36 +154,60 @@ def death_result(job: Job, exitcode: int | None, oom_before: int | None) -> RunR
 class Worker:
     """One spawned worker process, the pipe to it, and the job it runs (None: idle)."""
 
-    def __init__(self, context, threads: int, stop_event: Any):
+    def __init__(self, context, threads: int):
         self.conn, child = context.Pipe()
-        self.process = context.Process(target=worker_main, args=(child, threads, stop_event, os.getpid()),
-                                       name="workbench-worker")
+        stop_reader, self.stop_conn = context.Pipe(duplex=False)
+        self.process = context.Process(target=worker_main, args=(child, stop_reader, threads), name="workbench-worker")
         with stopping.signals_blocked():  # the worker ignores signals before any can reach it
             self.process.start()
         child.close()
+        stop_reader.close()
         self.job: Job | None = None
         self.started = False  # its job began training (the worker said so)
+        self.stopping = False  # it was told to stop its run
         self.oom_before: int | None = None
+
+    def stop(self) -> None:
+        if not self.stopping:
+            self.stopping = True
+            with suppress(OSError):
+                self.stop_conn.send("stop")
 
     def give(self, job: Job) -> None:
         self.job, self.started, self.oom_before = job, False, oom_kills()
         self.conn.send(job)
 
     def done(self) -> None:
-        self.job, self.started = None, False
+        self.job, self.started, self.stopping = None, False, False
 
-    def close(self) -> None:
-        """Tell it to leave; kill it if it has not within JOIN_S."""
-        if self.process.is_alive():
-            try:
-                self.conn.send(None)
-            except OSError:
-                pass
-            self.process.join(JOIN_S)
-        if self.process.is_alive():
-            self.process.kill()
-            self.process.join()
-        self.conn.close()
+    def leave(self) -> None:
+        """Tell it to leave (close_all waits for it)."""
+        with suppress(OSError):
+            self.conn.send(None)
+
+
+def close_all(workers: list[Worker]) -> None:
+    """Tell every worker to leave; kill those still there after JOIN_S."""
+    for worker in workers:
+        worker.leave()
+    deadline = time.monotonic() + JOIN_S
+    for worker in workers:
+        worker.process.join(max(0.0, deadline - time.monotonic()))
+        if worker.process.is_alive():
+            worker.process.kill()
+            worker.process.join()
+        worker.conn.close()
+        worker.stop_conn.close()
+    reap_resource_tracker()
+
+
+def reap_resource_tracker() -> None:
+    """multiprocessing starts a resource tracker with the first spawned process; it would end
+    only after the driver, as a zombie nobody reaps. Stopped here, once no worker is left."""
+    from multiprocessing import resource_tracker
+
+    with suppress(Exception):  # a private API: at worst the tracker ends after the driver, as before
+        resource_tracker._resource_tracker._stop()
 
 
 class LocalProcessExecutor(Executor):
@@ -178,8 +220,6 @@ class LocalProcessExecutor(Executor):
 
     def run(self, jobs: Sequence[Job]) -> Iterator[Any]:
         context = multiprocessing.get_context("spawn")
-        stop_event = context.Event()
-        stopping.register_event(stop_event)
         queue = list(jobs)
         workers: list[Worker] = []
         stopped: list[str] = []  # what each running run did on the stop request
@@ -189,7 +229,7 @@ class LocalProcessExecutor(Executor):
                 while queue and not stopping.stop_requested():
                     idle = next((w for w in workers if w.job is None), None)
                     if idle is None and len(workers) < self.n:
-                        idle = Worker(context, self.threads, stop_event)
+                        idle = Worker(context, self.threads)
                         workers.append(idle)
                     if idle is None:
                         break
@@ -203,6 +243,7 @@ class LocalProcessExecutor(Executor):
                 if stopping.stop_requested():
                     stop_seen = stop_seen or time.monotonic()
                     for worker in busy:
+                        worker.stop()
                         # one that has not begun training holds nothing; one past the grace is stuck
                         if not worker.started or time.monotonic() - stop_seen > STOP_GRACE_S:
                             stopped.append("had not begun training" if not worker.started else
@@ -210,6 +251,7 @@ class LocalProcessExecutor(Executor):
                             worker.process.kill()
                             worker.process.join()
                             worker.conn.close()
+                            worker.stop_conn.close()
                             workers.remove(worker)
                     busy = [w for w in workers if w.job is not None]
                     if not busy:
@@ -217,17 +259,16 @@ class LocalProcessExecutor(Executor):
                 # a timeout, so a stop request is seen while runs train (a signal does not end the wait)
                 wait([w.conn for w in busy] + [w.process.sentinel for w in busy], timeout=0.5)
                 for worker in busy:
-                    yield from self._collect(worker, workers, context, stop_event, stopped)
+                    yield from self._collect(worker, workers, stopped)
             if stopped or stopping.stop_requested():
                 raise stopping.RunInterrupted(interrupted_runs(stopped))
         finally:
-            if any(w.job is not None for w in workers):  # the driver failed or stopped reading
-                stop_event.set()  # the workers' runs checkpoint and end
             for worker in workers:
-                worker.close()
-            stopping.unregister_event(stop_event)
+                if worker.job is not None:  # the driver failed or stopped reading: the run checkpoints and ends
+                    worker.stop()
+            close_all(workers)
 
-    def _collect(self, worker: Worker, workers: list[Worker], context, stop_event, stopped: list[str]) -> Iterator[Any]:
+    def _collect(self, worker: Worker, workers: list[Worker], stopped: list[str]) -> Iterator[Any]:
         """The messages `worker` has sent; a result ends its job; a dead worker is replaced."""
         while worker.job is not None:
             try:
@@ -240,6 +281,7 @@ class LocalProcessExecutor(Executor):
                 worker.process.join()
                 job, exitcode = worker.job, worker.process.exitcode
                 worker.conn.close()
+                worker.stop_conn.close()
                 workers.remove(worker)
                 yield death_result(job, exitcode, worker.oom_before)
                 return
@@ -256,11 +298,10 @@ class LocalProcessExecutor(Executor):
 
 
 def interrupted_runs(stopped: list[str]) -> str:
-    """'2 running runs: stopped at step 57 and checkpointed; ...', or that none was running."""
+    """'2 running run(s): stopped at step 57 and checkpointed it; ...', or that none was running."""
     if not stopped:
         return "no run was training"
-    return f"{len(stopped)} running run(s): " + "; ".join(
-        f"{what} and checkpointed" if what.startswith("stopped at step") else what for what in stopped)
+    return f"{len(stopped)} running run(s): " + "; ".join(stopped)
 
 
 def make_executor(jobs: int, on_start=None) -> Executor:

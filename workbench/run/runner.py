@@ -268,6 +268,7 @@ def sweeping(study_name: str, out: Path, total: int, options: RunOptions,
     summary = Summary(out_dir=out, total=total)
     progress = SweepProgress(study_name, total, options.quiet, options.console, line=line or run_line)
     handlers = stopping.install_handlers()  # `workbench run` installed them at start-up already
+    stopping.defer()  # from here a stop lets the running runs checkpoint
     try:
         stopping.check()  # a signal during start-up
         yield summary, progress
