@@ -80,7 +80,8 @@ class TrainKind(StudyKind):
         study = study_file.study
         tuning = tuning_runs(study_file)  # none without `tune:`
         finals = expand(study_file) if study.tune is None else None  # with `tune:`, known once tuning is done
-        check_devices(study_file, [*tuning, *(finals or [])])  # before the folder is touched (--fresh clears it)
+        executor = options.executor or make_executor(options.jobs)
+        check_devices(study_file, [*tuning, *(finals or [])], executor.cluster)  # before --fresh clears anything
         if options.fresh:
             clear_outputs(out, [run.run_id for run in [*tuning, *(finals or candidate_final_runs(study_file))]])
         store = Store(out)
@@ -90,7 +91,6 @@ class TrainKind(StudyKind):
             store.save_study({"runs_dir": str(options.runs_dir.resolve())})
 
         total = len(tuning) + len(study.sweep.points()) * len(study.seeds)
-        executor = options.executor or make_executor(options.jobs)
         names = {run.run_id: run.describe for run in [*tuning, *(finals or [])]}
         with sweeping(study.name, out, total, options) as (summary, progress):
             if executor.on_start is None:  # a live row per running run
@@ -136,13 +136,14 @@ def train_sections(runs: list[RunConfig]) -> list[dict[str, Any]]:
     return list({canonical_json(r.config["train"]): r.config["train"] for r in runs}.values())
 
 
-def check_devices(study_file: StudyFile, runs: list[RunConfig]) -> None:
-    """Every training setting can run on this machine (precision, accelerator, logger)."""
+def check_devices(study_file: StudyFile, runs: list[RunConfig], cluster: bool = False) -> None:
+    """Every training setting can run on this machine, or the named cluster (precision,
+    accelerator, devices, nodes, logger)."""
     # Lightning loads only when a train study is validated or run, not with the plugins.
     from workbench.run.train import check_device
 
     for train in train_sections(runs):
-        check_device(train, study_file.source_of)
+        check_device(train, study_file.source_of, cluster)
 
 
 def report_choice(tuned: PointTuning, study: TrainStudy, summary: Summary, progress: SweepProgress) -> None:

@@ -8,9 +8,9 @@ __all__ = ["build_model", "hookimpl", "__version__"]
 
 
 def __getattr__(name: str):
-    # torch loads with the model, on first use: `workbench` installs its stop handler before
-    # that (a Ctrl-C during start-up is a clean stop, workbench.stopping)
     if name == "build_model":
+        # torch loads with the model, on first use: `workbench` installs its stop handler before
+        # that (a Ctrl-C during start-up is a clean stop, workbench.stopping)
         from workbench.model import build_model
 
         return build_model

@@ -6,7 +6,7 @@ from workbench import stopping
 
 def main() -> None:
     stopping.install_handlers()
-    from workbench import cli
+    from workbench import cli  # after the handler: the CLI loads torch
 
     cli.OWN_PROCESS = True
     cli.main()

@@ -186,7 +186,10 @@ def default_reports_dir(out_dir: str | Path) -> Path:
 @click.option("--device", type=click.Choice(["cpu", "cuda", "mps"]), default=None,
               help="check the hardware the study needs against a machine with this device (a CUDA GPU is "
                    "taken to have bfloat16) instead of this one: what it lacks is an error")
-def validate_command(study: str, profile: str | None, overrides: tuple[str, ...], device: str | None) -> None:
+@click.option("--address", default=None,
+              help="the Ray cluster (HOST:PORT) the study will run on: its devices and nodes are not checked here")
+def validate_command(study: str, profile: str | None, overrides: tuple[str, ...], device: str | None,
+                     address: str | None) -> None:
     """Check STUDY and every run of its sweep, without training. Hardware this machine lacks (a
     GPU for bf16-mixed, say) is a note, not an error: the study is fine, `run` here would refuse."""
     from workbench.hardware import Machine
@@ -196,10 +199,12 @@ def validate_command(study: str, profile: str | None, overrides: tuple[str, ...]
     study_file = load_study(study, profile, overrides)
     kind = get_kind(study_file.study.kind)
     line = kind.describe(study_file)
-    machine = Machine.target(device) if device else Machine.here()
+    machine = (Machine.target(device, cluster=address is not None) if device
+               else Machine.here(cluster=address is not None))
     needs = kind.hardware_needs(study_file, machine)
-    if device and needs:
-        raise WorkbenchError(needs[0].error(study_file.source_of(needs[0].field), machine))
+    refused = needs if device else [need for need in needs if need.unservable]
+    if refused:
+        raise WorkbenchError(refused[0].error(study_file.source_of(refused[0].field), machine))
     click.echo(line)
     for need in needs:
         click.echo(f"note: {need.note(machine)}", err=True)

@@ -49,6 +49,7 @@ class Executor(ABC):
     """Runs jobs; yields one RunResult per job, in completion order."""
 
     on_start: Callable[[Job], None] | None = None  # called as each job starts (progress)
+    cluster = False  # runs go to other machines (a named cluster), which serve their devices and nodes
 
     @abstractmethod
     def run(self, jobs: Sequence[Job]) -> Iterator[Any]:

@@ -42,6 +42,7 @@ class RayExecutor(Executor):
     def __init__(self, address: str | None = None, cpus: float = 1, gpus: float = 0,
                  max_retries: int = 3, on_start=None):
         self.address, self.cpus, self.gpus = address, cpus, gpus
+        self.cluster = address is not None
         self.max_retries = max_retries
         self.on_start = on_start
 

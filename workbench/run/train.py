@@ -47,6 +47,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from workbench import stopping
 from workbench.errors import WorkbenchError
 from workbench.hardware import Machine, train_needs
+from workbench.run.distributed import lightning_strategy
 from workbench.cost.memory import LiveTensorBytes
 from workbench.model import Transformer, attention_entropy, build_model, record_attention
 from workbench.position import PositionLimitError
@@ -278,11 +279,13 @@ def resolve_accelerator(train: dict[str, Any]) -> str:
     return Machine.here().device_for(train["accelerator"])
 
 
-def check_device(train: dict[str, Any], source_of: Callable[[str], str | None] = lambda key: None) -> str:
+def check_device(train: dict[str, Any], source_of: Callable[[str], str | None] = lambda key: None,
+                 cluster: bool = False) -> str:
     """The device the runs will use; a WorkbenchError, before anything trains, when a setting
-    needs hardware this machine lacks (workbench.hardware) or the chosen logger is not installed.
-    `source_of(key)` names the option that set a key (StudyFile.source_of), for the advice."""
-    machine = Machine.here()
+    needs hardware this machine (or with `cluster`, the named cluster) lacks (workbench.hardware)
+    or the chosen logger is not installed. `source_of(key)` names the option that set a key
+    (StudyFile.source_of), for the advice."""
+    machine = Machine.here(cluster=cluster)
     needs = train_needs(train, machine)
     if needs:
         raise WorkbenchError(needs[0].error(source_of(needs[0].field), machine))
@@ -563,7 +566,7 @@ def train_run(run_id: str, config: dict[str, Any], run_dir: Path) -> RunResult:
         ckpt.with_name(ckpt.name + ".tmp").unlink(missing_ok=True)  # a save cut short by a kill
         trainer = pl.Trainer(
             max_steps=train["steps"], max_epochs=-1, limit_val_batches=0, num_sanity_val_steps=0,
-            accelerator=train["accelerator"], devices=train["devices"], strategy=train["strategy"],
+            accelerator=train["accelerator"], devices=train["devices"], strategy=lightning_strategy(train),
             num_nodes=train["num_nodes"], precision=train["precision"],
             gradient_clip_val=train["grad_clip"], gradient_clip_algorithm="norm",
             deterministic=device == "cpu", logger=make_logger(train["logger"], run_dir, run_id, config),
