@@ -142,7 +142,8 @@ def train_sections(runs: list[RunConfig]) -> list[dict[str, Any]]:
 
 
 def check_devices(study_file: StudyFile, runs: list[RunConfig], machine: Machine) -> None:
-    """Every training setting can run on `machine` (precision, accelerator, logger)."""
+    """Every training setting can run on `machine`, this one or a cluster's (precision,
+    accelerator, devices, nodes, logger)."""
     # Lightning loads only when a train study is validated or run, not with the plugins.
     from workbench.run.train import check_device
 

@@ -22,7 +22,7 @@ LAYERS = {
     "study": ["study", "sweep", "tuning"],
     "run": ["run"],  # runner, executor, executor_ray, train, store, scaling
     "report": ["report"],
-    "interface": ["cli", "scaffold", "__init__"],
+    "interface": ["cli", "scaffold", "__init__", "__main__"],
 }
 
 

@@ -5,6 +5,7 @@ the one-line message and that nothing finished was lost."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import sqlite3
 import subprocess
@@ -147,7 +148,7 @@ def finished_ids(out: Path) -> set[str]:
 
 
 def test_a_second_writer_is_refused_naming_the_holder_and_readers_still_work(finished_out, tmp_path):
-    from workbench.run.store import WriterLock
+    from workbench.run.folder import WriterLock
 
     study, out = copy_of(finished_out, tmp_path)
     before = finished_ids(out)
@@ -465,3 +466,114 @@ def test_a_full_disk_while_a_run_ends_is_one_message(tmp_path, monkeypatch):
     monkeypatch.setattr(train_module, "write_json_atomic", full)
     with pytest.raises(WorkbenchError, match=r"result\.json: cannot write it \(No space left on device\); free some space"):
         train_run(run.run_id, run.config, tmp_path / "run")
+
+
+# ---- one stop protocol: a group signal (a terminal's Ctrl-C) with --jobs 2, at any moment -----
+
+SHORT = STUDY.replace("seeds: [0]", "seeds: [0, 1]")  # 4 runs of 20 steps
+
+
+def group_signal(tmp_path: Path, text: str, when) -> tuple[subprocess.Popen, str, Path, list[int]]:
+    """Start `workbench run --jobs 2` in a process group of its own, wait until `when(out)` is
+    true, send SIGINT to the whole group (what a terminal's Ctrl-C does); returns the process,
+    its stderr, the output folder and every process the group had when signalled."""
+    study, out = write(tmp_path, text), tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-m", "workbench.cli", "run", str(study), "--out", str(out), "--quiet",
+                             "--jobs", "2", "--reports", str(tmp_path / "reports")],
+                            env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True)
+    deadline = time.monotonic() + 240
+    while not when(out):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            kill_group(proc)
+            pytest.fail(f"the moment to signal never came: {proc.communicate()}")
+        time.sleep(0.02)
+    group = [proc.pid, *children(proc.pid)]
+    os.killpg(proc.pid, signal.SIGINT)
+    try:
+        _, err = proc.communicate(timeout=120)
+    finally:
+        kill_group(proc)
+    return proc, err.decode(), out, group
+
+
+def assert_one_true_line_and_nothing_left(proc, err: str, group: list[int]) -> str:
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert proc.returncode == 130, err
+    assert len(lines) == 1 and lines[0].startswith("error: stopped by SIGINT"), err
+    assert not still_alive_after(group, 5), "a process outlived the stop by 5 s"
+    return lines[0]
+
+
+def test_a_group_signal_during_start_up_stops_before_anything_is_written(tmp_path):
+    started = time.monotonic()
+    proc, err, out, group = group_signal(tmp_path, SHORT, lambda out: time.monotonic() - started > 1.5)
+    line = assert_one_true_line_and_nothing_left(proc, err, group)
+    if "before the sweep began" in line:
+        assert "nothing was trained or recorded" in line and not (out / DB_FILE).exists()
+    else:  # a slow start: the signal came once the workers were starting
+        assert "0 of 4 runs done" in line and Store(out, create=False).statuses() == {}
+    assert run_study(write(tmp_path, SHORT), out, quiet=True).statuses == {"finished": 4}
+
+
+def test_a_group_signal_mid_training_checkpoints_both_runs_and_records_none_failed(tmp_path):
+    long = LONG.replace("seeds: [0]", "seeds: [0, 1]")
+    runs = expand(load_study(write(tmp_path, long)))
+    training = lambda out: all((out / "runs" / r.run_id / LAST_CHECKPOINT).exists() for r in runs[:2])
+    proc, err, out, group = group_signal(tmp_path, long, training)
+    line = assert_one_true_line_and_nothing_left(proc, err, group)
+    assert "0 of 4 runs done and recorded" in line and line.count("checkpointed it") == 2
+    assert Store(out, create=False).statuses() == {}  # nothing recorded, so nothing failed
+    steps = [int(s) for s in re.findall(r"stopped at step (\d+)", line)]
+    for run in runs[:2]:  # the checkpoint holds the step the line names
+        step = torch.load(run_dir(out, run.run_id) / LAST_CHECKPOINT, weights_only=True)["global_step"]
+        assert step in steps
+
+
+def test_a_group_signal_during_the_report_keeps_every_run_and_the_next_report_cleans_up(tmp_path):
+    from workbench.report import write_report
+
+    building = lambda out: any((tmp_path / "reports").glob(".*.building-*"))
+    proc, err, out, group = group_signal(tmp_path, SHORT, building)
+    line = assert_one_true_line_and_nothing_left(proc, err, group)
+    assert "after the sweep: its 4 runs are recorded" in line and "the report was not written" in line
+    assert Store(out, create=False).statuses() == dict.fromkeys(Store(out, create=False).statuses(), "finished")
+    assert len(Store(out, create=False).statuses()) == 4
+    write_report(out, tmp_path / "reports", pictures=False)  # the next report removes the killed one's folder
+    assert [p.name for p in (tmp_path / "reports").iterdir()] == ["tiny-reliability"]
+
+
+# ---- a dead worker costs only its run -----------------------------------------------------------
+
+
+def worker_pids(pid: int) -> list[int]:
+    """The sweep's worker processes (not multiprocessing's resource tracker)."""
+    return [child for child in children(pid) if b"spawn_main" in Path(f"/proc/{child}/cmdline").read_bytes()]
+
+
+def test_a_sigkilled_worker_fails_only_its_run_with_the_reason_and_the_sweep_goes_on(tmp_path):
+    text = STUDY.replace("steps: 20", "steps: 400").replace("eval_every: 10", "eval_every: 400").replace(
+        "[none, rope]", "[none, rope, sinusoidal]")
+    study, out = write(tmp_path, text), tmp_path / "out"
+    runs = expand(load_study(study))
+    proc = subprocess.Popen([sys.executable, "-m", "workbench.cli", "run", str(study), "--out", str(out), "--quiet",
+                             "--jobs", "2", "--reports", str(tmp_path / "reports")],
+                            env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 240
+        first = run_dir(out, runs[0].run_id) / LAST_CHECKPOINT
+        while not first.exists() and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.02)
+        victim = worker_pids(proc.pid)[0]  # one of the two training workers
+        os.kill(victim, signal.SIGKILL)
+        out_text, err = proc.communicate(timeout=300)
+    finally:
+        kill_group(proc)
+    statuses = Store(out, create=False).statuses()
+    failed = [run_id for run_id, status in statuses.items() if status == "failed"]
+    assert len(statuses) == 3 and len(failed) == 1, (statuses, err)
+    error = load_results(out).set_index("run_id").loc[failed[0], "error"]
+    assert "its worker process was killed by signal 9 (SIGKILL)" in error
+    assert f"3 runs in {out}: 1 failed, 2 finished; 0 already done" in out_text.decode()  # true counts
+    assert "Traceback" not in err.decode()

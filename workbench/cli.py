@@ -6,7 +6,14 @@ then start without loading the runner, Lightning or the report layer (matplotlib
 
 from __future__ import annotations
 
+from workbench import stopping
+
+OWN_PROCESS = __name__ == "__main__"  # not called from other code (tests): may end the process itself
+if OWN_PROCESS:  # `python -m workbench.cli`: the stop handler before the heavy imports
+    stopping.install_handlers()
+
 import json
+import os
 import sys
 import warnings
 from pathlib import Path
@@ -27,6 +34,9 @@ class WorkbenchGroup(click.Group):
             return super().invoke(ctx)
         except WorkbenchError as err:
             click.echo(f"error: {err}", err=True)
+            if isinstance(err, stopping.RunInterrupted) and OWN_PROCESS:
+                sys.stdout.flush()  # everything is on disk: skip the interpreter's seconds-long teardown
+                os._exit(err.exit_code)
             sys.exit(getattr(err, "exit_code", 2))
         except KeyboardInterrupt:  # Ctrl-C outside a sweep (which stops cleanly by itself)
             click.echo("error: interrupted", err=True)
@@ -49,6 +59,8 @@ DEFAULT_SHOWWARNING = warnings.showwarning
 def main() -> None:
     """Declare studies of Transformer design choices, run them, read the reports."""
     warnings.showwarning = show_warning
+    if click.get_current_context().invoked_subcommand != "run":
+        stopping.leave_to_default()  # only a sweep stops cleanly (workbench.stopping)
 
 
 def variant_rows(axis: str) -> list[dict]:
@@ -125,33 +137,46 @@ def run_command(study: str, out: str | None, jobs: int, fresh: bool, profile: st
                 runs_dir: str | None, reports_dir: str | None) -> None:
     """Train every run of STUDY (a YAML file); finished runs in the folder are kept. Writes the
     study's report at the end."""
-    from workbench.kinds import get_kind
-    from workbench.report import write_report
-    from workbench.run.runner import run_study
-    from workbench.study import load_study
+    # Until the sweep begins (runner.sweeping) a signal ends the command at once: what it
+    # writes by then (the lock, --fresh, the study's record) is transactional or a fresh start.
+    with stopping.immediate(stopping.BEFORE_START if OWN_PROCESS else None):
+        from workbench.kinds import get_kind
+        from workbench.report import write_report
+        from workbench.run.runner import run_study
+        from workbench.study import load_study
 
-    if dry_run:
-        study_file = load_study(study, profile, overrides)
-        click.echo(get_kind(study_file.study.kind).dry_run(study_file), nl=False)
-        return
-    executor = None
-    if executor_name == "ray":
-        from workbench.run.executor_ray import RayExecutor
+        if dry_run:
+            study_file = load_study(study, profile, overrides)
+            click.echo(get_kind(study_file.study.kind).dry_run(study_file), nl=False)
+            return
+        executor = None
+        if executor_name == "ray":
+            from workbench.run.executor_ray import RayExecutor
 
-        executor = RayExecutor(address, cpus=cpus_per_run, gpus=gpus_per_run)
-    summary = run_study(study, out, jobs=jobs, fresh=fresh, profile=profile, quiet=quiet,
-                        executor=executor, runs_dir=runs_dir, overrides=overrides)
+            executor = RayExecutor(address, cpus=cpus_per_run, gpus=gpus_per_run)
+        summary = run_study(study, out, jobs=jobs, fresh=fresh, profile=profile, quiet=quiet,
+                            executor=executor, runs_dir=runs_dir, overrides=overrides)
     counts = ", ".join(f"{n} {status}" for status, n in sorted(summary.statuses.items())) or "nothing to run"
     click.echo(f"{summary.total} runs in {summary.out_dir}: {counts}; {summary.skipped} already done")
-    index = write_report(summary.out_dir, reports_dir or default_reports_dir(summary.out_dir))
+    done = f"after the sweep: its {summary.total} runs are recorded in {summary.out_dir} ({counts})"
+    # the report is built in a scratch folder and swapped in: a stop while it builds loses nothing
+    with stopping.immediate(f"{done}; the report was not written (`workbench report {summary.out_dir}` "
+                            "writes it)" if OWN_PROCESS else None):
+        index = write_report(summary.out_dir, reports_dir or default_reports_dir(summary.out_dir))
+    stopping.check(f"stopped by {stopping.reason()} {done}; the report was written ({index})")
     click.echo(f"report: {index} (and {index.parent / 'report.md'})")
 
 
 def default_reports_dir(out_dir: str | Path) -> Path:
     """reports/ beside the default output folders runs/<name>/; a study run elsewhere keeps
     its report with its results: OUT/reports/."""
+    from workbench.run.folder import refuse_links
+
     out_dir = Path(out_dir)
-    return Path("reports") if out_dir.parent == Path("runs") else out_dir / "reports"
+    if out_dir.parent == Path("runs"):
+        return Path("reports")
+    refuse_links(out_dir, "reports")  # a received folder's own `reports` must not lead elsewhere
+    return out_dir / "reports"
 
 
 @main.command("validate")
@@ -162,7 +187,10 @@ def default_reports_dir(out_dir: str | Path) -> Path:
 @click.option("--device", type=click.Choice(["cpu", "cuda", "mps"]), default=None,
               help="check the hardware the study needs against a machine with this device (a CUDA GPU is "
                    "taken to have bfloat16) instead of this one: what it lacks is an error")
-def validate_command(study: str, profile: str | None, overrides: tuple[str, ...], device: str | None) -> None:
+@click.option("--address", default=None,
+              help="the Ray cluster (HOST:PORT) the study will run on: its devices and nodes are not checked here")
+def validate_command(study: str, profile: str | None, overrides: tuple[str, ...], device: str | None,
+                     address: str | None) -> None:
     """Check STUDY and every run of its sweep, without training. Hardware this machine lacks (a
     GPU for bf16-mixed, say) is a note, not an error: the study is fine, `run` here would refuse."""
     from workbench.hardware import Machine
@@ -172,10 +200,12 @@ def validate_command(study: str, profile: str | None, overrides: tuple[str, ...]
     study_file = load_study(study, profile, overrides)
     kind = get_kind(study_file.study.kind)
     line = kind.describe(study_file)
-    machine = Machine.target(device) if device else Machine.here()
+    machine = (Machine.target(device, cluster=address is not None) if device
+               else Machine.here(cluster=address is not None))
     needs = kind.hardware_needs(study_file, machine)
-    if device and needs:
-        raise WorkbenchError(needs[0].error(study_file.source_of(needs[0].field), machine))
+    refused = needs if device else [need for need in needs if need.unservable]
+    if refused:
+        raise WorkbenchError(refused[0].error(study_file.source_of(refused[0].field), machine))
     click.echo(line)
     for need in needs:
         click.echo(f"note: {need.note(machine)}", err=True)

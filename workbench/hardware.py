@@ -10,10 +10,13 @@
 this machine lacks as notes (`Need.note`), so a GPU profile validates on a CPU-only laptop; with
 `--device` it checks against the named machine instead, and a need that machine lacks is an error.
 A cluster executor checks `run` against its cluster instead of this machine (Executor.machine).
+Processes no machine of this kind can host (`devices` over its cores or GPUs, `num_nodes` > 1
+without a named cluster) are `unservable`: `validate` refuses them too.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,27 +33,30 @@ class Machine:
     mps: bool = False
     bf16: bool = False  # its CUDA GPU computes in bfloat16 (Ampere or newer)
     gpu_count: int | None = None  # GPUs one run can use (a cluster: the most on one node); None: not known
+    cpus: int | None = None  # CPU cores; None: not known (a named target)
+    cluster: bool = False  # runs go to a named cluster (Ray --address): devices and nodes are its to serve
 
     @classmethod
-    def here(cls) -> Machine:
+    def here(cls, cluster: bool = False) -> Machine:
+        cpus = os.cpu_count()
         if torch.cuda.is_available():
             count = torch.cuda.device_count()
             return cls("this machine", f"CUDA: {torch.cuda.get_device_name()} x{count}", cuda=True,
-                       bf16=torch.cuda.is_bf16_supported(), gpu_count=count)
+                       bf16=torch.cuda.is_bf16_supported(), gpu_count=count, cpus=cpus, cluster=cluster)
         if torch.backends.mps.is_available():
-            return cls("this machine", "Apple MPS", mps=True)
-        return cls("this machine", "CPU only")
+            return cls("this machine", "Apple MPS", mps=True, cpus=cpus, cluster=cluster)
+        return cls("this machine", "CPU only", cpus=cpus, cluster=cluster)
 
     @classmethod
-    def target(cls, device: str) -> Machine:
+    def target(cls, device: str, cluster: bool = False) -> Machine:
         """A machine with `device` ('cpu', 'cuda', 'mps'); a CUDA target is assumed to have
         bfloat16 (Ampere or newer) and enough GPUs, which only the machine itself can tell."""
         name = f"a --device {device} machine"
         if device == "cuda":
-            return cls(name, "a CUDA GPU, assumed Ampere or newer", cuda=True, bf16=True)
+            return cls(name, "a CUDA GPU, assumed Ampere or newer", cuda=True, bf16=True, cluster=cluster)
         if device == "mps":
-            return cls(name, "Apple MPS", mps=True)
-        return cls(name, "CPU only")
+            return cls(name, "Apple MPS", mps=True, cluster=cluster)
+        return cls(name, "CPU only", cluster=cluster)
 
     def device_for(self, accelerator: str) -> str:
         """'cuda', 'mps', 'cpu' (or 'tpu') that Lightning's `accelerator` picks on this machine;
@@ -69,6 +75,7 @@ class Need:
     needs: str  # what it needs: "a GPU"
     problem: str  # why, naming the machine: "runs on a GPU; this machine trains on the CPU, ..."
     fix: str  # what to change in the study to run there: 'set precision: "32"'
+    unservable: bool = False  # no profile fixes it here (processes this machine cannot host): `validate` refuses
 
     def note(self, machine: Machine) -> str:
         """`workbench validate`'s line: the study is fine, this machine cannot run it."""
@@ -85,6 +92,17 @@ class Need:
             advice = (f"it comes from {source}, for a machine with {self.needs}: run it on one, or leave {source} "
                       f"out on {machine.name}")
         return f"{self.field}: {self.value!r} {self.problem} ({advice})"
+
+
+def device_count(devices: int | str) -> int:
+    """How many devices `train.devices` names: 2 for 2 or "0,1"; 1 for "auto" and -1 (all),
+    whose count only the machine that runs them knows."""
+    if isinstance(devices, int):
+        return max(devices, 1)
+    if "," in devices or devices.strip().isdigit():
+        parts = [p for p in devices.split(",") if p.strip()]
+        return len(parts) if "," in devices else max(int(devices), 1)
+    return 1
 
 
 def train_needs(train: dict[str, Any], machine: Machine) -> list[Need]:
@@ -106,9 +124,22 @@ def train_needs(train: dict[str, Any], machine: Machine) -> list[Need]:
         needs.append(Need("train.precision", precision, "a GPU with bfloat16 (Ampere or newer)",
                           f"needs bfloat16 support (Ampere or newer); {machine.name} ({machine.description}) lacks it",
                           "use '16-mixed' or '32'"))
-    if device == "cuda" and machine.gpu_count is not None and isinstance(devices, int) and devices > machine.gpu_count:
-        needs.append(Need("train.devices", devices, f"{devices} GPUs",
-                          f"GPUs per run; {machine.name} has {machine.gpu_count}", f"use devices: {machine.gpu_count} or -1"))
+    if machine.cluster:  # the cluster serves devices and nodes; only it can tell how many it has
+        return needs
+    count, nodes = device_count(devices), train.get("num_nodes", 1)
+    if device == "cuda" and machine.gpu_count is not None and count > machine.gpu_count:
+        needs.append(Need("train.devices", devices, f"{count} GPUs",
+                          f"GPUs per run; {machine.name} has {machine.gpu_count}", f"use devices: {machine.gpu_count} or -1",
+                          unservable=machine.cuda))
+    if device == "cpu" and machine.cpus is not None and count > machine.cpus:
+        needs.append(Need("train.devices", devices, f"{count} CPU processes per run",
+                          f"asks for {count} CPU processes per run; {machine.name} has {machine.cpus} cores",
+                          f"use devices: {machine.cpus} or fewer", unservable=True))
+    if nodes > 1:
+        needs.append(Need("train.num_nodes", nodes, f"a cluster of {nodes} nodes",
+                          f"spreads each run over {nodes} machines; {machine.name} is one and no cluster was named, "
+                          "so the rendezvous would wait for nodes that never come",
+                          "use num_nodes: 1, or run on a cluster (--executor ray --address HOST:PORT)", unservable=True))
     return needs
 
 

@@ -112,10 +112,20 @@ class RunResult:
         return cls(**data)
 
 
-def write_json_atomic(path: Path, data: Any) -> None:
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write `path` through a temporary file renamed over it: a reader sees the old file or the
+    whole new one, never half, and a symbolic link planted at either name is replaced, never
+    followed (a received run folder cannot make the workbench write outside it)."""
     tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(data, default=str))
-    os.replace(tmp, path)  # a reader sees the old file or the whole new one, never half
+    tmp.unlink(missing_ok=True)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    with os.fdopen(fd, "w", encoding="utf-8") as file:
+        file.write(text)
+    os.replace(tmp, path)
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    write_text_atomic(path, json.dumps(data, default=str))
 
 
 def flatten(value: Any, prefix: str = "") -> dict[str, Any]:

@@ -1,14 +1,20 @@
 """Stopping a sweep on SIGTERM or SIGINT without losing or half-writing anything.
 
-    signal -> request_stop() -> every registered event is set
-           -> the training loop finishes its step, checkpoints it, raises RunInterrupted
-           -> the executor starts nothing new, waits for its running runs, re-raises
+One process decides: the driver (the `workbench run` process). Its handler turns the first
+signal into a stop request; its worker processes ignore SIGINT and SIGTERM (so a terminal's
+Ctrl-C, which signals the whole process group, reaches them only through the driver) and
+stop when the driver tells them to (workbench.run.executor).
+
+    signal -> driver: request_stop() -> the executor tells each worker to stop
+           -> each training loop finishes its step, checkpoints it, raises RunInterrupted
+           -> the executor starts nothing new, collects its running runs, re-raises
            -> the CLI prints one line and exits 130
 
-The driver's handler also sets the event shared with its worker processes (--jobs N), so
-the workers stop the same way; a worker whose driver disappears (SIGKILL) notices through a
-watchdog on its parent's pid and stops too, then exits instead of waiting for work.
-A second signal acts as if no handler were installed (the default: end now).
+`workbench run` installs the handler before anything else, so a signal during start-up,
+training, or a store or report write is the same clean stop; during start-up and a report
+build, which have nothing to checkpoint, it ends the process at once (`immediate`). A worker
+whose driver disappears (SIGKILL) notices (its pipe closes), stops its run and exits. A
+second signal to the driver acts as if no handler were installed (end now).
 """
 
 from __future__ import annotations
@@ -17,13 +23,14 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from workbench.errors import WorkbenchError
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
-PARENT_POLL_S = 0.5
-ORPHAN_GRACE_S = 120  # a worker without its driver exits at the latest this long after noticing
+ORPHAN_GRACE_S = 30  # a worker without its driver exits at the latest this long after noticing
 
 
 class RunInterrupted(WorkbenchError):
@@ -32,28 +39,27 @@ class RunInterrupted(WorkbenchError):
     exit_code = 130
 
 
-_events: list[Any] = [threading.Event()]  # this process's event, plus one shared with workers
-_received: list[str] = []
-
-
-def register_event(event: Any) -> None:
-    """Also set `event` (e.g. a multiprocessing.Event shared with workers) when a stop is requested."""
-    _events.append(event)
-
-
-def unregister_event(event: Any) -> None:
-    if event in _events:
-        _events.remove(event)
+_requested = threading.Event()
+_received: list[str] = []  # the signals (or other reasons) this process was asked to stop for
+_at_once: list[str | None] = [None]  # set: a signal ends the process at once, saying this (immediate)
 
 
 def request_stop(reason: str = "a stop request") -> None:
     _received.append(reason)
-    for event in _events:
-        event.set()
+    _requested.set()
 
 
 def stop_requested() -> bool:
-    return any(event.is_set() for event in _events)
+    return _requested.is_set()
+
+
+def check(what: str = "no run was training") -> None:
+    """Raise RunInterrupted(what) if a stop was requested (long work checks between its parts)."""
+    if stop_requested():
+        raise RunInterrupted(what)
+
+
+BEFORE_START = "before the sweep began: nothing was trained or recorded; run the same command again to start it"
 
 
 def reason() -> str:
@@ -63,26 +69,52 @@ def reason() -> str:
 def reset() -> None:
     """Forget an earlier stop request (a new sweep in the same process)."""
     _received.clear()
-    for event in _events:
-        event.clear()
+    _requested.clear()
 
 
 def _handler(signum: int, frame: Any) -> None:
     name = signal.Signals(signum).name
-    if stop_requested():  # the second signal: stop now
+    if _received:  # the second signal this process received: stop now
         signal.signal(signum, signal.SIG_DFL)
         os.kill(os.getpid(), signum)
         return
     request_stop(name)
+    if _at_once[0] is not None:  # os.write: the main thread may be inside a print to stderr
+        os.write(2, f"error: stopped by {name} {_at_once[0]}\n".encode())
+        os._exit(RunInterrupted.exit_code)
+
+
+@contextmanager
+def immediate(what: str | None) -> Iterator[None]:
+    """Within `immediate(what)`, in a `workbench` process: a signal prints "error: stopped by
+    SIGINT <what>" and ends the process at once (exit 130). For work that has written nothing
+    yet, or only into a scratch folder the next run removes (start-up, a report being built);
+    never an exception, which an import or a library could catch halfway. `immediate(None)`
+    inside it shields a step that must not be cut in half (swapping the built report in)."""
+    before = _at_once[0]
+    _at_once[0] = what
+    try:
+        if what is not None:
+            check(f"stopped by {reason()} {what}")
+        yield
+    finally:
+        _at_once[0] = before if _at_once[0] == what else _at_once[0]  # a defer() inside stands
+
+
+def defer() -> None:
+    """End an `immediate` start-up for good: from here a signal only requests the stop (a sweep
+    began, whose running runs checkpoint first)."""
+    _at_once[0] = None
 
 
 def install_handlers() -> dict[int, Any]:
-    """Route SIGTERM and SIGINT to request_stop(); returns the previous handlers (for restore).
-    Only the main thread can install handlers: elsewhere (a thread, a test runner) nothing changes."""
+    """In the driver: route SIGTERM and SIGINT to request_stop(); returns the handlers it
+    replaced (for restore_handlers), none when ours were in place already. Only the main
+    thread can install handlers: elsewhere (a thread, a test runner) nothing changes."""
     if threading.current_thread() is not threading.main_thread():
         return {}
-    previous = {sig: signal.getsignal(sig) for sig in SIGNALS}
-    for sig in SIGNALS:
+    previous = {sig: signal.getsignal(sig) for sig in SIGNALS if signal.getsignal(sig) is not _handler}
+    for sig in previous:
         signal.signal(sig, _handler)
     return previous
 
@@ -92,19 +124,31 @@ def restore_handlers(previous: dict[int, Any]) -> None:
         signal.signal(sig, handler)
 
 
-def watch_parent(parent_pid: int) -> None:
-    """In a worker process: when the driver is gone (its pid is no longer our parent), stop the
-    run in progress (it checkpoints) and exit; never linger as an orphan."""
-
-    def watch() -> None:
-        while os.getppid() == parent_pid:
-            time.sleep(PARENT_POLL_S)
-        request_stop("the driver process ended")
-        time.sleep(ORPHAN_GRACE_S)
-        os._exit(1)
-
-    threading.Thread(target=watch, name="workbench-parent-watchdog", daemon=True).start()
+def leave_to_default() -> None:
+    """A command other than a sweep ends at once on a signal (KeyboardInterrupt on SIGINT);
+    one that arrived while it started ends it now."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    restore_handlers({signal.SIGINT: signal.default_int_handler, signal.SIGTERM: signal.SIG_DFL})
+    if _received:
+        raise KeyboardInterrupt
 
 
-def orphaned(parent_pid: int) -> bool:
-    return os.getppid() != parent_pid
+@contextmanager
+def signals_blocked() -> Iterator[None]:
+    """Hold SIGINT and SIGTERM back while starting a worker process: it inherits the blocked
+    mask and ignores both (ignore_signals) before any can reach it; the driver receives a
+    signal that arrived meanwhile as soon as this block ends."""
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
+
+
+def ignore_signals() -> None:
+    """In a worker: SIGINT and SIGTERM are the driver's to handle (it relays a stop through
+    the shared event); a pending one from before is discarded."""
+    for sig in SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, SIGNALS)

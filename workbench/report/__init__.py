@@ -15,8 +15,10 @@ no creation date or software version.
 
 from __future__ import annotations
 
+import glob
 import json
 import os
+import re
 import shlex
 import shutil
 from collections.abc import Mapping, Sequence
@@ -25,7 +27,9 @@ from typing import Any
 
 import pandas as pd
 
+from workbench import stopping
 from workbench.run import store
+from workbench.run.folder import refuse_links
 from workbench.errors import WorkbenchError, WorkbenchWarning
 from workbench.kinds import get_kind
 from workbench import registry  # not `variants`: that name is also the submodule report.variants
@@ -33,6 +37,8 @@ from workbench.report.document import Report
 from workbench.report.index import write_summary
 from workbench.report.render import render_html, render_markdown
 from workbench.study import STORED, study_kinds
+
+STUDY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")  # a study's `name` (workbench.study), a folder name
 
 REPORT_FILES = ("index.html", "report.md", "results.csv", "summary.json")
 
@@ -115,16 +121,51 @@ def write_report(out_dir: str | Path, reports_dir: str | Path = "reports", *, pi
     out_dir = Path(out_dir)
     info = store.load_study_info(out_dir)
     study = study_of(info)
-    final = Path(reports_dir) / study.name
+    final = report_destination(Path(reports_dir), study.name)
     dest = final.parent / f".{study.name}.building-{os.getpid()}"  # built here, then swapped in
-    shutil.rmtree(dest, ignore_errors=True)
-    dest.mkdir(parents=True)
+    try:
+        dest.mkdir(parents=True)
+    except OSError as err:
+        raise WorkbenchError(f"{final.parent}: cannot write the report here ({err.strerror}); use --out for a "
+                             "writable folder") from None
     try:
         build_report(out_dir, info, study, dest, pictures)
-        swap_in(dest, final)
+        with stopping.immediate(None):  # renames: never cut in half by a stop
+            swap_in(dest, final)
+    except OSError as err:  # a full disk, a read-only folder: the old report stays whole
+        raise WorkbenchError(f"{err.filename or final}: cannot write the report ({err.strerror}); free some space or "
+                             "use --out for a writable folder (the results are untouched)") from None
     finally:
         shutil.rmtree(dest, ignore_errors=True)
     return final / "index.html"
+
+
+def report_destination(reports_dir: Path, name: str) -> Path:
+    """reports_dir/name, once it is known to be a real folder (or absent) inside reports_dir:
+    a report replaces files and deletes figures/ there, and must not follow a link out. Build
+    folders that a killed report left (.NAME.building-PID) are removed."""
+    if not STUDY_NAME.fullmatch(name):
+        raise WorkbenchError(f"--name: {name!r} is not a report name (letters, digits, '_', '.', '-'; "
+                             "not starting with '.' or '-')")
+    refuse_links(reports_dir, name)
+    final = reports_dir / name
+    if final.exists() and not final.is_dir():
+        raise WorkbenchError(f"{final} is not a folder; move it away or use --out for another report folder")
+    for stale in reports_dir.glob(f".{glob.escape(name)}.building-*"):
+        pid = stale.name.rsplit("-", 1)[1]
+        if not pid.isdigit() or not process_alive(int(pid)):
+            stale.unlink() if stale.is_symlink() else shutil.rmtree(stale, ignore_errors=True)
+    return final
+
+
+def process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, someone else's
+        return True
+    return pid != os.getpid()  # this process builds under its own pid afresh
 
 
 def build_report(out_dir: Path, info: dict[str, Any], study, dest: Path, pictures: bool) -> None:

@@ -22,7 +22,7 @@ import pandas as pd
 from workbench.run import store
 from workbench.errors import WorkbenchError
 from workbench.registry import variants
-from workbench.report import fresh_folder, merged_environment, study_of, write_files
+from workbench.report import fresh_folder, merged_environment, report_destination, study_of, write_files
 from workbench.report.index import write_summary
 from workbench.report.pictures import ModelPictures
 from workbench.report.train_report import TrainInputs, TrainReport
@@ -113,8 +113,8 @@ def write_comparison(out_dirs: Sequence[str | Path], reports_dir: str | Path, na
     """Write the report comparing the runs of `out_dirs` to REPORTS/<name>/; returns index.html."""
     names = [store.load_study_info(d).get("name") or Path(d).name for d in out_dirs]
     name = name or "-vs-".join(dict.fromkeys(names))
+    dest = report_destination(Path(reports_dir), name)
     study, runs, curves, environment, folder_of = comparison_inputs(out_dirs, name)
-    dest = Path(reports_dir) / study.name
     fresh_folder(dest)
     inputs = TrainInputs(
         study=study, runs=runs, curves=curves, environment=environment,

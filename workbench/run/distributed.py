@@ -15,6 +15,10 @@ from rank 0). The child runs in a process group of its own: a stop request reach
 from the worker (SIGTERM: they agree on a step, checkpoint it and end), never from the
 terminal directly, and a group that does not end in STOP_GRACE_S is killed (a rank stuck in
 the rendezvous cannot run a signal handler).
+
+A rank that never joins (a node that is not there, a port that is blocked) would keep the others
+waiting in the rendezvous for PyTorch's default of 30 minutes: RENDEZVOUS_TIMEOUT ends that wait
+(`lightning_strategy`), the run fails with the reason, and the sweep goes on.
 """
 
 from __future__ import annotations
@@ -25,18 +29,21 @@ import signal
 import subprocess
 import sys
 import time
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from workbench import stopping
+from workbench.hardware import device_count
 from workbench.results import CONFIG_FILE, RESULT_FILE, RunResult, Status
 from workbench.study.sections import world_size
 
 LOG_FILE = "distributed.log"  # the ranks' stdout and stderr
 POLL_S = 0.5
 STOP_GRACE_S = 60.0  # after SIGTERM, time for the ranks to checkpoint before the group is killed
+RENDEZVOUS_TIMEOUT = timedelta(minutes=2)
 
 
 def needs_processes(train: dict[str, Any]) -> bool:
@@ -106,3 +113,18 @@ def _last_line(path: Path) -> str:
     except OSError:
         return "(no log)"
     return lines[-1][:300] if lines else "(empty log)"
+
+
+def lightning_strategy(train: dict[str, Any]) -> Any:
+    """`train.strategy` as Lightning takes it: a DDP strategy (named, or the one "auto" picks for
+    more than one process) built with RENDEZVOUS_TIMEOUT; any other name as it is."""
+    from pytorch_lightning.strategies import DDPStrategy, StrategyRegistry
+
+    name = train["strategy"]
+    if name == "auto" and (device_count(train["devices"]) > 1 or train.get("num_nodes", 1) > 1):
+        name = "ddp"  # what "auto" picks for several processes outside a notebook
+    entry = StrategyRegistry.get(name) if name in StrategyRegistry else None
+    if entry is None or not isinstance(entry, DDPStrategy):
+        return train["strategy"]
+    return DDPStrategy(**StrategyRegistry[name]["init_params"], timeout=RENDEZVOUS_TIMEOUT)
+

@@ -5,24 +5,30 @@ cluster executor (Ray, ...) only has to implement `run`.
     InProcessExecutor       --jobs 1: one run after another in this process
     LocalProcessExecutor    --jobs N: N spawned worker processes, torch threads = cores // N
 
+On a stop request (workbench.stopping: the driver's SIGTERM/SIGINT) an executor starts no new
+run, lets the running ones checkpoint and end, and raises RunInterrupted saying what each
+running run did. Workers ignore signals themselves: they follow the event the driver shares
+with them, and a watchdog on its pid, so none outlives it. A worker that dies (the OOM
+killer, a segfault, a kill) costs only its own run, recorded with the reason; a fresh worker
+takes its place.
+
 Where runs execute is also what the study is checked against: `machine()` is the hardware
 (this machine; a cluster's for Ray), and `place()` decides which GPUs each run gets before the
 first one starts. LocalProcessExecutor gives each worker its own GPUs (`gpu_slots`).
-
-On a stop request (workbench.stopping: SIGTERM/SIGINT) an executor starts no new run, lets
-the running ones checkpoint and end, and raises RunInterrupted. Workers share the driver's
-stop event and watch its pid, so none outlives it.
 """
 
 from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
+import threading
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
-from concurrent.futures.process import BrokenProcessPool
+from contextlib import suppress
 from dataclasses import dataclass
+from multiprocessing.connection import wait
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +36,9 @@ from workbench import stopping
 from workbench.errors import WorkbenchError
 from workbench.hardware import Machine, gpus_per_run
 from workbench.results import RunResult, Status
+
+STOP_GRACE_S = 60  # after a stop request, a run gets this long to checkpoint before its worker is killed
+JOIN_S = 5  # an idle worker told to leave has this long before it is killed
 
 
 @dataclass(frozen=True)
@@ -45,6 +54,7 @@ class Executor(ABC):
     """Runs jobs; yields one RunResult per job, in completion order."""
 
     on_start: Callable[[Job], None] | None = None  # called as each job starts (progress)
+    cluster = False  # runs go to other machines (a named cluster), which serve their devices and nodes
 
     @abstractmethod
     def run(self, jobs: Sequence[Job]) -> Iterator[Any]:
@@ -73,10 +83,13 @@ class InProcessExecutor(Executor):
     def run(self, jobs: Sequence[Job]) -> Iterator[Any]:
         for job in jobs:
             if stopping.stop_requested():
-                raise stopping.RunInterrupted("stopped before the next run")
+                raise stopping.RunInterrupted("no run was training")
             if self.on_start:
                 self.on_start(job)
             yield execute(job)
+
+
+# ---- worker processes ------------------------------------------------------------------------
 
 
 def gpu_slots(workers: int, per_run: int, gpu_ids: Sequence[str]) -> list[str]:
@@ -93,33 +106,146 @@ def visible_gpu_ids(count: int) -> list[str]:
     return named[:count] if len(named) >= count else [str(i) for i in range(count)]
 
 
-def init_worker(threads: int, stop_event: Any, parent_pid: int, slots: Any = None) -> None:
-    if slots is not None:  # before this worker's first CUDA call, which reads it: its own GPUs, from the queue
-        os.environ["CUDA_VISIBLE_DEVICES"] = slots.get()
+def worker_main(conn, stop_conn, threads: int, gpus: str | None = None) -> None:
+    """A worker: runs the jobs the driver sends, one at a time, and sends back ("started",),
+    then ("result", RunResult) or ("interrupted", "stopped at step N ..."); leaves on None or
+    when the driver is gone. `stop_conn` carries the driver's stop request (relay_stop);
+    `gpus`, its CUDA_VISIBLE_DEVICES (None: every GPU)."""
+    stopping.ignore_signals()  # started with them blocked (stopping.signals_blocked)
+    relay_stop(stop_conn)
+    if gpus is not None:  # before this worker's first CUDA call, which reads it
+        os.environ["CUDA_VISIBLE_DEVICES"] = gpus
     import torch  # a spawned worker loads torch here, once, before its first run
 
     torch.set_num_threads(threads)  # N workers share the cores instead of oversubscribing them
-    stopping.register_event(stop_event)  # the driver's stop request reaches this worker's run
-    stopping.install_handlers()  # a signal to the whole group (Ctrl-C) stops the run the same way
-    stopping.watch_parent(parent_pid)
-
-
-def execute_in_worker(job: Job, parent_pid: int):
-    try:
-        return execute(job)
-    except stopping.RunInterrupted:
-        if stopping.orphaned(parent_pid):  # nobody reads the result: leave now
+    while True:
+        try:
+            job = conn.recv()
+        except (EOFError, OSError):  # the driver is gone
+            job = None
+        if job is None:  # leave now: nothing to flush, and an interpreter's teardown takes seconds
+            os._exit(0)
+        try:
+            conn.send(("started",))
+            try:
+                outcome: tuple = ("result", execute(job))
+            except stopping.RunInterrupted as err:
+                outcome = ("interrupted", str(err))
+            except Exception as err:  # a run's outcome, sent as text (an exception may not pickle)
+                status = Status.OOM if isinstance(err, MemoryError) else Status.FAILED
+                outcome = ("result", RunResult(job.run_id, status, error=f"{type(err).__name__}: {err}".splitlines()[0]))
+            conn.send(outcome)
+        except (BrokenPipeError, EOFError, OSError):  # the driver is gone: nobody reads the result
             os._exit(1)
-        raise
+
+
+def relay_stop(stop_conn) -> None:
+    """In a worker: a message from the driver stops the run in progress (it checkpoints); the
+    pipe closing means the driver is gone: the run stops too and the worker exits, at the
+    latest stopping.ORPHAN_GRACE_S later (never an orphan)."""
+
+    def relay() -> None:
+        try:
+            stop_conn.recv()
+        except (EOFError, OSError):
+            stopping.request_stop("the driver process ended")
+            time.sleep(stopping.ORPHAN_GRACE_S)
+            os._exit(1)
+        stopping.request_stop("the driver's stop request")
+
+    threading.Thread(target=relay, name="workbench-stop-relay", daemon=True).start()
+
+
+def oom_kills() -> int | None:
+    """How many processes the kernel's OOM killer has killed in this process's cgroup (v2:
+    memory.events), None where that is not readable."""
+    try:
+        group = Path("/proc/self/cgroup").read_text().strip().split("::", 1)[1]
+        events = Path("/sys/fs/cgroup", group.lstrip("/"), "memory.events").read_text()
+    except (OSError, IndexError):
+        return None
+    counts = dict(line.split() for line in events.splitlines() if len(line.split()) == 2)
+    return int(counts["oom_kill"]) if counts.get("oom_kill", "").isdigit() else None
+
+
+def death_result(job: Job, exitcode: int | None, oom_before: int | None) -> RunResult:
+    """The outcome of a run whose worker process died, with the true reason."""
+    if exitcode is not None and exitcode < 0:
+        name = signal.Signals(-exitcode).name if -exitcode in signal.valid_signals() else str(-exitcode)
+        how = f"killed by signal {-exitcode} ({name})"
+    else:
+        how = f"exited with code {exitcode}"
+    now = oom_kills()
+    if exitcode == -signal.SIGKILL and None not in (now, oom_before) and now > oom_before:
+        return RunResult(job.run_id, Status.OOM, error=f"its worker process was {how} by the kernel's OOM killer "
+                         "(out of memory); run the study again to retry it, with a smaller batch or model")
+    return RunResult(job.run_id, Status.FAILED, error=f"its worker process was {how} while it trained; run the "
+                     "study again to retry it (it resumes from its last checkpoint)")
+
+
+class Worker:
+    """One spawned worker process, the pipe to it, and the job it runs (None: idle)."""
+
+    def __init__(self, context, threads: int, slot: int | None = None, gpus: str | None = None):
+        self.conn, child = context.Pipe()
+        stop_reader, self.stop_conn = context.Pipe(duplex=False)
+        self.slot = slot  # its place in LocalProcessExecutor.gpus, given to its successor if it dies
+        self.process = context.Process(target=worker_main, args=(child, stop_reader, threads, gpus),
+                                       name="workbench-worker")
+        with stopping.signals_blocked():  # the worker ignores signals before any can reach it
+            self.process.start()
+        child.close()
+        stop_reader.close()
+        self.job: Job | None = None
+        self.started = False  # its job began training (the worker said so)
+        self.stopping = False  # it was told to stop its run
+        self.oom_before: int | None = None
+
+    def stop(self) -> None:
+        if not self.stopping:
+            self.stopping = True
+            with suppress(OSError):
+                self.stop_conn.send("stop")
+
+    def give(self, job: Job) -> None:
+        self.job, self.started, self.oom_before = job, False, oom_kills()
+        self.conn.send(job)
+
+    def done(self) -> None:
+        self.job, self.started, self.stopping = None, False, False
+
+    def leave(self) -> None:
+        """Tell it to leave (close_all waits for it)."""
+        with suppress(OSError):
+            self.conn.send(None)
+
+
+def close_all(workers: list[Worker]) -> None:
+    """Tell every worker to leave; kill those still there after JOIN_S."""
+    for worker in workers:
+        worker.leave()
+    deadline = time.monotonic() + JOIN_S
+    for worker in workers:
+        worker.process.join(max(0.0, deadline - time.monotonic()))
+        if worker.process.is_alive():
+            worker.process.kill()
+            worker.process.join()
+        worker.conn.close()
+        worker.stop_conn.close()
+    reap_resource_tracker()
+
+
+def reap_resource_tracker() -> None:
+    """multiprocessing starts a resource tracker with the first spawned process; it would end
+    only after the driver, as a zombie nobody reaps. Stopped here, once no worker is left."""
+    from multiprocessing import resource_tracker
+
+    with suppress(Exception):  # a private API: at worst the tracker ends after the driver, as before
+        resource_tracker._resource_tracker._stop()
 
 
 class LocalProcessExecutor(Executor):
-    """N runs at once, each in a spawned process (a fresh CUDA context, no forked state).
-
-    At most N jobs are submitted at a time, so every submitted job is running: if a worker
-    dies (killed by the OS, a segfault), the jobs that were running are reported failed and
-    the rest go on in a fresh pool.
-    """
+    """N runs at once, each in a spawned worker process (a fresh CUDA context, no forked state)."""
 
     def __init__(self, jobs: int, threads: int | None = None, on_start=None):
         self.n = jobs
@@ -145,59 +271,97 @@ class LocalProcessExecutor(Executor):
                      "so runs share GPUs (use fewer --jobs to give each run its own)")
         return line
 
-    def _pool(self) -> ProcessPoolExecutor:
-        slots = None
-        if self.gpus is not None:  # one slot per worker: initializers all get the same arguments
-            slots = self.context.Queue()
-            for slot in self.gpus:
-                slots.put(slot)
-        return ProcessPoolExecutor(max_workers=self.n, mp_context=self.context, initializer=init_worker,
-                                   initargs=(self.threads, self.stop_event, os.getpid(), slots))
+    def _new_worker(self, context, workers: list[Worker]) -> Worker:
+        """A worker on the first GPU slot no live worker holds (a dead worker's, for its successor)."""
+        if self.gpus is None:
+            return Worker(context, self.threads)
+        slot = min(set(range(len(self.gpus))) - {w.slot for w in workers})
+        return Worker(context, self.threads, slot, self.gpus[slot])
 
     def run(self, jobs: Sequence[Job]) -> Iterator[Any]:
-        self.context = multiprocessing.get_context("spawn")
-        self.stop_event = self.context.Event()
-        stopping.register_event(self.stop_event)
+        context = multiprocessing.get_context("spawn")
         queue = list(jobs)
-        pool = self._pool()
-        running: dict[Future, Job] = {}
-        interrupted = False
+        workers: list[Worker] = []
+        stopped: list[str] = []  # what each running run did on the stop request
+        stop_seen: float | None = None
         try:
-            while queue or running:
-                while queue and len(running) < self.n and not stopping.stop_requested():
+            while True:
+                while queue and not stopping.stop_requested():
+                    idle = next((w for w in workers if w.job is None), None)
+                    if idle is None and len(workers) < self.n:
+                        idle = self._new_worker(context, workers)
+                        workers.append(idle)
+                    if idle is None:
+                        break
                     job = queue.pop(0)
                     if self.on_start:
                         self.on_start(job)
-                    running[pool.submit(execute_in_worker, job, os.getpid())] = job
-                if not running:
+                    idle.give(job)
+                busy = [w for w in workers if w.job is not None]
+                if not busy:
                     break
-                # a timeout, so a stop request is seen while runs train (a signal does not end the wait)
-                done, _ = wait(running, timeout=1.0, return_when=FIRST_COMPLETED)
-                for future in done:
-                    job = running.pop(future)
-                    try:
-                        yield future.result()
-                    except stopping.RunInterrupted:
-                        interrupted = True
-                    except BrokenProcessPool:
-                        yield RunResult(job.run_id, Status.FAILED, error=(
-                            f"a worker process died while {len(running) + 1} run(s) were training "
-                            "(killed by the OS, e.g. out of memory?); run the study again to retry"))
-                        for other, other_job in list(running.items()):
-                            running.pop(other)
-                            yield RunResult(other_job.run_id, Status.FAILED, error="its worker pool broke (see above)")
-                        pool.shutdown(wait=False, cancel_futures=True)
-                        pool = self._pool()
+                if stopping.stop_requested():
+                    stop_seen = stop_seen or time.monotonic()
+                    for worker in busy:
+                        worker.stop()
+                        # one that has not begun training holds nothing; one past the grace is stuck
+                        if not worker.started or time.monotonic() - stop_seen > STOP_GRACE_S:
+                            stopped.append("had not begun training" if not worker.started else
+                                           f"was stopped after {STOP_GRACE_S} s without a checkpoint of its last step")
+                            worker.process.kill()
+                            worker.process.join()
+                            worker.conn.close()
+                            worker.stop_conn.close()
+                            workers.remove(worker)
+                    busy = [w for w in workers if w.job is not None]
+                    if not busy:
                         break
-                    except Exception as err:  # pickling errors and the like: this run's outcome
-                        yield RunResult(job.run_id, Status.FAILED, error=f"{type(err).__name__}: {err}")
-            if interrupted or stopping.stop_requested():
-                raise stopping.RunInterrupted("stopped")
+                # a timeout, so a stop request is seen while runs train (a signal does not end the wait)
+                wait([w.conn for w in busy] + [w.process.sentinel for w in busy], timeout=0.5)
+                for worker in busy:
+                    yield from self._collect(worker, workers, stopped)
+            if stopped or stopping.stop_requested():
+                raise stopping.RunInterrupted(interrupted_runs(stopped))
         finally:
-            if running:  # the driver failed or stopped reading: the workers' runs checkpoint and end
-                self.stop_event.set()
-            pool.shutdown(wait=True, cancel_futures=True)
-            stopping.unregister_event(self.stop_event)
+            for worker in workers:
+                if worker.job is not None:  # the driver failed or stopped reading: the run checkpoints and ends
+                    worker.stop()
+            close_all(workers)
+
+    def _collect(self, worker: Worker, workers: list[Worker], stopped: list[str]) -> Iterator[Any]:
+        """The messages `worker` has sent; a result ends its job; a dead worker is replaced."""
+        while worker.job is not None:
+            try:
+                if not worker.conn.poll():
+                    if worker.process.is_alive():
+                        return
+                    raise EOFError
+                message = worker.conn.recv()
+            except (EOFError, OSError):  # died: its run is recorded, a fresh worker takes its place
+                worker.process.join()
+                job, exitcode = worker.job, worker.process.exitcode
+                worker.conn.close()
+                worker.stop_conn.close()
+                workers.remove(worker)
+                yield death_result(job, exitcode, worker.oom_before)
+                return
+            if message[0] == "started":
+                worker.started = True
+            elif message[0] == "interrupted":
+                stopped.append(message[1])
+                worker.done()
+                if not stopping.stop_requested():  # Lightning's own SIGTERM handler stopped the run
+                    stopping.request_stop("SIGTERM to a worker")
+            else:
+                worker.done()
+                yield message[1]
+
+
+def interrupted_runs(stopped: list[str]) -> str:
+    """'2 running run(s): stopped at step 57 and checkpointed it; ...', or that none was running."""
+    if not stopped:
+        return "no run was training"
+    return f"{len(stopped)} running run(s): " + "; ".join(stopped)
 
 
 def make_executor(jobs: int, on_start=None) -> Executor:

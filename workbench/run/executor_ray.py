@@ -49,6 +49,7 @@ class RayExecutor(Executor):
     def __init__(self, address: str | None = None, cpus: float = 1, gpus: float | None = None,
                  max_retries: int = 3, on_start=None):
         self.address, self.cpus, self.gpus = address, cpus, gpus
+        self.cluster = address is not None
         self.max_retries = max_retries
         self.on_start = on_start
         self.started_here = False  # this executor started the (private) cluster, and stops it
@@ -75,8 +76,9 @@ class RayExecutor(Executor):
             per_node = [int((node.get("Resources") or {}).get("GPU", 0)) for node in ray.nodes() if node.get("Alive")]
             total = sum(per_node)
             self._machine = (Machine("the Ray cluster", f"{total} GPUs, at most {max(per_node)} on one node, "
-                                     "assumed Ampere or newer", cuda=True, bf16=True, gpu_count=max(per_node))
-                             if total else Machine("the Ray cluster", "no GPU on any node"))
+                                     "assumed Ampere or newer", cuda=True, bf16=True, gpu_count=max(per_node),
+                                     cluster=self.cluster)
+                             if total else Machine("the Ray cluster", "no GPU on any node", cluster=self.cluster))
         return self._machine
 
     def gpus_for(self, train: dict[str, Any]) -> float:

@@ -15,9 +15,10 @@ between) is recorded from that file without training again. Failed and oom runs 
 A train study with `tune:` runs in two stages through the same executor: its tuning runs,
 then the final runs at each point's chosen values (workbench.tuning); both resume the same way.
 
-One sweep writes a folder at a time (store.WriterLock, taken before --fresh clears anything).
+One sweep writes a folder at a time (folder.WriterLock, taken before --fresh clears anything), and
+follows no symbolic link a received folder holds (folder.refuse_links).
 SIGTERM/SIGINT stop the sweep cleanly (workbench.stopping): the running runs checkpoint their
-current step, finished ones are recorded, and RunInterrupted says how to continue.
+current step, finished ones are recorded, and RunInterrupted says what each running run did.
 """
 
 from __future__ import annotations
@@ -44,7 +45,8 @@ from workbench.run.executor import Executor, Job
 from workbench.kinds import RunOptions, get_kind
 from workbench.registry import run_providers
 from workbench.results import KEPT, PROGRESS_FILE, RESULT_FILE, RunConfig, RunResult, Status, flatten
-from workbench.run.store import DB_FILE, RUNS_DIR, Store, WriterLock, run_dir, runs_root
+from workbench.run.folder import WriterLock, refuse_links
+from workbench.run.store import DB_FILE, RUNS_DIR, Store, check_runs_dir, run_dir, runs_root
 from workbench.study import StudyFile, load_study
 from workbench.study.keys import canonical_json
 
@@ -59,6 +61,9 @@ class Summary:
     @property
     def failures(self) -> int:
         return sum(n for status, n in self.statuses.items() if status != Status.FINISHED)
+
+
+STORE_FILES = (DB_FILE, f"{DB_FILE}-wal", f"{DB_FILE}-shm")
 
 
 def default_out_dir(study_file: StudyFile) -> Path:
@@ -122,7 +127,7 @@ def clear_outputs(out_dir: Path, run_ids: list[str]) -> None:
     if root != out_dir / RUNS_DIR:  # folders elsewhere (--runs-dir) may sit beside other studies'
         for run_id in run_ids:
             shutil.rmtree(root / run_id, ignore_errors=True)
-    for name in (DB_FILE, f"{DB_FILE}-wal", f"{DB_FILE}-shm"):
+    for name in STORE_FILES:
         (out_dir / name).unlink(missing_ok=True)
     shutil.rmtree(out_dir / RUNS_DIR, ignore_errors=True)
 
@@ -250,6 +255,8 @@ def run_study(path: str | Path, out_dir: str | Path | None = None, jobs: int = 1
     options = RunOptions(jobs=jobs, fresh=fresh, quiet=quiet, console=console, executor=executor,
                          runs_dir=Path(runs_dir) if runs_dir is not None else None)
     with WriterLock(out):
+        check_runs_dir(out, options.runs_dir)  # before --fresh deletes from it
+        refuse_links(out, *STORE_FILES, RUNS_DIR)
         return get_kind(study_file.study.kind).run(study_file, out, options)
 
 
@@ -260,15 +267,16 @@ def sweeping(study_name: str, out: Path, total: int, options: RunOptions,
     stop: what ended is recorded, and RunInterrupted says how to continue."""
     summary = Summary(out_dir=out, total=total)
     progress = SweepProgress(study_name, total, options.quiet, options.console, line=line or run_line)
-    stopping.reset()
-    handlers = stopping.install_handlers()
+    handlers = stopping.install_handlers()  # `workbench run` installed them at start-up already
+    stopping.defer()  # from here a stop lets the running runs checkpoint
     try:
+        stopping.check()  # a signal during start-up
         yield summary, progress
-    except stopping.RunInterrupted:
+    except stopping.RunInterrupted as err:
         done = summary.skipped + sum(summary.statuses.values())
         raise stopping.RunInterrupted(
-            f"stopped by {stopping.reason()}: {done} of {total} runs done and recorded in {out}, the running "
-            "ones checkpointed; run the same command again to continue") from None
+            f"stopped by {stopping.reason()}: {done} of {total} runs done and recorded in {out}; {err}; "
+            "run the same command again to continue") from None
     finally:
         stopping.restore_handlers(handlers)
         progress.close()
@@ -300,6 +308,7 @@ def execute_runs(runs: list[RunConfig], what: str, store: Store, executor: Execu
         summary.statuses[result.status] += 1
         progress.run_done(run, result)
     by_id = {run.run_id: run for run in pending}
+    refuse_links(runs_root(out), *by_id)  # --runs-dir: folders outside `out`, checked here
     jobs_ = [Job(run.run_id, run.config, run_dir(out, run.run_id)) for run in pending]
     for result in executor.run(jobs_) if jobs_ else ():  # (a Ray executor would start a cluster for nothing)
         run = by_id[result.run_id]

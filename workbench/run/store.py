@@ -9,8 +9,7 @@ recorded in one transaction: a reader never sees a run without its curves). Ever
 figure is computed from `load_results` (one flat row per run), `load_curves` and
 `load_run_configs`.
 
-One sweep writes to a folder at a time: `WriterLock` (an advisory lock on `.workbench.lock`,
-held for the whole sweep, released by the OS on any exit). Readers (`results`, `report`) open
+One sweep writes to a folder at a time (workbench.run.folder.WriterLock). Readers (`results`, `report`) open
 the store read-only and need no lock; a folder they cannot write (a received copy, a
 read-only mount) is read as immutable. A damaged store, a full disk or an unwritable folder
 is one WorkbenchError naming the file and what to do.
@@ -18,7 +17,6 @@ is one WorkbenchError naming the file and what to do.
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import sqlite3
@@ -33,11 +31,11 @@ import pandas as pd
 
 from workbench.errors import WorkbenchError
 from workbench.results import run_stage
+from workbench.run.folder import check_run_id
 
 DB_FILE = "results.db"
 RUNS_DIR = "runs"  # out_dir/runs/<run_id>/: checkpoints, logs, final.safetensors, result.json
 BUSY_TIMEOUT_MS = 60_000
-LOCK_FILE = ".workbench.lock"  # out_dir/.workbench.lock: held by the sweep writing the folder
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS study (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -128,46 +126,6 @@ def store_error(path: Path, err: sqlite3.Error) -> WorkbenchError:
     return WorkbenchError(
         f"{path} is not a readable workbench store ({text}): move it away and run the study again "
         "(finished runs are recovered from their run folders' result.json), or run with --fresh to start over")
-
-
-class WriterLock:
-    """The one writer of an output folder: an exclusive advisory lock (fcntl.flock) on
-    out_dir/.workbench.lock, holding the writer's pid, from before --fresh clears anything
-    until the sweep ends. The OS releases it when the process exits, however it exits."""
-
-    def __init__(self, out_dir: str | Path):
-        self.path = Path(out_dir) / LOCK_FILE
-        self.fd: int | None = None
-
-    def __enter__(self) -> WriterLock:
-        import fcntl  # POSIX only: importing the store must work everywhere, locking is checked here
-
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        except OSError as err:
-            raise WorkbenchError(f"{self.path.parent}: cannot write here ({err.strerror}); use --out for a "
-                                 "writable folder") from None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as err:
-            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
-            os.close(fd)
-            if err.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
-                raise
-            raise WorkbenchError(f"{self.path.parent} is being written by another `workbench run` (pid {holder}); "
-                                 "wait for it to end, or use --out for another folder") from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        self.fd = fd
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self.fd is not None:
-            with suppress(OSError):
-                os.ftruncate(self.fd, 0)
-            os.close(self.fd)  # closing releases the flock
-            self.fd = None
 
 
 class Store:
@@ -270,7 +228,8 @@ class Store:
 
 def runs_root(out_dir: str | Path) -> Path:
     """Where the run folders of `out_dir` live: out_dir/runs/, or the folder the study was run
-    with (`--runs-dir`, e.g. shared storage for a cluster)."""
+    with (`--runs-dir`, e.g. shared storage for a cluster). A sweep uses a stored folder only
+    when given it again (check_runs_dir): a received store cannot choose where runs are written."""
     if (Path(out_dir) / DB_FILE).exists():
         root = Store(out_dir, create=False).study_info().get("runs_dir")
         if root:
@@ -278,9 +237,21 @@ def runs_root(out_dir: str | Path) -> Path:
     return Path(out_dir) / RUNS_DIR
 
 
+def check_runs_dir(out_dir: str | Path, given: Path | None) -> None:
+    """Refuse a `runs_dir` stored in `out_dir` unless this command line gave it (--runs-dir):
+    a sweep trains in it and --fresh deletes from it. An unreadable store stores none."""
+    try:
+        stored = runs_root(out_dir)
+    except WorkbenchError:
+        return
+    if stored != Path(out_dir) / RUNS_DIR and (given is None or given.resolve() != stored):
+        raise WorkbenchError(f"{out_dir} keeps its run folders in {stored} (--runs-dir); a results folder cannot "
+                             f"choose by itself where runs are written: pass --runs-dir {stored} to use it again")
+
+
 def run_dir(out_dir: str | Path, run_id: str) -> Path:
     """The folder of one run (its checkpoints, Lightning logs, final weights)."""
-    return runs_root(out_dir) / run_id
+    return runs_root(out_dir) / check_run_id(run_id)
 
 
 def dumps(value: Any) -> str:

@@ -47,12 +47,13 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from workbench import stopping
 from workbench.errors import WorkbenchError
 from workbench.hardware import Machine, train_needs
+from workbench.run.distributed import lightning_strategy
 from workbench.cost.memory import LiveTensorBytes
 from workbench.model import Transformer, attention_entropy, build_model, record_attention
 from workbench.position import PositionLimitError
 from workbench.registry import run_providers
 from workbench.results import CONFIG_FILE, FINAL_WEIGHTS, LAST_CHECKPOINT, PROGRESS_FILE, RESULT_FILE
-from workbench.results import ATTENTION_ENTROPY, RunResult, Status, flatten, write_json_atomic
+from workbench.results import ATTENTION_ENTROPY, RunResult, Status, flatten, write_json_atomic, write_text_atomic
 from workbench.run.distributed import needs_processes, rank_zero, shard, train_in_processes
 from workbench.weights import make_task, refuse_or_explain, save_final_weights
 
@@ -353,8 +354,9 @@ def matmul_precision(train: dict[str, Any], device: str) -> str:
 def check_device(train: dict[str, Any], source_of: Callable[[str], str | None] = lambda key: None,
                  machine: Machine | None = None) -> str:
     """The device the runs will use; a WorkbenchError, before anything trains, when a setting
-    needs hardware `machine` (default: this one) lacks (workbench.hardware) or the chosen logger
-    is not installed. `source_of(key)` names the option that set a key (StudyFile.source_of)."""
+    needs hardware `machine` (default: this one; a cluster's for a cluster executor) lacks
+    (workbench.hardware) or the chosen logger is not installed. `source_of(key)` names the
+    option that set a key (StudyFile.source_of), for the advice."""
     machine = machine or Machine.here()
     needs = train_needs(train, machine)
     if needs:
@@ -576,6 +578,7 @@ class StopOnRequest(Callback):
         if stop:
             if outputs is not None and trainer.global_step < trainer.max_steps:  # nothing to keep otherwise
                 trainer.save_checkpoint(self.path)
+                raise stopping.RunInterrupted(f"stopped at step {trainer.global_step} and checkpointed it")
             raise stopping.RunInterrupted(f"stopped at step {trainer.global_step}")
 
 
@@ -614,6 +617,8 @@ def train_run(run_id: str, config: dict[str, Any], run_dir: Path) -> RunResult:
     final weights. Continues from checkpoints/last.ckpt when an earlier attempt left one.
     Never raises for a run's own failure: outcomes are data. A run on several devices or nodes
     trains in a process group of its own (workbench.run.distributed)."""
+    if stopping.stop_requested():
+        raise stopping.RunInterrupted("had not begun training")
     if needs_processes(config["train"]):
         return train_in_processes(run_id, config, run_dir)
     return train_here(run_id, config, run_dir)
@@ -627,7 +632,7 @@ def train_here(run_id: str, config: dict[str, Any], run_dir: Path) -> RunResult:
     writer = rank_zero()
     if writer:
         run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / CONFIG_FILE).write_text(json.dumps(config, indent=2, sort_keys=True))
+        write_text_atomic(run_dir / CONFIG_FILE, json.dumps(config, indent=2, sort_keys=True))
     train = config["train"]
     device = resolve_accelerator(train)
     memory = PeakMemory(on_cuda=device == "cuda")
@@ -652,7 +657,7 @@ def train_here(run_id: str, config: dict[str, Any], run_dir: Path) -> RunResult:
             ckpt.with_name(ckpt.name + ".tmp").unlink(missing_ok=True)  # a save cut short by a kill
         trainer = pl.Trainer(
             max_steps=train["steps"], max_epochs=-1, limit_val_batches=0, num_sanity_val_steps=0,
-            accelerator=train["accelerator"], devices=train["devices"], strategy=train["strategy"],
+            accelerator=train["accelerator"], devices=train["devices"], strategy=lightning_strategy(train),
             num_nodes=train["num_nodes"], precision=train["precision"],
             gradient_clip_val=train["grad_clip"], gradient_clip_algorithm="norm",
             deterministic=device == "cpu", logger=make_logger(train["logger"], run_dir, run_id, config),
@@ -682,7 +687,8 @@ def train_here(run_id: str, config: dict[str, Any], run_dir: Path) -> RunResult:
     except Exception as err:  # any other error is this run's outcome; the sweep goes on
         result.status, result.error = Status.FAILED, f"{type(err).__name__}: {err}".splitlines()[0]
         if writer:
-            (run_dir / "error.txt").write_text(traceback.format_exc())
+            with contextlib.suppress(OSError):  # a full disk fails this too; the error is in the result already
+                write_text_atomic(run_dir / "error.txt", traceback.format_exc())
     finally:
         torch.use_deterministic_algorithms(deterministic_before)  # Trainer(deterministic=True) sets it globally
         torch.set_float32_matmul_precision(matmul_before)  # global too: the next run in this process sets its own

@@ -25,8 +25,8 @@ SPAWNING_STRATEGIES = ("ddp_spawn", "ddp_fork", "ddp_notebook")
 def world_size(train: Mapping[str, Any]) -> int | None:
     """Processes a run's `devices` x `num_nodes` ask for; None when Lightning decides (-1, 'auto')."""
     devices = train["devices"]
-    if isinstance(devices, str) and devices != "auto":
-        devices = len([d for d in devices.split(",") if d.strip()])
+    if isinstance(devices, str) and devices != "auto":  # as Lightning reads it: '0,1' two devices, '2' two
+        devices = len([d for d in devices.split(",") if d.strip()]) if "," in devices else int(devices)
     if not isinstance(devices, int) or devices < 0:
         return None
     return devices * train["num_nodes"]

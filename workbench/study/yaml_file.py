@@ -72,7 +72,14 @@ def read_yaml(path: Path) -> tuple[str, Any, LineMap]:
     """Text, plain data and line map of a YAML file; safe loading only (no Python objects)."""
     file = str(path)
     try:
-        text = path.read_text()
+        if path.exists() and not path.is_file():
+            raise WorkbenchError(f"{file}: not a regular file; a study is a YAML file")
+        with path.open("rb") as handle:
+            raw = handle.read(MAX_STUDY_BYTES + 1)
+        if len(raw) > MAX_STUDY_BYTES:
+            raise WorkbenchError(f"{file}: over {MAX_STUDY_BYTES // 2**20} MiB; a study is a short YAML file "
+                                 "(sweep ranges, not written-out runs)")
+        text = raw.decode("utf-8")
     except FileNotFoundError:
         raise WorkbenchError(f"{file}: study file not found") from None
     except OSError as err:
@@ -82,12 +89,24 @@ def read_yaml(path: Path) -> tuple[str, Any, LineMap]:
     loader = yaml.SafeLoader(text)
     try:
         node = loader.get_single_node()
-        size = expanded_size(node)
+        memo: dict[int, int] = {}
+        size = expanded_size(node, memo)
+        if len(memo) > limit("WORKBENCH_MAX_YAML_NODES"):
+            raise StudyError(file, None, f"it holds {len(memo)} YAML values, over the limit of "
+                             f"{limit('WORKBENCH_MAX_YAML_NODES')}: sweep fewer values, or set "
+                             "WORKBENCH_MAX_YAML_NODES to allow it")
         if size > limit("WORKBENCH_MAX_YAML_NODES"):
             raise StudyError(file, None, f"its YAML aliases (*name) expand to {size:.3g} nodes, over the limit of "
                              f"{limit('WORKBENCH_MAX_YAML_NODES')}: write the values out, or set "
                              "WORKBENCH_MAX_YAML_NODES to allow it")
         data = loader.construct_document(node) if node is not None else None
+    except RecursionError:
+        raise StudyError(file, None, "its YAML is nested too deeply (lists or mappings inside each other "
+                         "hundreds of levels deep); a study needs a few levels") from None
+    except ValueError as err:  # int(): a number of more than 4300 digits
+        if "digits" not in str(err):
+            raise
+        raise StudyError(file, None, "it holds a number with more than 4300 digits; no study setting needs one") from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None) or getattr(err, "context_mark", None)
         problem = getattr(err, "problem", None) or str(err)
@@ -120,6 +139,8 @@ def expanded_size(node: yaml.Node | None, memo: dict[int, int] | None = None) ->
 
 
 # ---- size limits ----------------------------------------------------------------------------
+
+MAX_STUDY_BYTES = 16 * 2**20  # a study file is read up to this size (`validate /dev/zero` ends)
 
 LIMITS = {  # environment variable -> default; the defaults refuse only the absurd
     "WORKBENCH_MAX_RUNS": 10_000,  # runs of one study (sweep points x seeds)

@@ -1,0 +1,16 @@
+"""`workbench` (the installed command) and `python -m workbench`: the stop handler goes in
+before the CLI loads torch, so a Ctrl-C during start-up is a clean stop (workbench.stopping)."""
+
+from workbench import stopping
+
+
+def main() -> None:
+    stopping.install_handlers()
+    from workbench import cli  # after the handler: the CLI loads torch
+
+    cli.OWN_PROCESS = True
+    cli.main()
+
+
+if __name__ == "__main__":
+    main()

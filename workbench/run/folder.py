@@ -1,0 +1,115 @@
+"""An output folder's safety: one writer at a time, and nothing that reaches outside it.
+
+    WriterLock(out)          the one `workbench run` writing `out`: an exclusive flock on the
+                             folder itself, so deleting `.workbench.lock` (which only names the
+                             holder) cannot admit a second writer
+    refuse_links(root, ...)  a received folder may hold symbolic links planted to make the
+                             workbench write or delete elsewhere: refused before anything is written
+    check_run_id(run_id)     a run id read from a store is a path component: its pattern is checked
+
+Processes that write for the lock's holder (a sweep's workers, a multi-device run's ranks)
+take no lock: the driver holds it for them.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+from contextlib import suppress
+from pathlib import Path
+
+from workbench.errors import WorkbenchError
+from workbench.results import write_text_atomic
+
+LOCK_FILE = ".workbench.lock"  # out_dir/.workbench.lock: the pid of the sweep writing the folder
+RUN_ID = re.compile(r"[0-9a-f]{12}")  # workbench.study.keys.digest: 12 hex digits
+
+
+class WriterLock:
+    """The one writer of an output folder, from before --fresh clears anything until the sweep
+    ends: fcntl.flock on the folder's own descriptor (the OS releases it on any exit), and the
+    holder's pid in LOCK_FILE for the message a second writer gets."""
+
+    def __init__(self, out_dir: str | Path):
+        self.out_dir = Path(out_dir)
+        self.path = self.out_dir / LOCK_FILE
+        self.fd: int | None = None
+
+    def __enter__(self) -> WriterLock:
+        import fcntl  # POSIX only: importing the store must work everywhere, locking is checked here
+
+        try:
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.out_dir, os.O_RDONLY | os.O_DIRECTORY)
+        except OSError as err:
+            raise WorkbenchError(f"{self.out_dir}: cannot write here ({err.strerror}); use --out for a "
+                                 "writable folder") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as err:
+            os.close(fd)
+            if err.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+                raise WorkbenchError(f"{self.out_dir}: cannot lock the folder ({err.strerror}); use --out for a "
+                                     "folder on a local disk") from None
+            raise WorkbenchError(f"{self.out_dir} is being written by another `workbench run` (pid {self.holder()}); "
+                                 "wait for it to end, or use --out for another folder") from None
+        self.fd = fd
+        try:
+            write_text_atomic(self.path, f"{os.getpid()}\n")  # replaces a planted link, never follows it
+        except OSError as err:
+            self.__exit__()
+            raise WorkbenchError(f"{self.out_dir}: cannot write here ({err.strerror}); use --out for a "
+                                 "writable folder") from None
+        return self
+
+    def holder(self) -> str:
+        try:
+            fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW)
+        except OSError:
+            return "unknown"
+        try:
+            return os.read(fd, 32).decode(errors="replace").strip() or "unknown"
+        finally:
+            os.close(fd)
+
+    def __exit__(self, *exc) -> None:
+        if self.fd is not None:
+            with suppress(OSError):
+                self.path.unlink()
+            os.close(self.fd)  # closing releases the flock
+            self.fd = None
+
+
+def refuse_links(root: str | Path, *names: str) -> None:
+    """Refuse when root/<name>, or anything below it, is a symbolic link: the workbench writes
+    and deletes there and must not follow a link out of the folder. Missing names are fine."""
+    root = Path(root)
+    for name in names:
+        path = root / name
+        for part in (path, *[p for p in path.parents if root in p.parents]):
+            if part.is_symlink():
+                raise link_error(part, root)
+        if path.is_dir():
+            for folder, dirs, files in os.walk(path):  # os.walk does not follow links into folders
+                for entry in (*dirs, *files):
+                    if (Path(folder) / entry).is_symlink():
+                        raise link_error(Path(folder) / entry, root)
+
+
+def link_error(link: Path, root: Path) -> WorkbenchError:
+    try:
+        target = os.readlink(link)
+    except OSError:
+        target = "?"
+    return WorkbenchError(f"{link} is a symbolic link (to {target}); the workbench writes only inside {root} and "
+                          "follows no link there: remove the link (or copy the folder without links) and run again")
+
+
+def check_run_id(run_id: str) -> str:
+    """`run_id` if it has the pattern of a run id (12 hex digits), else the one-line refusal:
+    an id read from a received store must not name a path (`../x`)."""
+    if not isinstance(run_id, str) or not RUN_ID.fullmatch(run_id):
+        raise WorkbenchError(f"{str(run_id)[:40]!r} is not a run id (12 hex digits): the results store holds a "
+                             "damaged or crafted row; move it away and run the study again")
+    return run_id
