@@ -34,7 +34,6 @@ sliding window and sparse >= 5x faster than full at n = 32k, with at most 2x its
 from __future__ import annotations
 
 import argparse
-import copy
 import statistics
 import tempfile
 import time

@@ -20,7 +20,8 @@ from workbench.errors import WorkbenchError
 from workbench.results import LAST_CHECKPOINT, RESULT_FILE
 from workbench.run.distributed import LOG_FILE, shard
 from workbench.run.train import count_tokens
-from workbench.run.store import Store, WriterLock, run_dir
+from workbench.run.folder import WriterLock
+from workbench.run.store import Store, run_dir
 from workbench.study import load_study
 from workbench.sweep import expand
 from workbench.weights import make_task

@@ -6,8 +6,6 @@ driver and reserves each run's `train.devices` GPUs unless `--gpus-per-run` says
 from __future__ import annotations
 
 import io
-import multiprocessing
-import os
 import sys
 import types
 from pathlib import Path
@@ -18,7 +16,8 @@ from rich.console import Console
 from workbench.errors import WorkbenchError
 from workbench.hardware import Machine, gpus_per_run
 from workbench.results import RunResult, Status
-from workbench.run import executor as executor_module
+from workbench.study import load_study
+from workbench.sweep import expand
 from workbench.run.executor import Executor, Job, LocalProcessExecutor, gpu_slots, visible_gpu_ids
 from workbench.run.executor_ray import RayExecutor
 from workbench.run.runner import run_study
@@ -69,25 +68,27 @@ def test_local_placement_says_what_it_chose_and_warns_when_runs_must_share(monke
     assert "every worker sees all 2" in every.place([{**TRAIN, "devices": -1}]) and every.gpus is None
 
 
-def report_gpus(job: Job, parent_pid: int):
-    """Stands in for a run in a worker: waits until both workers hold a job, so two distinct
-    processes answer, and returns what this worker's CUDA would see."""
-    job.config["barrier"].wait(timeout=120)
-    return os.getpid(), os.environ.get("CUDA_VISIBLE_DEVICES")
+TINY_RUN = """\
+name: placement
+task: {name: copy, train_length: 6, eval_lengths: [6], n_eval: 16, alphabet_size: 6}
+model: {family: decoder, d_model: 16, n_layers: 1, n_heads: 2, position: rope}
+train: {steps: 2, batch_size: 4, eval_every: 2, accelerator: cpu}
+seeds: [0, 1]
+"""
 
 
 @pytest.mark.slow
 def test_two_workers_get_different_gpus(monkeypatch, tmp_path):
+    """--jobs 2 on two (faked) GPUs: each worker process sets its own CUDA_VISIBLE_DEVICES before
+    its first run, which records what it saw (the runs train on the CPU: nothing here has CUDA)."""
     two_gpus(monkeypatch)
-    monkeypatch.setattr(executor_module, "execute_in_worker", report_gpus)  # pickled by name: workers import this module
     executor = LocalProcessExecutor(2, threads=1)
     executor.place([TRAIN])
-    with multiprocessing.get_context("spawn").Manager() as manager:
-        barrier = manager.Barrier(2)
-        jobs = [Job(f"r{i}", {"barrier": barrier}, tmp_path / f"r{i}") for i in range(2)]
-        seen = dict(executor.run(jobs))
-    assert len(seen) == 2, seen  # two worker processes
-    assert sorted(seen.values()) == ["0", "1"]  # each its own GPU
+    study = tmp_path / "study.yaml"
+    study.write_text(TINY_RUN)
+    jobs = [Job(run.run_id, run.config, tmp_path / run.run_id) for run in expand(load_study(study))]
+    seen = [result.environment["cuda_visible_devices"] for result in executor.run(jobs)]  # one job per worker
+    assert sorted(seen) == ["0", "1"], seen  # each its own GPU
 
 
 # ---- Ray: a fake `ray` module with the calls the executor makes ------------------------------

@@ -640,6 +640,7 @@ def train_here(run_id: str, config: dict[str, Any], run_dir: Path) -> RunResult:
     matmul = matmul_precision(train, device)
     result = RunResult(run_id=run_id, status=Status.FAILED, peak_memory_instrument=memory.instrument,
                        environment={**environment(device_name(device)), "float32_matmul_precision": matmul,
+                                    "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
                                     **run_providers(config)})
     recorder = None
     deterministic_before = torch.are_deterministic_algorithms_enabled()
