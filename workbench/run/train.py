@@ -47,14 +47,13 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from workbench import stopping
 from workbench.errors import WorkbenchError
 from workbench.hardware import Machine, train_needs
-from workbench.run.distributed import lightning_strategy
 from workbench.cost.memory import LiveTensorBytes
 from workbench.model import Transformer, attention_entropy, build_model, record_attention
 from workbench.position import PositionLimitError
 from workbench.registry import run_providers
 from workbench.results import CONFIG_FILE, FINAL_WEIGHTS, LAST_CHECKPOINT, PROGRESS_FILE, RESULT_FILE
 from workbench.results import ATTENTION_ENTROPY, RunResult, Status, flatten, write_json_atomic, write_text_atomic
-from workbench.run.distributed import needs_processes, rank_zero, shard, train_in_processes
+from workbench.run.distributed import lightning_strategy, needs_processes, rank_zero, shard, train_in_processes
 from workbench.weights import make_task, refuse_or_explain, save_final_weights
 
 # Status of a run, as stored.
