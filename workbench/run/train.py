@@ -545,8 +545,12 @@ def train_run(run_id: str, config: dict[str, Any], run_dir: Path) -> RunResult:
         raise stopping.RunInterrupted("had not begun training")
     quiet_lightning()
     start = time.perf_counter()
-    run_dir.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(run_dir / CONFIG_FILE, json.dumps(config, indent=2, sort_keys=True))
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(run_dir / CONFIG_FILE, json.dumps(config, indent=2, sort_keys=True))
+    except OSError as err:  # a full disk, a read-only folder: the sweep cannot go on
+        raise WorkbenchError(f"{run_dir}: cannot write the run folder ({err.strerror}); free some space (or make the "
+                             "folder writable) and run again: finished runs are kept") from None
     train = config["train"]
     device = resolve_accelerator(train)
     memory = PeakMemory(on_cuda=device == "cuda")
