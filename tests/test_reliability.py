@@ -699,15 +699,18 @@ def test_a_report_name_that_is_a_path_is_refused(finished_out, tmp_path):
     assert not (tmp_path / "x").exists()
 
 
-def test_a_memory_error_on_the_cpu_is_recorded_oom(tmp_path, monkeypatch):
+@pytest.mark.parametrize("error", [MemoryError("cannot allocate 17179869184 bytes"), "the allocator's own"])
+def test_a_memory_error_on_the_cpu_is_recorded_oom(tmp_path, monkeypatch, error):
     run = expand(load_study(write(tmp_path)))[0]
 
     def exhausted(self, batch, batch_idx):
-        raise MemoryError("cannot allocate 17179869184 bytes")
+        if isinstance(error, Exception):
+            raise error
+        torch.empty(2**60, dtype=torch.uint8)  # what PyTorch's CPU allocator raises: a RuntimeError
 
     monkeypatch.setattr(RunModule, "training_step", exhausted)
     result = train_run(run.run_id, run.config, tmp_path / "run")
-    assert result.status == Status.OOM and "MemoryError" in result.error
+    assert result.status == Status.OOM and ("MemoryError" in result.error or "can't allocate memory" in result.error)
 
 
 def test_a_worker_killed_by_the_oom_killer_is_recorded_oom(monkeypatch):

@@ -126,15 +126,28 @@ def relay_stop(stop_conn) -> None:
 
 
 def oom_kills() -> int | None:
-    """How many processes the kernel's OOM killer has killed in this process's cgroup (v2:
-    memory.events), None where that is not readable."""
+    """How many processes the kernel's OOM killer has killed in this process's memory cgroup
+    (v2: memory.events, v1: memory.oom_control), None where that is not readable."""
     try:
-        group = Path("/proc/self/cgroup").read_text().strip().split("::", 1)[1]
-        events = Path("/sys/fs/cgroup", group.lstrip("/"), "memory.events").read_text()
-    except (OSError, IndexError):
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
         return None
-    counts = dict(line.split() for line in events.splitlines() if len(line.split()) == 2)
-    return int(counts["oom_kill"]) if counts.get("oom_kill", "").isdigit() else None
+    for line in lines:
+        _, controllers, group = line.split(":", 2)
+        if controllers == "":  # cgroup v2
+            root, name = Path("/sys/fs/cgroup"), "memory.events"
+        elif "memory" in controllers.split(","):
+            root, name = Path("/sys/fs/cgroup/memory"), "memory.oom_control"
+        else:
+            continue
+        for path in (root / group.lstrip("/") / name, root / name):  # in a container its own group is the root
+            try:
+                counts = dict(entry.split()[:2] for entry in path.read_text().splitlines() if len(entry.split()) == 2)
+            except OSError:
+                continue
+            if counts.get("oom_kill", "").isdigit():
+                return int(counts["oom_kill"])
+    return None
 
 
 def death_result(job: Job, exitcode: int | None, oom_before: int | None) -> RunResult:
