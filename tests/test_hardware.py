@@ -6,6 +6,7 @@ keeps GPU profiles runnable), here and as on a CUDA machine."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -181,3 +182,39 @@ def test_more_devices_than_gpus_is_a_need_where_the_count_is_known():
 def test_scaling_device_needs():
     assert fields(scaling_needs("cuda", CPU)) == ["scaling.device"]
     assert scaling_needs("cuda", CUDA) == [] and scaling_needs("auto", CPU) == []
+
+
+def test_devices_and_nodes_a_machine_cannot_serve_are_refused_unless_a_cluster_is_named(tmp_path):
+    two_cores = Machine("this machine", "CPU only", cpus=2)
+    cpu = {**TRAIN, "accelerator": "cpu"}
+    assert train_needs({**cpu, "devices": 2}, two_cores) == []  # two CPU processes: servable here
+    [need] = train_needs({**cpu, "devices": 1000}, two_cores)
+    assert need.unservable and "1000 CPU processes per run; this machine has 2 cores" in need.problem
+    [need] = train_needs({**cpu, "num_nodes": 2}, two_cores)
+    assert need.unservable and need.field == "train.num_nodes"
+    cluster = Machine("this machine", "CPU only", cpus=2, cluster=True)
+    assert train_needs({**cpu, "devices": 1000, "num_nodes": 2}, cluster) == []
+
+    study = tmp_path / "study.yaml"
+    study.write_text("name: s\ntask: {name: copy, train_length: 6, eval_lengths: [6], n_eval: 32, alphabet_size: 6}\n"
+                     "model: {family: decoder, d_model: 16, n_layers: 1, n_heads: 2}\n"
+                     "train: {steps: 10, batch_size: 8, accelerator: cpu}\nseeds: [0]\n")
+    runner = CliRunner()
+    assert runner.invoke(main, ["validate", str(study), "--set", "train.devices=2"]).exit_code == (
+        0 if (os.cpu_count() or 1) >= 2 else 2)
+    for setting, message in (("train.devices=100000", "train.devices: 100000 asks for 100000 CPU processes per run"),
+                             ("train.num_nodes=2", "train.num_nodes: 2 spreads each run over 2 machines")):
+        result = runner.invoke(main, ["validate", str(study), "--set", setting])
+        assert result.exit_code == 2 and message in result.output and len(result.output.splitlines()) == 1
+        assert runner.invoke(main, ["validate", str(study), "--set", setting, "--address", "head:6379"]).exit_code == 0
+
+
+def test_a_ddp_strategy_gets_the_rendezvous_timeout():
+    from workbench.run.distributed import RENDEZVOUS_TIMEOUT, lightning_strategy
+
+    one = {**TRAIN, "strategy": "auto", "devices": 1, "num_nodes": 1}
+    assert lightning_strategy(one) == "auto"
+    for train in ({**one, "devices": 2}, {**one, "strategy": "ddp_spawn", "devices": "0,1"}, {**one, "num_nodes": 2}):
+        strategy = lightning_strategy(train)
+        assert strategy._timeout == RENDEZVOUS_TIMEOUT
+    assert lightning_strategy({**one, "strategy": "ddp_spawn", "devices": 2})._start_method == "spawn"

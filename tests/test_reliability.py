@@ -577,3 +577,147 @@ def test_a_sigkilled_worker_fails_only_its_run_with_the_reason_and_the_sweep_goe
     assert "its worker process was killed by signal 9 (SIGKILL)" in error
     assert f"3 runs in {out}: 1 failed, 2 finished; 0 already done" in out_text.decode()  # true counts
     assert "Traceback" not in err.decode()
+
+
+# ---- no tracebacks: damaged files, a full disk, read-only folders, absurd input -----------------
+
+
+def test_a_result_json_of_the_wrong_shape_is_named_and_its_run_trained_again(finished_out, tmp_path, capsys):
+    study, out = copy_of(finished_out, tmp_path)
+    first, second = expand(load_study(study))
+    with sqlite3.connect(out / DB_FILE) as conn:
+        conn.execute("DELETE FROM runs WHERE run_id = ?", (second.run_id,))
+    path = run_dir(out, second.run_id) / RESULT_FILE
+    path.write_text(path.read_text().replace('"metrics": {', '"metrics": 5, "was": {'))
+    summary = run_study(study, out, quiet=True)
+    assert f"{path} is not a readable result (ValidationError" in capsys.readouterr().err
+    assert summary.statuses == {"finished": 1} and finished_ids(out) == {first.run_id, second.run_id}
+
+
+@pytest.mark.parametrize("damage, message", [
+    ("UPDATE runs SET metrics = '{not json'", r"the row of run '[0-9a-f]{12}' is damaged; move the store away"),
+    ("UPDATE runs SET metrics = '[1, 2]'", r"the row of run '[0-9a-f]{12}' is damaged \(metrics: Input should be a valid "
+                                           r"dictionary\)"),
+    ("DROP TABLE runs", r"results\.db is not a readable workbench store \(no such table: runs\)"),
+])
+def test_a_damaged_store_row_or_table_is_one_line_from_every_command(finished_out, tmp_path, damage, message):
+    from click.testing import CliRunner
+
+    from workbench.cli import main
+
+    study, out = copy_of(finished_out, tmp_path)
+    with sqlite3.connect(out / DB_FILE) as conn:
+        conn.execute(damage)
+    for args in (["results", str(out)], ["report", str(out), "--no-pictures"]):
+        result = CliRunner().invoke(main, args)
+        assert result.exit_code == 2 and re.search(message, result.output) and len(result.output.splitlines()) == 1, \
+            (args, result.output)
+    result = CliRunner().invoke(main, ["run", str(study), "--out", str(out), "--quiet"])
+    if damage.startswith("DROP"):  # the table is made again and filled from the runs' result.json
+        assert result.exit_code == 0 and finished_ids(out) == {run.run_id for run in expand(load_study(study))}
+    else:  # the sweep skips its recorded runs; the report reads the damaged row
+        assert result.exit_code == 2 and re.search(message, result.output.splitlines()[-1]), result.output
+
+
+def test_a_weights_file_whose_config_asks_for_a_huge_model_or_lacks_task_is_refused(finished_out, tmp_path):
+    import json
+
+    import safetensors.torch
+
+    study, out = copy_of(finished_out, tmp_path)
+    folder = run_dir(out, expand(load_study(study))[0].run_id)
+    _, config = load_final_model(folder)
+    tensors = safetensors.torch.load_file(str(folder / FINAL_WEIGHTS))
+    for crafted, problem in (({**config, "model": {**config["model"], "d_model": 100000, "n_layers": 100}},
+                              r"asks for a model of 8e\+12 parameters, the file holds 1\.\d+e\+04"),
+                             ({k: v for k, v in config.items() if k != "task"}, r"its stored config: task: Field required")):
+        safetensors.torch.save_file(tensors, str(folder / FINAL_WEIGHTS), metadata={"config": json.dumps(crafted)})
+        with pytest.raises(WorkbenchError, match=rf"{FINAL_WEIGHTS} is damaged .*{problem}.*--no-pictures"):
+            load_final_model(folder)
+
+
+def test_a_read_only_report_destination_is_one_line_and_keeps_the_old_report(finished_out, tmp_path, monkeypatch):
+    from workbench.report import write_report
+    import workbench.report as report_module
+
+    _, out = copy_of(finished_out, tmp_path)
+    index = write_report(out, tmp_path / "reports", pictures=False)
+    old = index.read_text()
+
+    def read_only(built, dest):
+        raise PermissionError(13, "Permission denied", str(dest / "index.html"))
+
+    monkeypatch.setattr(report_module, "swap_in", read_only)
+    with pytest.raises(WorkbenchError, match=r"index\.html: cannot write the report \(Permission denied\); .*--out"):
+        write_report(out, tmp_path / "reports", pictures=False)
+    assert index.read_text() == old and [p.name for p in (tmp_path / "reports").iterdir()] == [index.parent.name]
+
+
+def test_a_full_disk_during_a_checkpoint_and_then_error_txt_is_the_runs_outcome(tmp_path, monkeypatch):
+    import workbench.run.train as train_module
+
+    run = expand(load_study(write(tmp_path)))[0]
+    real_write = train_module.write_text_atomic
+
+    def full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(train_module.TorchCheckpointIO, "save_checkpoint", full)
+    monkeypatch.setattr(train_module, "write_text_atomic",
+                        lambda path, text: full() if path.name == "error.txt" else real_write(path, text))
+    result = train_run(run.run_id, run.config, tmp_path / "run")
+    assert result.status == Status.FAILED and result.error == "OSError: [Errno 28] No space left on device"
+    assert not (tmp_path / "run" / "error.txt").exists() and (tmp_path / "run" / RESULT_FILE).exists()
+    # a disk already full when the run starts: one line naming the folder
+    monkeypatch.setattr(train_module, "write_text_atomic", full)
+    with pytest.raises(WorkbenchError, match=r"run: cannot write the run folder \(No space left on device\); free some"):
+        train_run(run.run_id, run.config, tmp_path / "run")
+
+
+@pytest.mark.parametrize("text, message", [
+    ("name: x\nseeds: " + "[" * 5000 + "]" * 5000, r"nested too deeply"),
+    ("name: x\nseeds: [" + "9" * 5001 + "]", r"a number with more than 4300 digits"),
+    (STUDY.replace("[none, rope]", "[none, rope]\n  train.lr: [" + ", ".join(str(i) for i in range(100_001)) + "]"),
+     r"it holds 10\d{4} YAML values, over the limit of 100000: sweep fewer values"),
+])
+def test_absurd_study_files_are_one_line(tmp_path, text, message):
+    with pytest.raises(WorkbenchError, match=message):
+        load_study(write(tmp_path, text))
+
+
+def test_a_device_or_endless_file_is_not_read_as_a_study():
+    with pytest.raises(WorkbenchError, match=r"/dev/zero: not a regular file"):
+        load_study("/dev/zero")
+
+
+def test_a_report_name_that_is_a_path_is_refused(finished_out, tmp_path):
+    from workbench.report.compare import write_comparison
+
+    _, out = copy_of(finished_out, tmp_path)
+    with pytest.raises(WorkbenchError, match=r"--name: '\.\./x' is not a report name"):
+        write_comparison([out], tmp_path / "reports", "../x")
+    assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.parametrize("error", [MemoryError("cannot allocate 17179869184 bytes"), "the allocator's own"])
+def test_a_memory_error_on_the_cpu_is_recorded_oom(tmp_path, monkeypatch, error):
+    run = expand(load_study(write(tmp_path)))[0]
+
+    def exhausted(self, batch, batch_idx):
+        if isinstance(error, Exception):
+            raise error
+        torch.empty(2**60, dtype=torch.uint8)  # what PyTorch's CPU allocator raises: a RuntimeError
+
+    monkeypatch.setattr(RunModule, "training_step", exhausted)
+    result = train_run(run.run_id, run.config, tmp_path / "run")
+    assert result.status == Status.OOM and ("MemoryError" in result.error or "can't allocate memory" in result.error)
+
+
+def test_a_worker_killed_by_the_oom_killer_is_recorded_oom(monkeypatch):
+    from workbench.run import executor
+
+    job = executor.Job("0123456789ab", {}, Path("x"))
+    monkeypatch.setattr(executor, "oom_kills", lambda: 4)
+    assert executor.death_result(job, -9, 3).status == Status.OOM  # the kernel's count went up
+    killed = executor.death_result(job, -9, 4)
+    assert killed.status == Status.FAILED and "killed by signal 9 (SIGKILL)" in killed.error

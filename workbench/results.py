@@ -18,6 +18,8 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict
+
 
 class Status(StrEnum):
     """How a run (or a measurement) ended; a StrEnum, so stored and printed as its value."""
@@ -106,10 +108,46 @@ class RunResult:
         return asdict(self)
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> RunResult:
-        data = dict(data)
-        data["curves"] = [tuple(c) for c in data.get("curves", [])]
-        return cls(**data)
+    def from_json(cls, data: Any) -> RunResult:
+        """A result read back (result.json), checked field by field (pydantic.ValidationError)."""
+        return cls(**StoredResult.model_validate(data).model_dump())
+
+
+Value = float | int | str | bool | None  # a metric: a number, or a scaling study's instrument label
+
+
+class StoredResult(BaseModel):
+    """The shape of a RunResult read back from a file the workbench did not necessarily write."""
+
+    model_config = ConfigDict(extra="forbid")
+    run_id: str
+    status: Status
+    steps_done: int = 0
+    metrics: dict[str, Value] = {}
+    not_applicable: dict[str, str] = {}
+    curves: list[tuple[int, str, str, float | None]] = []
+    n_params: int | None = None
+    diverged_step: int | None = None
+    error: str | None = None
+    wall_time_s: float = 0.0
+    train_time_s: float = 0.0
+    eval_time_s: float = 0.0
+    tokens: int = 0
+    tokens_per_s: float | None = None
+    peak_memory_bytes: int | None = None
+    peak_memory_instrument: str | None = None
+    resumed_from_step: int | None = None
+    environment: dict[str, Any] = {}
+
+
+class StoredRow(BaseModel):
+    """The JSON columns of a store's `runs` row, checked before any table is built from them."""
+
+    swept: dict[str, Any]
+    config: dict[str, Any]
+    metrics: dict[str, Value]
+    not_applicable: dict[str, str]
+    environment: dict[str, Any]
 
 
 def write_text_atomic(path: Path, text: str) -> None:

@@ -9,6 +9,7 @@ config and the step as metadata; run folders written before that hold final.pt, 
 from __future__ import annotations
 
 import json
+import math
 import os
 import pickle
 from pathlib import Path
@@ -17,6 +18,7 @@ from typing import Any
 import safetensors
 import safetensors.torch
 import torch
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from workbench.errors import WorkbenchError
 from workbench.model import Transformer, build_model
@@ -72,9 +74,27 @@ def load_final_model(run_dir: str | Path) -> tuple[Transformer, dict[str, Any]]:
         raise FileNotFoundError(path)
     try:
         with safetensors.safe_open(str(path), framework="pt") as f:
-            config = json.loads(f.metadata()["config"])
+            try:
+                config = StoredConfig.model_validate_json(f.metadata()["config"]).model_dump()
+            except ValidationError as err:
+                problem = err.errors()[0]
+                raise ValueError(f"its stored config: {'.'.join(map(str, problem['loc']))}: {problem['msg']}") from None
+            stored = sum(math.prod(f.get_slice(name).get_shape()) for name in f.keys())
+        with torch.device("meta"):  # counted before anything is allocated
+            wanted = build_model(config["model"]).num_parameters()
+        if wanted > stored:
+            raise ValueError(f"its stored config asks for a model of {wanted:.3g} parameters, the file holds {stored:.3g}")
         model = build_model(config["model"])
         safetensors.torch.load_model(model, str(path), device="cpu")
     except Exception as err:
         raise refuse_or_explain(path, err, redo) from None
     return model.eval(), config
+
+
+class StoredConfig(BaseModel):
+    """The run config in a weights file's metadata, checked before a model is built from it."""
+
+    model_config = ConfigDict(extra="allow")
+    model: dict[str, Any]
+    task: dict[str, Any]
+    seed: int = 0

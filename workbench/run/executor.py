@@ -157,15 +157,28 @@ def relay_stop(stop_conn) -> None:
 
 
 def oom_kills() -> int | None:
-    """How many processes the kernel's OOM killer has killed in this process's cgroup (v2:
-    memory.events), None where that is not readable."""
+    """How many processes the kernel's OOM killer has killed in this process's memory cgroup
+    (v2: memory.events, v1: memory.oom_control), None where that is not readable."""
     try:
-        group = Path("/proc/self/cgroup").read_text().strip().split("::", 1)[1]
-        events = Path("/sys/fs/cgroup", group.lstrip("/"), "memory.events").read_text()
-    except (OSError, IndexError):
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
         return None
-    counts = dict(line.split() for line in events.splitlines() if len(line.split()) == 2)
-    return int(counts["oom_kill"]) if counts.get("oom_kill", "").isdigit() else None
+    for line in lines:
+        _, controllers, group = line.split(":", 2)
+        if controllers == "":  # cgroup v2
+            root, name = Path("/sys/fs/cgroup"), "memory.events"
+        elif "memory" in controllers.split(","):
+            root, name = Path("/sys/fs/cgroup/memory"), "memory.oom_control"
+        else:
+            continue
+        for path in (root / group.lstrip("/") / name, root / name):  # in a container its own group is the root
+            try:
+                counts = dict(entry.split()[:2] for entry in path.read_text().splitlines() if len(entry.split()) == 2)
+            except OSError:
+                continue
+            if counts.get("oom_kill", "").isdigit():
+                return int(counts["oom_kill"])
+    return None
 
 
 def death_result(job: Job, exitcode: int | None, oom_before: int | None) -> RunResult:
@@ -219,6 +232,14 @@ class Worker:
         with suppress(OSError):
             self.conn.send(None)
 
+    def end(self) -> None:
+        """Kill it if it is still there, reap it, close its pipes."""
+        if self.process.is_alive():
+            self.process.kill()
+        self.process.join()
+        self.conn.close()
+        self.stop_conn.close()
+
 
 def close_all(workers: list[Worker]) -> None:
     """Tell every worker to leave; kill those still there after JOIN_S."""
@@ -227,11 +248,7 @@ def close_all(workers: list[Worker]) -> None:
     deadline = time.monotonic() + JOIN_S
     for worker in workers:
         worker.process.join(max(0.0, deadline - time.monotonic()))
-        if worker.process.is_alive():
-            worker.process.kill()
-            worker.process.join()
-        worker.conn.close()
-        worker.stop_conn.close()
+        worker.end()
     reap_resource_tracker()
 
 
@@ -300,26 +317,21 @@ class LocalProcessExecutor(Executor):
                 busy = [w for w in workers if w.job is not None]
                 if not busy:
                     break
-                if stopping.stop_requested():
-                    stop_seen = stop_seen or time.monotonic()
-                    for worker in busy:
-                        worker.stop()
-                        # one that has not begun training holds nothing; one past the grace is stuck
-                        if not worker.started or time.monotonic() - stop_seen > STOP_GRACE_S:
-                            stopped.append("had not begun training" if not worker.started else
-                                           f"was stopped after {STOP_GRACE_S} s without a checkpoint of its last step")
-                            worker.process.kill()
-                            worker.process.join()
-                            worker.conn.close()
-                            worker.stop_conn.close()
-                            workers.remove(worker)
-                    busy = [w for w in workers if w.job is not None]
-                    if not busy:
-                        break
                 # a timeout, so a stop request is seen while runs train (a signal does not end the wait)
                 wait([w.conn for w in busy] + [w.process.sentinel for w in busy], timeout=0.5)
                 for worker in busy:
                     yield from self._collect(worker, workers, stopped)
+                if stopping.stop_requested():
+                    stop_seen = stop_seen or time.monotonic()
+                    for worker in [w for w in workers if w.job is not None]:
+                        worker.stop()
+                        # one that has not begun training holds nothing; one past the grace is stuck
+                        if not worker.started or time.monotonic() - stop_seen > STOP_GRACE_S:
+                            stopped.append("had not begun training" if not worker.started else
+                                           f"did not end its step within {STOP_GRACE_S} s and was killed "
+                                           "(its last periodic checkpoint stands)")
+                            worker.end()
+                            workers.remove(worker)
             if stopped or stopping.stop_requested():
                 raise stopping.RunInterrupted(interrupted_runs(stopped))
         finally:
@@ -338,12 +350,9 @@ class LocalProcessExecutor(Executor):
                     raise EOFError
                 message = worker.conn.recv()
             except (EOFError, OSError):  # died: its run is recorded, a fresh worker takes its place
-                worker.process.join()
-                job, exitcode = worker.job, worker.process.exitcode
-                worker.conn.close()
-                worker.stop_conn.close()
+                worker.end()
                 workers.remove(worker)
-                yield death_result(job, exitcode, worker.oom_before)
+                yield death_result(worker.job, worker.process.exitcode, worker.oom_before)
                 return
             if message[0] == "started":
                 worker.started = True

@@ -63,6 +63,7 @@ class Summary:
         return sum(n for status, n in self.statuses.items() if status != Status.FINISHED)
 
 
+MAX_RESULT_BYTES = 256 * 2**20  # a result.json is read up to this size (curves of a long run: a few MiB)
 STORE_FILES = (DB_FILE, f"{DB_FILE}-wal", f"{DB_FILE}-shm")
 
 
@@ -139,8 +140,10 @@ def recorded_result(run: RunConfig, out_dir: Path, warn=print):
     if not path.exists():
         return None
     try:
+        if path.stat().st_size > MAX_RESULT_BYTES:
+            raise ValueError(f"over {MAX_RESULT_BYTES // 2**20} MiB")
         result = RunResult.from_json(json.loads(path.read_text()))
-    except (OSError, ValueError, TypeError, AttributeError) as err:
+    except (OSError, ValueError, TypeError, AttributeError) as err:  # pydantic's ValidationError is a ValueError
         warn(f"{path} is not a readable result ({type(err).__name__}: {str(err).splitlines()[0][:80]}): "
              "training that run again")
         return None

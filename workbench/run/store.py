@@ -28,9 +28,10 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+from pydantic import ValidationError
 
 from workbench.errors import WorkbenchError
-from workbench.results import run_stage
+from workbench.results import StoredRow, run_stage
 from workbench.run.folder import check_run_id
 
 DB_FILE = "results.db"
@@ -220,8 +221,13 @@ class Store:
             d = dict(row)
             if "position" in d:  # a store written before the sweep index had its name, read as it is
                 d["index"] = d.pop("position")
-            for key in ("swept", "config", "metrics", "not_applicable", "environment"):
-                d[key] = json.loads(d[key])
+            try:
+                d.update(StoredRow.model_validate({key: json.loads(d[key]) for key in StoredRow.model_fields}))
+            except (TypeError, ValueError) as err:  # invalid JSON, or JSON of the wrong shape (ValidationError)
+                where = f" ({err.errors()[0]['loc'][0]}: {err.errors()[0]['msg']})" if isinstance(err, ValidationError) else ""
+                raise WorkbenchError(
+                    f"{self.path}: the row of run {str(d.get('run_id'))[:40]!r} is damaged{where}; move the store away and "
+                    "run the study again (finished runs are recovered from their run folders' result.json)") from None
             out.append(d)
         return sorted(out, key=lambda d: d["index"])
 

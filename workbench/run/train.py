@@ -611,6 +611,9 @@ def make_logger(kind: str, run_dir: Path, run_id: str = "", config: dict[str, An
     return CSVLogger(save_dir=run_dir, name="logs")  # a resumed session logs to the next version_N
 
 
+CPU_ALLOCATOR_FAILED = "DefaultCPUAllocator: can't allocate memory"
+
+
 def train_run(run_id: str, config: dict[str, Any], run_dir: Path) -> RunResult:
     """Train one run to completion (or divergence / error) and write its result.json and
     final weights. Continues from checkpoints/last.ckpt when an earlier attempt left one.
@@ -629,9 +632,13 @@ def train_here(run_id: str, config: dict[str, Any], run_dir: Path) -> RunResult:
     quiet_lightning()
     start = time.perf_counter()
     writer = rank_zero()
-    if writer:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        write_text_atomic(run_dir / CONFIG_FILE, json.dumps(config, indent=2, sort_keys=True))
+    try:
+        if writer:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            write_text_atomic(run_dir / CONFIG_FILE, json.dumps(config, indent=2, sort_keys=True))
+    except OSError as err:  # a full disk, a read-only folder: the sweep cannot go on
+        raise WorkbenchError(f"{run_dir}: cannot write the run folder ({err.strerror}); free some space (or make the "
+                             "folder writable) and run again: finished runs are kept") from None
     train = config["train"]
     device = resolve_accelerator(train)
     memory = PeakMemory(on_cuda=device == "cuda")
@@ -685,7 +692,9 @@ def train_here(run_id: str, config: dict[str, Any], run_dir: Path) -> RunResult:
     except (torch.OutOfMemoryError, MemoryError) as err:
         result.status, result.error = Status.OOM, f"{type(err).__name__}: {err}".splitlines()[0]
     except Exception as err:  # any other error is this run's outcome; the sweep goes on
-        result.status, result.error = Status.FAILED, f"{type(err).__name__}: {err}".splitlines()[0]
+        # PyTorch's CPU allocator raises a RuntimeError, not a MemoryError, when memory runs out
+        result.status = Status.OOM if CPU_ALLOCATOR_FAILED in str(err) else Status.FAILED
+        result.error = f"{type(err).__name__}: {err}".splitlines()[0]
         if writer:
             with contextlib.suppress(OSError):  # a full disk fails this too; the error is in the result already
                 write_text_atomic(run_dir / "error.txt", traceback.format_exc())
