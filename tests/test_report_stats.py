@@ -147,18 +147,40 @@ def test_seeds_that_all_scored_the_same_are_flagged():
     assert not mean_ci([0.125, 0.13]).constant
 
 
-def test_a_group_that_did_not_learn_makes_the_verdict_not_tested():
+def test_a_verdict_is_decided_by_the_gate_when_only_one_group_learned():
     a, b = by_seed([0.90, 0.91, 0.95]), by_seed([0.10, 0.11, 0.10])
     gates = (learned_gate("A", "accuracy@8", 0.92, 0.1, 1.0, True),
              learned_gate("B", "accuracy@8", 0.103, 0.1, 1.0, True))
     assert gates[0].needed == pytest.approx(0.19) and gates[0].learned and not gates[1].learned
     v = verdicts([Comparison("accuracy@16", "A", "B", a, b, higher=True, bounds=(0.0, 1.0), gates=gates)])[0]
+    assert (v.outcome, v.label) == ("holds", "holds (only A learned)")
+    assert "B: accuracy@8 0.103 vs chance 0.1" in v.reason
+    v = verdicts([Comparison("accuracy@16", "B", "A", b, a, higher=True, bounds=(0.0, 1.0), gates=gates)])[0]
+    assert (v.outcome, v.label) == ("does not hold", "does not hold (only A learned)")
+    neither = (gates[1], learned_gate("C", "accuracy@8", 0.1, 0.1, 1.0, True))
+    v = verdicts([Comparison("accuracy@16", "B", "C", b, b, higher=True, bounds=(0.0, 1.0), gates=neither)])[0]
     assert v.outcome == "not tested"
-    assert v.label.startswith("not tested (did not learn at the training length: B: accuracy@8 0.103 vs chance 0.1")
+    assert v.label.startswith("not tested (neither group learned: B: accuracy@8 0.103") and "C: accuracy@8 0.1" in v.label
     # lower is better: a loss must fall 10% of the way from chance to 0
     ln4 = math.log(4)
     assert learned_gate("A", "loss@8", 1.2, ln4, 0.0, False).learned
     assert not learned_gate("A", "loss@8", 1.3, ln4, 0.0, False).learned
+
+
+def test_the_gate_measures_against_the_strongest_baseline():
+    gate = learned_gate("A", "accuracy@12", 0.45, {"input-ignoring": 0.169, "order-blind": 0.443}, 1.0, True)
+    assert (gate.baseline, gate.chance, gate.needed) == ("order-blind", 0.443, pytest.approx(0.4987))
+    assert not gate.learned and "vs order-blind 0.443" in gate.text
+    loss = learned_gate("A", "loss@12", 1.5, {"input-ignoring": 2.1, "order-blind": 1.2}, 0.0, False)
+    assert loss.baseline == "order-blind" and not loss.learned
+
+
+def test_a_gate_at_the_compared_length_counts_as_well_as_the_training_length():
+    a, b = by_seed([0.30, 0.31, 0.33]), by_seed([0.20, 0.21, 0.20])
+    gates = (learned_gate("A", "accuracy@16", 0.9, 0.17, 1.0, True), learned_gate("A", "accuracy@32", 0.31, 0.17, 1.0, True),
+             learned_gate("B", "accuracy@16", 0.9, 0.17, 1.0, True), learned_gate("B", "accuracy@32", 0.20, 0.17, 1.0, True))
+    v = verdicts([Comparison("accuracy@32", "A", "B", a, b, higher=True, bounds=(0.0, 1.0), gates=gates)])[0]
+    assert v.label == "holds (only A learned)" and "B: accuracy@32 0.2" in v.reason
 
 
 def test_pairs_compare_like_with_like_across_other_swept_keys():
@@ -182,7 +204,7 @@ def test_learned_criterion_line_states_threshold_and_who_missed_it():
         "not met: b (0.25); c (no finished run)")
     # Chance differs by group (e.g. by family): one threshold per chance level.
     assert learned_criterion("accuracy", [gate("enc", 0.15, 0.1), gate("dec", 0.3), gate("ed", 0.5)]) == (
-        "Learned (10% of the way from chance to a perfect score: accuracy@12 ≥ 0.19 for enc (chance 0.1); "
+        "Learned (10% of the way from the strongest baseline to a perfect score: accuracy@12 ≥ 0.19 for enc (chance 0.1); "
         "accuracy@12 ≥ 0.28 for dec and ed (chance 0.2)): 2 of 3 groups met it; not met: enc (0.15)")
     loss = learned_gate("x", "loss@8", 1.0, 2.0, 0.0, False)
     assert learned_criterion("loss", [loss]) == (
