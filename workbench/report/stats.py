@@ -321,7 +321,9 @@ def power(effect: float, sd: float, n: int, alpha: float, paired: bool) -> float
     df, scale = (n - 1, sd / math.sqrt(n)) if paired else (2 * n - 2, sd * math.sqrt(2 / n))
     crit = st.t.ppf(1 - alpha / 2, df)
     nc = abs(effect) / scale
-    return float(st.nct.sf(crit, df, nc) + st.nct.cdf(-crit, df, nc))
+    exact = float(st.nct.sf(crit, df, nc) + st.nct.cdf(-crit, df, nc))
+    # scipy's noncentral t gives NaN far in the tail, where the normal approximation is exact enough
+    return exact if math.isfinite(exact) else float(st.norm.sf(crit - nc) + st.norm.cdf(-crit - nc))
 
 
 def detectable(sd: float, n: int, alpha: float, paired: bool) -> float:
