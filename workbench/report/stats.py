@@ -465,9 +465,13 @@ def gate_texts(c: Comparison, group: str) -> str:
     return "; ".join(g.text for g in c.gates if g.group == group and not g.learned)
 
 
-def verdicts(comparisons: Sequence[Comparison], alpha: float = ALPHA) -> list[Verdict]:
+CONTAINS_ZERO = "the interval of the difference contains 0"
+
+
+def verdicts(comparisons: Sequence[Comparison], alpha: float = ALPHA, plan: bool = True) -> list[Verdict]:
     """Apply RULE to a study's comparisons. Holm's family is every comparison: one that ends
-    before a test (not tested, one group only, ceiling) counts in m with p = 1."""
+    before a test (not tested, one group only, ceiling) counts in m with p = 1. `plan`: an
+    inconclusive verdict states what its seeds detect and what it would need (`plan_text`)."""
     m = len(comparisons)
     out: list[Verdict | None] = []
     tested: dict[int, tuple[Comparison, Interval, Interval]] = {}
@@ -527,9 +531,8 @@ def verdicts(comparisons: Sequence[Comparison], alpha: float = ALPHA) -> list[Ve
         if adjusted[k] > alpha:
             stopped = not math.isnan(diff.lo) and (diff.lo > 0 or diff.hi < 0)  # an earlier one did not separate
             why = ("Holm: an earlier comparison did not separate" if stopped
-                   else f"Fisher's exact p = {fmt(diff.p)}" if c.shares is not None
-                   else "the interval of the difference contains 0")
-            out[k] = make(INCONCLUSIVE, why + ("" if c.shares is not None else plan_text(c, diff)))
+                   else f"Fisher's exact p = {fmt(diff.p)}" if c.shares is not None else CONTAINS_ZERO)
+            out[k] = make(INCONCLUSIVE, why + (plan_text(c, diff) if plan and why == CONTAINS_ZERO else ""))
             continue
         above = diff.mean > 0
         where = f"the difference lies entirely {'above' if above else 'below'} 0"
@@ -541,11 +544,11 @@ def verdicts(comparisons: Sequence[Comparison], alpha: float = ALPHA) -> list[Ve
 
 
 def seed_looks(first: int, most: int) -> list[int]:
-    """Seeds per group at each look of an adaptive study: `first`, then 1.5 times more each
-    round (rounded up), ending at `most`; e.g. 3, 5, 8, 12, 18, 20."""
+    """Seeds per group at each look of an adaptive study: `first`, then twice as many each
+    round, ending at `most`; e.g. 3, 6, 12, 20. Few looks keep the alpha each one gets large."""
     looks = [first]
     while looks[-1] < most:
-        looks.append(min(most, math.ceil(looks[-1] * 1.5)))
+        looks.append(min(most, 2 * looks[-1]))
     return looks
 
 
@@ -569,18 +572,20 @@ def sequential_verdicts(comparisons: Sequence[Comparison], looks: Sequence[int])
     look that decides it, otherwise its last look's verdict."""
     alphas = look_alphas(looks)
     final: list[Verdict | None] = [None] * len(comparisons)
+    last: list[Comparison] = list(comparisons)  # each comparison as its deciding (or last) look saw it
     for j, (n, alpha) in enumerate(zip(looks, alphas)):
         available = [j == 0 or c.seeds_run >= n for c in comparisons]
         at_look = [c.truncated(n) if ok else replace(c, better_values=pd.Series(dtype=float),
                                                       than_values=pd.Series(dtype=float))
                    for c, ok in zip(comparisons, available)]
-        for i, v in enumerate(verdicts(at_look, alpha)):
+        for i, v in enumerate(verdicts(at_look, alpha, plan=False)):
             if not available[i] or (final[i] is not None and final[i].outcome in DECIDED):
                 continue
             if v.outcome in DECIDED:
                 v = replace(v, reason=f"{v.reason}; look {j + 1} of {len(looks)} ({n} seeds, alpha {fmt(alpha)})")
-            final[i] = v
-    return [v for v in final if v is not None]
+            final[i], last[i] = v, at_look[i]
+    return [replace(v, reason=v.reason + plan_text(c, v.diff)) if v.reason == CONTAINS_ZERO else v
+            for v, c in zip(final, last) if v is not None]
 
 
 def verdict(better_values, than_values, metric: str, better: str, than: str, higher: bool | None = None,
