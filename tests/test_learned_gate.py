@@ -8,8 +8,10 @@ import itertools
 import json
 import math
 from collections import Counter
+from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
@@ -210,3 +212,78 @@ def test_a_study_trained_for_3_steps_is_not_tested(tmp_path):
     assert 'class="outcome not-tested">not tested (neither group learned' in html
     assert "Learned at the training length" in html
     assert "**not tested (neither group learned" in build_index(studies, reports)
+
+
+# ---- baselines beyond chance: predictors that read the answer's prefix or the input's symbols ----
+
+
+def test_order_blind_and_sorted_prefix_baselines_match_the_audited_numbers():
+    # A = 10, n = 12, decoder (the <eos> counts, always right): the audit's Monte Carlo numbers
+    reverse = make("reverse", train_length=12, alphabet_size=10).baselines("decoder", 12)
+    assert reverse["order-blind"]["accuracy"] == pytest.approx(0.443, abs=0.003)
+    assert reverse["prefix-aware"]["accuracy"] == pytest.approx(reverse["input-ignoring"]["accuracy"], abs=0.003)
+    sort = make("sort", train_length=12, alphabet_size=10).baselines("decoder", 12)
+    assert sort["prefix-aware"]["accuracy"] == pytest.approx(0.579, abs=0.003)
+    assert "order-blind" not in sort  # knowing the symbols solves sort: not a baseline
+    assert set(make("sort", train_length=12, alphabet_size=10).baselines("encoder", 12)) == {"input-ignoring"}
+    # fixed seed and cache: the same number in every report
+    assert make("reverse", seed=5, train_length=12, alphabet_size=10).baselines("decoder", 12) == reverse
+
+
+def bayes_accuracy(task, family_eos: int, information) -> float:
+    """Exact accuracy of the best predictor that sees `information(source, answer, k)` at each
+    answer position k, by enumerating every string (small alphabets and lengths only)."""
+    a, n = task.params.alphabet_size, task.params.train_length
+    counts: dict[tuple, Counter] = {}
+    strings = [list(s) for s in itertools.product(range(a), repeat=n)]
+    for s in strings:
+        answer = task.transform(s)
+        for k in range(n):
+            counts.setdefault((k, information(s, answer, k)), Counter())[answer[k]] += 1
+    right = sum(max(c.values()) for c in counts.values())
+    return (right + len(strings) * family_eos) / (len(strings) * (n + family_eos))
+
+
+@pytest.mark.parametrize("name, baseline, information", [
+    ("sort", "prefix-aware", lambda s, answer, k: tuple(answer[:k])),
+    ("reverse", "order-blind", lambda s, answer, k: (tuple(sorted(s)), tuple(answer[:k]))),
+    ("copy", "order-blind", lambda s, answer, k: (tuple(sorted(s)), tuple(answer[:k]))),
+])
+def test_baselines_are_the_best_predictor_with_that_information(name, baseline, information):
+    """Against exhaustive enumeration: the Monte Carlo baseline is the Bayes-optimal predictor
+    that sees only the answer's prefix (sort) or the input's multiset and the prefix (copy, reverse)."""
+    task = make(name, train_length=4, alphabet_size=3)
+    exact = bayes_accuracy(task, 1, information)
+    assert task.baselines("decoder", 4)[baseline]["accuracy"] == pytest.approx(exact, abs=0.004)
+
+
+class HintedCopy(TASKS["copy"]):
+    """A third-party task that declares one more baseline through the task interface."""
+
+    name = "hinted_copy"
+
+    def baselines(self, family, length):
+        return {**super().baselines(family, length), "hinted": {"accuracy": 0.95, "loss": 0.1}}
+
+
+def test_a_third_party_task_declares_baselines_and_the_gate_uses_the_strongest():
+    from tests.conftest import installed_plugin
+    from workbench.report.train_report import TrainInputs, TrainReport
+    from workbench.study import TrainStudy
+
+    with installed_plugin("hinted_copy_plugin", register_tasks=[HintedCopy]):
+        study = TrainStudy.model_validate({
+            "name": "hinted", "task": {"name": "hinted_copy", "train_length": 6, "alphabet_size": 6},
+            "train": {"steps": 1}, "seeds": [0, 1], "sweep": {"model.position": ["none", "rope"]},
+            "expect": [{"metric": "accuracy@6", "better": "rope", "than": "none"}]})
+        runs = pd.DataFrame([{"run_id": f"{p}{s}", "index": i, "seed": s, "model.position": p, "status": "finished",
+                              "accuracy@6": acc, "loss@6": 0.5}
+                             for i, (p, s, acc) in enumerate([("none", 0, 0.9), ("none", 1, 0.9),
+                                                              ("rope", 0, 0.99), ("rope", 1, 0.999)])])
+        report = TrainReport(TrainInputs(study=study, runs=runs, curves=None, environment={}, command=""), Path("."))
+        gate = report.learned("rope", "accuracy")
+        assert (gate.baseline, gate.chance) == ("hinted", 0.95)
+        assert dict(gate.baselines)["order-blind"] < 0.95 and gate.learned
+        assert not report.learned("none", "accuracy").learned  # 0.9: above order-blind, below the hint
+        (v, _), = report.verdicts()
+        assert v.label == "holds (only rope learned)"

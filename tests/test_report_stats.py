@@ -4,6 +4,7 @@ learned-at-all gate, verdicts, variant pairing."""
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pandas as pd
@@ -12,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st_h
 from scipy import stats
 
-from workbench.report.stats import (Comparison, difference, holm, learned_criterion, learned_gate, mean_ci, verdict,
+from workbench.report.stats import (Comparison, Share, difference, holm, learned_criterion, learned_gate, mean_ci, verdict,
                                     verdicts, welch_diff)
 from workbench.report.variants import Variants
 
@@ -211,3 +212,72 @@ def test_learned_criterion_line_states_threshold_and_who_missed_it():
         "Learned (loss@8 ≤ 1.8, 10% of the way from chance 2 to 0): the group met it")
     unknown = learned_gate("x", "accuracy@8", 0.9, math.nan, 1.0, True)
     assert learned_criterion("accuracy", [unknown]).startswith("Learned: no chance level of accuracy is known")
+
+
+def test_a_margin_makes_an_interval_inside_it_equivalent():
+    a, b = by_seed([0.900, 0.905, 0.898, 0.902]), by_seed([0.901, 0.903, 0.899, 0.900])
+    v = verdict(a, b, "accuracy@8", "A", "B", higher=True, bounds=(0.0, 1.0), margin=0.02)
+    assert v.outcome == v.label == "equivalent"
+    assert -0.02 < v.diff.lo and v.diff.hi < 0.02 and v.diff.level == pytest.approx(0.90)  # 1 - 2 alpha (m = 1)
+    assert "within ±0.02" in v.reason
+    # the same groups without a margin: no difference found, which is not the same as none
+    assert verdict(a, b, "accuracy@8", "A", "B", higher=True, bounds=(0.0, 1.0)).outcome == "inconclusive"
+    # a margin smaller than the noise: still inconclusive, with what the seeds would need to show it
+    wide = verdict(by_seed([0.8, 0.9, 0.85]), by_seed([0.82, 0.86, 0.9]), "accuracy@8", "A", "B", higher=True,
+                   bounds=(0.0, 1.0), margin=0.01)
+    assert wide.outcome == "inconclusive" and "the margin ±0.01 would need about" in wide.reason
+
+
+def test_both_groups_at_the_perfect_score_on_every_seed_is_a_ceiling():
+    v = verdict(by_seed([1.0, 1.0, 1.0]), by_seed([1.0, 1.0, 1.0]), "accuracy@8", "A", "B", higher=True,
+                bounds=(0.0, 1.0))
+    assert (v.outcome, v.label) == ("ceiling", "ceiling: the task does not separate them")
+    loss = verdict(by_seed([0.0, 0.0]), by_seed([0.0, 0.0]), "loss@8", "A", "B", higher=False, bounds=(0.0, math.inf))
+    assert loss.outcome == "ceiling"
+    # equal seeds below the best value are not a ceiling: no spread, no interval
+    assert verdict(by_seed([0.9, 0.9]), by_seed([0.9, 0.9]), "accuracy@8", "A", "B", higher=True,
+                   bounds=(0.0, 1.0)).label.startswith("inconclusive (every seed gave the same difference")
+
+
+def test_an_inconclusive_verdict_states_its_detectable_difference_and_the_seeds_needed():
+    a, b = by_seed([0.61, 0.72, 0.55, 0.80]), by_seed([0.58, 0.66, 0.57, 0.74])
+    v = verdict(a, b, "accuracy@8", "A", "B", higher=True, bounds=(0.0, 1.0))
+    assert v.outcome == "inconclusive"
+    d = (a - b).to_numpy()
+    sd, n = d.std(ddof=1), len(d)
+    mde = float(re.search(r"4 seeds detect ±([\d.]+) with 80% power", v.reason).group(1))
+    needed = int(re.search(r"the observed difference [\d.]+ would need about (\d+) seeds", v.reason).group(1))
+    # check against the noncentral t: power of the paired two-sided test at 5%
+    def power(effect, k):
+        crit, nc = stats.t.ppf(0.975, k - 1), effect / (sd / math.sqrt(k))
+        return stats.nct.sf(crit, k - 1, nc) + stats.nct.cdf(-crit, k - 1, nc)
+    assert power(mde, n) == pytest.approx(0.8, abs=0.01)
+    assert power(d.mean(), needed) >= 0.8 > power(d.mean(), needed - 1)
+
+
+def test_holms_family_is_every_expect_entry_even_those_not_tested():
+    a, b = by_seed([0.90, 0.91, 0.95]), by_seed([0.50, 0.52, 0.51])
+    tested = Comparison("accuracy@8", "A", "B", a, b, higher=True, bounds=(0.0, 1.0))
+    untested_gates = (learned_gate("C", "accuracy@8", 0.1, 0.1, 1.0, True), learned_gate("D", "accuracy@8", 0.1, 0.1, 1.0, True))
+    untested = Comparison("accuracy@8", "C", "D", a, b, higher=True, bounds=(0.0, 1.0), gates=untested_gates)
+    alone = verdicts([tested])[0]
+    with_untested = verdicts([tested, untested])
+    assert with_untested[1].outcome == "not tested"
+    assert alone.diff.level == pytest.approx(0.95)
+    assert with_untested[0].diff.level == pytest.approx(0.975)  # m = 2: the untested entry still counts
+    assert with_untested[0].p_holm == pytest.approx(min(1.0, 2 * alone.diff.p))
+
+
+def test_failure_shares_compare_with_fishers_exact_test_and_clopper_pearson_intervals():
+    seeds = range(12)
+    post = pd.Series([1.0] * 10 + [0.0] * 2, index=seeds)  # 10 of 12 seeds diverged or did not learn
+    pre = pd.Series([0.0] * 12, index=seeds)
+    v = verdicts([Comparison("failure_share", "pre", "post", pre, post, higher=False, bounds=(0.0, 1.0), counts=True)])[0]
+    assert v.outcome == "holds" and v.diff.method == "Fisher's exact"
+    assert v.diff.p == pytest.approx(stats.fisher_exact([[0, 12], [10, 2]]).pvalue)
+    ci = stats.binomtest(10, 12).proportion_ci(0.95, method="exact")
+    assert (v.than_ci.mean, v.than_ci.lo, v.than_ci.hi) == pytest.approx((10 / 12, ci.low, ci.high))
+    few = verdicts([Comparison("failure_share", "pre", "post", pre[:3], post[:3], higher=False, bounds=(0.0, 1.0),
+                               counts=True)])[0]
+    assert few.label.startswith("inconclusive (Fisher's exact p = 0.1")
+    assert Share(0, 3).text == "0/3 = 0 [0, 0.708]"
