@@ -15,6 +15,7 @@ import pandas as pd
 import pytest
 import torch
 
+from conftest import installed_plugin
 from workbench.registry import variants
 from workbench.report.document import fmt
 from workbench.report import write_report
@@ -138,16 +139,18 @@ def test_closed_forms_agree_with_counting_the_generated_held_out_set(name):
 
 
 @pytest.mark.parametrize("name", sorted(TASKS))
-def test_every_task_derives_chance_levels_inside_its_metric_ranges(name):
+def test_every_task_derives_baselines_inside_its_metric_ranges(name):
     shrink = {"text_lm": {"train_length": 24}, "translate": {"train_length": 8},
               "classify": {"train_length": 24}, "recall": {"train_length": 4}}
     task = make(name, **({"n_eval": 16} | shrink.get(name, {"train_length": 6})))
     for family in task.families:
-        chance = task.chance(family, task.params.train_length)
-        assert "loss" in chance and set(chance) <= {*task.metrics, "loss"}
-        for metric, value in chance.items():
-            lo, hi = task.ranges[metric]
-            assert lo <= value <= hi, (family, metric, value)
+        baselines = task.baselines(family, task.params.train_length)
+        assert baselines["input-ignoring"] == task.chance(family, task.params.train_length)  # the counted default
+        for scores in baselines.values():
+            assert "loss" in scores and set(scores) <= {*task.metrics, "loss"}
+            for metric, value in scores.items():
+                lo, hi = task.ranges[metric]
+                assert lo <= value <= hi, (family, metric, value)
 
 
 STUDY = """\
@@ -267,7 +270,6 @@ class HintedCopy(TASKS["copy"]):
 
 
 def test_a_third_party_task_declares_baselines_and_the_gate_uses_the_strongest():
-    from tests.conftest import installed_plugin
     from workbench.report.train_report import TrainInputs, TrainReport
     from workbench.study import TrainStudy
 

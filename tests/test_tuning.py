@@ -36,6 +36,8 @@ sweep:
 tune:
   train.lr: [1.0e-3, 1.0e-2]
   metric: loss
+expect:
+  - {metric: accuracy@6, better: rope, than: none}
 """
 
 
@@ -205,6 +207,10 @@ def test_tiny_tune_study_chooses_per_point_and_resumes_without_retraining(tmp_pa
     for position in ("none", "rope"):
         chosen = final.loc[final["model.position"] == position, "train.lr"].item()
         assert f"| {position} | lr={chosen:g} |" in tuning_part
+    assert "| bracketed |" in tuning_part
+    # 10 steps: no candidate's validation loss beats the baselines, so neither variant can be tested
+    assert ("**not tested (rope: no learning rate in the grid trained this variant; none: no learning rate in the "
+            "grid trained this variant)**") in report
     leaderboard = report.split("## Leaderboard")[1].split("## Figures")[0]
     assert "| 1/1 |" in leaderboard and "| 3/3 |" not in leaderboard  # final runs only
     csv = (index.parent / "results.csv").read_text().splitlines()

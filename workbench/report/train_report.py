@@ -403,8 +403,8 @@ class TrainReport:
             shown = fmt(d.mean) if math.isnan(d.lo) else fmt_signed_interval(d.mean, d.lo, d.hi)
             detail += f"; difference {shown} ({how}{holm})"
         if v.gates:
-            detail += ". Learned at the training length: " + "; ".join(
-                f"{g.text} {'yes' if g.learned else 'no'}" for g in v.gates)
+            detail += ". Learned: " + "; ".join(g.text if g.untested else f"{g.text} {'yes' if g.learned else 'no'}"
+                                                for g in v.gates)
         return VerdictLine(statement=v.statement, outcome=v.outcome, label=v.label, detail=detail, note=exp.note,
                            gates=[gate_record(g) for g in v.gates],
                            difference={"mean": d.mean, "lo": d.lo, "hi": d.hi, "level": d.level, "method": d.method,
@@ -469,7 +469,7 @@ class TrainReport:
         train = s.train.resolved(s.task["train_length"])
         budget = (f"Budget per run: {train['steps']:,} steps of {train['batch_size']} sequences "
                   f"(lr {train['lr']:g}, {train['schedule']} schedule, {train['warmup_steps']} warmup steps, "
-                  f"precision {train['precision']}); seeds {', '.join(map(str, s.seeds))}.")
+                  f"precision {train['precision']}); {self.seeds_text()}.")
         items.append(Paragraph(budget))
         if s.tune is not None:
             items.append(Paragraph("Tuned per variant (see Tuning), replacing the values above: " + "; ".join(
@@ -487,6 +487,15 @@ class TrainReport:
         items.append(Paragraph("Reproduce:"))
         items.append(Code(self.inputs.command))
         return Section("Setup", items)
+
+    def seeds_text(self) -> str:
+        plan = self.study.seed_plan
+        if plan is None:
+            return f"seeds {', '.join(map(str, self.study.seeds))}"
+        looks = seed_looks(plan.first, plan.max)
+        return (f"adaptive seeds: {plan.first} per group, more for groups of undecided comparisons up to {plan.max} "
+                f"(looks at {', '.join(map(str, looks))} seeds, each at the alpha an O'Brien-Fleming-type spending "
+                "function adds there)")
 
     def status_table(self) -> Table:
         statuses = [Status.FINISHED, *FAILURES]
