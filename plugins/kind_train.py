@@ -51,8 +51,10 @@ class TrainKind(StudyKind):
         n_final = len(sweep_points(s)) * len(s.seeds)
         tuned = (f" (at values chosen by {len(tuning)} tuning runs = {len(sweep_points(s))} sweep points x "
                  f"{len(s.tune.points())} candidates x {s.tune.seeds} seeds)" if tuning else "")
+        seeds = (f"{len(s.seeds)} seeds (adaptive: up to {s.seed_plan.max} for groups of undecided comparisons)"
+                 if s.seed_plan is not None else f"{len(s.seeds)} seeds")
         return (f"ok: {study_file.path} ({s.kind} study {s.name!r}): {n_final} runs = {len(sweep_points(s))} sweep "
-                f"points x {len(s.seeds)} seeds{tuned}; task {s.task['name']}; {', '.join(map(str, steps))} steps per run")
+                f"points x {seeds}{tuned}; task {s.task['name']}; {', '.join(map(str, steps))} steps per run")
 
     def hardware_needs(self, study_file: StudyFile, machine: Machine) -> list[Need]:
         runs = [*expand(study_file), *tuning_runs(study_file)]

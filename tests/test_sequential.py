@@ -100,3 +100,26 @@ def test_an_adaptive_study_adds_seeds_only_to_groups_of_undecided_comparisons(tm
     # alibi vs rope on accuracy was decided by the gate (2 steps learn nothing: not tested): alibi keeps 2
     assert seeds == {"none": [0, 1, 2, 3], "rope": [0, 1, 2, 3], "alibi": [0, 1]}
     assert summary.total == len(runs) == 10
+
+
+def test_adaptive_seeds_validate_and_the_schema_accepts_them(tmp_path):
+    import json
+
+    import jsonschema
+    import yaml
+    from click.testing import CliRunner
+
+    from workbench.cli import main
+    from workbench.study import study_json_schema
+
+    path = tmp_path / "adaptive.yaml"
+    path.write_text(ADAPTIVE.replace("SEEDS", "{first: 3, max: 20}"))
+    result = CliRunner().invoke(main, ["validate", str(path)])
+    assert result.exit_code == 0 and "3 seeds (adaptive: up to 20 for groups of undecided comparisons)" in result.output
+    schema = json.loads(json.dumps(study_json_schema()))
+    jsonschema.validate(yaml.safe_load(path.read_text()), schema)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({**yaml.safe_load(path.read_text()), "seeds": {"first": 3}}, schema)
+    path.write_text(ADAPTIVE.replace("SEEDS", "{first: 3, max: 3}"))
+    result = CliRunner().invoke(main, ["validate", str(path)])
+    assert result.exit_code == 2 and "seeds.max: 3 must exceed first (3)" in result.stderr
