@@ -152,6 +152,9 @@ def study_row(study_path: Path, study, reports_dir: Path) -> list[str]:
         if any("learned" not in v for v in s["verdicts"]):  # a summary written before the gate existed
             findings.insert(0, "_decided before the learned-at-all gate and paired/Holm statistics: "
                                "rerun the study to re-decide_")
+        elif any("baselines" not in g for v in s["verdicts"] for g in v["learned"]):  # gated on chance alone
+            findings.insert(0, "_decided against chance alone, before the task's stronger baselines: "
+                               "rerun the study to re-decide_")
     elif s["kind"] == "scaling" and (folder / "results.csv").exists():
         exponents = scaling_findings(pd.read_csv(folder / "results.csv"))
         findings = ["measured (no `expect:`; verdicts in the report's Notes); fitted exponents:", *exponents]
