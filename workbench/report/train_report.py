@@ -169,7 +169,7 @@ class TrainReport:
         except Exception:  # noqa: BLE001
             task_metrics = []
         self.task_metrics = task_metrics
-        self._chance: dict[tuple[str, int], dict[str, float]] = {}
+        self._baselines: dict[tuple[str, int], dict[str, dict[str, float]]] = {}
         self.metrics = metric_columns(self.runs, task_metrics)
         self.primary = task_metrics[0] if task_metrics else "loss"
 
@@ -232,8 +232,8 @@ class TrainReport:
         family at one evaluation length, as the mean over the study's seeds (a held-out set
         depends on the seed); {} when the task cannot be built here."""
         key = (variant, length)
-        if key not in self._chance:
-            self._chance[key] = {}
+        if key not in self._baselines:
+            self._baselines[key] = {}
             point = self.resolved_points.get(variant)
             if point is not None:
                 spec = dict(point["task"])
@@ -244,9 +244,9 @@ class TrainReport:
                 except Exception:  # noqa: BLE001 - e.g. a task no longer installed, a corpus file gone
                     levels = []
                 if levels:
-                    self._chance[key] = {name: {metric: float(np.mean([lv[name][metric] for lv in levels]))
+                    self._baselines[key] = {name: {metric: float(np.mean([lv[name][metric] for lv in levels]))
                                                 for metric in scores} for name, scores in levels[0].items()}
-        return self._chance[key]
+        return self._baselines[key]
 
     def train_length(self, variant: str) -> int:
         """The variant's training length (a study may sweep task.train_length)."""
