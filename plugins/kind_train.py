@@ -18,7 +18,7 @@ from workbench import hookimpl
 from workbench.run.executor import make_executor
 from workbench.hardware import Machine, Need, train_needs
 from workbench.kinds import RunOptions, StudyKind
-from workbench.results import RunConfig, Status, flatten
+from workbench.results import KEPT, RunConfig, Status, flatten
 from workbench.run.runner import (
     Summary,
     SweepProgress,
@@ -32,7 +32,7 @@ from workbench.run.store import Store
 from workbench.study import StudyFile, TrainStudy
 from workbench.study.keys import canonical_json
 from workbench.sweep import expand, point_key, sweep_points, tuning_runs
-from workbench.tuning import PointTuning, choose, chosen_values, labels
+from workbench.tuning import PointTuning, choose, chosen_values, extensions, labels
 
 
 class TrainKind(StudyKind):
@@ -51,8 +51,10 @@ class TrainKind(StudyKind):
         n_final = len(sweep_points(s)) * len(s.seeds)
         tuned = (f" (at values chosen by {len(tuning)} tuning runs = {len(sweep_points(s))} sweep points x "
                  f"{len(s.tune.points())} candidates x {s.tune.seeds} seeds)" if tuning else "")
+        seeds = (f"{len(s.seeds)} seeds (adaptive: up to {s.seed_plan.max} for groups of undecided comparisons)"
+                 if s.seed_plan is not None else f"{len(s.seeds)} seeds")
         return (f"ok: {study_file.path} ({s.kind} study {s.name!r}): {n_final} runs = {len(sweep_points(s))} sweep "
-                f"points x {len(s.seeds)} seeds{tuned}; task {s.task['name']}; {', '.join(map(str, steps))} steps per run")
+                f"points x {seeds}{tuned}; task {s.task['name']}; {', '.join(map(str, steps))} steps per run")
 
     def hardware_needs(self, study_file: StudyFile, machine: Machine) -> list[Need]:
         runs = [*expand(study_file), *tuning_runs(study_file)]
@@ -93,21 +95,24 @@ class TrainKind(StudyKind):
         if options.runs_dir is not None:
             store.save_study({"runs_dir": str(options.runs_dir.resolve())})
 
-        total = len(tuning) + len(study.sweep.points()) * len(study.seeds)
+        total = len(tuning) + len(study.sweep.points()) * len(study.seeds)  # grows past an edge, with more seeds
         names = {run.run_id: run.describe for run in [*tuning, *(finals or [])]}
         with sweeping(study.name, out, total, options) as (summary, progress):
             if executor.on_start is None:  # a live row per running run
                 executor.on_start = lambda job: progress.started(job, names[job.run_id])
             if placement:
                 progress.print(placement)
+            chosen = None
             if finals is None:
-                execute_runs(tuning, "tuning runs", store, executor, summary, progress)
-                tunings = choose(study, store.runs())
+                tunings = tune(study_file, tuning, store, executor, summary, progress, names)
                 for tuned in tunings:
                     report_choice(tuned, study, summary, progress)
-                finals = expand(study_file, chosen_values(tunings, study.sweep.keys))
+                chosen = chosen_values(tunings, study.sweep.keys)
+                finals = expand(study_file, chosen)
                 names.update({run.run_id: run.describe for run in finals})
             execute_runs(finals, "runs", store, executor, summary, progress)
+            if study.seed_plan is not None:
+                add_seeds(study_file, chosen, store, executor, summary, progress, names)
         return summary
 
     def report(self, out_dir: Path, info: dict[str, Any], study: TrainStudy, dest: Path, pictures: bool):
@@ -134,6 +139,56 @@ class TrainKind(StudyKind):
         )
         builder = TrainReport(inputs, dest)
         return builder.build(), builder.results_csv()
+
+
+def tune(study_file: StudyFile, tuning: list[RunConfig], store: Store, executor, summary: Summary,
+         progress: SweepProgress, names: dict[str, str]) -> list[PointTuning]:
+    """Run the tuning runs; while a point's choice sits at the edge of its grid, run the next
+    candidate past that edge (workbench.tuning.extensions) and choose again."""
+    study = study_file.study
+    known, runs = set(), tuning
+    while True:
+        execute_runs(runs, "tuning runs", store, executor, summary, progress)
+        known |= {run.run_id for run in runs}
+        tunings = choose(study, store.runs())
+        runs = [run for run in tuning_runs(study_file, extensions(study, tunings)) if run.run_id not in known]
+        if not runs:
+            return tunings
+        statuses = store.statuses()
+        pending = [run for run in runs if statuses.get(run.run_id) not in KEPT]
+        progress.print(f"extend   {len(runs)} tuning runs past a grid edge (until the choice is bracketed)")
+        names.update({run.run_id: run.describe for run in runs})
+        summary.total += len(pending)
+        progress.grow(len(pending))
+
+
+def add_seeds(study_file: StudyFile, chosen: dict[str, dict[str, Any]] | None, store: Store, executor,
+              summary: Summary, progress: SweepProgress, names: dict[str, str]) -> None:
+    """Adaptive seeds: after each round, give the groups of comparisons still undecided the
+    seeds of the next look (workbench.report.stats.seed_looks), until every comparison is
+    decided or its groups reached the plan's maximum."""
+    from workbench.report.train_report import TrainInputs, TrainReport  # the report layer loads only here
+    from workbench.run.store import load_results
+
+    study = study_file.study
+    counts: dict[str, int] = {}
+    while True:
+        tunings = choose(study, store.runs())
+        inputs = TrainInputs(study=study, runs=load_results(store.out_dir), curves=None, environment={},
+                             command="", tuning=tunings)
+        wanted = TrainReport(inputs, store.out_dir).seeds_wanted()
+        grown = {key: n for key, n in wanted.items() if n > counts.get(key, len(study.seeds))}
+        if not grown:
+            return
+        counts.update(grown)
+        statuses = store.statuses()
+        pending = [run for run in expand(study_file, chosen, counts) if statuses.get(run.run_id) not in KEPT]
+        progress.print(f"seeds    {len(grown)} groups in undecided comparisons get more seeds "
+                       f"(up to {max(grown.values())} each)")
+        names.update({run.run_id: run.describe for run in pending})
+        summary.total += len(pending)
+        progress.grow(len(pending))
+        execute_runs(pending, "runs", store, executor, summary, progress)
 
 
 def train_sections(runs: list[RunConfig]) -> list[dict[str, Any]]:

@@ -9,6 +9,8 @@ class Reverse(SymbolTask):
 
     name = "reverse"
 
+    order_blind = True  # knowing the symbols without their order already gets some right
+
     def transform(self, symbols: list[int]) -> list[int]:
         return symbols[::-1]
 

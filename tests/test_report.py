@@ -162,11 +162,13 @@ def test_training_report_files_and_verdicts(train_report):
     # Verdicts at the top, computed by the rule.
     assert page.headings[:3] == ["positions", "Verdicts", page.headings[2]]
     verdicts = re.findall(r'class="outcome [\w-]+">([^<]+)</span>\s*([^<]+)', html)
-    assert [(label.strip(), statement.strip()) for label, statement in verdicts] == [
+    assert [(label.strip()[:60], statement.strip()) for label, statement in verdicts] == [
         ("holds", "alibi is better than sinusoidal on accuracy@10"),
         ("does not hold", "sinusoidal is better than alibi on accuracy@10"),
-        ("inconclusive (the interval of the difference contains 0)", "rope is better than sinusoidal on accuracy@10"),
+        ("inconclusive (the interval of the difference contains 0; 2 s", "rope is better than sinusoidal on accuracy@10"),
     ]
+    # an inconclusive verdict says what its seeds can detect and what the observed difference would need
+    assert "2 seeds detect ±0.567 with 80% power; the observed difference 0.01 would need more than 1000 seeds" in html
 
     # Leaderboard for the expectation metric: sorted best first, intervals, baseline differences.
     board = next(t for t in page.tables if t[0][1] == "accuracy@10 mean [95% CI]")
@@ -328,9 +330,11 @@ def test_training_report_header_states_the_learned_criterion(train_report):
     _, _, index = train_report
     page = parse(index.read_text())
     table = next(t for t in page.tables if t[0][:2] == ["variant", "at the training length"])
+    assert table[0][3:] == ["input-ignoring", "learned: ≥", "learned", "failed seeds [95% CI]"]  # translate's one
     chance, needed = {row[3] for row in table[1:]}, {row[4] for row in table[1:]}
     assert len(chance) == len(needed) == 1 and all(row[5] == "yes" for row in table[1:])
-    line = (f"Learned (accuracy@6 ≥ {needed.pop()}, 10% of the way from chance {chance.pop()} to 1): "
+    assert table[1][6] == "0/3 = 0 [0, 0.708]"  # Clopper-Pearson: 0 of 3 seeds failed
+    line = (f"Learned (accuracy@6 ≥ {needed.pop()}, 10% of the way from input-ignoring {chance.pop()} to 1): "
             "all 3 groups met it")
     texts = [t.strip() for t in page.text if t.strip()]
     assert texts[texts.index(TRAIN_STUDY_QUESTION) + 1] == line  # the line after the question

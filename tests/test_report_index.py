@@ -81,3 +81,18 @@ def test_scaling_findings_of_decode_rows_read_back_from_csv(tmp_path):
     [line] = scaling_findings(pd.read_csv(tmp_path / "results.csv"))
     assert "cached decode time n^0.50" in line and "uncached decode time n^1.00" in line
     assert "cache bytes n^1.00" in line and line.startswith("n_kv_heads=4: ")
+
+
+def test_a_summary_gated_on_chance_alone_is_marked_for_a_rerun(tmp_path):
+    studies, reports = tmp_path / "studies", tmp_path / "reports"
+    studies.mkdir()
+    write_study(studies, "ran")
+    (reports / "ran").mkdir(parents=True)
+    verdict = {"statement": "rope is better than none on accuracy@4", "outcome": "holds", "label": "holds", "note": ""}
+    old_gate = {"group": "rope", "metric": "accuracy@4", "chance": 0.17, "learned": True}
+    for gate, marked in ((old_gate, True), ({**old_gate, "baselines": [["order-blind", 0.44]]}, False)):
+        (reports / "ran" / "summary.json").write_text(json.dumps({
+            "name": "ran", "kind": "train", "question": "?", "runs": 2, "statuses": {"finished": 2}, "run_span_s": 1,
+            "verdicts": [{**verdict, "learned": [gate]}]}))
+        row = next(line for line in build_index(studies, reports).splitlines() if line.startswith("| ran"))
+        assert ("decided against chance alone, before the task's stronger baselines" in row) == marked

@@ -4,6 +4,7 @@ learned-at-all gate, verdicts, variant pairing."""
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pandas as pd
@@ -12,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st_h
 from scipy import stats
 
-from workbench.report.stats import (Comparison, difference, holm, learned_criterion, learned_gate, mean_ci, verdict,
+from workbench.report.stats import (Comparison, Share, difference, holm, learned_criterion, learned_gate, mean_ci, verdict,
                                     verdicts, welch_diff)
 from workbench.report.variants import Variants
 
@@ -147,18 +148,40 @@ def test_seeds_that_all_scored_the_same_are_flagged():
     assert not mean_ci([0.125, 0.13]).constant
 
 
-def test_a_group_that_did_not_learn_makes_the_verdict_not_tested():
+def test_a_verdict_is_decided_by_the_gate_when_only_one_group_learned():
     a, b = by_seed([0.90, 0.91, 0.95]), by_seed([0.10, 0.11, 0.10])
     gates = (learned_gate("A", "accuracy@8", 0.92, 0.1, 1.0, True),
              learned_gate("B", "accuracy@8", 0.103, 0.1, 1.0, True))
     assert gates[0].needed == pytest.approx(0.19) and gates[0].learned and not gates[1].learned
     v = verdicts([Comparison("accuracy@16", "A", "B", a, b, higher=True, bounds=(0.0, 1.0), gates=gates)])[0]
+    assert (v.outcome, v.label) == ("holds", "holds (only A learned)")
+    assert "B: accuracy@8 0.103 vs chance 0.1" in v.reason
+    v = verdicts([Comparison("accuracy@16", "B", "A", b, a, higher=True, bounds=(0.0, 1.0), gates=gates)])[0]
+    assert (v.outcome, v.label) == ("does not hold", "does not hold (only A learned)")
+    neither = (gates[1], learned_gate("C", "accuracy@8", 0.1, 0.1, 1.0, True))
+    v = verdicts([Comparison("accuracy@16", "B", "C", b, b, higher=True, bounds=(0.0, 1.0), gates=neither)])[0]
     assert v.outcome == "not tested"
-    assert v.label.startswith("not tested (did not learn at the training length: B: accuracy@8 0.103 vs chance 0.1")
+    assert v.label.startswith("not tested (neither group learned: B: accuracy@8 0.103") and "C: accuracy@8 0.1" in v.label
     # lower is better: a loss must fall 10% of the way from chance to 0
     ln4 = math.log(4)
     assert learned_gate("A", "loss@8", 1.2, ln4, 0.0, False).learned
     assert not learned_gate("A", "loss@8", 1.3, ln4, 0.0, False).learned
+
+
+def test_the_gate_measures_against_the_strongest_baseline():
+    gate = learned_gate("A", "accuracy@12", 0.45, {"input-ignoring": 0.169, "order-blind": 0.443}, 1.0, True)
+    assert (gate.baseline, gate.chance, gate.needed) == ("order-blind", 0.443, pytest.approx(0.4987))
+    assert not gate.learned and "vs order-blind 0.443" in gate.text
+    loss = learned_gate("A", "loss@12", 1.5, {"input-ignoring": 2.1, "order-blind": 1.2}, 0.0, False)
+    assert loss.baseline == "order-blind" and not loss.learned
+
+
+def test_a_gate_at_the_compared_length_counts_as_well_as_the_training_length():
+    a, b = by_seed([0.30, 0.31, 0.33]), by_seed([0.20, 0.21, 0.20])
+    gates = (learned_gate("A", "accuracy@16", 0.9, 0.17, 1.0, True), learned_gate("A", "accuracy@32", 0.31, 0.17, 1.0, True),
+             learned_gate("B", "accuracy@16", 0.9, 0.17, 1.0, True), learned_gate("B", "accuracy@32", 0.20, 0.17, 1.0, True))
+    v = verdicts([Comparison("accuracy@32", "A", "B", a, b, higher=True, bounds=(0.0, 1.0), gates=gates)])[0]
+    assert v.label == "holds (only A learned)" and "B: accuracy@32 0.2" in v.reason
 
 
 def test_pairs_compare_like_with_like_across_other_swept_keys():
@@ -182,10 +205,79 @@ def test_learned_criterion_line_states_threshold_and_who_missed_it():
         "not met: b (0.25); c (no finished run)")
     # Chance differs by group (e.g. by family): one threshold per chance level.
     assert learned_criterion("accuracy", [gate("enc", 0.15, 0.1), gate("dec", 0.3), gate("ed", 0.5)]) == (
-        "Learned (10% of the way from chance to a perfect score: accuracy@12 ≥ 0.19 for enc (chance 0.1); "
+        "Learned (10% of the way from the strongest baseline to a perfect score: accuracy@12 ≥ 0.19 for enc (chance 0.1); "
         "accuracy@12 ≥ 0.28 for dec and ed (chance 0.2)): 2 of 3 groups met it; not met: enc (0.15)")
     loss = learned_gate("x", "loss@8", 1.0, 2.0, 0.0, False)
     assert learned_criterion("loss", [loss]) == (
         "Learned (loss@8 ≤ 1.8, 10% of the way from chance 2 to 0): the group met it")
     unknown = learned_gate("x", "accuracy@8", 0.9, math.nan, 1.0, True)
     assert learned_criterion("accuracy", [unknown]).startswith("Learned: no chance level of accuracy is known")
+
+
+def test_a_margin_makes_an_interval_inside_it_equivalent():
+    a, b = by_seed([0.900, 0.905, 0.898, 0.902]), by_seed([0.901, 0.903, 0.899, 0.900])
+    v = verdict(a, b, "accuracy@8", "A", "B", higher=True, bounds=(0.0, 1.0), margin=0.02)
+    assert v.outcome == v.label == "equivalent"
+    assert -0.02 < v.diff.lo and v.diff.hi < 0.02 and v.diff.level == pytest.approx(0.90)  # 1 - 2 alpha (m = 1)
+    assert "within ±0.02" in v.reason
+    # the same groups without a margin: no difference found, which is not the same as none
+    assert verdict(a, b, "accuracy@8", "A", "B", higher=True, bounds=(0.0, 1.0)).outcome == "inconclusive"
+    # a margin smaller than the noise: still inconclusive, with what the seeds would need to show it
+    wide = verdict(by_seed([0.8, 0.9, 0.85]), by_seed([0.82, 0.86, 0.9]), "accuracy@8", "A", "B", higher=True,
+                   bounds=(0.0, 1.0), margin=0.01)
+    assert wide.outcome == "inconclusive" and "the margin ±0.01 would need about" in wide.reason
+
+
+def test_both_groups_at_the_perfect_score_on_every_seed_is_a_ceiling():
+    v = verdict(by_seed([1.0, 1.0, 1.0]), by_seed([1.0, 1.0, 1.0]), "accuracy@8", "A", "B", higher=True,
+                bounds=(0.0, 1.0))
+    assert (v.outcome, v.label) == ("ceiling", "ceiling: the task does not separate them")
+    loss = verdict(by_seed([0.0, 0.0]), by_seed([0.0, 0.0]), "loss@8", "A", "B", higher=False, bounds=(0.0, math.inf))
+    assert loss.outcome == "ceiling"
+    # equal seeds below the best value are not a ceiling: no spread, no interval
+    assert verdict(by_seed([0.9, 0.9]), by_seed([0.9, 0.9]), "accuracy@8", "A", "B", higher=True,
+                   bounds=(0.0, 1.0)).label.startswith("inconclusive (every seed gave the same difference")
+
+
+def test_an_inconclusive_verdict_states_its_detectable_difference_and_the_seeds_needed():
+    a, b = by_seed([0.61, 0.72, 0.55, 0.80]), by_seed([0.58, 0.66, 0.57, 0.74])
+    v = verdict(a, b, "accuracy@8", "A", "B", higher=True, bounds=(0.0, 1.0))
+    assert v.outcome == "inconclusive"
+    d = (a - b).to_numpy()
+    sd, n = d.std(ddof=1), len(d)
+    mde = float(re.search(r"4 seeds detect ±([\d.]+) with 80% power", v.reason).group(1))
+    needed = int(re.search(r"the observed difference [\d.]+ would need about (\d+) seeds", v.reason).group(1))
+    # check against the noncentral t: power of the paired two-sided test at 5%
+    def power(effect, k):
+        crit, nc = stats.t.ppf(0.975, k - 1), effect / (sd / math.sqrt(k))
+        return stats.nct.sf(crit, k - 1, nc) + stats.nct.cdf(-crit, k - 1, nc)
+    assert power(mde, n) == pytest.approx(0.8, abs=0.01)
+    assert power(d.mean(), needed) >= 0.8 > power(d.mean(), needed - 1)
+
+
+def test_holms_family_is_every_expect_entry_even_those_not_tested():
+    a, b = by_seed([0.90, 0.91, 0.95]), by_seed([0.50, 0.52, 0.51])
+    tested = Comparison("accuracy@8", "A", "B", a, b, higher=True, bounds=(0.0, 1.0))
+    untested_gates = (learned_gate("C", "accuracy@8", 0.1, 0.1, 1.0, True), learned_gate("D", "accuracy@8", 0.1, 0.1, 1.0, True))
+    untested = Comparison("accuracy@8", "C", "D", a, b, higher=True, bounds=(0.0, 1.0), gates=untested_gates)
+    alone = verdicts([tested])[0]
+    with_untested = verdicts([tested, untested])
+    assert with_untested[1].outcome == "not tested"
+    assert alone.diff.level == pytest.approx(0.95)
+    assert with_untested[0].diff.level == pytest.approx(0.975)  # m = 2: the untested entry still counts
+    assert with_untested[0].p_holm == pytest.approx(min(1.0, 2 * alone.diff.p))
+
+
+def test_failure_shares_compare_with_fishers_exact_test_and_clopper_pearson_intervals():
+    seeds = range(12)
+    post = pd.Series([1.0] * 10 + [0.0] * 2, index=seeds)  # 10 of 12 seeds diverged or did not learn
+    pre = pd.Series([0.0] * 12, index=seeds)
+    v = verdicts([Comparison("failure_share", "pre", "post", pre, post, higher=False, bounds=(0.0, 1.0), counts=True)])[0]
+    assert v.outcome == "holds" and v.diff.method == "Fisher's exact"
+    assert v.diff.p == pytest.approx(stats.fisher_exact([[0, 12], [10, 2]]).pvalue)
+    ci = stats.binomtest(10, 12).proportion_ci(0.95, method="exact")
+    assert (v.than_ci.mean, v.than_ci.lo, v.than_ci.hi) == pytest.approx((10 / 12, ci.low, ci.high))
+    few = verdicts([Comparison("failure_share", "pre", "post", pre[:3], post[:3], higher=False, bounds=(0.0, 1.0),
+                               counts=True)])[0]
+    assert few.label.startswith("inconclusive (Fisher's exact p = 0.1")
+    assert Share(0, 3).text == "0/3 = 0 [0, 0.708]"

@@ -49,6 +49,9 @@ EVAL, VALIDATION = "eval", "validation"
 # recorded when a study sets `train.attention_entropy: true`. Descriptive: no better direction.
 ATTENTION_ENTROPY = "attention_entropy"
 DESCRIPTIVE_METRICS = (ATTENTION_ENTROPY,)
+# An `expect:` metric computed by the report, not recorded by runs: the share of a group's
+# seeds that diverged or did not learn (lower is better).
+FAILURE_SHARE = "failure_share"
 
 TUNE, FINAL = "tune", "final"  # the stage of a run: a tuning run, or a final one
 

@@ -5,7 +5,7 @@
 
 With `tune:` a study has two stages (workbench.tuning chooses between them):
 
-    tuning runs = points x candidate values x the first `tune.seeds` seeds, split "validation"
+    tuning runs = points x candidate values x `tune.seeds` seeds past the final ones, split "validation"
     final runs  = points x seeds, each point at its chosen values (ordinary runs)
 
 Every run is validated here (task parameters, model spec with the task's vocabulary, training
@@ -162,47 +162,54 @@ def point_key(swept: dict[str, Any], keys: list[str]) -> str:
     return canonical_json({key: swept.get(key) for key in keys})
 
 
-def expand(study_file: StudyFile, chosen: dict[str, dict[str, Any]] | None = None) -> list[RunConfig]:
+def expand(study_file: StudyFile, chosen: dict[str, dict[str, Any]] | None = None,
+           seeds: dict[str, int] | None = None) -> list[RunConfig]:
     """The (final) runs of a train study, each validated; SpecErrors become StudyErrors that
     point at the swept key (when the bad field is swept) or at the field's own line.
 
     With `tune:`, `chosen` maps a point's `point_key` to its chosen {tuned key: value}; a
-    point without a choice (its tuning is not done) has no final runs yet."""
+    point without a choice (its tuning is not done) has no final runs yet. With adaptive
+    seeds, `seeds` maps a point's `point_key` to how many of the plan's seeds it runs (the
+    first ones when absent)."""
     study = study_file.study
     if not isinstance(study, TrainStudy):
         raise TypeError(f"expand() takes a train study, got kind {study.kind!r}")
     runs: list[RunConfig] = []
     seen: dict[str, RunConfig] = {}
-    n_runs = study.sweep.size() * len(study.seeds)
+    most = len(study.every_seed)
+    n_runs = study.sweep.size() * most
     if n_runs > limit("WORKBENCH_MAX_RUNS"):
         raise study_file.error(SpecError(
-            "sweep", f"{study.sweep.size()} sweep points x {len(study.seeds)} seeds = {n_runs} runs, over the limit of "
+            "sweep", f"{study.sweep.size()} sweep points x {most} seeds = {n_runs} runs, over the limit of "
             f"{limit('WORKBENCH_MAX_RUNS')}; sweep fewer values, or set WORKBENCH_MAX_RUNS to allow it"))
     for i, point in enumerate(sweep_points(study)):
+        key = point_key({k: label(v) for k, v in point.items()}, study.sweep.keys)
         tuned: dict[str, Any] = {}
         if study.tune is not None:
-            tuned = (chosen or {}).get(point_key({k: label(v) for k, v in point.items()}, study.sweep.keys))
+            tuned = (chosen or {}).get(key)
             if tuned is None:
                 continue
-        runs += point_runs(study_file, point, tuned, study.seeds, i * len(study.seeds), seen)
+        mine = study.every_seed[: (seeds or {}).get(key, len(study.seeds))]
+        runs += point_runs(study_file, point, tuned, mine, i * most, seen)
     return runs
 
 
-def tuning_runs(study_file: StudyFile) -> list[RunConfig]:
+def tuning_runs(study_file: StudyFile, extra: dict[str, list[dict[str, Any]]] | None = None) -> list[RunConfig]:
     """The tuning runs of a study with `tune:` (none without): every sweep point at every
-    candidate value, on the study's first `tune.seeds` seeds, evaluated on validation sets.
-    Their indices follow the final runs'."""
+    candidate value, on the tuning seeds (disjoint from the final ones), evaluated on
+    validation sets; `extra` adds candidates per point (point_key -> [{tuned key: value}]),
+    the grid's extension past an edge (workbench.tuning). Indices follow the final runs'."""
     study = study_file.study
     if not isinstance(study, TrainStudy) or study.tune is None:
         return []
     points = sweep_points(study)
-    seeds = study.seeds[: study.tune.seeds]
     runs: list[RunConfig] = []
     seen: dict[str, RunConfig] = {}
     for point in points:
-        for tuned in study.tune.points():
-            index = len(points) * len(study.seeds) + len(runs)
-            runs += point_runs(study_file, point, tuned, seeds, index, seen, split=VALIDATION)
+        key = point_key({k: label(v) for k, v in point.items()}, study.sweep.keys)
+        for tuned in [*study.tune.points(), *(extra or {}).get(key, [])]:
+            index = len(points) * len(study.every_seed) + len(runs)
+            runs += point_runs(study_file, point, tuned, study.tuning_seeds, index, seen, split=VALIDATION)
     return runs
 
 

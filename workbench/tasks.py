@@ -29,6 +29,7 @@ picks was chosen on data disjoint from what it trained on and from what the stud
 
 from __future__ import annotations
 
+import functools
 import math
 import pathlib
 import string
@@ -51,6 +52,13 @@ from workbench.variants import Params, Variant
 FAMILIES = ("decoder", "encoder_decoder", "encoder")
 IGNORE = -100  # label of an encoder position that is not scored (torch's cross_entropy default)
 SPECIALS = ("<pad>", "<bos>", "<eos>", "<sep>")  # ids 0..3 in every built-in vocabulary
+
+# The baseline every task has: a predictor that ignores the input (`Task.chance`).
+INPUT_IGNORING = "input-ignoring"
+PREFIX_AWARE = "prefix-aware"  # reads the teacher-forced answer prefix, not the input
+ORDER_BLIND = "order-blind"  # knows which symbols the input holds, not their order
+BASELINE_STRINGS = 50_000  # Monte Carlo strings per baseline, drawn from a fixed seed
+BASELINE_SEED = 20_221  # so a baseline is the same number in every report
 
 # Seed streams: training and each held-out set draw from disjoint numpy SeedSequences.
 TRAIN_STREAM, EVAL_STREAM, SAMPLE_STREAM, VALID_STREAM = 0, 1, 2, 3
@@ -425,6 +433,15 @@ class Task(Variant):
         scores = blind_scores(positions, max(wholes.values()) / len(rows))
         return {name: scores[name] for name in [*self.metrics, "loss"] if name in scores}
 
+    def baselines(self, family: str, length: int) -> dict[str, dict[str, float]]:
+        """Named predictors that cannot solve the task, each with its scores at evaluation
+        length `length` (baseline -> metric -> score): the learned-at-all gate measures a group
+        against the strongest of them on each metric. The default is the input-ignoring one
+        (`chance`); a task whose answer can be partly guessed without solving it (from the
+        answer's own teacher-forced prefix, or from the input's symbols without their order)
+        adds those predictors here, computed exactly or by Monte Carlo from its generator."""
+        return {INPUT_IGNORING: self.chance(family, length)}
+
     def scored_targets(self, examples: Sequence[Example], family: str) -> list[list[int]]:
         """The target ids each example is scored on in `family`, in order (specials included)."""
         targets, mask = self.scored_ids(self.collate(examples, family), family)
@@ -563,3 +580,67 @@ class SymbolTask(Task):
         distributions (as `blind_scores` takes them) and the whole-row chance."""
         a = self.params.alphabet_size
         return [(1.0, np.full(a, 1.0 / a))] * length, float(a) ** -length
+
+    # ---- baselines beyond chance --------------------------------------------------------------
+
+    order_blind: ClassVar[bool] = False  # the task is about order: knowing the symbols is not enough
+
+    def baselines(self, family, length):
+        """Input-ignoring (chance); prefix-aware where the model reads the answer's prefix
+        (decoder, encoder-decoder); order-blind for tasks about order (copy, reverse)."""
+        out = super().baselines(family, length)
+        if family != "encoder":
+            out[PREFIX_AWARE] = symbol_baseline(type(self), PREFIX_AWARE, self.params.alphabet_size, length,
+                                                self.always_predictable(family))
+        if self.order_blind:
+            crossed_off = family != "encoder"  # an encoder's labels come without the answer's prefix
+            out[ORDER_BLIND] = symbol_baseline(type(self), ORDER_BLIND if crossed_off else f"{ORDER_BLIND} (encoder)",
+                                               self.params.alphabet_size, length, self.always_predictable(family))
+        return out
+
+    def prefix_probs(self, answers: np.ndarray) -> np.ndarray:
+        """[S, n, A]: the distribution a predictor that reads only the answer's prefix (and
+        knows the length) puts on each answer symbol. The symbols are independent draws, so
+        the prefix tells nothing: uniform. Tasks whose answer has structure override it."""
+        s, n = answers.shape
+        return np.full((s, n, self.params.alphabet_size), 1.0 / self.params.alphabet_size)
+
+    @staticmethod
+    def order_blind_probs(sources: np.ndarray, answers: np.ndarray, alphabet: int, crossed_off: bool) -> np.ndarray:
+        """[S, n, A]: a predictor that knows the input's symbols but not their order puts on
+        each answer position the share of each symbol among those not yet emitted (crossed
+        off as the teacher-forced prefix shows them); without a prefix (encoder), the share
+        among all of them."""
+        total = np.eye(alphabet)[sources].sum(1)  # [S, A]
+        if not crossed_off:
+            return np.repeat((total / sources.shape[1])[:, None], answers.shape[1], 1)
+        emitted = np.cumsum(np.eye(alphabet)[answers], 1) - np.eye(alphabet)[answers]  # [S, n, A] before k
+        remaining = total[:, None] - emitted
+        return remaining / remaining.sum(-1, keepdims=True)
+
+
+@functools.cache
+def symbol_baseline(cls: type[SymbolTask], name: str, alphabet: int, length: int, eos: int) -> dict[str, float]:
+    """Scores of one baseline of a symbol task by Monte Carlo over BASELINE_STRINGS strings
+    of `length` symbols (fixed seed, cached): accuracy is the expected share right (the
+    probability of the predictor's best guess at each position), loss its cross-entropy on
+    the true symbol, exact match the share of strings whose every best guess is right;
+    `eos` scored tokens per row (the <eos>) are always right."""
+    rng = np.random.default_rng(BASELINE_SEED)
+    task = cls(cls.Params.model_validate({"train_length": length, "alphabet_size": alphabet}), seed=0)
+    best, nll, exact, rows = 0.0, 0.0, 0, 0
+    for start in range(0, BASELINE_STRINGS, 5000):  # in chunks: [S, n, A] stays small at long lengths
+        sources = rng.integers(0, alphabet, (min(5000, BASELINE_STRINGS - start), length))
+        answers = np.array([task.transform(list(row)) for row in sources])
+        if name == PREFIX_AWARE:
+            probs = task.prefix_probs(answers)
+        else:
+            probs = SymbolTask.order_blind_probs(sources, answers, alphabet, crossed_off=name == ORDER_BLIND)
+        truth = np.take_along_axis(probs, answers[..., None], -1)[..., 0]  # [S, n]
+        best += float(probs.max(-1).sum())
+        nll -= float(np.log(np.maximum(truth, 1e-300)).sum())
+        exact += int((probs.argmax(-1) == answers).all(-1).sum())
+        rows += len(sources)
+    symbols = rows * length
+    return {"accuracy": (best + rows * eos) / (symbols + rows * eos), "symbol_accuracy": best / symbols,
+            "exact_match": exact / rows, "loss": nll / (symbols + rows * eos)}

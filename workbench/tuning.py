@@ -6,12 +6,16 @@ Why: variants differ in the learning rate they train best at (Post-LN needs a sm
 than Pre-LN), so a comparison at one shared rate measures how well each variant suits that
 rate, not the variant. Each point is compared at its own best value instead.
 
-    stage 1  tuning runs  (sweep.tuning_runs) every point x every candidate x the study's
-             first `seeds` seeds: trained like any run, scored on validation sets that are
-             disjoint from their training data and from the evaluation sets (workbench.tasks)
+    stage 1  tuning runs  (sweep.tuning_runs) every point x every candidate x `seeds` seeds
+             past every final seed (a reported seed never chose its own value): trained like
+             any run, scored on validation sets that are disjoint from their training data
+             and from the evaluation sets (workbench.tasks)
     choose   (choose)     per point, the candidate with the best mean metric over its tuning
              runs, in the metric's direction; a candidate with a diverged run, or without a
              finite metric, is not eligible; ties go to the candidate listed first
+    extend   (extensions) a choice at the edge of a numeric grid (one key, e.g. train.lr) is
+             not bracketed: the point gets a candidate one grid ratio further, and chooses
+             again, until bracketed or EXTEND_BOUND candidates past the grid
     stage 2  final runs   (sweep.expand with the choices) every point x every seed at its
              chosen values: ordinary runs, with the ids an untuned study at those values has
 
@@ -23,6 +27,7 @@ after its final runs exist. Tuning and final runs live in one store; a run's sta
 
 from __future__ import annotations
 
+import json
 import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
@@ -31,7 +36,7 @@ from typing import Any
 
 from workbench.registry import get_variant
 from workbench.study import TrainStudy
-from workbench.study.keys import label
+from workbench.study.keys import get_dotted, label
 from workbench.results import KEPT, TUNE, Status, run_stage
 from workbench.sweep import point_key
 
@@ -60,17 +65,67 @@ class Candidate:
         return sum(self.scores) / len(self.scores) if self.scores else math.nan
 
 
+EXTEND_BOUND = 3  # candidates a point may add past its grid's edge before the search stops
+
+
 @dataclass(frozen=True)
 class PointTuning:
     """The tuning outcome of one sweep point."""
 
     swept: dict[str, Any]  # the point's value labels on the swept keys
-    candidates: tuple[Candidate, ...]  # in the study's order
+    candidates: tuple[Candidate, ...]  # the study's grid in its order, then values added past an edge
     chosen: Candidate | None  # None while a tuning run is not done, or when none is eligible
+    grid: int = 0  # how many of the candidates are the study's own grid
 
     @property
     def done(self) -> bool:
         return all(c.done for c in self.candidates)
+
+    @property
+    def edge(self) -> int:
+        """-1 / +1 when the choice is the smallest / largest value of a numeric grid (it is
+        not bracketed), 0 when bracketed or the grid is not one numeric key."""
+        values = [numeric(c.values) for c in self.candidates]
+        if self.chosen is None or len(values) < 2 or any(v is None for v in values):
+            return 0
+        mine = numeric(self.chosen.values)
+        return -1 if mine == min(values) else 1 if mine == max(values) else 0
+
+    @property
+    def stopped_at_bound(self) -> bool:
+        """The choice is still at an edge after EXTEND_BOUND values past the grid."""
+        return self.edge != 0 and len(self.candidates) - self.grid >= EXTEND_BOUND
+
+
+def numeric(values: Mapping[str, Any]) -> float | None:
+    """The value of a one-key candidate that a ratio can extend (a positive float), else None."""
+    if len(values) != 1:
+        return None
+    value = next(iter(values.values()))
+    return float(value) if isinstance(value, float) and value > 0 else None
+
+
+def grid_ratio(candidates: Iterable[Candidate]) -> float:
+    """The grid's own ratio: the geometric mean step between its sorted values."""
+    values = sorted(v for c in candidates if (v := numeric(c.values)) is not None)
+    return (values[-1] / values[0]) ** (1 / (len(values) - 1))
+
+
+def extensions(study: TrainStudy, tunings: Iterable[PointTuning]) -> dict[str, list[dict[str, Any]]]:
+    """point_key -> the candidates each point has past its grid, plus the next one where its
+    choice sits at an edge and the bound is not reached (one grid ratio beyond that edge)."""
+    (key,) = study.tune.keys if len(study.tune.keys) == 1 else (None,)
+    out = {}
+    for t in tunings:
+        extra = [dict(c.values) for c in t.candidates[t.grid:]]
+        if key is not None and t.done and t.edge and not t.stopped_at_bound:
+            values = [numeric(c.values) for c in t.candidates]
+            edge = (min if t.edge < 0 else max)(values)
+            ratio = grid_ratio(t.candidates[: t.grid])
+            extra.append({key: float(f"{edge * ratio ** t.edge:.3g}")})
+        if extra:
+            out[point_key(t.swept, study.sweep.keys)] = extra
+    return out
 
 
 def higher_is_better(study: TrainStudy, metric: str) -> bool:
@@ -95,11 +150,16 @@ def choose(study: TrainStudy, rows: Iterable[Mapping[str, Any]]) -> list[PointTu
         if run_stage(row["config"]) == TUNE:
             recorded[point_key(row["swept"], keys), point_key(row["swept"], tune.keys)].append(row)
     higher = higher_is_better(study, tune.metric)
+    grid = [labels(values) for values in tune.points()]
     out = []
     for point in study.sweep.points():
         swept = labels(point)
+        past_edge = {}  # candidates tried beyond the grid, recorded for this point
+        for (point, values), mine in recorded.items():
+            if point == point_key(swept, keys) and json.loads(values) not in grid:
+                past_edge[values] = {k: get_dotted(mine[0]["config"], k) for k in tune.keys}
         candidates = []
-        for values in tune.points():
+        for values in [*tune.points(), *past_edge.values()]:
             mine = recorded[point_key(swept, keys), point_key(labels(values), tune.keys)]
             scores = tuple(score(r["metrics"].get(tune.metric)) for r in mine if r["status"] == Status.FINISHED)
             candidates.append(Candidate(values, tuple(r["status"] for r in mine), scores, tune.seeds))
@@ -107,7 +167,7 @@ def choose(study: TrainStudy, rows: Iterable[Mapping[str, Any]]) -> list[PointTu
         best = None
         if eligible and all(c.done for c in candidates):
             best = min(eligible, key=lambda c: -c.mean if higher else c.mean)  # the first of equals
-        out.append(PointTuning(swept, tuple(candidates), best))
+        out.append(PointTuning(swept, tuple(candidates), best, grid=len(grid)))
     return out
 
 

@@ -189,9 +189,9 @@ def verdict_text(v: Mapping[str, Any]) -> str:
         parts.append(text)
     outcome = v["outcome"]
     if outcome == "not tested":
-        missed = [g["group"] for g in v.get("learned", []) if not g.get("learned")]
+        missed = list(dict.fromkeys(g["group"] for g in v.get("learned", []) if not g.get("learned")))
         outcome += f" (did not learn: {'; '.join(missed)})" if missed else ""
-    elif outcome == "inconclusive":
+    else:  # e.g. 'holds (only alibi learned)', 'inconclusive (...)', 'ceiling: ...'
         outcome = v.get("label", outcome)
     return f"{v['statement']}: {'; '.join(parts)}; {outcome}"
 

@@ -152,6 +152,9 @@ def study_row(study_path: Path, study, reports_dir: Path) -> list[str]:
         if any("learned" not in v for v in s["verdicts"]):  # a summary written before the gate existed
             findings.insert(0, "_decided before the learned-at-all gate and paired/Holm statistics: "
                                "rerun the study to re-decide_")
+        elif any("baselines" not in g for v in s["verdicts"] for g in v["learned"]):  # gated on chance alone
+            findings.insert(0, "_decided against chance alone, before the task's stronger baselines: "
+                               "rerun the study to re-decide_")
     elif s["kind"] == "scaling" and (folder / "results.csv").exists():
         exponents = scaling_findings(pd.read_csv(folder / "results.csv"))
         findings = ["measured (no `expect:`; verdicts in the report's Notes); fitted exponents:", *exponents]
@@ -176,10 +179,12 @@ def intro(studies_dir: Path, reports_dir: Path) -> str:
         "# Studies and their reports",
         "",
         f"One row per study in `{studies_dir.as_posix()}/`. Verdicts come from each study's `expect:` entries:",
-        "**not tested** when a compared group did not learn at the training length (not clearly better than",
-        "chance); otherwise, from the 95% interval of the difference over seeds (paired or Welch, Holm-corrected):",
-        "**holds** when it lies on the expected side of 0, **does not hold** on the other side, **inconclusive**",
-        "when it contains 0. The exact rule is printed under each report's Verdicts.",
+        "when only one compared group learned (beat the task's strongest baseline), **holds (only A learned)** or",
+        "**does not hold (only B learned)**; when neither, **not tested**; both at the best score on every seed,",
+        "**ceiling**; otherwise, from the interval of the difference over seeds (paired or Welch, Holm-corrected):",
+        "**holds** when it lies on the expected side of 0, **does not hold** on the other side, **equivalent** when",
+        "inside the entry's `margin:`, **inconclusive** when it contains 0. The exact rule is printed under each",
+        "report's Verdicts.",
         "",
         f"Regenerate a report: `workbench run {studies_dir.as_posix()}/<name>.yaml`; regenerate this table:",
         f"`workbench report-index --studies {studies_dir.as_posix()} --reports {reports_dir.as_posix()}`.",

@@ -40,23 +40,27 @@ from workbench.report.document import (
 from workbench.report.stats import (
     MARGIN,
     UNBOUNDED,
+    INCONCLUSIVE,
     Comparison,
     Interval,
     Learned,
+    Share,
     Verdict,
     difference,
     higher_is_better,
     learned_criterion,
     learned_gate,
     mean_ci,
+    seed_looks,
+    sequential_verdicts,
     verdicts,
 )
 from workbench.report.tuning import TuningSection, split_stages
 from workbench.report.variants import Variants, short_key, value_text
-from workbench.results import ATTENTION_ENTROPY, DESCRIPTIVE_METRICS, FAILURES, Status
+from workbench.results import ATTENTION_ENTROPY, DESCRIPTIVE_METRICS, FAILURE_SHARE, FAILURES, KEPT, Status
 from workbench.study import RUN_MEASURES
-from workbench.study.keys import point_labels
-from workbench.sweep import resolve_point
+from workbench.study.keys import label, point_labels
+from workbench.sweep import point_key, resolve_point
 from workbench.tasks import METRIC_RANGES
 from workbench.tuning import PointTuning
 
@@ -89,7 +93,7 @@ def metric_direction(metric: str, task_name: str) -> bool:
     base = metric.split("@")[0]
     if base in RUN_MEASURES:
         return MEASURE_HIGHER.get(base, False)
-    if base == "loss":
+    if base in ("loss", FAILURE_SHARE):
         return False
     try:
         declared = get_variant("task", task_name).metrics
@@ -165,7 +169,7 @@ class TrainReport:
         except Exception:  # noqa: BLE001
             task_metrics = []
         self.task_metrics = task_metrics
-        self._chance: dict[tuple[str, int], dict[str, float]] = {}
+        self._baselines: dict[tuple[str, int], dict[str, dict[str, float]]] = {}
         self.metrics = metric_columns(self.runs, task_metrics)
         self.primary = task_metrics[0] if task_metrics else "loss"
 
@@ -223,25 +227,26 @@ class TrainReport:
             return {}
         return out
 
-    def chance_levels(self, variant: str, length: int) -> dict[str, float]:
-        """The task's chance levels for this variant's family at one evaluation length, as the
-        mean over the study's seeds (a held-out set depends on the seed); {} when the task
-        cannot be built here."""
+    def baseline_levels(self, variant: str, length: int) -> dict[str, dict[str, float]]:
+        """The task's baselines (name -> metric -> score, `Task.baselines`) for this variant's
+        family at one evaluation length, as the mean over the study's seeds (a held-out set
+        depends on the seed); {} when the task cannot be built here."""
         key = (variant, length)
-        if key not in self._chance:
-            self._chance[key] = {}
+        if key not in self._baselines:
+            self._baselines[key] = {}
             point = self.resolved_points.get(variant)
             if point is not None:
                 spec = dict(point["task"])
                 try:
                     cls = get_variant("task", spec.pop("name"))
-                    levels = [cls(cls.Params.model_validate(spec), seed=seed).chance(point["family"], length)
+                    levels = [cls(cls.Params.model_validate(spec), seed=seed).baselines(point["family"], length)
                               for seed in self.study.seeds]
                 except Exception:  # noqa: BLE001 - e.g. a task no longer installed, a corpus file gone
                     levels = []
                 if levels:
-                    self._chance[key] = {name: float(np.mean([lv[name] for lv in levels])) for name in levels[0]}
-        return self._chance[key]
+                    self._baselines[key] = {name: {metric: float(np.mean([lv[name][metric] for lv in levels]))
+                                                for metric in scores} for name, scores in levels[0].items()}
+        return self._baselines[key]
 
     def train_length(self, variant: str) -> int:
         """The variant's training length (a study may sweep task.train_length)."""
@@ -250,32 +255,85 @@ class TrainReport:
 
     def gate_name(self, metric: str) -> str | None:
         """The metric that decides whether a group learned, for a verdict on `metric`: the same
-        metric when it has a chance level, else the task's first metric that has one (loss
-        last); None for cost measures, which need no gate. It is read at the training length."""
+        metric when it has a baseline, else the task's first metric that has one (loss last);
+        None for cost measures and failure shares, which need no gate."""
         name = split_metric(metric)[0]
-        if name in RUN_MEASURES:
+        if name in RUN_MEASURES or name == FAILURE_SHARE:
             return None
         first = self.variants.labels[0] if self.variants.labels else None
-        known = self.chance_levels(first, self.train_length(first)) if first is not None else {}
+        levels = self.baseline_levels(first, self.train_length(first)) if first is not None else {}
+        known = {m for scores in levels.values() for m in scores}
         return next((c for c in (name, *self.task_metrics, "loss") if c in known), name)
 
-    def learned(self, variant: str, name: str) -> Learned:
-        """Whether `variant` learned: its mean `name` at its training length against chance."""
-        length = self.train_length(variant)
+    def learned(self, variant: str, name: str, length: int | None = None) -> Learned:
+        """Whether `variant` learned: its mean `name` at `length` (default: its training
+        length) against the task's baselines there."""
+        length = self.train_length(variant) if length is None else length
         gate = f"{name}@{length}"
         higher = metric_direction(gate, self.task_name)
         lo, hi = self.range_of(gate)
-        chance = self.chance_levels(variant, length).get(name, math.nan)
-        return learned_gate(variant, gate, self.interval(variant, gate).mean, chance, hi if higher else lo, higher)
+        baselines = {b: scores[name] for b, scores in self.baseline_levels(variant, length).items() if name in scores}
+        return learned_gate(variant, gate, self.interval(variant, gate).mean, baselines or {"chance": math.nan},
+                            hi if higher else lo, higher, self.untuned.get(variant, ""))
 
-    def verdicts(self) -> list[tuple[Verdict, int]]:
-        """Each verdict with the index of the `expect:` entry it decides (an entry whose points
-        differ in an unswept-by-it key gives one verdict per pair)."""
+    @cached_property
+    def untuned(self) -> dict[str, str]:
+        """Tuned variants none of whose candidates learned (its mean tuning metric against the
+        task's baselines, as the gate reads it): such a variant cannot be tested."""
+        if self.study.tune is None:
+            return {}
+        metric = self.study.tune.metric
+        name, length = split_metric(metric)
+        higher = metric_direction(metric, self.task_name)
+        lo, hi = self.range_of(metric)
+        keys = " and ".join(short_key(k).replace("_", " ") for k in self.study.tune.keys)
+        what = "learning rate" if self.study.tune.keys == ["train.lr"] else f"value of {keys}"
+        out = {}
+        for tuned in self.inputs.tuning:
+            variant = self.variants.label([value_text(tuned.swept.get(k)) for k in self.keys])
+            baselines = {b: scores[name] for b, scores in self.baseline_levels(variant, length).items() if name in scores}
+            if variant not in self.variants.labels or not baselines or not tuned.done:
+                continue
+            if not any(learned_gate(variant, metric, c.mean, baselines, hi if higher else lo, higher).learned
+                       for c in tuned.candidates if c.eligible):
+                out[variant] = f"no {what} in the grid trained this variant"
+        return out
+
+    def group_gates(self, variant: str, name: str, metric: str) -> tuple[Learned, ...]:
+        """The gates of one group for a verdict on `metric`: at the training length, and at
+        the compared length when that differs and the runs evaluated `name` there."""
+        gates = [self.learned(variant, name)]
+        length = split_metric(metric)[1]
+        if length is not None and length != self.train_length(variant) and f"{name}@{length}" in self.runs:
+            gates.append(self.learned(variant, name, length))
+        return tuple(gates)
+
+    def failed_seeds(self, variant: str) -> pd.Series:
+        """Per seed that ended (finished or diverged): 1 when it diverged or did not learn (its
+        own score at the training length misses the group's gate), else 0."""
+        mine = self.runs[(self.runs["variant"] == variant) & self.runs["status"].isin(KEPT)]
+        names = list(self.gates)
+        failed = mine["status"] == Status.DIVERGED
+        if names:
+            gate = self.learned(variant, names[0])
+            if math.isfinite(gate.needed) and gate.metric in mine:
+                scores = mine[gate.metric].astype(float)
+                missed = scores < gate.needed if gate.higher else scores > gate.needed
+                failed = failed | missed.fillna(True)
+        return pd.Series(failed.astype(float).to_numpy(), index=mine["seed"].to_numpy())
+
+    def failure_share(self, variant: str) -> Share:
+        failed = self.failed_seeds(variant)
+        return Share(int(failed.sum()), len(failed))
+
+    def comparisons(self) -> tuple[list[Comparison], list[int]]:
+        """Each `expect:` pair to decide, with the index of the entry it comes from (an entry
+        whose points differ in an unswept-by-it key gives one comparison per pair)."""
         comparisons, origins = [], []
         for index, exp in enumerate(self.study.expect):
             origins.append(index)
             higher = metric_direction(exp.metric, self.task_name)
-            bounds = self.range_of(exp.metric)
+            bounds = (0.0, 1.0) if exp.metric == FAILURE_SHARE else self.range_of(exp.metric)
             gate = self.gate_name(exp.metric)
             pairs = self.variants.pairs(exp.better, exp.than)
             if not pairs:  # neither point was run (e.g. a profile dropped it): say so
@@ -285,10 +343,51 @@ class TrainReport:
                 continue
             origins += [index] * (len(pairs) - 1)
             for a, b in pairs:
-                gates = () if gate is None else (self.learned(a, gate), self.learned(b, gate))
-                comparisons.append(Comparison(exp.metric, a, b, self.values(a, exp.metric), self.values(b, exp.metric),
-                                              higher, bounds, gates, exp.note))
-        return list(zip(verdicts(comparisons), origins))
+                gates = () if gate is None else (*self.group_gates(a, gate, exp.metric),
+                                                 *self.group_gates(b, gate, exp.metric))
+                if exp.metric == FAILURE_SHARE:
+                    values = self.failed_seeds(a), self.failed_seeds(b)
+                else:
+                    values = self.values(a, exp.metric), self.values(b, exp.metric)
+                ran = min(int((self.runs["variant"] == v).sum()) for v in (a, b))
+                comparisons.append(Comparison(exp.metric, a, b, *values, higher, bounds, gates, exp.note,
+                                              margin=exp.margin, counts=exp.metric == FAILURE_SHARE, seeds_run=ran))
+        return comparisons, origins
+
+    def seeds_wanted(self) -> dict[str, int]:
+        """Adaptive seeds: point_key -> the seeds its group should have by the next look, for
+        the groups of every comparison still inconclusive below the plan's maximum."""
+        plan = self.study.seed_plan
+        looks = seed_looks(plan.first, plan.max)
+        comparisons, _ = self.comparisons()
+        wanted: dict[str, int] = {}
+        for c, v in zip(comparisons, sequential_verdicts(comparisons, looks)):
+            following = next((n for n in looks if n > c.seeds_run), None)
+            if v.outcome != INCONCLUSIVE or following is None:
+                continue
+            for group in (c.better, c.than):
+                key = self.point_keys.get(group)
+                if key is not None:
+                    wanted[key] = max(wanted.get(key, 0), following)
+        return wanted
+
+    @cached_property
+    def point_keys(self) -> dict[str, str]:
+        """Variant label -> its sweep point's key (as `sweep.point_key` writes it)."""
+        out = {}
+        for point in self.study.sweep.points():
+            labels = {k: label(v) for k, v in point.items()}
+            out[self.variants.label([value_text(point[k]) for k in self.keys])] = point_key(labels, self.keys)
+        return out
+
+    def verdicts(self) -> list[tuple[Verdict, int]]:
+        """Each verdict with the index of the `expect:` entry it decides; an adaptive study's
+        comparisons are decided look by look (stats.sequential_verdicts)."""
+        comparisons, origins = self.comparisons()
+        plan = self.study.seed_plan
+        decided = (verdicts(comparisons) if plan is None
+                   else sequential_verdicts(comparisons, seed_looks(plan.first, plan.max)))
+        return list(zip(decided, origins))
 
     def verdict_line(self, v: Verdict, index: int) -> VerdictLine:
         exp = self.study.expect[index]
@@ -304,8 +403,8 @@ class TrainReport:
             shown = fmt(d.mean) if math.isnan(d.lo) else fmt_signed_interval(d.mean, d.lo, d.hi)
             detail += f"; difference {shown} ({how}{holm})"
         if v.gates:
-            detail += ". Learned at the training length: " + "; ".join(
-                f"{g.text} {'yes' if g.learned else 'no'}" for g in v.gates)
+            detail += ". Learned: " + "; ".join(g.text if g.untested else f"{g.text} {'yes' if g.learned else 'no'}"
+                                                for g in v.gates)
         return VerdictLine(statement=v.statement, outcome=v.outcome, label=v.label, detail=detail, note=exp.note,
                            gates=[gate_record(g) for g in v.gates],
                            difference={"mean": d.mean, "lo": d.lo, "hi": d.hi, "level": d.level, "method": d.method,
@@ -331,25 +430,33 @@ class TrainReport:
         return [learned_criterion(name, gates) for name, gates in self.gates.items()]
 
     def learned_section(self) -> Section | None:
-        """Per variant, its score at the training length beside chance, and whether it learned."""
+        """Per variant, its score at the training length beside every baseline of the task, the
+        threshold, whether it learned, and its share of seeds that diverged or did not learn."""
         if not self.gates or not self.variants.labels:
             return None
         items: list[Item] = [Paragraph(
-            "Chance: the score of a predictor that ignores the input, derived from the task's definition "
-            "(its `chance` method; e.g. uniform over the symbols a target can hold, the majority class, a "
-            "unigram model's bits per byte). A group learned when its mean over finished seeds at the training "
-            f"length is better than chance by at least {MARGIN:.0%} of the distance from chance to a perfect "
-            "score. Verdicts compare only groups that learned; the others read 'not tested'.")]
+            "Baselines: predictors that cannot solve the task, each derived from the task's own generator "
+            "(`Task.baselines`, exactly or by Monte Carlo with a fixed seed): input-ignoring (knows the layout, "
+            "not a token), prefix-aware (also reads the answer's own teacher-forced prefix), order-blind (knows "
+            "which symbols the input holds, not their order), as the task declares them. A group learned when "
+            "its mean over finished seeds at the training length (and, for a verdict at another length, there "
+            f"too) is better than the strongest baseline by at least {MARGIN:.0%} of the distance from it to a "
+            "perfect score. Failed seeds: those that diverged or whose own score missed the threshold, with an "
+            "exact (Clopper-Pearson) 95% interval of their share.")]
         for name, gates in self.gates.items():
+            names = list(dict.fromkeys(b for g in gates for b, _ in g.baselines))
             rows = []
             for variant, g in zip(self.variants.labels, gates):
-                rows.append([variant, g.metric, interval_text(self.interval(variant, g.metric)), fmt(g.chance),
-                             fmt(g.needed), "yes" if g.learned else "no"])
+                scores = dict(g.baselines)
+                rows.append([variant, g.metric, interval_text(self.interval(variant, g.metric)),
+                             *(fmt(scores.get(b, math.nan)) for b in names), fmt(g.needed),
+                             "yes" if g.learned else f"no ({g.untested})" if g.untested else "no",
+                             self.failure_share(variant).text])
             better = "≥" if metric_direction(name, self.task_name) else "≤"
-            items.append(Table(["variant", "at the training length", f"{name} mean [95% CI]", "chance",
-                                f"learned: {better}", "learned"], rows,
-                               caption=f"{name}: score at the training length against chance",
-                               numeric=[False, False, True, True, True, False]))
+            items.append(Table(["variant", "at the training length", f"{name} mean [95% CI]", *names,
+                                f"learned: {better}", "learned", "failed seeds [95% CI]"], rows,
+                               caption=f"{name}: score at the training length against the task's baselines",
+                               numeric=[False, False, True, *([True] * len(names)), True, False, True]))
         return Section("Learned at the training length", items)
 
     # ---- sections ----------------------------------------------------------------------------
@@ -362,7 +469,7 @@ class TrainReport:
         train = s.train.resolved(s.task["train_length"])
         budget = (f"Budget per run: {train['steps']:,} steps of {train['batch_size']} sequences "
                   f"(lr {train['lr']:g}, {train['schedule']} schedule, {train['warmup_steps']} warmup steps, "
-                  f"precision {train['precision']}); seeds {', '.join(map(str, s.seeds))}.")
+                  f"precision {train['precision']}); {self.seeds_text()}.")
         items.append(Paragraph(budget))
         if s.tune is not None:
             items.append(Paragraph("Tuned per variant (see Tuning), replacing the values above: " + "; ".join(
@@ -380,6 +487,15 @@ class TrainReport:
         items.append(Paragraph("Reproduce:"))
         items.append(Code(self.inputs.command))
         return Section("Setup", items)
+
+    def seeds_text(self) -> str:
+        plan = self.study.seed_plan
+        if plan is None:
+            return f"seeds {', '.join(map(str, self.study.seeds))}"
+        looks = seed_looks(plan.first, plan.max)
+        return (f"adaptive seeds: {plan.first} per group, more for groups of undecided comparisons up to {plan.max} "
+                f"(looks at {', '.join(map(str, looks))} seeds, each at the alpha an O'Brien-Fleming-type spending "
+                "function adds there)")
 
     def status_table(self) -> Table:
         statuses = [Status.FINISHED, *FAILURES]

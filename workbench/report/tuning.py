@@ -14,7 +14,7 @@ from workbench.report import figures
 from workbench.report.document import Figure, Item, Paragraph, Section, Table, fmt
 from workbench.report.variants import Variants, short_key, value_text
 from workbench.results import TUNE, Status
-from workbench.tuning import Candidate, PointTuning, higher_is_better, labels
+from workbench.tuning import EXTEND_BOUND, Candidate, PointTuning, higher_is_better, labels, numeric
 
 
 def split_stages(runs: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -37,6 +37,20 @@ def cell(candidate: Candidate) -> str:
     return "/".join(sorted(set(candidate.statuses) - {Status.FINISHED})) or "no score"
 
 
+def bracket_text(tuned: PointTuning) -> str:
+    """Whether the chosen value has a worse candidate on each side."""
+    if tuned.chosen is None or len(tuned.candidates) < 2:
+        return "–"
+    if any(numeric(c.values) is None for c in tuned.candidates):
+        return "– (not one numeric key: no order to extend)"
+    past = len(tuned.candidates) - tuned.grid
+    if tuned.stopped_at_bound:
+        return f"no: still at an edge after {past} values past the grid; the bound of {EXTEND_BOUND} stopped the search"
+    if tuned.edge:
+        return "no: at an edge (the next `workbench run` extends the grid)"
+    return "yes" + (f" (after {past} values past the grid)" if past else "")
+
+
 class TuningSection:
     def __init__(self, study, tunings: Sequence[PointTuning], variants: Variants, palette, dest: Path):
         self.study, self.tunings, self.variants = study, list(tunings), variants
@@ -47,18 +61,23 @@ class TuningSection:
         return self.variants.label([value_text(tuned.swept.get(k)) for k in self.variants.keys])
 
     def table(self) -> Table:
-        heads = [candidate_text(c) for c in self.tunings[0].candidates] if self.tunings else []
+        """A column per candidate any variant tried (the grid, and values past its edges in
+        the grid's order), '–' where a variant did not try it; whether the choice is bracketed."""
+        tried = [c for t in self.tunings for c in t.candidates]
+        heads = list(dict.fromkeys(candidate_text(c) for c in sorted(
+            tried, key=lambda c: numeric(c.values) if all(numeric(d.values) is not None for d in tried) else 0)))
         rows = []
         for tuned in self.tunings:
             if tuned.chosen is not None:
                 chosen = candidate_text(tuned.chosen)
             else:
                 chosen = "– (tuning not done)" if not tuned.done else "– (no candidate finished)"
-            rows.append([self.variant(tuned), chosen, *(cell(c) for c in tuned.candidates)])
+            mine = {candidate_text(c): cell(c) for c in tuned.candidates}
+            rows.append([self.variant(tuned), chosen, bracket_text(tuned), *(mine.get(h, "–") for h in heads)])
         better = "higher" if higher_is_better(self.study, self.tune.metric) else "lower"
-        return Table(["variant", "chosen", *heads], rows,
+        return Table(["variant", "chosen", "bracketed", *heads], rows,
                      caption=f"Validation {self.tune.metric} per candidate ({better} is better)",
-                     numeric=[False, False] + [True] * len(heads))
+                     numeric=[False, False, False] + [True] * len(heads))
 
     def curve(self) -> Item | None:
         """Metric against value, a line per variant, when one numeric key is tuned."""
@@ -82,14 +101,16 @@ class TuningSection:
         t = self.tune
         keys = ", ".join(t.keys)
         direction = "highest" if higher_is_better(self.study, t.metric) else "lowest"
-        seeds = ", ".join(map(str, self.study.seeds[: t.seeds]))
+        seeds = ", ".join(map(str, self.study.tuning_seeds))
         items: list[Item] = [Paragraph(
             f"Each variant chose its own {keys} before its seeds ran, so that variants are compared at their "
-            f"own best setting, not at one shared one: {t.seeds} tuning run(s) per candidate (seed {seeds}), "
+            f"own best setting, not at one shared one: {t.seeds} tuning run(s) per candidate (seed {seeds}, none "
+            f"of them a reported seed), "
             f"scored by {t.metric} on validation sets drawn apart from the training data and from the "
             f"evaluation sets; the {direction} mean was chosen (ties: the first listed). A candidate with a "
-            "diverged or failed run is not eligible. Every other table, figure and verdict uses the final runs "
-            "at the chosen values only.")]
+            "diverged or failed run is not eligible. A choice at the edge of a numeric grid is not bracketed: "
+            f"the grid then extends past that edge by its own ratio, up to {EXTEND_BOUND} values. Every other table, "
+            "figure and verdict uses the final runs at the chosen values only.")]
         items.append(self.table())
         curve = self.curve()
         if curve is not None:

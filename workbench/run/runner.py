@@ -189,6 +189,12 @@ class SweepProgress:
         if self.progress is not None:
             self.progress.update(self.task, advance=n, info=f"{self.failures} failed")
 
+    def grow(self, n: int) -> None:
+        """n more runs than planned (tuning past a grid edge, adaptive seeds)."""
+        self.total += n
+        if self.progress is not None:
+            self.progress.update(self.task, total=self.total)
+
     def started(self, job: Job, describe: str) -> None:
         """A run began: give it a live row (a resumed run restarts its row at its step)."""
         if self.progress is None:

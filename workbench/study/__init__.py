@@ -32,15 +32,17 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, WithJsonSchema, field_validator
 from pydantic import model_validator
+from pydantic.json_schema import SkipJsonSchema
 
 from workbench import kinds
 from workbench.errors import SpecError
 from workbench.registry import get_variant, variants
-from workbench.results import DESCRIPTIVE_METRICS
+from workbench.results import DESCRIPTIVE_METRICS, FAILURE_SHARE
 from workbench.spec import VARIANT_AXES, ModelSpec, resolve_choice, spec_error_from
 from workbench.study.keys import digest, label
 from workbench.study.schema import study_json_schema
-from workbench.study.sections import SWEEP_JSON_SCHEMA, TUNE_JSON_SCHEMA, Expectation, Sweep, TrainConfig, Tune
+from workbench.study.sections import (SEEDS_JSON_SCHEMA, SWEEP_JSON_SCHEMA, TUNE_JSON_SCHEMA, Expectation, SeedPlan, Sweep,
+                                      TrainConfig, Tune)
 from workbench.study.yaml_file import LineMap, StudyError, apply_overrides, apply_profile, read_yaml, suggest
 
 __all__ = ["load_study", "study_json_schema", "StudyFile", "StudyBase", "TrainStudy", "STORED", "RUN_MEASURES"]
@@ -149,6 +151,36 @@ class TrainStudy(StudyBase):
     tune: Annotated[Tune | None, WithJsonSchema(TUNE_JSON_SCHEMA)] = Field(
         None, description="choose values (e.g. train.lr) per sweep point on validation sets before its seeds run"
     )
+    seeds: Annotated[list[Annotated[int, Field(ge=0, le=2**32 - 1)]], WithJsonSchema(SEEDS_JSON_SCHEMA)] = Field(
+        [0], min_length=1, description="every sweep point trains once per seed (0 .. 2^32-1), or {first, max}")
+    seed_plan: SkipJsonSchema[SeedPlan | None] = Field(
+        None, description="set by `seeds: {first, max}` (adaptive seeds); `seeds` then holds the first ones")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _adaptive_seeds(cls, data: Any) -> Any:
+        """`seeds: {first: 3, max: 20}` -> seeds [0, 1, 2] and the plan to add more."""
+        if isinstance(data, Mapping) and isinstance(data.get("seeds"), Mapping):
+            if "seed_plan" in data:
+                raise SpecError("seed_plan", "set it through `seeds: {first: N, max: M}`")
+            try:
+                plan = SeedPlan.model_validate(data["seeds"])
+            except ValidationError as err:
+                raise unwrap(err, "seeds") from None
+            return {**data, "seeds": list(range(plan.first)), "seed_plan": plan}
+        return data
+
+    @property
+    def every_seed(self) -> list[int]:
+        """Every seed a final run may have: the listed ones, or an adaptive plan's up to max."""
+        return self.seed_plan.seeds if self.seed_plan is not None else list(self.seeds)
+
+    @property
+    def tuning_seeds(self) -> list[int]:
+        """Seeds of the tuning runs: the first `tune.seeds` integers above every final seed, so
+        no reported seed was also the one a value was chosen on (no selection bias)."""
+        start = max(self.every_seed) + 1
+        return list(range(start, start + (self.tune.seeds if self.tune is not None else 0)))
 
     @field_validator("task", mode="before")
     @classmethod
@@ -198,8 +230,9 @@ class TrainStudy(StudyBase):
 
     def run_defining(self) -> dict[str, Any]:
         train = TrainConfig.defining(self.train.model_dump())
+        seeds = self.seed_plan.model_dump() if self.seed_plan is not None else self.seeds
         out = {"kind": self.kind, "task": self.task, "model": self.model, "train": train,
-               "seeds": self.seeds, "sweep": self.sweep.model_dump()}
+               "seeds": seeds, "sweep": self.sweep.model_dump()}
         if self.tune is not None:  # absent otherwise: an untuned study keeps the hash it always had
             out["tune"] = self.tune.model_dump()
         return out
@@ -263,9 +296,6 @@ def check_tune(tune: Tune, study: TrainStudy) -> Tune:
     if "task.eval_lengths" not in study.sweep.keys and (not length.isdigit() or int(length) not in lengths):
         raise SpecError("tune.metric", f"{tune.metric!r}: no evaluation at length {length}",
                         [f"{name}@{n}" for n in lengths])
-    if tune.seeds > len(study.seeds):
-        raise SpecError("tune.seeds", f"{tune.seeds} tuning seeds, but the study has {len(study.seeds)} "
-                        f"(tuning runs use the study's first N seeds: {study.seeds})")
     return tune.model_copy(update={"metric": f"{name}@{length}"})
 
 
@@ -304,13 +334,13 @@ def check_metric(metric: str, field: str, study: TrainStudy) -> None:
     task_cls = get_variant("task", study.task["name"])
     names = [*task_cls.metrics, "loss"]
     name, _, length = metric.partition("@")
-    if metric in RUN_MEASURES:
+    if metric in RUN_MEASURES or metric == FAILURE_SHARE:
         return
     if name in DESCRIPTIVE_METRICS:
         raise SpecError(field, f"{name} is descriptive (no better direction): the report shows it, `expect:` does "
                         "not test it", [*names, *RUN_MEASURES])
     if name not in names:
-        choices = [*names, *RUN_MEASURES]
+        choices = [*names, *RUN_MEASURES, FAILURE_SHARE]
         raise SpecError(field, f"unknown metric {name!r}" + suggest(name, choices), choices)
     lengths = study.task.get("eval_lengths") or [study.task["train_length"]]
     if length and "task.eval_lengths" not in study.sweep.keys and (not length.isdigit() or int(length) not in lengths):

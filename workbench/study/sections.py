@@ -141,8 +141,42 @@ class Expectation(BaseModel):
     better: Any = Field(description="the swept value (or {dotted.key: value}) expected to be better")
     than: Any = Field(description="the swept value (or {dotted.key: value}) it is compared against")
     claim: str | None = Field(None, description="id of the claim it tests (e.g. E6)")
+    margin: float | None = Field(None, gt=0, description="smallest difference of interest: an interval inside "
+                                 "±margin reads 'equivalent' (two one-sided tests)")
     note: str = Field("", description="free text shown with the verdict")
 
+
+class SeedPlan(BaseModel):
+    """`seeds: {first: 3, max: 20}`: every group runs `first` seeds; groups in comparisons
+    still undecided get more, in rounds, up to `max` (workbench.report.stats.seed_looks)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    first: int = Field(ge=2, description="seeds every group runs (seed ids 0 .. first-1)")
+    max: int = Field(description="most seeds a group runs; each look tests at the alpha spent at it")
+
+    @model_validator(mode="after")
+    def _ordered(self):
+        if self.max <= self.first:
+            raise SpecError("seeds.max", f"{self.max} must exceed first ({self.first}): adaptive seeds add to the first ones")
+        if self.max > 1000:
+            raise SpecError("seeds.max", f"{self.max}: at most 1000 seeds per group")
+        return self
+
+    @property
+    def seeds(self) -> list[int]:
+        """Every seed a group may run, in order."""
+        return list(range(self.max))
+
+
+SEEDS_JSON_SCHEMA = {
+    "anyOf": [
+        {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 2**32 - 1}, "minItems": 1},
+        {"type": "object", "properties": {"first": {"type": "integer", "minimum": 2}, "max": {"type": "integer"}},
+         "required": ["first", "max"], "additionalProperties": False,
+         "description": "adaptive: every group runs `first` seeds; groups in undecided comparisons get more, up to `max`"},
+    ],
+    "description": "every sweep point trains once per seed (0 .. 2^32-1), or {first: N, max: M} for adaptive seeds",
+}
 
 ZIP_GROUP = {"type": "object", "additionalProperties": {"type": "array", "minItems": 1}}
 SWEEP_JSON_SCHEMA = {
