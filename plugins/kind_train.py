@@ -29,6 +29,7 @@ from workbench.run.runner import (
     sweeping,
 )
 from workbench.run.store import Store
+from workbench.run.tracking import check_logger, prepare_trackers, tracker_run
 from workbench.study import StudyFile, TrainStudy
 from workbench.study.keys import canonical_json
 from workbench.sweep import expand, point_key, sweep_points, tuning_runs
@@ -43,8 +44,6 @@ class TrainKind(StudyKind):
         s = study_file.study
         runs = expand(study_file)
         tuning = tuning_runs(study_file)  # with `tune:`, the final runs exist once each point has chosen
-        from workbench.run.train import check_logger  # Lightning loads with a train study, not the plugins
-
         for train in train_sections([*runs, *tuning]):
             check_logger(train)
         steps = sorted({r.config["train"]["steps"] for r in [*runs, *tuning]})
@@ -92,17 +91,22 @@ class TrainKind(StudyKind):
         total = len(tuning) + len(study.sweep.points()) * len(study.seeds)
         executor = options.executor or make_executor(options.jobs)
         names = {run.run_id: run.describe for run in [*tuning, *(finals or [])]}
+        prepare_trackers([*tuning, *(finals or [])], study.name, out)  # shared stores, before any worker
+
+        def tracker(run: RunConfig):
+            return tracker_run(run, study.name, out)
+
         with sweeping(study.name, out, total, options) as (summary, progress):
             if executor.on_start is None:  # a live row per running run
                 executor.on_start = lambda job: progress.started(job, names[job.run_id])
             if finals is None:
-                execute_runs(tuning, "tuning runs", store, executor, summary, progress)
+                execute_runs(tuning, "tuning runs", store, executor, summary, progress, tracker=tracker)
                 tunings = choose(study, store.runs())
                 for tuned in tunings:
                     report_choice(tuned, study, summary, progress)
                 finals = expand(study_file, chosen_values(tunings, study.sweep.keys))
                 names.update({run.run_id: run.describe for run in finals})
-            execute_runs(finals, "runs", store, executor, summary, progress)
+            execute_runs(finals, "runs", store, executor, summary, progress, tracker=tracker)
         return summary
 
     def report(self, out_dir: Path, info: dict[str, Any], study: TrainStudy, dest: Path, pictures: bool):

@@ -18,8 +18,10 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_reports_go_beside_results_unless_the_default_layout_is_used():
-    assert default_reports_dir(Path("runs") / "positions") == Path("reports")
-    assert default_reports_dir("/data/exp1") == Path("/data/exp1/reports")
+    assert default_reports_dir(Path("runs") / "positions", "positions") == Path("reports")
+    assert default_reports_dir("/data/exp1", "exp1") == Path("/data/exp1/reports")
+    # runs/<another name>: a trial of the study must not overwrite its report in reports/
+    assert default_reports_dir(Path("runs") / "positions-try", "positions") == Path("runs/positions-try/reports")
     for command in ("run", "report"):
         help_text = CliRunner().invoke(main, [command, "--help"]).output
         assert "OUT/reports/" in help_text or "OUT_DIR/reports/" in help_text
@@ -54,3 +56,42 @@ def test_the_index_of_a_users_studies_has_no_project_prose(tmp_path):
     assert build_index(studies, tmp_path / "reports").startswith("# My lab's studies\n\nOurs.\n\n| study")
     shipped = build_index(ROOT / "studies", ROOT / "reports")
     assert "tutorials the workbench started from" in shipped  # this project's words live in studies/
+
+
+TINY_STUDY = """\
+name: tiny
+task: {name: copy, train_length: 4, n_eval: 8, alphabet_size: 4}
+model: {family: decoder, d_model: 16, n_layers: 1, n_heads: 2}
+train: {steps: 2, batch_size: 4, log_every: 1}
+"""
+
+
+def test_a_run_into_another_folder_leaves_the_checkouts_report_alone(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "tiny.yaml").write_text(TINY_STUDY)
+    shipped = tmp_path / "reports" / "tiny" / "index.html"
+    shipped.parent.mkdir(parents=True)
+    shipped.write_text("the study's own report")
+    result = CliRunner().invoke(main, ["run", "tiny.yaml", "--out", "runs/tiny-trial", "--quiet"])
+    assert result.exit_code == 0, result.output
+    assert shipped.read_text() == "the study's own report"
+    assert sorted(p.name for p in (tmp_path / "reports").rglob("*")) == ["index.html", "tiny"]
+    assert (tmp_path / "runs" / "tiny-trial" / "reports" / "tiny" / "index.html").exists()
+
+
+def test_run_exits_3_when_a_run_failed_unless_failures_are_allowed(tmp_path, monkeypatch):
+    from workbench.run.train import RunModule
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "tiny.yaml").write_text(TINY_STUDY)
+
+    def crash(self, batch, batch_idx):
+        raise RuntimeError("simulated crash")
+
+    monkeypatch.setattr(RunModule, "training_step", crash)
+    failed = CliRunner().invoke(main, ["run", "tiny.yaml", "--quiet"])
+    assert failed.exit_code == 3, failed.output
+    assert "1 of 1 runs did not finish" in failed.output
+    assert (tmp_path / "reports" / "tiny" / "index.html").exists()  # the report is written all the same
+    allowed = CliRunner().invoke(main, ["run", "tiny.yaml", "--quiet", "--allow-failures"])
+    assert allowed.exit_code == 0, allowed.output

@@ -21,6 +21,12 @@ from workbench.registry import NOUN_OF_AXIS, distribution_of, variants
 from workbench.variants import AXES
 
 
+class RunsIncomplete(WorkbenchError):
+    """Some runs of a sweep did not finish: their report is written, the exit status says so."""
+
+    exit_code = 3
+
+
 class WorkbenchGroup(click.Group):
     def invoke(self, ctx):
         try:
@@ -117,13 +123,16 @@ def list_variants(axis: str | None, as_json: bool) -> None:
               help="where run folders (checkpoints, final weights) go; default OUT/runs. Use shared storage on a cluster")
 @click.option("--reports", "reports_dir", default=None,
               help="folder that receives <study name>/ with the report when the sweep ends "
-                   "(default: reports/ for the default --out runs/<name>, else OUT/reports/)")
+                   "(default: reports/ for the study's default --out runs/<study name>, else OUT/reports/)")
+@click.option("--allow-failures", is_flag=True,
+              help="exit 0 even when runs failed or did not run (default: exit status 3)")
 def run_command(study: str, out: str | None, jobs: int, fresh: bool, profile: str | None,
                 overrides: tuple[str, ...], dry_run: bool, quiet: bool,
                 executor_name: str, address: str | None, cpus_per_run: float, gpus_per_run: float,
-                runs_dir: str | None, reports_dir: str | None) -> None:
+                runs_dir: str | None, reports_dir: str | None, allow_failures: bool) -> None:
     """Train every run of STUDY (a YAML file); finished runs in the folder are kept. Writes the
-    study's report at the end."""
+    study's report at the end. Exit status 3 when a run failed, ran out of memory or could
+    not run (a diverged run is a result, not a failure), unless --allow-failures."""
     from workbench.kinds import get_kind
     from workbench.report import write_report
     from workbench.run.runner import run_study
@@ -142,15 +151,27 @@ def run_command(study: str, out: str | None, jobs: int, fresh: bool, profile: st
                         executor=executor, runs_dir=runs_dir, overrides=overrides)
     counts = ", ".join(f"{n} {status}" for status, n in sorted(summary.statuses.items())) or "nothing to run"
     click.echo(f"{summary.total} runs in {summary.out_dir}: {counts}; {summary.skipped} already done")
-    index = write_report(summary.out_dir, reports_dir or default_reports_dir(summary.out_dir))
+    index = write_report(summary.out_dir, reports_dir or default_reports_dir(summary.out_dir, summary.study))
     click.echo(f"report: {index} (and {index.parent / 'report.md'})")
+    if summary.incomplete and not allow_failures:
+        raise RunsIncomplete(f"{summary.incomplete} of {summary.total} runs did not finish (failed, out of memory "
+                             "or not run); the report shows what finished. Run the same command again to retry "
+                             "them, or pass --allow-failures to exit 0 anyway")
 
 
-def default_reports_dir(out_dir: str | Path) -> Path:
-    """reports/ beside the default output folders runs/<name>/; a study run elsewhere keeps
-    its report with its results: OUT/reports/."""
+def default_reports_dir(out_dir: str | Path, study_name: str | None) -> Path:
+    """The checkout's reports/ for a study's own default output folder runs/<study name>/ only;
+    any other folder keeps its report with its results, in OUT/reports/ (so a trial run under
+    another name never overwrites the study's report in reports/)."""
     out_dir = Path(out_dir)
-    return Path("reports") if out_dir.parent == Path("runs") else out_dir / "reports"
+    default = study_name is not None and out_dir.resolve() == (Path("runs") / study_name).resolve()
+    return Path("reports") if default else out_dir / "reports"
+
+
+def stored_study_name(out_dir: str | Path) -> str | None:
+    from workbench.run.store import load_study_info
+
+    return load_study_info(out_dir).get("name")
 
 
 @main.command("validate")
@@ -195,13 +216,14 @@ def results_command(out_dir: str, fmt: str) -> None:
 @click.argument("out_dir")
 @click.option("--out", "reports_dir", default=None,
               help="folder that receives <study name>/index.html, report.md, figures/ and results.csv "
-                   "(default: reports/ for OUT_DIR = runs/<name>, else OUT_DIR/reports/)")
+                   "(default: reports/ for OUT_DIR = runs/<study name>, else OUT_DIR/reports/)")
 @click.option("--no-pictures", is_flag=True, help="skip the attention heatmaps (which load each variant's weights)")
 def report_command(out_dir: str, reports_dir: str | None, no_pictures: bool) -> None:
     """Write the comparison report of the study stored in OUT_DIR (no training)."""
     from workbench.report import write_report
 
-    index = write_report(out_dir, reports_dir or default_reports_dir(out_dir), pictures=not no_pictures)
+    index = write_report(out_dir, reports_dir or default_reports_dir(out_dir, stored_study_name(out_dir)),
+                         pictures=not no_pictures)
     click.echo(f"report: {index} (and {index.parent / 'report.md'})")
 
 

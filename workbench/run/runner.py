@@ -55,10 +55,16 @@ class Summary:
     total: int
     skipped: int = 0
     statuses: Counter = field(default_factory=Counter)
+    study: str | None = None  # the study's name
 
     @property
     def failures(self) -> int:
         return sum(n for status, n in self.statuses.items() if status != Status.FINISHED)
+
+    @property
+    def incomplete(self) -> int:
+        """Runs of this sweep with no result to keep (failed, oom, timeout, untuned); a rerun retries them."""
+        return sum(n for status, n in self.statuses.items() if status not in KEPT)
 
 
 def default_out_dir(study_file: StudyFile) -> Path:
@@ -258,7 +264,7 @@ def sweeping(study_name: str, out: Path, total: int, options: RunOptions,
              line: Callable[[RunConfig, RunResult], str] | None = None) -> Iterator[tuple[Summary, SweepProgress]]:
     """The summary and progress display of one sweep, with SIGTERM/SIGINT turned into a clean
     stop: what ended is recorded, and RunInterrupted says how to continue."""
-    summary = Summary(out_dir=out, total=total)
+    summary = Summary(out_dir=out, total=total, study=study_name)
     progress = SweepProgress(study_name, total, options.quiet, options.console, line=line or run_line)
     stopping.reset()
     handlers = stopping.install_handlers()
@@ -275,10 +281,11 @@ def sweeping(study_name: str, out: Path, total: int, options: RunOptions,
 
 
 def execute_runs(runs: list[RunConfig], what: str, store: Store, executor: Executor, summary: Summary,
-                 progress: SweepProgress, kept: Collection[str] = KEPT) -> None:
+                 progress: SweepProgress, kept: Collection[str] = KEPT,
+                 tracker: Callable[[RunConfig], Any] | None = None) -> None:
     """Run the pending ones of `runs` through `executor`, recording each outcome as it comes;
     runs whose recorded status is in `kept` are skipped, and a result.json left unrecorded is
-    recorded without running again."""
+    recorded without running again. `tracker(run)` names each job's experiment-tracker run."""
     out = store.out_dir
     statuses = store.statuses()
     pending: list[RunConfig] = []
@@ -300,7 +307,8 @@ def execute_runs(runs: list[RunConfig], what: str, store: Store, executor: Execu
         summary.statuses[result.status] += 1
         progress.run_done(run, result)
     by_id = {run.run_id: run for run in pending}
-    jobs_ = [Job(run.run_id, run.config, run_dir(out, run.run_id)) for run in pending]
+    jobs_ = [Job(run.run_id, run.config, run_dir(out, run.run_id), tracker(run) if tracker else None)
+             for run in pending]
     for result in executor.run(jobs_) if jobs_ else ():  # (a Ray executor would start a cluster for nothing)
         run = by_id[result.run_id]
         store.record(run, result)  # the driver is the only writer of a sweep

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import importlib.util
 import json
 import logging
 import math
@@ -52,7 +51,8 @@ from workbench.model import Transformer, attention_entropy, build_model, record_
 from workbench.position import PositionLimitError
 from workbench.registry import run_providers
 from workbench.results import CONFIG_FILE, FINAL_WEIGHTS, LAST_CHECKPOINT, PROGRESS_FILE, RESULT_FILE
-from workbench.results import ATTENTION_ENTROPY, RunResult, Status, flatten, write_json_atomic
+from workbench.results import ATTENTION_ENTROPY, RunResult, Status, write_json_atomic
+from workbench.run.tracking import TrackerRun, check_logger, close_logger, make_logger
 from workbench.weights import make_task, refuse_or_explain, save_final_weights
 
 # Status of a run, as stored.
@@ -290,18 +290,6 @@ def check_device(train: dict[str, Any], source_of: Callable[[str], str | None] =
     return machine.device_for(train["accelerator"])
 
 
-def check_logger(train: dict[str, Any]) -> None:
-    """A WorkbenchError when `train.logger` names a logger whose package is not installed."""
-    modules = LOGGER_MODULES.get(train["logger"], ())
-    if modules and not any(importlib.util.find_spec(m) for m in modules):
-        raise WorkbenchError(f"train.logger: {train['logger']!r} needs the {modules[0]} package: "
-                             f"pip install 'transformer-workbench[{train['logger']}]', or use 'csv'")
-
-
-# Modules an optional logger needs (any one of them), by `train.logger`.
-LOGGER_MODULES = {"tensorboard": ("tensorboard", "tensorboardX"), "mlflow": ("mlflow",), "wandb": ("wandb",)}
-
-
 def device_name(device: str) -> str:
     if device == "cuda":
         return f"cuda: {torch.cuda.get_device_name()}"
@@ -506,37 +494,11 @@ class StopOnRequest(Callback):
 # ---- one run --------------------------------------------------------------------------------
 
 
-def make_logger(kind: str, run_dir: Path, run_id: str = "", config: dict[str, Any] | None = None):
-    """Lightning's own logger of each kind. Experiment trackers get the run id as the run name
-    and the flattened run config as parameters; they stay on this machine unless configured."""
-    if kind == "tensorboard":
-        from pytorch_lightning.loggers import TensorBoardLogger
-
-        return TensorBoardLogger(save_dir=run_dir, name="logs", default_hp_metric=False)
-    if kind in ("mlflow", "wandb"):
-        if kind == "mlflow":
-            from pytorch_lightning.loggers import MLFlowLogger
-
-            logger = MLFlowLogger(experiment_name=os.environ.get("MLFLOW_EXPERIMENT_NAME", "workbench"), run_name=run_id,
-                                  tracking_uri=os.environ.get("MLFLOW_TRACKING_URI", f"sqlite:///{(run_dir / 'mlflow.db').resolve()}"))
-        else:
-            from pytorch_lightning.loggers import WandbLogger
-
-            online = os.environ.get("WANDB_MODE") == "online" or (
-                bool(os.environ.get("WANDB_API_KEY")) and os.environ.get("WANDB_MODE") != "offline")
-            logger = WandbLogger(name=run_id, project=os.environ.get("WANDB_PROJECT", "workbench"),
-                                 save_dir=run_dir, offline=not online)
-        logger.log_hyperparams(flatten(config or {}))
-        return logger
-    from pytorch_lightning.loggers import CSVLogger
-
-    return CSVLogger(save_dir=run_dir, name="logs")  # a resumed session logs to the next version_N
-
-
-def train_run(run_id: str, config: dict[str, Any], run_dir: Path) -> RunResult:
+def train_run(run_id: str, config: dict[str, Any], run_dir: Path, tracker: TrackerRun | None = None) -> RunResult:
     """Train one run to completion (or divergence / error) and write its result.json and
     final weights. Continues from checkpoints/last.ckpt when an earlier attempt left one.
-    Never raises for a run's own failure: outcomes are data."""
+    Never raises for a run's own failure: outcomes are data. `tracker` names the run in an
+    experiment tracker (workbench.run.tracking)."""
     quiet_lightning()
     start = time.perf_counter()
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -546,7 +508,7 @@ def train_run(run_id: str, config: dict[str, Any], run_dir: Path) -> RunResult:
     memory = PeakMemory(on_cuda=device == "cuda")
     result = RunResult(run_id=run_id, status=Status.FAILED, peak_memory_instrument=memory.instrument,
                        environment={**environment(device_name(device)), **run_providers(config)})
-    recorder = None
+    recorder = logger = None
     deterministic_before = torch.are_deterministic_algorithms_enabled()
     try:
         pl.seed_everything(config["seed"], workers=True, verbose=False)
@@ -558,12 +520,13 @@ def train_run(run_id: str, config: dict[str, Any], run_dir: Path) -> RunResult:
                                      every_n_train_steps=train["checkpoint_every"])
         ckpt = run_dir / LAST_CHECKPOINT
         ckpt.with_name(ckpt.name + ".tmp").unlink(missing_ok=True)  # a save cut short by a kill
+        logger = make_logger(train["logger"], run_dir, config, tracker)
         trainer = pl.Trainer(
             max_steps=train["steps"], max_epochs=-1, limit_val_batches=0, num_sanity_val_steps=0,
             accelerator=train["accelerator"], devices=train["devices"], strategy=train["strategy"],
             num_nodes=train["num_nodes"], precision=train["precision"],
             gradient_clip_val=train["grad_clip"], gradient_clip_algorithm="norm",
-            deterministic=device == "cpu", logger=make_logger(train["logger"], run_dir, run_id, config),
+            deterministic=device == "cpu", logger=logger,
             callbacks=[recorder, StopOnRequest(ckpt), checkpoint, memory, ProgressFile(run_dir, train["steps"])],
             log_every_n_steps=train["log_every"], plugins=[SafeCheckpointIO()],
             enable_progress_bar=False, enable_model_summary=False, default_root_dir=run_dir,
@@ -589,6 +552,12 @@ def train_run(run_id: str, config: dict[str, Any], run_dir: Path) -> RunResult:
         (run_dir / "error.txt").write_text(traceback.format_exc())
     finally:
         torch.use_deterministic_algorithms(deterministic_before)  # Trainer(deterministic=True) sets it globally
+        if logger is not None:
+            try:
+                close_logger(logger, result.status, result.metrics)
+            except Exception as err:  # noqa: BLE001 - a tracker that cannot be reached loses no result
+                warnings.warn(f"train.logger {train['logger']}: could not close the tracker run "
+                              f"({type(err).__name__}: {str(err).splitlines()[0][:120]})", stacklevel=1)
     if recorder is not None:
         result.curves = recorder.curves
         result.tokens = recorder.tokens
