@@ -233,13 +233,22 @@ def report_command(out_dir: str, reports_dir: str | None, no_pictures: bool) -> 
 @click.option("--out", "reports_dir", default="reports", show_default=True,
               help="folder that receives <name>/index.html, report.md, figures/ and results.csv")
 @click.option("--no-pictures", is_flag=True, help="skip the attention heatmaps (which load each variant's weights)")
-def compare_command(out_dirs: tuple[str, ...], name: str | None, reports_dir: str, no_pictures: bool) -> None:
+@click.option("--baseline", default=None, metavar="VALUE",
+              help="the variant the others are compared against, as a study's `baseline:` (a swept value, or a "
+                   "YAML mapping {dotted.key: value}); default: the first folder's own baseline")
+@click.option("--expect", "expect", multiple=True, metavar='"A > B on METRIC"',
+              help="a verdict to decide, as a study's `expect:` entry: A expected better than B on METRIC "
+                   "(the metric's own direction); repeatable")
+def compare_command(out_dirs: tuple[str, ...], name: str | None, reports_dir: str, no_pictures: bool,
+                    baseline: str | None, expect: tuple[str, ...]) -> None:
     """One report over the runs of several study folders (OUT_DIRS) of the same task, e.g. a
     variant added later against an earlier sweep. Variants are told apart by every setting
-    that differs between the runs."""
-    from workbench.report.compare import write_comparison
+    that differs between the runs; the header names each folder with its variants. Chance
+    levels, deltas and verdicts follow the same rules as a study's report."""
+    from workbench.report.compare import write_comparison, yaml_value
 
-    index = write_comparison(out_dirs, reports_dir, name, pictures=not no_pictures)
+    index = write_comparison(out_dirs, reports_dir, name, pictures=not no_pictures,
+                             baseline=yaml_value(baseline) if baseline is not None else None, expect=expect)
     click.echo(f"report: {index} (and {index.parent / 'report.md'})")
 
 
