@@ -113,6 +113,7 @@ class TrainKind(StudyKind):
         # The report layer (matplotlib, seaborn) loads only when a report is built, not with the plugins.
         from workbench.run import store
         from workbench.report import ReportSkipWarning, merged_environment, missing_variants, reproduce_command
+        from workbench.report import timing_caveat
         from workbench.report.pictures import ModelPictures
         from workbench.report.train_report import TrainInputs, TrainReport
 
@@ -129,7 +130,7 @@ class TrainKind(StudyKind):
             environment=merged_environment([r["environment"] for r in records]),
             command=reproduce_command({**info, "name": study.name}, out_dir),
             pictures=ModelPictures(lambda run_id: store.run_dir(out_dir, run_id)) if pictures else None,
-            tuning=choose(study, records),
+            tuning=choose(study, records), timing_caveat=timing_caveat(records),
         )
         builder = TrainReport(inputs, dest)
         return builder.build(), builder.results_csv()

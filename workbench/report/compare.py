@@ -30,7 +30,7 @@ from pydantic import ValidationError
 from workbench.run import store
 from workbench.errors import WorkbenchError
 from workbench.registry import variants
-from workbench.report import fresh_folder, merged_environment, study_of, write_files
+from workbench.report import fresh_folder, merged_environment, study_of, timing_caveat, write_files
 from workbench.report.index import write_summary
 from workbench.report.pictures import ModelPictures
 from workbench.report.train_report import TrainInputs, TrainReport
@@ -194,14 +194,15 @@ def write_comparison(out_dirs: Sequence[str | Path], reports_dir: str | Path, na
     fresh_folder(dest)
     options = "".join(f" --baseline {shlex.quote(str(baseline))}" for _ in [baseline] if baseline is not None)
     options += "".join(f" --expect {shlex.quote(text)}" for text in expect)
+    records = [r for d in out_dirs for r in store.Store(d, create=False).runs()
+               if folder_of.get(r["run_id"]) == Path(d)]
     inputs = TrainInputs(
-        study=study, runs=runs, curves=curves, environment=environment,
+        study=study, runs=runs, curves=curves, environment=environment, timing_caveat=timing_caveat(records),
         command=f"workbench compare {' '.join(map(str, out_dirs))} --name {study.name}{options}",
         pictures=ModelPictures(lambda run_id: store.run_dir(folder_of[run_id], run_id)) if pictures else None,
     )
     builder = TrainReport(inputs, dest)
     report, results = builder.build(), builder.results_csv()
     index = write_files(report, results, dest)
-    write_summary(dest, report, [r for d in out_dirs for r in store.Store(d, create=False).runs()
-                                 if folder_of.get(r["run_id"]) == Path(d)])
+    write_summary(dest, report, records)
     return index

@@ -45,7 +45,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from workbench import stopping
 from workbench.errors import WorkbenchError
-from workbench.hardware import Machine, train_needs
+from workbench.hardware import Machine, machine_load, train_needs
 from workbench.cost.memory import LiveTensorBytes
 from workbench.model import Transformer, attention_entropy, build_model, record_attention
 from workbench.position import PositionLimitError
@@ -566,6 +566,7 @@ def train_run(run_id: str, config: dict[str, Any], run_dir: Path, tracker: Track
         result.tokens_per_s = result.tokens / result.train_time_s if result.tokens and result.train_time_s > 0 else None
     result.peak_memory_bytes = memory.peak_bytes()
     result.wall_time_s = time.perf_counter() - start
+    result.environment.update(machine_load())
     try:
         write_json_atomic(run_dir / RESULT_FILE, result.to_json())
     except OSError as err:  # a full disk, a folder made read-only: the sweep cannot go on
