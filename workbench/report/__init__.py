@@ -58,18 +58,21 @@ def timing_caveat(records: Sequence[Mapping[str, Any]], overlap: bool = True) ->
     machine: runs that trained at the same time (--jobs N, two sweeps at once; with `overlap`),
     or a machine whose load exceeded its cores when a run ended (other work competed for them).
     None otherwise."""
-    spans = [] if not overlap else sorted((end - float(r["wall_time_s"]), end) for r in records
-                   if r.get("recorded_at") and r.get("wall_time_s") is not None
-                   for end in [datetime.fromisoformat(r["recorded_at"]).timestamp()])
-    overlapping, latest_end = 0, -math.inf
-    for start, end in spans:
-        overlapping += start < latest_end - 1.0  # a second of slack for the driver's recording
-        latest_end = max(latest_end, end)
+    spans = [] if not overlap else [
+        (end - float(r["wall_time_s"]), end) for r in records if r.get("recorded_at") and r.get("wall_time_s") is not None
+        for end in [datetime.fromisoformat(r["recorded_at"]).timestamp()]]
+    # the most runs training at one moment: +1 at each start, -1 at each end (a second of slack for
+    # the driver's recording after a run returns)
+    events = sorted([(min(start + 1.0, end), 1) for start, end in spans] + [(end, -1) for _, end in spans])
+    running = concurrent = 0
+    for _, change in events:
+        running += change
+        concurrent = max(concurrent, running)
     busy = [r for r in records if (r.get("environment") or {}).get("load_1m") is not None
             and r["environment"]["load_1m"] > (r["environment"].get("cores") or math.inf)]
     why = []
-    if overlapping:
-        why.append(f"{overlapping + 1} or more runs ran at the same time")
+    if concurrent > 1:
+        why.append(f"up to {concurrent} runs trained at the same time")
     if busy:
         why.append(f"the load exceeded the {busy[0]['environment']['cores']} cores at the end of {len(busy)} of "
                    f"{len(records)} runs")

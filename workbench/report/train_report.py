@@ -431,20 +431,24 @@ class TrainReport:
                      numeric=[False] + [True] * (len(columns) - 1))
 
     def all_metrics_table(self) -> Table | None:
+        """Every final metric, one row per evaluation length and variant and one column per metric,
+        so the table keeps a handful of columns however many lengths a study evaluates."""
         if len(self.metrics) <= 1:
             return None
+        names = list(dict.fromkeys(split_metric(m)[0] for m in self.metrics))
+        lengths = sorted({split_metric(m)[1] for m in self.metrics}, key=lambda n: -1 if n is None else n)
         rows = []
-        for variant in self.variants.labels:
-            cells = []
-            for metric in self.metrics:
-                cells.append(interval_text(self.interval(variant, metric)))
-            rows.append([variant, *cells])
-        arrows = ["" if split_metric(m)[0] in DESCRIPTIVE_METRICS else " ↑" if metric_direction(m, self.task_name)
-                  else " ↓" for m in self.metrics]
-        return Table(["variant", *(f"{m}{a}" for m, a in zip(self.metrics, arrows))], rows,
-                     caption="Every final metric: mean [95% CI] over finished seeds (↑ higher is better, ↓ lower; "
-                     "no arrow: descriptive)",
-                     numeric=[False] + [True] * len(self.metrics))
+        for length in lengths:
+            for variant in self.variants.labels:
+                columns = [name if length is None else f"{name}@{length}" for name in names]
+                cells = [interval_text(self.interval(variant, c)) if c in self.metrics else "–" for c in columns]
+                rows.append(["–" if length is None else str(length), variant, *cells])
+        arrows = ["" if name in DESCRIPTIVE_METRICS else " ↑" if metric_direction(name, self.task_name)
+                  else " ↓" for name in names]
+        return Table(["length", "variant", *(f"{name}{a}" for name, a in zip(names, arrows))], rows,
+                     caption="Every final metric at each evaluation length: mean [95% CI] over finished seeds "
+                     "(↑ higher is better, ↓ lower; no arrow: descriptive)",
+                     numeric=[True, False] + [True] * len(names))
 
     def leaderboards(self) -> Section:
         items: list[Item] = [Paragraph(
