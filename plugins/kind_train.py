@@ -29,7 +29,7 @@ from workbench.run.runner import (
     sweeping,
 )
 from workbench.run.store import Store
-from workbench.run.tracking import check_logger, prepare_trackers, tracker_run
+from workbench.run.tracking import prepare_trackers, tracker_run
 from workbench.study import StudyFile, TrainStudy
 from workbench.study.keys import canonical_json
 from workbench.sweep import expand, point_key, sweep_points, tuning_runs
@@ -44,8 +44,10 @@ class TrainKind(StudyKind):
         s = study_file.study
         runs = expand(study_file)
         tuning = tuning_runs(study_file)  # with `tune:`, the final runs exist once each point has chosen
+        from workbench.run.train import check_packages  # Lightning loads with a train study, not the plugins
+
         for train in train_sections([*runs, *tuning]):
-            check_logger(train)
+            check_packages(train)
         steps = sorted({r.config["train"]["steps"] for r in [*runs, *tuning]})
         n_final = len(sweep_points(s)) * len(s.seeds)
         tuned = (f" (at values chosen by {len(tuning)} tuning runs = {len(sweep_points(s))} sweep points x "

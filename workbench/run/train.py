@@ -22,6 +22,9 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib
+import importlib.util
+import inspect
 import json
 import logging
 import math
@@ -89,50 +92,64 @@ def count_tokens(batch: dict[str, torch.Tensor]) -> int:
 
 
 class StepBatches(Dataset):
-    """Item i is training batch i (already batched), with its token count."""
+    """Item j is micro-batch j % k of training batch j // k (k = micro-batches per step, 1 by
+    default: item i is batch i), with its token count."""
 
-    def __init__(self, task, batch_size: int, family: str, steps: int):
+    def __init__(self, task, batch_size: int, family: str, steps: int, micro_batches: int = 1):
         self.task, self.batch_size, self.family, self.steps = task, batch_size, family, steps
+        self.micro_batches = micro_batches
 
     def __len__(self) -> int:
-        return self.steps
+        return self.steps * self.micro_batches
 
     def __getitem__(self, index: int) -> tuple[dict[str, torch.Tensor], int]:
-        batch = self.task.train_batch(index, self.batch_size, self.family)
+        step, part = divmod(index, self.micro_batches)
+        batch = self.task.train_batch(step, self.batch_size, self.family)
+        if self.micro_batches > 1:  # rows part*m .. (part+1)*m - 1 of every batch-first tensor
+            size = self.batch_size // self.micro_batches
+            batch = {k: v[part * size:(part + 1) * size] for k, v in batch.items()}
         return batch, count_tokens(batch)
 
 
 class StepSampler(Sampler[int]):
-    """Indices start() .. steps-1: the training budget is one epoch of `steps` batches.
+    """Indices start() .. length-1: the training budget is one epoch of `length` items (steps x
+    micro-batches per step).
 
-    A resumed run restores Lightning's position in that epoch (k batches done) along with the
-    global step k, and Lightning ends the epoch when its count reaches len(sampler). So the
-    length stays the whole budget while iteration starts at k: the run continues with batch
-    k and stops after batch steps-1, exactly as an uninterrupted run would (a sampler of
-    length steps-k would end the restored epoch early and start a second one at k again)."""
+    A resumed run restores Lightning's position in that epoch (k items done) along with the
+    global step, and Lightning ends the epoch when its count reaches len(sampler). So the
+    length stays the whole budget while iteration starts at the restored position: the run
+    continues with the batch it would have seen next and stops after the last one, exactly as an
+    uninterrupted run would (a shorter sampler would end the restored epoch early and start a
+    second one)."""
 
-    def __init__(self, steps: int, start):
-        self.steps, self.start = steps, start
+    def __init__(self, length: int, start):
+        self.length, self.start = length, start
 
     def __len__(self) -> int:
-        return self.steps
+        return self.length
 
     def __iter__(self):
-        return iter(range(self.start(), self.steps))
+        return iter(range(self.start(), self.length))
 
 
 class TaskDataModule(pl.LightningDataModule):
-    def __init__(self, task, family: str, batch_size: int, steps: int):
+    def __init__(self, task, family: str, batch_size: int, steps: int, micro_batches: int = 1):
         super().__init__()
-        self.dataset = StepBatches(task, batch_size, family, steps)
+        self.dataset = StepBatches(task, batch_size, family, steps, micro_batches)
 
     def train_dataloader(self) -> DataLoader:
-        # Lightning restores the global step before iterating: start there, so a resumed run
-        # continues with the batch it would have seen next.
-        sampler = StepSampler(len(self.dataset), lambda: self.trainer.global_step if self.trainer is not None else 0)
+        # Lightning restores the global step before iterating: start at its first micro-batch, so a
+        # resumed run continues with the batch it would have seen next.
+        micro = self.dataset.micro_batches
+        sampler = StepSampler(len(self.dataset), lambda: self.trainer.global_step * micro if self.trainer is not None else 0)
         # Its own generator: starting an iterator would otherwise draw from the global random
         # state that dropout uses, once more in a resumed session than in an uninterrupted run.
         return DataLoader(self.dataset, batch_size=None, sampler=sampler, generator=torch.Generator())
+
+
+def step_done(trainer: pl.Trainer, batch_idx: int) -> bool:
+    """Whether this batch ended an optimizer step (with train.grad_accumulation, only every k-th)."""
+    return (batch_idx + 1) % trainer.accumulate_grad_batches == 0
 
 
 # ---- model and optimisation -----------------------------------------------------------------
@@ -158,6 +175,19 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, 
     ]
 
 
+def make_optimizer(spec: dict[str, Any], groups: list[dict[str, Any]], lr: float) -> torch.optim.Optimizer:
+    """The optimizer `train.optimizer` names, with its validated arguments (workbench.study.sections)."""
+    args = {k: v for k, v in spec.items() if k != "name"}
+    if "betas" in args:
+        args["betas"] = tuple(args["betas"])
+    if spec["name"] == "lion":
+        from lion_pytorch import Lion  # an optional package (the `lion` extra), checked before any run
+
+        return Lion(groups, lr=lr, **args)
+    cls = {"adamw": torch.optim.AdamW, "adam": torch.optim.Adam, "sgd": torch.optim.SGD}[spec["name"]]
+    return cls(groups, lr=lr, **args)
+
+
 class RunModule(pl.LightningModule):
     def __init__(self, config: dict[str, Any], task):
         super().__init__()
@@ -179,7 +209,7 @@ class RunModule(pl.LightningModule):
 
     def configure_optimizers(self):
         cfg = self.train_cfg
-        optimizer = torch.optim.AdamW(param_groups(self.model, cfg["weight_decay"]), lr=cfg["lr"], betas=(0.9, 0.95))
+        optimizer = make_optimizer(cfg["optimizer"], param_groups(self.model, cfg["weight_decay"]), cfg["lr"])
         schedule = functools.partial(lr_factor, warmup=cfg["warmup_steps"], total=cfg["steps"],
                                      schedule=cfg["schedule"], min_ratio=cfg["min_lr_ratio"])
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
@@ -286,8 +316,46 @@ def check_device(train: dict[str, Any], source_of: Callable[[str], str | None] =
     needs = train_needs(train, machine)
     if needs:
         raise WorkbenchError(needs[0].error(source_of(needs[0].field), machine))
-    check_logger(train)
+    check_packages(train)
     return machine.device_for(train["accelerator"])
+
+
+def check_packages(train: dict[str, Any]) -> None:
+    """A WorkbenchError, before anything trains, when a setting needs code that is not there: the
+    logger's package, Lion's package, or a `train.callbacks` class that does not import or does
+    not take its arguments."""
+    check_logger(train)
+    if train["optimizer"]["name"] == "lion" and importlib.util.find_spec("lion_pytorch") is None:
+        raise WorkbenchError("train.optimizer: 'lion' needs the lion-pytorch package: "
+                             "pip install 'transformer-workbench[lion]', or use adamw, adam or sgd")
+    for i, spec in enumerate(train["callbacks"]):
+        cls = import_callback(spec["path"], f"train.callbacks.{i}")
+        try:
+            inspect.signature(cls).bind(**spec["args"])
+        except TypeError as err:
+            raise WorkbenchError(f"train.callbacks.{i}: {spec['path']} does not take the arguments "
+                                 f"{sorted(spec['args'])}: {err}") from None
+
+
+def import_callback(path: str, field: str) -> type[Callback]:
+    """The Lightning callback class at an import path the study wrote (`package.module.Class` or
+    `package.module:Class`). Importing runs that module's code, as `pip install` of it would."""
+    module_name, _, name = path.replace(":", ".").rpartition(".")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as err:
+        raise WorkbenchError(f"{field}: cannot import {module_name!r} ({err}); give the import path of a class "
+                             "in an installed package, e.g. pytorch_lightning.callbacks.LearningRateMonitor") from None
+    cls = getattr(module, name, None)
+    if not (isinstance(cls, type) and issubclass(cls, Callback)):
+        raise WorkbenchError(f"{field}: {path!r} is not a pytorch_lightning Callback class "
+                             "(a subclass of pytorch_lightning.callbacks.Callback)")
+    return cls
+
+
+def user_callbacks(train: dict[str, Any]) -> list[Callback]:
+    return [import_callback(spec["path"], f"train.callbacks.{i}")(**spec["args"])
+            for i, spec in enumerate(train["callbacks"])]
 
 
 def device_name(device: str) -> str:
@@ -312,6 +380,9 @@ class RunRecorder(Callback):
         self.start_step = 0  # the global step this session started at (> 0: resumed)
         self.session_eval_time = 0.0
         self._eval_batches: dict[int, list] = {}
+        self._step_loss = 0.0  # the training loss of the step in progress, summed over its micro-batches
+        self.best: float | None = None  # train.early_stopping: the best value of its metric so far ...
+        self.evals_without_gain = 0  # ... and the evaluations since it improved
 
     # -- time: training time excludes evaluation; both need a GPU sync to be true
     def _sync(self, module: pl.LightningModule) -> None:
@@ -332,9 +403,12 @@ class RunRecorder(Callback):
         if outputs is None:  # diverged: no optimizer step was taken
             return
         self.tokens += batch[1]
+        self._step_loss += float(outputs["loss"])  # Lightning divides each micro-batch's loss by their number
+        if not step_done(trainer, batch_idx):
+            return
+        loss, self._step_loss = self._step_loss, 0.0
         if step % self.train["log_every"] == 0 or step == self.train["steps"]:
             lr = trainer.optimizers[0].param_groups[0]["lr"]
-            loss = float(outputs["loss"])
             self.curves += [(step, "train", "loss", loss), (step, "train", "lr", lr)]
             self._log(trainer, {"train/loss": loss, "train/lr": lr}, step)
         if step % self.train["eval_every"] == 0 or step == self.train["steps"]:
@@ -352,6 +426,23 @@ class RunRecorder(Callback):
         self.curves += [(step, "eval", name, value) for name, value in metrics.items()]
         self.last_eval = {"step": step, "metrics": metrics, "not_applicable": not_applicable}
         self._log(trainer, {f"eval/{k}": v for k, v in metrics.items()}, step)
+        if self.train.get("early_stopping") and self.no_longer_improving(metrics):
+            trainer.should_stop = True
+
+    def no_longer_improving(self, metrics: dict[str, float]) -> bool:
+        """train.early_stopping: whether its metric has not improved (by more than min_delta)
+        for `patience` evaluations in a row; the direction is the task's (loss: lower)."""
+        rule = self.train["early_stopping"]
+        value = metrics.get(rule["metric"])
+        if value is None or math.isnan(value):
+            return False
+        higher = self.task.metrics.get(rule["metric"].split("@")[0], False)
+        gain = math.inf if self.best is None else (value - self.best if higher else self.best - value)
+        if gain > rule["min_delta"]:
+            self.best, self.evals_without_gain = value, 0
+        else:
+            self.evals_without_gain += 1
+        return self.evals_without_gain >= rule["patience"]
 
     @staticmethod
     def _log(trainer, metrics: dict[str, float], step: int) -> None:
@@ -362,7 +453,8 @@ class RunRecorder(Callback):
     def state_dict(self) -> dict[str, Any]:
         # The CPU random state too (dropout draws from it): a resumed run continues the stream.
         return {"curves": self.curves, "last_eval": self.last_eval, "tokens": self.tokens,
-                "train_time": self.train_time(), "torch_rng": torch.get_rng_state()}
+                "train_time": self.train_time(), "torch_rng": torch.get_rng_state(),
+                "early_stopping": [self.best, self.evals_without_gain]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.curves = [tuple(c) for c in state["curves"]]
@@ -371,6 +463,7 @@ class RunRecorder(Callback):
         self.prior_train_time = state["train_time"]
         if "torch_rng" in state:
             torch.set_rng_state(state["torch_rng"])
+        self.best, self.evals_without_gain = state.get("early_stopping", (None, 0))
 
 
 class ProgressFile(Callback):
@@ -385,10 +478,11 @@ class ProgressFile(Callback):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         step, now = trainer.global_step, time.perf_counter()
-        if outputs is None or (now - self.last_write < self.every_s and step < self.steps):
+        if outputs is None or not step_done(trainer, batch_idx) or (now - self.last_write < self.every_s and step < self.steps):
             return
         self.last_write = now
-        write_json_atomic(self.path, {"step": step, "steps": self.steps, "loss": float(outputs["loss"]),
+        write_json_atomic(self.path, {"step": step, "steps": self.steps,
+                                      "loss": float(outputs["loss"]) * trainer.accumulate_grad_batches,
                                       "seconds": now - self.started})
 
 
@@ -485,7 +579,7 @@ class StopOnRequest(Callback):
         self.path = path
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if stopping.stop_requested():
+        if stopping.stop_requested() and step_done(trainer, batch_idx):  # a checkpoint holds whole steps
             if outputs is not None and trainer.global_step < trainer.max_steps:  # nothing to keep otherwise
                 trainer.save_checkpoint(self.path)
             raise stopping.RunInterrupted(f"stopped at step {trainer.global_step}")
@@ -526,12 +620,14 @@ def train_run(run_id: str, config: dict[str, Any], run_dir: Path, tracker: Track
             accelerator=train["accelerator"], devices=train["devices"], strategy=train["strategy"],
             num_nodes=train["num_nodes"], precision=train["precision"],
             gradient_clip_val=train["grad_clip"], gradient_clip_algorithm="norm",
+            accumulate_grad_batches=train["grad_accumulation"],
             deterministic=device == "cpu", logger=logger,
-            callbacks=[recorder, StopOnRequest(ckpt), checkpoint, memory, ProgressFile(run_dir, train["steps"])],
+            callbacks=[recorder, StopOnRequest(ckpt), checkpoint, memory, ProgressFile(run_dir, train["steps"]),
+                       *user_callbacks(train)],
             log_every_n_steps=train["log_every"], plugins=[SafeCheckpointIO()],
             enable_progress_bar=False, enable_model_summary=False, default_root_dir=run_dir,
         )
-        datamodule = TaskDataModule(task, module.family, train["batch_size"], train["steps"])
+        datamodule = TaskDataModule(task, module.family, train["batch_size"], train["steps"], train["grad_accumulation"])
         trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt if ckpt.exists() else None, weights_only=True)
         result.resumed_from_step = recorder.start_step or None
         result.steps_done = trainer.global_step
