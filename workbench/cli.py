@@ -7,6 +7,7 @@ then start without loading the runner, Lightning or the report layer (matplotlib
 from __future__ import annotations
 
 import json
+import re
 import sys
 import warnings
 from pathlib import Path
@@ -27,10 +28,35 @@ class RunsIncomplete(WorkbenchError):
     exit_code = 3
 
 
+HYDRA_STYLE = re.compile(r"^(?P<key>(?:task|model|train|sweep|seeds)(?:\.[\w.]+)?)=(?P<value>.*)$")
+
+
+def hydra_hint(args: list[str]) -> str:
+    """For `train.steps=5` (Hydra's habit) among the arguments: the workbench's own form,
+    `--set train.steps=5`; `sweep.k=a,b` becomes `--set 'sweep.k=[a, b]'`. Empty otherwise."""
+    for arg in args:
+        match = HYDRA_STYLE.match(arg)
+        if match is None:
+            continue
+        key, value = match["key"], match["value"]
+        if key.startswith("sweep.") and "," in value and not value.startswith("["):
+            return f"; did you mean `--set '{key}=[{', '.join(v.strip() for v in value.split(','))}]'`?"
+        quoted = f"'{arg}'" if any(c in arg for c in " {}[],*") else arg
+        return f"; did you mean `--set {quoted}`?"
+    return ""
+
+
 class WorkbenchGroup(click.Group):
+    def parse_args(self, ctx, args):
+        ctx.meta["workbench.args"] = list(args)  # the command line as given, for hydra_hint
+        return super().parse_args(ctx, args)
+
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)
+        except click.UsageError as err:
+            err.message += hydra_hint(ctx.meta.get("workbench.args", []))
+            raise
         except WorkbenchError as err:
             click.echo(f"error: {err}", err=True)
             sys.exit(getattr(err, "exit_code", 2))
@@ -212,6 +238,40 @@ def results_command(out_dir: str, fmt: str) -> None:
     click.echo(frame.to_csv(index=False) if fmt == "csv" else frame.to_json(orient="records", indent=2), nl=False)
 
 
+@main.command("eval")
+@click.argument("run_dir")
+@click.option("--lengths", required=True, metavar="N,N,...", help="evaluation lengths, e.g. 16,32,64")
+@click.option("--batch-size", default=None, type=click.IntRange(min=1),
+              help="sequences per evaluation batch (default: the run's train.eval_batch_size)")
+@click.option("--json", "as_json", is_flag=True, help="machine-readable output")
+def eval_command(run_dir: str, lengths: str, batch_size: int | None, as_json: bool) -> None:
+    """Evaluate the saved model of a finished run (RUN_DIR: runs/<study>/runs/<run id>/) at new
+    lengths, without retraining; held-out sets are drawn as the run drew its own. Writes nothing."""
+    from workbench.run.evaluate import evaluate_saved_run
+
+    try:
+        wanted = [int(n) for n in lengths.split(",") if n.strip()]
+    except ValueError:
+        raise WorkbenchError(f"--lengths: expected whole numbers separated by commas, got {lengths!r}") from None
+    metrics, not_applicable, config = evaluate_saved_run(run_dir, wanted, batch_size)
+    if as_json:
+        click.echo(json.dumps({"metrics": metrics, "not_applicable": not_applicable}, indent=2))
+        return
+    table = Table(title=f"{Path(run_dir).name}: {config['task']['name']}, trained at length "
+                        f"{config['task']['train_length']}", title_justify="left")
+    names = list(dict.fromkeys(m.split("@")[0] for m in metrics))
+    for column in ("length", *names):
+        table.add_column(column, justify="right")
+    for n in wanted:
+        if str(n) in not_applicable:
+            table.add_row(str(n), *["n/a"] * len(names))
+        else:
+            table.add_row(str(n), *(f"{metrics[f'{m}@{n}']:.4g}" if f"{m}@{n}" in metrics else "–" for m in names))
+    Console().print(table)
+    for n, why in not_applicable.items():
+        click.echo(f"@{n}: {why}")
+
+
 @main.command("report")
 @click.argument("out_dir")
 @click.option("--out", "reports_dir", default=None,
@@ -273,7 +333,8 @@ def new_plugin_command(axis: str, name: str, parent: str) -> None:
     from workbench.scaffold import new_plugin
 
     root = new_plugin(axis, name, parent)
-    click.echo(f"wrote {root}/: pip install -e {root} && python -m pytest {root}/tests")
+    # [test] installs pytest: the quickstart's environment (`make quickstart`) has none
+    click.echo(f"wrote {root}/: pip install -e '{root}[test]' && python -m pytest {root}/tests")
 
 
 @main.command("schema")

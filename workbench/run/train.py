@@ -403,6 +403,8 @@ class RunRecorder(Callback):
         if outputs is None:  # diverged: no optimizer step was taken
             return
         self.tokens += batch[1]
+        if "loss" not in outputs:  # the step that diverged: training stops here
+            return
         self._step_loss += float(outputs["loss"])  # Lightning divides each micro-batch's loss by their number
         if not step_done(trainer, batch_idx):
             return
