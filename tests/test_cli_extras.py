@@ -95,3 +95,53 @@ def test_run_exits_3_when_a_run_failed_unless_failures_are_allowed(tmp_path, mon
     assert (tmp_path / "reports" / "tiny" / "index.html").exists()  # the report is written all the same
     allowed = CliRunner().invoke(main, ["run", "tiny.yaml", "--quiet", "--allow-failures"])
     assert allowed.exit_code == 0, allowed.output
+
+
+@pytest.mark.parametrize("args, hint", [
+    (["run", "tiny.yaml", "train.steps=5"], "did you mean `--set train.steps=5`?"),
+    (["validate", "tiny.yaml", "sweep.model.position=rope,alibi"],
+     "did you mean `--set 'sweep.model.position=[rope, alibi]'`?"),
+])
+def test_hydra_style_arguments_get_the_workbench_form(tmp_path, monkeypatch, args, hint):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "tiny.yaml").write_text(TINY_STUDY)
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 2 and hint in result.output
+
+
+def test_setting_a_swept_key_warns_that_the_sweep_replaces_it(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "tiny.yaml").write_text(TINY_STUDY + "sweep: {model.attention: [full, naive]}\n")
+    swept = CliRunner().invoke(main, ["validate", "tiny.yaml", "--set", "model.attention=flul"])
+    assert swept.exit_code == 0
+    assert ("warning: --set model.attention=flul: model.attention is swept, so the sweep's values replace this one "
+            "in every run") in swept.stderr and "--set 'sweep.model.attention=[a, b]'" in swept.stderr
+    unswept = CliRunner().invoke(main, ["validate", "tiny.yaml", "--set", "train.steps=3"])
+    assert unswept.exit_code == 0 and "warning" not in unswept.stderr
+
+
+def test_the_scaffolds_next_step_installs_its_test_extra(tmp_path):
+    result = CliRunner().invoke(main, ["new-plugin", "ffn", "squared_relu", "--dir", str(tmp_path)])
+    assert result.exit_code == 0
+    root = tmp_path / "workbench-squared-relu"
+    assert f"pip install -e '{root}[test]' && python -m pytest {root}/tests" in result.output
+    assert 'test = ["pytest' in (root / "pyproject.toml").read_text()  # what [test] brings: pytest
+
+
+def test_eval_scores_a_saved_run_at_new_lengths_without_training(tmp_path, monkeypatch):
+    import json
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "tiny.yaml").write_text(TINY_STUDY)
+    assert CliRunner().invoke(main, ["run", "tiny.yaml", "--quiet"]).exit_code == 0
+    [run_folder] = (tmp_path / "runs" / "tiny" / "runs").iterdir()
+    recorded = json.loads((run_folder / "result.json").read_text())["metrics"]
+    before = sorted(p.name for p in run_folder.rglob("*"))
+    result = CliRunner().invoke(main, ["eval", str(run_folder), "--lengths", "4,8", "--json"])
+    assert result.exit_code == 0, result.output
+    scored = json.loads(result.output)["metrics"]
+    assert {k: v for k, v in scored.items() if k.endswith("@4")} == pytest.approx(recorded)  # the run's own sets
+    assert {"accuracy@8", "loss@8"} <= set(scored)  # a length it never saw
+    assert sorted(p.name for p in run_folder.rglob("*")) == before  # nothing written
+    missing = CliRunner().invoke(main, ["eval", str(tmp_path / "runs" / "tiny"), "--lengths", "4"])
+    assert missing.exit_code == 2 and "no final.safetensors there" in missing.stderr
