@@ -50,7 +50,7 @@ def test_each_setting_enters_the_run_id_and_the_dry_run(tmp_path, setting):
 @pytest.mark.parametrize("setting, message", [
     ("optimizer: adamq", "train.optimizer: unknown optimizer 'adamq'; did you mean 'adam'? (valid: adam, adamw, lion, sgd)"),
     ("optimizer: {name: sgd, betas: [0.9, 0.9]}", "train.optimizer.betas: not an argument of sgd (valid: momentum, nesterov)"),
-    ("optimizer: {name: adam, betas: [0.9, 1.5]}", "train.optimizer"),
+    ("optimizer: {name: adam, betas: [0.9, 1.5]}", "train.optimizer.betas.1: Input should be less than 1 (got 1.5)"),
     ("optimizer: {name: sgd, momentum: 0, nesterov: true}", "train.optimizer.nesterov: Nesterov momentum needs momentum > 0"),
     ("grad_accumulation: 3", "train.grad_accumulation: 3 micro-batches do not divide train.batch_size 8 evenly"),
     ("early_stopping: {metric: acuracy@8, patience: 2}", "train.early_stopping.metric: unknown metric 'acuracy'"),

@@ -56,6 +56,7 @@ class Summary:
     skipped: int = 0
     statuses: Counter = field(default_factory=Counter)
     study: str | None = None  # the study's name
+    kept: frozenset = KEPT  # outcomes that are results (a scaling study's oom and timeout too)
 
     @property
     def failures(self) -> int:
@@ -63,8 +64,9 @@ class Summary:
 
     @property
     def incomplete(self) -> int:
-        """Runs of this sweep with no result to keep (failed, oom, timeout, untuned); a rerun retries them."""
-        return sum(n for status, n in self.statuses.items() if status not in KEPT)
+        """Runs of this sweep with no result to keep (a training run failed, oom or untuned; a
+        failed measurement); a rerun retries them."""
+        return sum(n for status, n in self.statuses.items() if status not in self.kept)
 
 
 def default_out_dir(study_file: StudyFile) -> Path:
@@ -287,6 +289,7 @@ def execute_runs(runs: list[RunConfig], what: str, store: Store, executor: Execu
     runs whose recorded status is in `kept` are skipped, and a result.json left unrecorded is
     recorded without running again. `tracker(run)` names each job's experiment-tracker run."""
     out = store.out_dir
+    summary.kept = frozenset(kept)
     statuses = store.statuses()
     pending: list[RunConfig] = []
     unrecorded: list[tuple[RunConfig, Any]] = []

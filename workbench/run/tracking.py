@@ -142,7 +142,8 @@ def make_logger(kind: str, run_dir: Path, config: dict[str, Any], tracker: Track
         from pytorch_lightning.loggers import CSVLogger
 
         logger = CSVLogger(save_dir=run_dir, name="logs")  # a resumed session logs to the next version_N
-    logger.log_hyperparams({**flatten(config), **{f"workbench.{k}": v for k, v in tracker.tags.items()}})
+    params = {**flatten(config), **{f"workbench.{k}": v for k, v in tracker.tags.items()}}
+    logger.log_hyperparams(json.loads(json.dumps(params, default=str)))  # plain data: hparams.yaml reads back safely
     return logger
 
 

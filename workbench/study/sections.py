@@ -9,7 +9,7 @@ import re
 from collections.abc import Mapping
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from workbench.errors import SpecError
 from workbench.study.yaml_file import limit, suggest
@@ -155,7 +155,15 @@ class TrainConfig(BaseModel):
             if key not in known:
                 raise SpecError(f"train.optimizer.{key}", f"not an argument of {name}" + suggest(key, list(known)),
                                 [k for k in known if k != "name"])
-        return {**data, "name": name}
+        try:  # here, so that an error names train.optimizer.<argument> (not the union's tag)
+            return OPTIMIZERS[name].model_validate({**data, "name": name})
+        except ValidationError as err:
+            first = err.errors()[0]
+            inner = (first.get("ctx") or {}).get("error")
+            if isinstance(inner, SpecError):
+                raise inner from None
+            where = ".".join(str(p) for p in first["loc"])
+            raise SpecError(f"train.optimizer.{where}", f"{first['msg']} (got {first.get('input')!r})") from None
 
     @field_validator("callbacks", mode="before")
     @classmethod
