@@ -97,6 +97,13 @@ def test_run_exits_3_when_a_run_failed_unless_failures_are_allowed(tmp_path, mon
     assert allowed.exit_code == 0, allowed.output
 
 
+def test_a_diverged_run_is_a_result_not_a_failure(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "tiny.yaml").write_text(TINY_STUDY.replace("steps: 2,", "steps: 20,").replace("log_every: 1}", "log_every: 1, lr: 1.0e+6}"))
+    result = CliRunner().invoke(main, ["run", "tiny.yaml", "--quiet"])
+    assert "1 diverged" in result.output and result.exit_code == 0, result.output
+
+
 @pytest.mark.parametrize("args, hint", [
     (["run", "tiny.yaml", "train.steps=5"], "did you mean `--set train.steps=5`?"),
     (["validate", "tiny.yaml", "sweep.model.position=rope,alibi"],
