@@ -29,6 +29,7 @@ from workbench.run.runner import (
     sweeping,
 )
 from workbench.run.store import Store
+from workbench.run.tracking import prepare_trackers, tracker_run
 from workbench.study import StudyFile, TrainStudy
 from workbench.study.keys import canonical_json
 from workbench.sweep import expand, point_key, sweep_points, tuning_runs
@@ -43,10 +44,10 @@ class TrainKind(StudyKind):
         s = study_file.study
         runs = expand(study_file)
         tuning = tuning_runs(study_file)  # with `tune:`, the final runs exist once each point has chosen
-        from workbench.run.train import check_logger  # Lightning loads with a train study, not the plugins
+        from workbench.run.train import check_packages  # Lightning loads with a train study, not the plugins
 
         for train in train_sections([*runs, *tuning]):
-            check_logger(train)
+            check_packages(train)
         steps = sorted({r.config["train"]["steps"] for r in [*runs, *tuning]})
         n_final = len(sweep_points(s)) * len(s.seeds)
         tuned = (f" (at values chosen by {len(tuning)} tuning runs = {len(sweep_points(s))} sweep points x "
@@ -97,6 +98,11 @@ class TrainKind(StudyKind):
 
         total = len(tuning) + len(study.sweep.points()) * len(study.seeds)  # grows past an edge, with more seeds
         names = {run.run_id: run.describe for run in [*tuning, *(finals or [])]}
+        prepare_trackers([*tuning, *(finals or [])], study.name, out)  # shared stores, before any worker
+
+        def tracker(run: RunConfig):
+            return tracker_run(run, study.name, out)
+
         with sweeping(study.name, out, total, options) as (summary, progress):
             if executor.on_start is None:  # a live row per running run
                 executor.on_start = lambda job: progress.started(job, names[job.run_id])
@@ -104,21 +110,22 @@ class TrainKind(StudyKind):
                 progress.print(placement)
             chosen = None
             if finals is None:
-                tunings = tune(study_file, tuning, store, executor, summary, progress, names)
+                tunings = tune(study_file, tuning, store, executor, summary, progress, names, tracker)
                 for tuned in tunings:
                     report_choice(tuned, study, summary, progress)
                 chosen = chosen_values(tunings, study.sweep.keys)
                 finals = expand(study_file, chosen)
                 names.update({run.run_id: run.describe for run in finals})
-            execute_runs(finals, "runs", store, executor, summary, progress)
+            execute_runs(finals, "runs", store, executor, summary, progress, tracker=tracker)
             if study.seed_plan is not None:
-                add_seeds(study_file, chosen, store, executor, summary, progress, names)
+                add_seeds(study_file, chosen, store, executor, summary, progress, names, tracker)
         return summary
 
     def report(self, out_dir: Path, info: dict[str, Any], study: TrainStudy, dest: Path, pictures: bool):
         # The report layer (matplotlib, seaborn) loads only when a report is built, not with the plugins.
         from workbench.run import store
         from workbench.report import ReportSkipWarning, merged_environment, missing_variants, reproduce_command
+        from workbench.report import timing_caveat
         from workbench.report.pictures import ModelPictures
         from workbench.report.train_report import TrainInputs, TrainReport
 
@@ -135,20 +142,20 @@ class TrainKind(StudyKind):
             environment=merged_environment([r["environment"] for r in records]),
             command=reproduce_command({**info, "name": study.name}, out_dir),
             pictures=ModelPictures(lambda run_id: store.run_dir(out_dir, run_id)) if pictures else None,
-            tuning=choose(study, records),
+            tuning=choose(study, records), timing_caveat=timing_caveat(records),
         )
         builder = TrainReport(inputs, dest)
         return builder.build(), builder.results_csv()
 
 
 def tune(study_file: StudyFile, tuning: list[RunConfig], store: Store, executor, summary: Summary,
-         progress: SweepProgress, names: dict[str, str]) -> list[PointTuning]:
+         progress: SweepProgress, names: dict[str, str], tracker=None) -> list[PointTuning]:
     """Run the tuning runs; while a point's choice sits at the edge of its grid, run the next
     candidate past that edge (workbench.tuning.extensions) and choose again."""
     study = study_file.study
     known, runs = set(), tuning
     while True:
-        execute_runs(runs, "tuning runs", store, executor, summary, progress)
+        execute_runs(runs, "tuning runs", store, executor, summary, progress, tracker=tracker)
         known |= {run.run_id for run in runs}
         tunings = choose(study, store.runs())
         runs = [run for run in tuning_runs(study_file, extensions(study, tunings)) if run.run_id not in known]
@@ -163,7 +170,7 @@ def tune(study_file: StudyFile, tuning: list[RunConfig], store: Store, executor,
 
 
 def add_seeds(study_file: StudyFile, chosen: dict[str, dict[str, Any]] | None, store: Store, executor,
-              summary: Summary, progress: SweepProgress, names: dict[str, str]) -> None:
+              summary: Summary, progress: SweepProgress, names: dict[str, str], tracker=None) -> None:
     """Adaptive seeds: after each round, give the groups of comparisons still undecided the
     seeds of the next look (workbench.report.stats.seed_looks), until every comparison is
     decided or its groups reached the plan's maximum."""
@@ -188,7 +195,7 @@ def add_seeds(study_file: StudyFile, chosen: dict[str, dict[str, Any]] | None, s
         names.update({run.run_id: run.describe for run in pending})
         summary.total += len(pending)
         progress.grow(len(pending))
-        execute_runs(pending, "runs", store, executor, summary, progress)
+        execute_runs(pending, "runs", store, executor, summary, progress, tracker=tracker)
 
 
 def train_sections(runs: list[RunConfig]) -> list[dict[str, Any]]:

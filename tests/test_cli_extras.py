@@ -18,8 +18,10 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_reports_go_beside_results_unless_the_default_layout_is_used():
-    assert default_reports_dir(Path("runs") / "positions") == Path("reports")
-    assert default_reports_dir("/data/exp1") == Path("/data/exp1/reports")
+    assert default_reports_dir(Path("runs") / "positions", "positions") == Path("reports")
+    assert default_reports_dir("/data/exp1", "exp1") == Path("/data/exp1/reports")
+    # runs/<another name>: a trial of the study must not overwrite its report in reports/
+    assert default_reports_dir(Path("runs") / "positions-try", "positions") == Path("runs/positions-try/reports")
     for command in ("run", "report"):
         help_text = CliRunner().invoke(main, [command, "--help"]).output
         assert "OUT/reports/" in help_text or "OUT_DIR/reports/" in help_text
@@ -54,3 +56,99 @@ def test_the_index_of_a_users_studies_has_no_project_prose(tmp_path):
     assert build_index(studies, tmp_path / "reports").startswith("# My lab's studies\n\nOurs.\n\n| study")
     shipped = build_index(ROOT / "studies", ROOT / "reports")
     assert "tutorials the workbench started from" in shipped  # this project's words live in studies/
+
+
+TINY_STUDY = """\
+name: tiny
+task: {name: copy, train_length: 4, n_eval: 8, alphabet_size: 4}
+model: {family: decoder, d_model: 16, n_layers: 1, n_heads: 2}
+train: {steps: 2, batch_size: 4, log_every: 1}
+"""
+
+
+def test_a_run_into_another_folder_leaves_the_checkouts_report_alone(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "tiny.yaml").write_text(TINY_STUDY)
+    shipped = tmp_path / "reports" / "tiny" / "index.html"
+    shipped.parent.mkdir(parents=True)
+    shipped.write_text("the study's own report")
+    result = CliRunner().invoke(main, ["run", "tiny.yaml", "--out", "runs/tiny-trial", "--quiet"])
+    assert result.exit_code == 0, result.output
+    assert shipped.read_text() == "the study's own report"
+    assert sorted(p.name for p in (tmp_path / "reports").rglob("*")) == ["index.html", "tiny"]
+    assert (tmp_path / "runs" / "tiny-trial" / "reports" / "tiny" / "index.html").exists()
+
+
+def test_run_exits_3_when_a_run_failed_unless_failures_are_allowed(tmp_path, monkeypatch):
+    from workbench.run.train import RunModule
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "tiny.yaml").write_text(TINY_STUDY)
+
+    def crash(self, batch, batch_idx):
+        raise RuntimeError("simulated crash")
+
+    monkeypatch.setattr(RunModule, "training_step", crash)
+    failed = CliRunner().invoke(main, ["run", "tiny.yaml", "--quiet"])
+    assert failed.exit_code == 3, failed.output
+    assert "1 of 1 runs did not finish" in failed.output
+    assert (tmp_path / "reports" / "tiny" / "index.html").exists()  # the report is written all the same
+    allowed = CliRunner().invoke(main, ["run", "tiny.yaml", "--quiet", "--allow-failures"])
+    assert allowed.exit_code == 0, allowed.output
+
+
+def test_a_diverged_run_is_a_result_not_a_failure(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "tiny.yaml").write_text(TINY_STUDY.replace("steps: 2,", "steps: 20,").replace("log_every: 1}", "log_every: 1, lr: 1.0e+6}"))
+    result = CliRunner().invoke(main, ["run", "tiny.yaml", "--quiet"])
+    assert "1 diverged" in result.output and result.exit_code == 0, result.output
+
+
+@pytest.mark.parametrize("args, hint", [
+    (["run", "tiny.yaml", "train.steps=5"], "did you mean `--set train.steps=5`?"),
+    (["validate", "tiny.yaml", "sweep.model.position=rope,alibi"],
+     "did you mean `--set 'sweep.model.position=[rope, alibi]'`?"),
+])
+def test_hydra_style_arguments_get_the_workbench_form(tmp_path, monkeypatch, args, hint):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "tiny.yaml").write_text(TINY_STUDY)
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 2 and hint in result.output
+
+
+def test_setting_a_swept_key_warns_that_the_sweep_replaces_it(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "tiny.yaml").write_text(TINY_STUDY + "sweep: {model.attention: [full, naive]}\n")
+    swept = CliRunner().invoke(main, ["validate", "tiny.yaml", "--set", "model.attention=flul"])
+    assert swept.exit_code == 0
+    assert ("warning: --set model.attention=flul: model.attention is swept, so the sweep's values replace this one "
+            "in every run") in swept.stderr and "--set 'sweep.model.attention=[a, b]'" in swept.stderr
+    unswept = CliRunner().invoke(main, ["validate", "tiny.yaml", "--set", "train.steps=3"])
+    assert unswept.exit_code == 0 and "warning" not in unswept.stderr
+
+
+def test_the_scaffolds_next_step_installs_its_test_extra(tmp_path):
+    result = CliRunner().invoke(main, ["new-plugin", "ffn", "squared_relu", "--dir", str(tmp_path)])
+    assert result.exit_code == 0
+    root = tmp_path / "workbench-squared-relu"
+    assert f"pip install -e '{root}[test]' && python -m pytest {root}/tests" in result.output
+    assert 'test = ["pytest' in (root / "pyproject.toml").read_text()  # what [test] brings: pytest
+
+
+def test_eval_scores_a_saved_run_at_new_lengths_without_training(tmp_path, monkeypatch):
+    import json
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "tiny.yaml").write_text(TINY_STUDY)
+    assert CliRunner().invoke(main, ["run", "tiny.yaml", "--quiet"]).exit_code == 0
+    [run_folder] = (tmp_path / "runs" / "tiny" / "runs").iterdir()
+    recorded = json.loads((run_folder / "result.json").read_text())["metrics"]
+    before = sorted(p.name for p in run_folder.rglob("*"))
+    result = CliRunner().invoke(main, ["eval", str(run_folder), "--lengths", "4,8", "--json"])
+    assert result.exit_code == 0, result.output
+    scored = json.loads(result.output)["metrics"]
+    assert {k: v for k, v in scored.items() if k.endswith("@4")} == pytest.approx(recorded)  # the run's own sets
+    assert {"accuracy@8", "loss@8"} <= set(scored)  # a length it never saw
+    assert sorted(p.name for p in run_folder.rglob("*")) == before  # nothing written
+    missing = CliRunner().invoke(main, ["eval", str(tmp_path / "runs" / "tiny"), "--lengths", "4"])
+    assert missing.exit_code == 2 and "no final.safetensors there" in missing.stderr

@@ -3,6 +3,8 @@ constructed results, as in test_report; nothing trains)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pandas as pd
 import pytest
 from click.testing import CliRunner
@@ -74,3 +76,74 @@ def test_compare_needs_two_folders(tmp_path):
     a = folder(tmp_path, "alone", "[rope]")
     with pytest.raises(Exception, match="at least two"):
         comparison_inputs([a], "c")
+
+
+WINDOWS = """\
+name: {name}
+task: {{name: copy, train_length: 6, n_eval: 8}}
+model: {{family: decoder, d_model: 16, n_layers: 1, n_heads: 2}}
+train: {{steps: 5, batch_size: 4}}
+seeds: [0, 1, 2]
+sweep: {{model.attention: {attention}}}
+"""
+SCORES = {"full": [0.9, 0.95, 0.85], "sliding_window(window=3)": [0.5, 0.62, 0.55], "sliding_window(window=2)": [0.3, 0.4, 0.33]}
+
+
+def window_folder(tmp_path, name: str, attention: str, folder: str | None = None):
+    (tmp_path / f"{name}.yaml").write_text(WINDOWS.format(name=name, attention=attention))
+    study_file = load_study(tmp_path / f"{name}.yaml")
+    out = Path("runs") / (folder or name)  # relative: the test runs in tmp_path
+    store = Store(out)
+    save_study(store, study_file)
+    for run in expand(study_file):
+        acc = SCORES[run.swept["model.attention"]][run.seed]
+        store.record(run, RunResult(run_id=run.run_id, status="finished", steps_done=5, n_params=100,
+                                    metrics={"accuracy@6": acc, "loss@6": 1 - acc}, wall_time_s=1.0,
+                                    curves=[(5, "train", "loss", 1 - acc)], environment={"device": "cpu"}))
+    return out
+
+
+def test_compare_names_its_folders_keeps_chance_levels_and_decides_expectations(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    a = window_folder(tmp_path, "windows", "[full, {name: sliding_window, window: 3}]")
+    b = window_folder(tmp_path, "windows-narrow", "[{name: sliding_window, window: 2}]")
+    result = CliRunner().invoke(main, [
+        "compare", str(a), str(b), "--out", str(tmp_path / "reports"), "--no-pictures", "--baseline", "full",
+        "--expect", "full > sliding_window(window=3) on accuracy@6",
+        "--expect", "{model.attention: sliding_window(window=2)} > full on accuracy@6"])
+    assert result.exit_code == 0, result.output
+    text = (tmp_path / "reports" / "windows-vs-windows-narrow" / "report.md").read_text()
+    header = text.splitlines()[2]
+    assert f"{a} (study 'windows': full, sliding\\_window(window=3)); {b} (study 'windows-narrow': " \
+           "sliding\\_window(window=2))" in header
+    # chance comes from the task of each variant, parametrized ones included: every group is gated
+    assert "all 3 groups met it" in text.splitlines()[4]
+    assert "| sliding\\_window(window=3) | 0.557 \\[" in text and "(paired)" in text  # Δ to the baseline
+    verdicts = [line for line in text.splitlines() if line.startswith("- **")]
+    assert verdicts[0].startswith("- **holds**: full is better than sliding\\_window(window=3) on accuracy@6")
+    assert verdicts[1].startswith("- **does not hold**: sliding\\_window(window=2) is better than full")
+    assert "Holm-adjusted" in verdicts[0]  # the study's rule: two comparisons, one Holm family
+    assert "--expect 'full > sliding_window(window=3) on accuracy@6'" in text  # the reproduce command
+
+
+def test_a_comparison_of_one_studys_folders_does_not_take_the_studys_report_name(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    a = window_folder(tmp_path, "windows", "[full]")
+    b = window_folder(tmp_path, "windows", "[{name: sliding_window, window: 2}]", folder="windows-narrow")
+    result = CliRunner().invoke(main, ["compare", str(a), str(b), "--no-pictures"])
+    assert result.exit_code == 0, result.output
+    assert sorted(p.name for p in (tmp_path / "reports").iterdir()) == ["windows-vs-windows-narrow"]
+
+
+@pytest.mark.parametrize("option, message", [
+    (["--expect", "full beats none on accuracy@6"], 'write it as "A > B on METRIC"'),
+    (["--expect", "full > sliding_window(window=3) on acuracy@6"], "no run recorded the metric 'acuracy@6'; did you "
+                                                                    "mean 'accuracy@6'?"),
+    (["--baseline", "ful"], "--baseline: 'ful' is not a swept value of model.attention (valid: full, "),
+])
+def test_a_wrong_baseline_or_expectation_is_one_line(tmp_path, monkeypatch, option, message):
+    monkeypatch.chdir(tmp_path)
+    a = window_folder(tmp_path, "windows", "[full, {name: sliding_window, window: 3}]")
+    b = window_folder(tmp_path, "windows-narrow", "[{name: sliding_window, window: 2}]")
+    result = CliRunner().invoke(main, ["compare", str(a), str(b), "--out", str(tmp_path / "r"), "--no-pictures", *option])
+    assert result.exit_code == 2 and message in result.stderr and "Traceback" not in result.output

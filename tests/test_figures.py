@@ -4,7 +4,9 @@ metric's range, memory in KiB/MiB/GiB, and legends that name the swept key."""
 from __future__ import annotations
 
 import itertools
+import math
 
+import matplotlib.collections
 import matplotlib.colors
 import numpy as np
 import pandas as pd
@@ -52,22 +54,77 @@ def test_palette_keeps_the_given_order_and_neighbours_apart():
 def test_bands_stay_inside_the_metric_range():
     near_one = pd.Series([0.97, 1.0, 1.0])
     assert figures.t_band(near_one)[1] > 1.0  # the raw t interval leaves [0, 1] ...
-    assert figures.band("accuracy@64")(near_one)[1] == 1.0  # ... the drawn band does not
-    assert figures.band("loss")(pd.Series([0.001, 0.2, 0.01]))[0] == 0.0
-    assert figures.band("some_plugin_metric")(near_one) == figures.t_band(near_one)
+    assert figures.band((0.0, 1.0))(near_one)[1] == 1.0  # ... the drawn band does not
+    assert figures.band((0.0, math.inf))(pd.Series([0.001, 0.2, 0.01]))[0] == 0.0
+    assert figures.band(figures.UNBOUNDED)(near_one) == figures.t_band(near_one)
+
+
+def curve_rows(values: dict[str, list[list[float]]], metric: str) -> pd.DataFrame:
+    """{variant: [one list of values per seed]} -> long rows at steps 10, 20, ..."""
+    return pd.DataFrame([{"variant": v, "seed": seed, "step": 10 * (i + 1), "metric": metric, "value": x}
+                         for v, seeds in values.items() for seed, xs in enumerate(seeds) for i, x in enumerate(xs)])
+
+
+def test_learning_curves_show_each_seed_and_keep_the_band_in_range(drawn, tmp_path):
+    near_zero = {"a": [[0.0, 0.01, 0.3], [0.0, 0.0, 0.02], [0.2, 0.0, 0.01]], "b": [[0.5, 0.9, 1.0], [0.4, 1.0, 1.0],
+                                                                                   [0.9, 1.0, 0.95]]}
+    curves = curve_rows(near_zero, "eval symbol_accuracy@6")
+    figures.learning_curves(curves, figures.variant_palette(["a", "b"]), tmp_path / "l.png",
+                            panels=["eval symbol_accuracy@6"], bounds={"eval symbol_accuracy@6": (0.0, 1.0)})
+    ax = drawn[0].axes[0]
+    seed_lines = [line for line in ax.lines if line.get_linewidth() == 0.7]
+    assert len(seed_lines) == 6  # 2 variants x 3 seeds, beside the two means
+    bands = np.concatenate([p.get_paths()[0].vertices for p in ax.collections])
+    assert bands[:, 1].min() >= 0.0 and bands[:, 1].max() <= 1.0  # the raw t band would pass both ends
+
+
+def test_a_metric_equal_everywhere_is_not_drawn(drawn, tmp_path):
+    flat = curve_rows({"a": [[0.0, 0.0], [0.0, 0.0]], "b": [[0.0, 0.0], [0.0, 0.0]]}, "eval exact_match@6")
+    loss = curve_rows({"a": [[2.0, 1.0], [2.1, 1.1]], "b": [[2.0, 0.5], [1.9, 0.6]]}, "train loss")
+    palette = figures.variant_palette(["a", "b"])
+    figures.learning_curves(pd.concat([flat, loss]), palette, tmp_path / "l.png",
+                            panels=["train loss", "eval exact_match@6"])
+    assert [ax.get_title() for ax in drawn[0].axes] == ["train loss"]
+    by_length = pd.DataFrame({"variant": ["a", "a", "b", "b"], "seed": 0, "length": [6, 12, 6, 12], "value": 0.0})
+    assert figures.quality_vs_length(by_length, palette, tmp_path / "x.png", metric="exact_match") is None
+    assert figures.learning_curves(flat, palette, tmp_path / "f.png", panels=["eval exact_match@6"]) is None
+
+
+def cost_figure(drawn, tmp_path, cost: str, values: list[float], label: str):
+    summary = pd.DataFrame({"variant": ["a", "b"], "mean": [0.5, 0.9], "ci_lo": [0.4, 0.8], "ci_hi": [0.6, 1.1],
+                            cost: values})
+    seeds = pd.DataFrame({"variant": ["a", "a", "b", "b"], "value": [0.45, 0.55, 0.85, 0.95],
+                          cost: [values[0], values[0], values[1], values[1]]})
+    figures.quality_vs_cost(summary, figures.variant_palette(["a", "b"]), tmp_path / f"{cost}.png", metric="accuracy@8",
+                            cost=cost, cost_label=label, bounds=(0.0, 1.0), seeds=seeds)
+    return drawn[-1].axes[0]
 
 
 def test_memory_axes_read_in_binary_units(drawn, tmp_path):
-    summary = pd.DataFrame({"variant": ["a", "b"], "mean": [0.5, 0.9], "ci_lo": [0.4, 0.8], "ci_hi": [0.6, 1.1],
-                            "peak_memory_bytes": [300 * 2**20, 1.5 * 2**30]})
-    figures.quality_vs_cost(summary, figures.variant_palette(["a", "b"]), tmp_path / "c.png", metric="accuracy@8",
-                            cost="peak_memory_bytes", cost_label="peak memory (bytes)")
-    ax = drawn[0].axes[0]
+    ax = cost_figure(drawn, tmp_path, "peak_memory_bytes", [300 * 2**20, 3.5 * 2**30], "peak memory (bytes)")
     ticks = [t.get_text() for t in ax.get_xticklabels() if t.get_text()]
-    assert ticks and all(t.endswith(("KiB", "MiB", "GiB")) for t in ticks), ticks
+    assert ticks and all(t.endswith(("KiB", "MiB", "GiB")) for t in ticks), ticks  # a wide range: log, in units
     assert "bytes" not in ax.get_xlabel() and "e+" not in "".join(ticks)
     top = max(line.get_ydata().max() for line in ax.lines)
     assert top <= 1.0  # the interval of b (0.8..1.1) is drawn up to 1.0
+    dots = [c for c in ax.collections if isinstance(c, matplotlib.collections.PathCollection)]
+    assert sum(len(c.get_offsets()) for c in dots) == 4  # each seed's own dot
+
+
+def test_a_small_memory_difference_is_drawn_to_scale(drawn, tmp_path):
+    ax = cost_figure(drawn, tmp_path, "peak_memory_bytes", [1.00 * 2**20, 1.04 * 2**20], "peak memory (bytes)")
+    assert ax.get_xscale() == "linear" and ax.get_xlim()[0] == 0  # 4% of the axis, not all of it
+    ticks = [t.get_text() for t in ax.get_xticklabels() if t.get_text()]
+    assert len(ticks) >= 4 and ax.get_xlabel() == "peak memory (MiB)"
+
+
+def test_cost_figures_have_their_own_titles_and_plain_log_ticks(drawn, tmp_path):
+    time_ax = cost_figure(drawn, tmp_path, "wall_time_s", [3.0, 140.0], "wall time per run (s)")
+    memory_ax = cost_figure(drawn, tmp_path, "peak_memory_bytes", [2**20, 1.1 * 2**20], "peak memory (bytes)")
+    assert time_ax.get_title() == "accuracy@8 against wall time per run"
+    assert memory_ax.get_title() == "accuracy@8 against peak memory"
+    labels = [t.get_text() for t in time_ax.get_xticklabels(minor=True) + time_ax.get_xticklabels() if t.get_text()]
+    assert labels and not any("times" in t or "^" in t or "×" in t for t in labels), labels
 
 
 def test_a_bare_swept_value_gets_its_key_as_the_legend_title(drawn, tmp_path):
@@ -79,3 +136,27 @@ def test_a_bare_swept_value_gets_its_key_as_the_legend_title(drawn, tmp_path):
     assert ax.get_legend().get_title().get_text() == "n_kv_heads"
     ticks = [t.get_text() for t in ax.get_yticklabels() if t.get_text()]
     assert ticks and not any("^" in t or "e+" in t for t in ticks), ticks  # plain numbers on a log axis
+
+
+def test_position_pictures_are_named_after_the_scheme_not_the_swept_ffn(tmp_path):
+    import torch
+
+    from workbench import build_model
+    from workbench.report.pictures import ModelPictures
+    from workbench.report.variants import Variants
+    from workbench.study import load_study
+    from workbench.sweep import expand
+
+    (tmp_path / "s.yaml").write_text(
+        "name: ffns\ntask: {name: copy, train_length: 4, n_eval: 8, alphabet_size: 4}\n"
+        "model: {family: decoder, d_model: 16, n_layers: 1, n_heads: 2, position: sinusoidal}\n"
+        "train: {steps: 2, batch_size: 4}\nsweep: {model.ffn: [gelu, relu]}\n")
+    runs = expand(load_study(tmp_path / "s.yaml"))
+    configs = {run.run_id: run.config for run in runs}
+    finished = pd.DataFrame({"run_id": list(configs), "seed": 0, "variant": ["gelu", "relu"], "model.ffn": ["gelu", "relu"]})
+    torch.manual_seed(0)
+    pictures = ModelPictures(lambda run_id: tmp_path / run_id,
+                             load=lambda folder: (build_model(configs[folder.name]["model"]).eval(), configs[folder.name]))
+    items = pictures(Variants.of(["model.ffn"], finished), finished, tmp_path)
+    paths = [item.path for item in items if getattr(item, "path", "").startswith("figures/position")]
+    assert paths == ["figures/position_sinusoidal.png"]  # one scheme, drawn once, named after itself

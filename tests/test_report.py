@@ -244,6 +244,66 @@ def test_report_renders_in_headless_chromium(train_report):
     assert len(page.images) >= 10
 
 
+CHROMIUM = ["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+            "--disable-component-update", "--disable-sync", "--no-first-run", "--hide-scrollbars"]
+# Appended to a copy of a report: where every table ends against the box that holds it and the
+# page, measured by the browser after layout, written into the page for --dump-dom to return.
+MEASURE_TABLES = """<script>
+const view = document.documentElement.clientWidth;
+const tables = [...document.querySelectorAll("table")].map(t => {
+  const box = t.parentElement, rect = box.getBoundingClientRect();
+  return {columns: t.rows[0].cells.length, table: t.scrollWidth, box: box.clientWidth, boxRight: rect.right,
+          scrolls: ["auto", "scroll"].includes(getComputedStyle(box).overflowX)};
+});
+const out = document.createElement("pre");
+out.id = "measured";
+out.textContent = JSON.stringify({view, page: document.documentElement.scrollWidth, tables});
+document.body.append(out);
+</script></body>"""
+WIDE_STUDY = """
+name: wide
+task: {name: copy, train_length: 6, eval_lengths: [6, 12, 24, 48], n_eval: 8}
+model: {family: decoder, d_model: 16, n_heads: 2, n_layers: 1}
+train: {steps: 3, batch_size: 4}
+seeds: [0, 1, 2]
+sweep: {model.attention: [full, {name: sliding_window, window: 4}]}
+"""
+
+
+@pytest.mark.skipif(shutil.which("chromium") is None, reason="Debian chromium is not installed")
+def test_every_column_of_a_two_variant_report_shows_at_1280_px(tmp_path):
+    (tmp_path / "study.yaml").write_text(WIDE_STUDY)
+    study_file = load_study(tmp_path / "study.yaml")
+    store = Store(tmp_path / "out")
+    save_study(store, study_file)
+    for run in expand(study_file):
+        acc = 0.5 + 0.1 * run.seed + (0.2 if run.swept["model.attention"] == "full" else 0.0)
+        metrics = {f"{m}@{n}": acc / k for n, k in ((6, 1), (12, 2), (24, 3), (48, 4))
+                   for m in ("accuracy", "exact_match", "symbol_accuracy", "loss")}
+        store.record(run, RunResult(run_id=run.run_id, status="finished", steps_done=3, metrics=metrics,
+                                    curves=[(3, "train", "loss", 1 - acc)], n_params=5000, wall_time_s=10.0,
+                                    tokens=1200, tokens_per_s=120.0, peak_memory_bytes=5 * 2**20,
+                                    peak_memory_instrument="train_step_live_tensor_bytes",
+                                    environment={"device": "cpu"}))
+    index = write_report(tmp_path / "out", tmp_path / "reports", pictures=False)
+    measured = index.with_name("measured.html")
+    measured.write_text(index.read_text().replace("</body>", MEASURE_TABLES))
+    with tempfile.TemporaryDirectory() as profile:
+        run = [*CHROMIUM, f"--user-data-dir={profile}", "--window-size=1280,2400"]
+        dom = subprocess.run([*run, "--virtual-time-budget=3000", "--dump-dom", measured.resolve().as_uri()],
+                             capture_output=True, text=True, timeout=120, check=True).stdout
+        screenshot = tmp_path / "report-1280.png"
+        subprocess.run([*run, f"--screenshot={screenshot}", index.resolve().as_uri()],
+                       capture_output=True, timeout=120, check=True)
+    layout = json.loads(re.search(r'<pre id="measured">(.*?)</pre>', dom, re.S).group(1).replace("&quot;", '"'))
+    assert layout["view"] == 1280 and layout["page"] <= layout["view"]  # the page itself never scrolls sideways
+    assert max(t["columns"] for t in layout["tables"]) >= 8  # the leaderboards: variant, interval, Δ, measures
+    for table in layout["tables"]:
+        assert table["boxRight"] <= layout["view"] and table["table"] <= table["box"], table  # every column shows
+        assert table["scrolls"]  # and a table wider than a narrower window would scroll in its own box
+    assert png_size(screenshot)[0] == 1280
+
+
 # ---- scaling ---------------------------------------------------------------------------------
 
 # Constructed costs: naive attention n^2 FLOPs over an n^1 rest, full fused n^2 time; decode
@@ -285,13 +345,20 @@ def scaling_report(tmp_path_factory):
             run_id=run.run_id, status="oom" if oom else "finished", error="RuntimeError: out of memory" if oom else None,
             metrics={k: v for k, v in figures.items() if v is not None}, wall_time_s=1.0,
             peak_memory_bytes=None if oom else 1000 * point.length, peak_memory_instrument="process_peak_rss",
-            environment={"device": "cpu", "torch_version": torch.__version__}))
+            # the first measurement ended on a busy machine: a load above its 2 cores
+            environment={"device": "cpu", "torch_version": torch.__version__, "load_1m": 3.1 if index == 0 else 0.4,
+                         "cores": 2}))
     return write_report(out, root / "reports")
 
 
 def test_scaling_report(scaling_report):
     index = scaling_report
     page = parse(index.read_text())
+    markdown = (index.parent / "report.md").read_text()
+    sections = markdown.split("\n## ")
+    timed = [s.splitlines()[0] for s in sections if "Caveat: these timings come from a shared machine (the load " in s]
+    assert timed == ["Fitted exponents", "Cost against length", "Decoding", "All measurements"]  # one line each
+    assert "load_1m" not in markdown  # per-run load is read for the caveat, not listed as environment
     exponents = next(t for t in page.tables if t[0][:4] == ["variant", "mode", "metric", "exponent [95% CI]"])
     found = {(r[0], r[1], r[2]): r[3] for r in exponents[1:]}
     assert found[("full", "forward", "time_median_s")].startswith("2.00 [2.00, 2.00]")
@@ -342,3 +409,19 @@ def test_training_report_header_states_the_learned_criterion(train_report):
     assert md[2] == line and md[3] == "## Verdicts"
     summary = json.loads((index.parent / "summary.json").read_text())
     assert summary["learned_criterion"] == [line]
+
+
+def test_timings_from_a_shared_machine_carry_one_caveat_line():
+    from workbench.report import timing_caveat
+
+    def record(end_s: int, wall: float, load: float = 0.5):
+        return {"recorded_at": f"2026-01-01T00:{end_s // 60:02d}:{end_s % 60:02d}+00:00", "wall_time_s": wall,
+                "environment": {"load_1m": load, "cores": 2}}
+
+    one_after_another = [record(10, 9.5), record(20, 9.5), record(30, 9.5)]
+    assert timing_caveat(one_after_another) is None
+    two_workers = [record(10, 10), record(12, 11), record(21, 9), record(23, 10)]
+    assert "up to 2 runs trained at the same time" in timing_caveat(two_workers)
+    busy = [record(10, 9.5), record(20, 9.5, load=3.4)]
+    assert "the load exceeded the 2 cores at the end of 1 of 2 runs" in timing_caveat(busy)
+    assert timing_caveat(busy, overlap=False).startswith("Caveat: these timings come from a shared machine")

@@ -14,6 +14,7 @@ if OWN_PROCESS:  # `python -m workbench.cli`: the stop handler before the heavy 
 
 import json
 import os
+import re
 import sys
 import warnings
 from pathlib import Path
@@ -28,10 +29,41 @@ from workbench.registry import NOUN_OF_AXIS, distribution_of, variants
 from workbench.variants import AXES
 
 
+class RunsIncomplete(WorkbenchError):
+    """Some runs of a sweep did not finish: their report is written, the exit status says so."""
+
+    exit_code = 3
+
+
+HYDRA_STYLE = re.compile(r"^(?P<key>(?:task|model|train|sweep|seeds)(?:\.[\w.]+)?)=(?P<value>.*)$")
+
+
+def hydra_hint(args: list[str]) -> str:
+    """For `train.steps=5` (Hydra's habit) among the arguments: the workbench's own form,
+    `--set train.steps=5`; `sweep.k=a,b` becomes `--set 'sweep.k=[a, b]'`. Empty otherwise."""
+    for arg in args:
+        match = HYDRA_STYLE.match(arg)
+        if match is None:
+            continue
+        key, value = match["key"], match["value"]
+        if key.startswith("sweep.") and "," in value and not value.startswith("["):
+            return f"; did you mean `--set '{key}=[{', '.join(v.strip() for v in value.split(','))}]'`?"
+        quoted = f"'{arg}'" if any(c in arg for c in " {}[],*") else arg
+        return f"; did you mean `--set {quoted}`?"
+    return ""
+
+
 class WorkbenchGroup(click.Group):
+    def parse_args(self, ctx, args):
+        ctx.meta["workbench.args"] = list(args)  # the command line as given, for hydra_hint
+        return super().parse_args(ctx, args)
+
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)
+        except click.UsageError as err:
+            err.message += hydra_hint(ctx.meta.get("workbench.args", []))
+            raise
         except WorkbenchError as err:
             click.echo(f"error: {err}", err=True)
             if isinstance(err, stopping.RunInterrupted) and OWN_PROCESS:
@@ -130,13 +162,16 @@ def list_variants(axis: str | None, as_json: bool) -> None:
               help="where run folders (checkpoints, final weights) go; default OUT/runs. Use shared storage on a cluster")
 @click.option("--reports", "reports_dir", default=None,
               help="folder that receives <study name>/ with the report when the sweep ends "
-                   "(default: reports/ for the default --out runs/<name>, else OUT/reports/)")
+                   "(default: reports/ for the study's default --out runs/<study name>, else OUT/reports/)")
+@click.option("--allow-failures", is_flag=True,
+              help="exit 0 even when runs failed or did not run (default: exit status 3)")
 def run_command(study: str, out: str | None, jobs: int, fresh: bool, profile: str | None,
                 overrides: tuple[str, ...], dry_run: bool, quiet: bool,
                 executor_name: str, address: str | None, cpus_per_run: float, gpus_per_run: float | None,
-                runs_dir: str | None, reports_dir: str | None) -> None:
+                runs_dir: str | None, reports_dir: str | None, allow_failures: bool) -> None:
     """Train every run of STUDY (a YAML file); finished runs in the folder are kept. Writes the
-    study's report at the end."""
+    study's report at the end. Exit status 3 when a run failed, ran out of memory or could
+    not run (a diverged run is a result, not a failure), unless --allow-failures."""
     # Until the sweep begins (runner.sweeping) a signal ends the command at once: what it
     # writes by then (the lock, --fresh, the study's record) is transactional or a fresh start.
     with stopping.immediate(stopping.BEFORE_START if OWN_PROCESS else None):
@@ -162,21 +197,32 @@ def run_command(study: str, out: str | None, jobs: int, fresh: bool, profile: st
     # the report is built in a scratch folder and swapped in: a stop while it builds loses nothing
     with stopping.immediate(f"{done}; the report was not written (`workbench report {summary.out_dir}` "
                             "writes it)" if OWN_PROCESS else None):
-        index = write_report(summary.out_dir, reports_dir or default_reports_dir(summary.out_dir))
+        index = write_report(summary.out_dir, reports_dir or default_reports_dir(summary.out_dir, summary.study))
     stopping.check(f"stopped by {stopping.reason()} {done}; the report was written ({index})")
     click.echo(f"report: {index} (and {index.parent / 'report.md'})")
+    if summary.incomplete and not allow_failures:
+        raise RunsIncomplete(f"{summary.incomplete} of {summary.total} runs did not finish (failed, out of memory "
+                             "or not run); the report shows what finished. Run the same command again to retry "
+                             "them, or pass --allow-failures to exit 0 anyway")
 
 
-def default_reports_dir(out_dir: str | Path) -> Path:
-    """reports/ beside the default output folders runs/<name>/; a study run elsewhere keeps
-    its report with its results: OUT/reports/."""
+def default_reports_dir(out_dir: str | Path, study_name: str | None) -> Path:
+    """The checkout's reports/ for a study's own default output folder runs/<study name>/ only;
+    any other folder keeps its report with its results, in OUT/reports/ (so a trial run under
+    another name never overwrites the study's report in reports/)."""
     from workbench.run.folder import refuse_links
 
     out_dir = Path(out_dir)
-    if out_dir.parent == Path("runs"):
+    if study_name is not None and out_dir.resolve() == (Path("runs") / study_name).resolve():
         return Path("reports")
     refuse_links(out_dir, "reports")  # a received folder's own `reports` must not lead elsewhere
     return out_dir / "reports"
+
+
+def stored_study_name(out_dir: str | Path) -> str | None:
+    from workbench.run.store import load_study_info
+
+    return load_study_info(out_dir).get("name")
 
 
 @main.command("validate")
@@ -222,17 +268,52 @@ def results_command(out_dir: str, fmt: str) -> None:
     click.echo(frame.to_csv(index=False) if fmt == "csv" else frame.to_json(orient="records", indent=2), nl=False)
 
 
+@main.command("eval")
+@click.argument("run_dir")
+@click.option("--lengths", required=True, metavar="N,N,...", help="evaluation lengths, e.g. 16,32,64")
+@click.option("--batch-size", default=None, type=click.IntRange(min=1),
+              help="sequences per evaluation batch (default: the run's train.eval_batch_size)")
+@click.option("--json", "as_json", is_flag=True, help="machine-readable output")
+def eval_command(run_dir: str, lengths: str, batch_size: int | None, as_json: bool) -> None:
+    """Evaluate the saved model of a finished run (RUN_DIR: runs/<study>/runs/<run id>/) at new
+    lengths, without retraining; held-out sets are drawn as the run drew its own. Writes nothing."""
+    from workbench.run.evaluate import evaluate_saved_run
+
+    try:
+        wanted = [int(n) for n in lengths.split(",") if n.strip()]
+    except ValueError:
+        raise WorkbenchError(f"--lengths: expected whole numbers separated by commas, got {lengths!r}") from None
+    metrics, not_applicable, config = evaluate_saved_run(run_dir, wanted, batch_size)
+    if as_json:
+        click.echo(json.dumps({"metrics": metrics, "not_applicable": not_applicable}, indent=2))
+        return
+    table = Table(title=f"{Path(run_dir).name}: {config['task']['name']}, trained at length "
+                        f"{config['task']['train_length']}", title_justify="left")
+    names = list(dict.fromkeys(m.split("@")[0] for m in metrics))
+    for column in ("length", *names):
+        table.add_column(column, justify="right")
+    for n in wanted:
+        if str(n) in not_applicable:
+            table.add_row(str(n), *["n/a"] * len(names))
+        else:
+            table.add_row(str(n), *(f"{metrics[f'{m}@{n}']:.4g}" if f"{m}@{n}" in metrics else "–" for m in names))
+    Console().print(table)
+    for n, why in not_applicable.items():
+        click.echo(f"@{n}: {why}")
+
+
 @main.command("report")
 @click.argument("out_dir")
 @click.option("--out", "reports_dir", default=None,
               help="folder that receives <study name>/index.html, report.md, figures/ and results.csv "
-                   "(default: reports/ for OUT_DIR = runs/<name>, else OUT_DIR/reports/)")
+                   "(default: reports/ for OUT_DIR = runs/<study name>, else OUT_DIR/reports/)")
 @click.option("--no-pictures", is_flag=True, help="skip the attention heatmaps (which load each variant's weights)")
 def report_command(out_dir: str, reports_dir: str | None, no_pictures: bool) -> None:
     """Write the comparison report of the study stored in OUT_DIR (no training)."""
     from workbench.report import write_report
 
-    index = write_report(out_dir, reports_dir or default_reports_dir(out_dir), pictures=not no_pictures)
+    index = write_report(out_dir, reports_dir or default_reports_dir(out_dir, stored_study_name(out_dir)),
+                         pictures=not no_pictures)
     click.echo(f"report: {index} (and {index.parent / 'report.md'})")
 
 
@@ -242,13 +323,22 @@ def report_command(out_dir: str, reports_dir: str | None, no_pictures: bool) -> 
 @click.option("--out", "reports_dir", default="reports", show_default=True,
               help="folder that receives <name>/index.html, report.md, figures/ and results.csv")
 @click.option("--no-pictures", is_flag=True, help="skip the attention heatmaps (which load each variant's weights)")
-def compare_command(out_dirs: tuple[str, ...], name: str | None, reports_dir: str, no_pictures: bool) -> None:
+@click.option("--baseline", default=None, metavar="VALUE",
+              help="the variant the others are compared against, as a study's `baseline:` (a swept value, or a "
+                   "YAML mapping {dotted.key: value}); default: the first folder's own baseline")
+@click.option("--expect", "expect", multiple=True, metavar='"A > B on METRIC"',
+              help="a verdict to decide, as a study's `expect:` entry: A expected better than B on METRIC "
+                   "(the metric's own direction); repeatable")
+def compare_command(out_dirs: tuple[str, ...], name: str | None, reports_dir: str, no_pictures: bool,
+                    baseline: str | None, expect: tuple[str, ...]) -> None:
     """One report over the runs of several study folders (OUT_DIRS) of the same task, e.g. a
     variant added later against an earlier sweep. Variants are told apart by every setting
-    that differs between the runs."""
-    from workbench.report.compare import write_comparison
+    that differs between the runs; the header names each folder with its variants. Chance
+    levels, deltas and verdicts follow the same rules as a study's report."""
+    from workbench.report.compare import write_comparison, yaml_value
 
-    index = write_comparison(out_dirs, reports_dir, name, pictures=not no_pictures)
+    index = write_comparison(out_dirs, reports_dir, name, pictures=not no_pictures,
+                             baseline=yaml_value(baseline) if baseline is not None else None, expect=expect)
     click.echo(f"report: {index} (and {index.parent / 'report.md'})")
 
 
@@ -273,7 +363,8 @@ def new_plugin_command(axis: str, name: str, parent: str) -> None:
     from workbench.scaffold import new_plugin
 
     root = new_plugin(axis, name, parent)
-    click.echo(f"wrote {root}/: pip install -e {root} && python -m pytest {root}/tests")
+    # [test] installs pytest: the quickstart's environment (`make quickstart`) has none
+    click.echo(f"wrote {root}/: pip install -e '{root}[test]' && python -m pytest {root}/tests")
 
 
 @main.command("schema")

@@ -159,3 +159,13 @@ def scaling_needs(device: str, machine: Machine) -> list[Need]:
         return [Need("scaling.device", device, "a CUDA GPU",
                      f"measures on a CUDA GPU; PyTorch sees none on {machine.name}", "use device: auto or cpu")]
     return []
+
+
+def machine_load() -> dict[str, Any]:
+    """The 1-minute load average and the core count when a run or measurement ends: a load above
+    the cores means other work competed for them, so its timings are those of a shared machine."""
+    try:
+        load = round(os.getloadavg()[0], 2)
+    except OSError:  # not available on this platform
+        load = None
+    return {"load_1m": load, "cores": os.cpu_count()}

@@ -234,7 +234,7 @@ def readme_text(axis: str, name: str, dist: str) -> str:
         The `{name}` {NOUN_OF_AXIS[axis]} for Transformer Workbench.
 
         ```bash
-        pip install -e .             # then `workbench list {axis}` shows {name}
+        pip install -e '.[test]'     # then `workbench list {axis}` shows {name}; [test] brings pytest
         python -m pytest tests       # this package's tests
         ```
 

@@ -67,6 +67,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from workbench.attention import FLEX_BLOCK, AttentionVariant, arange_positions, flex_disabled, flex_eligible
 from workbench.cache import KVCache
 from workbench.ffn import FeedForward
+from workbench.hardware import machine_load
 from workbench.cost.memory import INSTRUMENT as TENSOR_BYTES_INSTRUMENT
 from workbench.cost.memory import peak_tensor_bytes
 from workbench.model import Block, CrossAttention, DecoderModel, Positions, SelfAttention, build_model
@@ -754,7 +755,7 @@ def environment_columns(point: Point) -> dict[str, Any]:
     return {
         "device": point.device, "threads": point.threads or torch.get_num_threads(),
         "machine": f"{platform.machine()} {os.cpu_count()} cpus",
-        "torch_version": torch.__version__,
+        "torch_version": torch.__version__, **machine_load(),
     }
 
 

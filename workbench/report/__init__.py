@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import glob
 import json
+import math
 import os
 import re
 import shlex
 import shutil
 from collections.abc import Mapping, Sequence
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -43,14 +45,47 @@ STUDY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")  # a study's `name` (work
 REPORT_FILES = ("index.html", "report.md", "results.csv", "summary.json")
 
 
+# Recorded per run, different for every run: read by timing_caveat, not listed as environment.
+PER_RUN_ENVIRONMENT = ("load_1m",)
+
+
 def merged_environment(environments: Sequence[Mapping[str, Any]]) -> dict[str, str]:
     """One entry per key; several distinct values (runs on different machines) are all listed."""
-    keys = sorted({k for env in environments for k in env})
+    keys = sorted({k for env in environments for k in env if k not in PER_RUN_ENVIRONMENT})
     out = {}
     for key in keys:
         values = sorted({str(env.get(key)) for env in environments if env.get(key) is not None})
         out[key] = ", ".join(values) if values else "–"
     return out
+
+
+def timing_caveat(records: Sequence[Mapping[str, Any]], overlap: bool = True) -> str | None:
+    """One line for every place that shows a timing, when the runs' timings come from a shared
+    machine: runs that trained at the same time (--jobs N, two sweeps at once; with `overlap`),
+    or a machine whose load exceeded its cores when a run ended (other work competed for them).
+    None otherwise."""
+    spans = [] if not overlap else [
+        (end - float(r["wall_time_s"]), end) for r in records if r.get("recorded_at") and r.get("wall_time_s") is not None
+        for end in [datetime.fromisoformat(r["recorded_at"]).timestamp()]]
+    # the most runs training at one moment: +1 at each start, -1 at each end (a second of slack for
+    # the driver's recording after a run returns)
+    events = sorted([(min(start + 1.0, end), 1) for start, end in spans] + [(end, -1) for _, end in spans])
+    running = concurrent = 0
+    for _, change in events:
+        running += change
+        concurrent = max(concurrent, running)
+    busy = [r for r in records if (r.get("environment") or {}).get("load_1m") is not None
+            and r["environment"]["load_1m"] > (r["environment"].get("cores") or math.inf)]
+    why = []
+    if concurrent > 1:
+        why.append(f"up to {concurrent} runs trained at the same time")
+    if busy:
+        why.append(f"the load exceeded the {busy[0]['environment']['cores']} cores at the end of {len(busy)} of "
+                   f"{len(records)} runs")
+    if not why:
+        return None
+    return (f"Caveat: these timings come from a shared machine ({'; '.join(why)}), so times and throughput "
+            "compare only roughly.")
 
 
 def reproduce_command(info: Mapping[str, Any], out_dir: Path) -> str:

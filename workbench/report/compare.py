@@ -8,28 +8,37 @@ earlier sweep (`[none, rope]`) as if one study had swept all three: the variants
 apart by every setting that differs between the runs (swept keys, and settings that differ
 between the studies, such as `train.steps`), so runs that computed different things are never
 pooled. Everything is read from the stores; nothing is trained.
+
+The comparison is a training study like any other (its sweep holds each variant's values as the
+folders' studies wrote them), so the report computes chance levels, the learned gate, deltas to
+a baseline (`--baseline`, else the first folder's own) and verdicts on `--expect "A > B on
+metric"` exactly as a study's report does (workbench.report.stats.verdicts).
 """
 
 from __future__ import annotations
 
 import json
+import shlex
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
+import yaml
+from pydantic import ValidationError
 
 from workbench.run import store
 from workbench.errors import WorkbenchError
 from workbench.registry import variants
-from workbench.report import fresh_folder, merged_environment, report_destination, study_of, write_files
+from workbench.report import fresh_folder, merged_environment, report_destination, study_of, timing_caveat, write_files
 from workbench.report.index import write_summary
 from workbench.report.pictures import ModelPictures
 from workbench.report.train_report import TrainInputs, TrainReport
 from workbench.results import flatten
 from workbench.spec import VARIANT_AXES
-from workbench.study import STORED, TrainStudy
+from workbench.study import RUN_MEASURES, STORED, TrainStudy, unwrap
 from workbench.study.keys import get_dotted, label
+from workbench.study.yaml_file import suggest
 
 
 def setting_key(flat_key: str) -> str:
@@ -40,17 +49,42 @@ def setting_key(flat_key: str) -> str:
     return flat_key
 
 
-def value_label(key: str, config: dict[str, Any]) -> Any:
-    """A run's value of `key` as its label: a variant by name with only its non-default
-    parameters (`sliding_window(window=64)`, as a study would write it); others as stored."""
+def setting_value(key: str, config: dict[str, Any]) -> Any:
+    """A run's value of `key` as a study would write it: a variant with only its non-default
+    parameters (`{name: sliding_window, window: 64}`, or just its name); others as stored."""
     value = get_dotted(config, key)
     axis = key.split(".")[1] if key.startswith("model.") else None
     if axis in VARIANT_AXES and isinstance(value, dict):
         cls = variants(axis).get(value["name"])
         defaults = {f: field.default for f, field in cls.Params.model_fields.items()} if cls else {}
-        value = {"name": value["name"], **{k: v for k, v in value.items()
-                                           if k != "name" and (k not in defaults or defaults[k] != v)}}
-    return label(value)
+        params = {k: v for k, v in value.items() if k != "name" and (k not in defaults or defaults[k] != v)}
+        value = {"name": value["name"], **params} if params else value["name"]
+    return value
+
+
+def value_label(key: str, config: dict[str, Any]) -> Any:
+    """A run's value of `key` as its label (`sliding_window(window=64)`): the results column."""
+    return label(setting_value(key, config))
+
+
+def parse_expect(text: str) -> dict[str, Any]:
+    """`"A > B on metric"` -> an `expect:` entry (A expected better than B; the direction is the
+    metric's, as in a study). A and B are values as a study's `expect:` takes them: a swept value
+    (`rope`, `sliding_window(window=4)`) or a YAML mapping `{model.position: rope, train.steps: 500}`."""
+    pair, on, metric = text.rpartition(" on ")
+    better, gt, than = pair.partition(">")
+    if not (on and gt and better.strip() and than.strip() and metric.strip()):
+        raise WorkbenchError(f"--expect {text!r}: write it as \"A > B on METRIC\" (A expected better than B), "
+                             "e.g. --expect \"rope > none on accuracy@12\"")
+    return {"metric": metric.strip(), "better": yaml_value(better), "than": yaml_value(than)}
+
+
+def yaml_value(text: str) -> Any:
+    """A value given on the command line, read as YAML data (never evaluated)."""
+    try:
+        return yaml.safe_load(text.strip())
+    except yaml.YAMLError:
+        return text.strip()
 
 
 def distinguishing_keys(studies: Sequence[Any], configs: dict[str, dict[str, Any]]) -> list[str]:
@@ -66,8 +100,9 @@ def distinguishing_keys(studies: Sequence[Any], configs: dict[str, dict[str, Any
                                          len({json.dumps(value_label(k, c), default=str) for c in configs.values()}) > 1)]))
 
 
-def comparison_inputs(out_dirs: Sequence[str | Path], name: str):
-    """(study, runs, curves, environment, run folder of each run id) for the training report."""
+def comparison_inputs(out_dirs: Sequence[str | Path], name: str, baseline: Any = None, expect: Sequence[str] = ()):
+    """(study, runs, curves, environment, run folder of each run id) for the training report;
+    `baseline` and `expect` ("A > B on metric") as a study's `baseline:` and `expect:` take them."""
     if len(out_dirs) < 2:
         raise WorkbenchError("compare: give at least two study folders")
     studies, frames, curves, configs, folder_of, environments = [], [], [], {}, {}, []
@@ -90,40 +125,84 @@ def comparison_inputs(out_dirs: Sequence[str | Path], name: str):
     keys = distinguishing_keys(studies, configs)
     runs = pd.concat(frames, ignore_index=True)
     runs = runs.drop(columns=[c for s in studies for c in s.sweep.keys if c in runs.columns]).drop_duplicates("run_id")
+    sweep: dict[str, list[Any]] = {}
     for key in keys:
-        runs[key] = [value_label(key, configs[run_id]) for run_id in runs["run_id"]]
+        values = {run_id: setting_value(key, configs[run_id]) for run_id in runs["run_id"]}
+        runs[key] = [label(values[run_id]) for run_id in runs["run_id"]]
+        sweep[key] = list({json.dumps(label(v), default=str): v for v in values.values()}.values())
     runs["index"] = range(len(runs))  # sweep order across the folders, as given
     first = studies[0]
     swept_model = {k.split(".")[1] for k in keys if k.startswith("model.")}
-    study = TrainStudy.model_validate({
+    sources = [f"{d} (study {s.name!r}: {folder_variants(runs, keys, folder_of, Path(d))})"
+               for d, s in zip(out_dirs, studies)]
+    fields = {
         "name": name,
-        "description": f"Comparison of {', '.join(repr(s.name) for s in studies)} (one report over their runs)",
+        "description": "Comparison of " + "; ".join(sources) + ".",
         "notes": "Runs of the folders " + ", ".join(f"{d} (study {s.name!r})" for d, s in zip(out_dirs, studies))
                  + ". Variants are told apart by every setting that differs between runs; a run found in several "
                  "folders counts once.",
         "task": first.task, "model": {k: v for k, v in first.model.items() if k not in swept_model},
         "train": first.train.model_dump(), "seeds": sorted({int(s) for s in runs["seed"]}),
-        "sweep": {key: list(dict.fromkeys(runs[key])) for key in keys},
-    }, context={STORED: True})
+        "sweep": sweep,
+        "baseline": baseline if baseline is not None else carried_baseline(studies, sweep),
+        "expect": [parse_expect(text) for text in expect],
+    }
+    try:
+        study = TrainStudy.model_validate(fields, context={STORED: True})
+    except ValidationError as err:
+        problem = unwrap(err)
+        field = problem.field.split(".")
+        option = ("--baseline" if field[0] == "baseline" else
+                  f"--expect {expect[int(field[1])]!r}" if field[0] == "expect" else problem.field)
+        valid = f" (valid: {', '.join(problem.choices)})" if problem.choices else ""
+        raise WorkbenchError(f"compare: {option}: {problem.problem}{valid}") from None
+    for text, exp in zip(expect, study.expect):
+        if exp.metric not in runs.columns:
+            known = [str(c) for c in runs.columns if "@" in str(c) or c in RUN_MEASURES]
+            raise WorkbenchError(f"compare: --expect {text!r}: no run recorded the metric {exp.metric!r}"
+                                 + suggest(exp.metric, known) + f" (valid: {', '.join(known)})")
     return study, runs, pd.concat(curves, ignore_index=True), merged_environment(environments), folder_of
 
 
+def folder_variants(runs: pd.DataFrame, keys: Sequence[str], folder_of: dict[str, Path], folder: Path) -> str:
+    """The variants whose runs a folder holds, as the report labels them."""
+    mine = runs[[folder_of[r] == folder for r in runs["run_id"]]]
+    labels = [", ".join(f"{k.rsplit('.', 1)[-1]}={row[k]}" for k in keys) if len(keys) > 1 else str(row[keys[0]])
+              for _, row in mine.iterrows()] if keys else []
+    return ", ".join(dict.fromkeys(labels)) or "runs found in an earlier folder"
+
+
+def carried_baseline(studies: Sequence[Any], sweep: dict[str, list[Any]]) -> Any:
+    """The first folder's own baseline, when the comparison still sweeps what it fixes."""
+    for study in studies:
+        if study.baseline is not None and all(k in sweep for k in study.baseline):
+            return study.baseline
+    return None
+
+
 def write_comparison(out_dirs: Sequence[str | Path], reports_dir: str | Path, name: str | None = None,
-                     *, pictures: bool = True) -> Path:
-    """Write the report comparing the runs of `out_dirs` to REPORTS/<name>/; returns index.html."""
+                     *, pictures: bool = True, baseline: Any = None, expect: Sequence[str] = ()) -> Path:
+    """Write the report comparing the runs of `out_dirs` to REPORTS/<name>/; returns index.html.
+    The default name joins the study names, or the folder names when the studies share one (so
+    a comparison never takes the name, and the place, of a study's own report)."""
     names = [store.load_study_info(d).get("name") or Path(d).name for d in out_dirs]
+    if len(set(names)) < len(names):
+        names = [Path(d).resolve().name for d in out_dirs]
     name = name or "-vs-".join(dict.fromkeys(names))
     dest = report_destination(Path(reports_dir), name)
-    study, runs, curves, environment, folder_of = comparison_inputs(out_dirs, name)
+    study, runs, curves, environment, folder_of = comparison_inputs(out_dirs, name, baseline, expect)
     fresh_folder(dest)
+    options = "".join(f" --baseline {shlex.quote(str(baseline))}" for _ in [baseline] if baseline is not None)
+    options += "".join(f" --expect {shlex.quote(text)}" for text in expect)
+    records = [r for d in out_dirs for r in store.Store(d, create=False).runs()
+               if folder_of.get(r["run_id"]) == Path(d)]
     inputs = TrainInputs(
-        study=study, runs=runs, curves=curves, environment=environment,
-        command=f"workbench compare {' '.join(map(str, out_dirs))} --name {study.name}",
+        study=study, runs=runs, curves=curves, environment=environment, timing_caveat=timing_caveat(records),
+        command=f"workbench compare {' '.join(map(str, out_dirs))} --name {study.name}{options}",
         pictures=ModelPictures(lambda run_id: store.run_dir(folder_of[run_id], run_id)) if pictures else None,
     )
     builder = TrainReport(inputs, dest)
     report, results = builder.build(), builder.results_csv()
     index = write_files(report, results, dest)
-    write_summary(dest, report, [r for d in out_dirs for r in store.Store(d, create=False).runs()
-                                 if folder_of.get(r["run_id"]) == Path(d)])
+    write_summary(dest, report, records)
     return index

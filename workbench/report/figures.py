@@ -59,13 +59,6 @@ def styled(draw: Callable[P, R]) -> Callable[P, R]:
 # colour-vision deficiencies; black last (it reads as "reference"). Variants take colours in
 # sweep order, so neighbours in a legend never share a hue.
 OKABE_ITO = ("#0072B2", "#E69F00", "#009E73", "#D55E00", "#56B4E9", "#CC79A7", "#F0E442", "#000000")
-# Bounds of metrics whose value cannot leave a range: a seed band is clipped to them (an
-# interval of accuracies past 1.0 says nothing). Names are metric names without `@length`.
-METRIC_BOUNDS = {"accuracy": (0.0, 1.0), "exact_match": (0.0, 1.0), "distinct_2": (0.0, 1.0),
-                 "repetition_4": (0.0, 1.0), "bleu": (0.0, 100.0), "loss": (0.0, math.inf),
-                 "bpc": (0.0, math.inf), "perplexity": (1.0, math.inf)}
-
-
 def variant_palette(labels: Sequence[str]) -> dict[str, tuple[float, float, float]]:
     """A fixed colour per variant label, in the order given (colour-blind safe up to 8
     variants; up to 10 with seaborn's colour-blind palette; distinct hues past that)."""
@@ -77,7 +70,11 @@ def variant_palette(labels: Sequence[str]) -> dict[str, tuple[float, float, floa
     return dict(zip(labels, colours))
 
 
-def t_band(values: pd.Series, bounds: tuple[float, float] = (-math.inf, math.inf)) -> tuple[float, float]:
+Bounds = tuple[float, float]  # (lowest, highest) value a metric can take, as its task declares
+UNBOUNDED: Bounds = (-math.inf, math.inf)
+
+
+def t_band(values: pd.Series, bounds: Bounds = UNBOUNDED) -> tuple[float, float]:
     """seaborn errorbar callable: the 95% t interval over seeds (no band for one seed),
     clipped to the metric's possible range."""
     iv = mean_ci(values)
@@ -85,10 +82,23 @@ def t_band(values: pd.Series, bounds: tuple[float, float] = (-math.inf, math.inf
     return max(lo, bounds[0]), min(hi, bounds[1])
 
 
-def band(metric: str) -> Callable[[pd.Series], tuple[float, float]]:
-    """The seed band of `metric` (`accuracy@64`, `loss`), clipped to its bounds when known."""
-    bounds = METRIC_BOUNDS.get(metric.split("@")[0].removeprefix("eval/"), (-math.inf, math.inf))
+def band(bounds: Bounds) -> Callable[[pd.Series], tuple[float, float]]:
+    """The seed band of a metric whose values lie within `bounds` (an accuracy band never
+    passes 1, a symbol accuracy's never goes below 0)."""
     return functools.partial(t_band, bounds=bounds)
+
+
+def constant(values: pd.Series) -> bool:
+    """Every value the same (exact_match 0 everywhere): a plot of it shows nothing."""
+    return values.dropna().nunique() <= 1
+
+
+def seed_lines(ax, data: pd.DataFrame, palette: Palette, x: str) -> None:
+    """Each seed's own thin, faint line (a dot where it has one point), beside the mean."""
+    for (variant, _), run in data.groupby(["variant", "seed"], sort=False):
+        run = run.sort_values(x)
+        ax.plot(run[x], run["value"], color=palette[variant], linewidth=0.7, alpha=0.35,
+                marker="." if len(run) == 1 else None, zorder=1)
 
 
 def byte_axis(axis) -> None:
@@ -96,6 +106,14 @@ def byte_axis(axis) -> None:
     axis.set_major_locator(matplotlib.ticker.LogLocator(base=2))
     axis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: fmt_bytes(v)))
     axis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+
+
+BINARY_UNITS = ((2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB"), (1, "bytes"))
+
+
+def byte_unit(largest: float) -> tuple[float, str]:
+    """The binary unit in which `largest` bytes reads as 1 to 1023 of it."""
+    return next((size, name) for size, name in BINARY_UNITS if largest >= size or size == 1)
 
 
 def save(fig: Figure, path: Path) -> Path:
@@ -115,69 +133,98 @@ def new_axes(width: float = 6.4, height: float = 4.0):
 
 
 @styled
-def learning_curves(curves: pd.DataFrame, palette: Palette, path: Path, *, panels: Sequence[str]) -> Path | None:
+def learning_curves(curves: pd.DataFrame, palette: Palette, path: Path, *, panels: Sequence[str],
+                    bounds: Mapping[str, Bounds] | None = None) -> Path | None:
     """curves: long rows (variant, seed, step, metric, value) -> one panel per metric in
-    `panels` order, a line per variant with its 95% seed band."""
-    panels = [p for p in panels if (curves["metric"] == p).any()]
+    `panels` order: each seed's thin line, and per variant the mean with its 95% seed band
+    (clipped to the panel's `bounds`). A panel whose values are all equal is left out."""
+    panels = [p for p in panels if (curves["metric"] == p).any() and not constant(curves[curves["metric"] == p]["value"])]
     if not panels:
         return None
     fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels), 3.6), layout="constrained", squeeze=False)
     for ax, metric in zip(axes[0], panels):
         part = curves[curves["metric"] == metric]
         few_points = part["step"].nunique() <= 12
+        seed_lines(ax, part, palette, "step")
         sns.lineplot(data=part, x="step", y="value", hue="variant", hue_order=[v for v in palette if v in set(part["variant"])],
-                     palette=palette, errorbar=band(metric), marker="o" if few_points else None, ax=ax)
+                     palette=palette, errorbar=band((bounds or {}).get(metric, UNBOUNDED)),
+                     marker="o" if few_points else None, ax=ax)
         ax.set(xlabel="training step", ylabel=metric, title=metric)
         if "loss" in metric and (part["value"] > 0).all():
             ax.set_yscale("log")
+            plain_tick_labels(ax.yaxis)
         ax.grid(True, alpha=0.3)
-        ax.legend(title="variant", fontsize="small")
+        ax.legend(title="variant (thin: seeds)", fontsize="small")
     return save(fig, path)
 
 
 @styled
 def quality_vs_length(by_length: pd.DataFrame, palette: Palette, path: Path, *, metric: str,
-                      train_length: int | None = None) -> Path | None:
+                      train_length: int | None = None, bounds: Bounds = UNBOUNDED) -> Path | None:
     """by_length: rows (variant, seed, length, value) for one metric evaluated at several
-    lengths -> extrapolation curves with seed bands; the training length is marked."""
-    if by_length["length"].nunique() < 2:
+    lengths -> each seed's thin line and the mean with its seed band per variant; the training
+    length is marked. None for fewer than two lengths, or when every value is the same."""
+    if by_length["length"].nunique() < 2 or constant(by_length["value"]):
         return None
     fig, ax = new_axes()
+    seed_lines(ax, by_length, palette, "length")
     sns.lineplot(data=by_length, x="length", y="value", hue="variant",
                  hue_order=[v for v in palette if v in set(by_length["variant"])], palette=palette,
-                 errorbar=band(metric), marker="o", ax=ax)
+                 errorbar=band(bounds), marker="o", ax=ax)
     ax.set_xscale("log", base=2)
     lengths = sorted(by_length["length"].unique())
     ax.set_xticks(lengths, [str(int(n)) for n in lengths])
+    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     if train_length:
         ax.axvline(train_length, color="grey", linestyle="--", linewidth=1, label=f"training length ({train_length})")
     ax.set(xlabel="evaluation length (tokens, log scale)", ylabel=metric, title=f"{metric} against evaluation length")
-    ax.legend(title="variant", fontsize="small")
+    ax.legend(title="variant (thin: seeds)", fontsize="small")
     return save(fig, path)
+
+
+# A cost axis is logarithmic only when the costs span at least this factor; a narrower range
+# on a log axis fills it with a small difference (4% across the whole axis) and one tick.
+LOG_COST_RANGE = 10.0
 
 
 @styled
 def quality_vs_cost(summary: pd.DataFrame, palette: Palette, path: Path, *, metric: str, cost: str,
-                    cost_label: str) -> Path | None:
-    """summary: one row per variant with mean, ci_lo, ci_hi of the metric and the mean `cost`
-    -> scatter with the metric's interval as a vertical error bar, cost on a log axis."""
+                    cost_label: str, bounds: Bounds = UNBOUNDED, seeds: pd.DataFrame | None = None) -> Path | None:
+    """summary: one row per variant with mean, ci_lo, ci_hi of the metric and the mean `cost`;
+    seeds: (variant, value, cost) per finished run -> each seed's dot and each variant's mean
+    with its interval (clipped to `bounds`). The cost axis starts at 0 unless the costs span a
+    factor of LOG_COST_RANGE (then it is logarithmic, with plain tick labels)."""
     data = summary.dropna(subset=["mean", cost])
     data = data[data[cost] > 0]
     if data.empty:
         return None
+    points = seeds.dropna(subset=["value", cost]) if seeds is not None else pd.DataFrame(columns=["variant", "value", cost])
+    costs = pd.concat([data[cost], points[cost]])
+    logarithmic = costs.max() >= LOG_COST_RANGE * costs.min()
+    scale, unit = byte_unit(costs.max()) if cost.endswith("_bytes") and not logarithmic else (1.0, "")
     fig, ax = new_axes()
-    low, high = METRIC_BOUNDS.get(metric.split("@")[0], (-math.inf, math.inf))
+    low, high = bounds
+    for variant, part in points.groupby("variant", sort=False):
+        ax.scatter(part[cost] / scale, part["value"], s=14, alpha=0.45, color=palette[variant], linewidths=0, zorder=2)
     for row in data.itertuples(index=False):
         row = row._asdict()
         lo = row["mean"] - max(row["ci_lo"], low) if not math.isnan(row["ci_lo"]) else 0.0
         hi = min(row["ci_hi"], high) - row["mean"] if not math.isnan(row["ci_hi"]) else 0.0
-        ax.errorbar([row[cost]], [row["mean"]], yerr=[[lo], [hi]], fmt="o", capsize=4, markersize=7,
-                    color=palette[row["variant"]], label=row["variant"])
-    ax.set_xscale("log")
-    if cost.endswith("_bytes"):
-        byte_axis(ax.xaxis)
-        cost_label = cost_label.replace(" (bytes)", "")
-    ax.set(xlabel=f"{cost_label} (log scale)", ylabel=f"{metric} (mean, 95% CI)", title=f"{metric} against cost")
+        ax.errorbar([row[cost] / scale], [row["mean"]], yerr=[[lo], [hi]], fmt="o", capsize=4, markersize=7,
+                    color=palette[row["variant"]], label=row["variant"], zorder=3)
+    name = cost_label.split(" (")[0]
+    if logarithmic:
+        ax.set_xscale("log")
+        if cost.endswith("_bytes"):
+            byte_axis(ax.xaxis)
+        else:
+            plain_tick_labels(ax.xaxis)
+        xlabel = f"{name} (log scale)" if cost.endswith("_bytes") else f"{cost_label}, log scale"
+    else:
+        ax.set_xlim(0, costs.max() / scale * 1.08)
+        ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(6))
+        xlabel = f"{name} ({unit})" if unit else cost_label
+    ax.set(xlabel=xlabel, ylabel=f"{metric} (dots: seeds; mean, 95% CI)", title=f"{metric} against {name}")
     ax.legend(title="variant", fontsize="small")
     return save(fig, path)
 
@@ -244,10 +291,12 @@ class PlainLogFormatter(matplotlib.ticker.Formatter):
         return plain_number(x) if self.inner(x, pos) else ""
 
 
-def plain_tick_labels(ax) -> None:
-    for axis in (ax.xaxis, ax.yaxis):
-        axis.set_major_formatter(PlainLogFormatter(axis.get_major_formatter()))
-        axis.set_minor_formatter(PlainLogFormatter(axis.get_minor_formatter()))
+def plain_tick_labels(*axes) -> None:
+    """Plain numbers on log-scaled axes (an Axes means both of its axes)."""
+    for axis in axes:
+        for one in (axis.xaxis, axis.yaxis) if hasattr(axis, "xaxis") else (axis,):
+            one.set_major_formatter(PlainLogFormatter(one.get_major_formatter()))
+            one.set_minor_formatter(PlainLogFormatter(one.get_minor_formatter()))
 
 
 @styled

@@ -110,6 +110,7 @@ class ModelPictures:
             items.append(Paragraph(f"Pictures for {len(shown)} of {len(variants.labels)} variants "
                                    "(those with a finished run, in sweep order)."))
         position_drawn: set[str] = set()
+        drawn_names: dict[str, int] = {}  # position scheme -> pictures of it so far
         for variant in shown:
             run = finished[finished["variant"] == variant].sort_values("seed").iloc[0]
             folder = self.run_dir(str(run["run_id"]))
@@ -128,7 +129,12 @@ class ModelPictures:
             scheme_learned = isinstance(position, dict) and position.get("name") == "learned"
             if key not in position_drawn or scheme_learned:  # a learned table differs per run
                 position_drawn.add(key)
-                items += self.position_items(model, dest, variant, caption_run)
+                # named after the scheme it draws (not the variant: sweeping the FFN gave position_gelu.png);
+                # a second drawing of a scheme (other parameters, or a learned table) gets a number
+                scheme = position["name"] if isinstance(position, dict) else str(position)
+                drawn_names[scheme] = drawn_names.get(scheme, 0) + 1
+                name = scheme if drawn_names[scheme] == 1 else f"{scheme}_{drawn_names[scheme]}"
+                items += self.position_items(model, dest, name, caption_run)
         return items
 
     # ---- attention ---------------------------------------------------------------------------
@@ -190,15 +196,16 @@ class ModelPictures:
 
     # ---- position scheme ---------------------------------------------------------------------
 
-    def position_items(self, model, dest: Path, variant: str, caption_run: str) -> list[Item]:
+    def position_items(self, model, dest: Path, name: str, caption_run: str) -> list[Item]:
+        """The position scheme's picture, saved as position_<name>.png."""
         scheme = next((m for m in model.modules() if isinstance(m, PositionScheme)), None)
         if scheme is None:
             return []
         drawn = position_picture(scheme)
         if drawn is None:
-            return [Paragraph(f"{variant}: the position scheme {scheme.name!r} adds no position signal to draw.")]
+            return [Paragraph(f"{caption_run}: the position scheme {scheme.name!r} adds no position signal to draw.")]
         matrix, kind = drawn
-        path = dest / "figures" / f"position_{slug(variant)}.png"
+        path = dest / "figures" / f"position_{slug(name)}.png"
         labels = {
             "embed": ("dimension", "position", f"{scheme.name}: encoding added to the embeddings", "value"),
             "rotate": ("key position", "query position", f"{scheme.name}: q·k of one vector at every pair of positions",
@@ -221,7 +228,7 @@ class ModelPictures:
             "score_bias": "a linear penalty on distance, steeper for heads with larger slopes",
         }[kind]
         return [Figure(path.relative_to(dest).as_posix(), f"{caption_run}: {labels[2]} ({explain}).",
-                       f"position scheme of {variant}")]
+                       f"position scheme {name}")]
 
 
 def real_lengths(batch: dict[str, Tensor], family: str) -> dict[str, int]:

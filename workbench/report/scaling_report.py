@@ -23,7 +23,7 @@ from workbench.cost import fit
 
 from workbench.run import store
 from workbench.attention import AttentionVariant
-from workbench.report import merged_environment, reproduce_command
+from workbench.report import merged_environment, reproduce_command, timing_caveat
 from workbench.results import Status
 from workbench.spec import parse_spec
 from workbench.report import figures
@@ -43,6 +43,8 @@ from workbench.report.variants import Variants, short_key, value_text
 
 COORDINATES = ("scope", "mode", "length", "kv_cache")
 # The header's Learned line: a cost study trains nothing, so there is no chance level to beat.
+# Sections that show timings: each gets the shared-machine caveat line when it applies.
+TIMED_SECTIONS = ("Fitted exponents", "Cost against length", "Decoding", "All measurements")
 NOT_TRAINED = "Learned: no learned criterion applies: nothing is trained for quality here (this study measures cost)"
 
 
@@ -133,6 +135,7 @@ def exponent_text(exponent: float, stderr: float, n_points: int) -> str:
 class ScalingReport:
     def __init__(self, study, runs: list[dict[str, Any]], environment: dict[str, str], command: str, dest: Path):
         self.study, self.dest, self.environment, self.command = study, dest, environment, command
+        self.records = runs
         self.keys = list(study.sweep.keys)
         self.rows = measurement_rows(runs, self.keys)
         swept = {k: study.sweep.values(k) for k in self.keys}
@@ -404,6 +407,10 @@ class ScalingReport:
             if extra is not None:
                 sections.append(extra)
         sections += [self.failures(), self.measurements_table()]
+        caveat = timing_caveat(self.records, overlap=False)  # a point's measurements are recorded together
+        for section in sections if caveat else ():
+            if section.title in TIMED_SECTIONS:
+                section.items.insert(0, Paragraph(caveat))
         if self.study.notes.strip():
             sections.append(Section("Notes", [Paragraph(p.strip()) for p in self.study.notes.split("\n\n") if p.strip()]))
         sections.append(Section("Environment", [Table(["", "value"], [[k, v] for k, v in sorted(self.environment.items())])]))

@@ -86,6 +86,7 @@ class TrainInputs:
     command: str  # the command that reproduces the runs
     pictures: Callable[[Variants, pd.DataFrame, Path], list[Item]] | None = None
     tuning: Sequence[PointTuning] = ()  # with `tune:`: each sweep point's candidates and choice
+    timing_caveat: str | None = None  # workbench.report.timing_caveat of the runs: timings from a shared machine
 
 
 def metric_direction(metric: str, task_name: str) -> bool:
@@ -546,20 +547,24 @@ class TrainReport:
                      numeric=[False] + [True] * (len(columns) - 1))
 
     def all_metrics_table(self) -> Table | None:
+        """Every final metric, one row per evaluation length and variant and one column per metric,
+        so the table keeps a handful of columns however many lengths a study evaluates."""
         if len(self.metrics) <= 1:
             return None
+        names = list(dict.fromkeys(split_metric(m)[0] for m in self.metrics))
+        lengths = sorted({split_metric(m)[1] for m in self.metrics}, key=lambda n: -1 if n is None else n)
         rows = []
-        for variant in self.variants.labels:
-            cells = []
-            for metric in self.metrics:
-                cells.append(interval_text(self.interval(variant, metric)))
-            rows.append([variant, *cells])
-        arrows = ["" if split_metric(m)[0] in DESCRIPTIVE_METRICS else " ↑" if metric_direction(m, self.task_name)
-                  else " ↓" for m in self.metrics]
-        return Table(["variant", *(f"{m}{a}" for m, a in zip(self.metrics, arrows))], rows,
-                     caption="Every final metric: mean [95% CI] over finished seeds (↑ higher is better, ↓ lower; "
-                     "no arrow: descriptive)",
-                     numeric=[False] + [True] * len(self.metrics))
+        for length in lengths:
+            for variant in self.variants.labels:
+                columns = [name if length is None else f"{name}@{length}" for name in names]
+                cells = [interval_text(self.interval(variant, c)) if c in self.metrics else "–" for c in columns]
+                rows.append(["–" if length is None else str(length), variant, *cells])
+        arrows = ["" if name in DESCRIPTIVE_METRICS else " ↑" if metric_direction(name, self.task_name)
+                  else " ↓" for name in names]
+        return Table(["length", "variant", *(f"{name}{a}" for name, a in zip(names, arrows))], rows,
+                     caption="Every final metric at each evaluation length: mean [95% CI] over finished seeds "
+                     "(↑ higher is better, ↓ lower; no arrow: descriptive)",
+                     numeric=[True, False] + [True] * len(names))
 
     def leaderboards(self) -> Section:
         items: list[Item] = [Paragraph(
@@ -567,6 +572,8 @@ class TrainReport:
             "to the baseline with its 95% t interval, paired over seeds when both ran the same seeds, Welch's "
             "otherwise. Run measures (parameters, tokens/s, peak memory, wall time) are means "
             "over finished runs; peak memory names its instrument.")]
+        if self.inputs.timing_caveat:
+            items.append(Paragraph(self.inputs.timing_caveat))
         items += [self.leaderboard(m) for m in self.headline]
         table = self.all_metrics_table()
         if table is not None:
@@ -583,32 +590,55 @@ class TrainReport:
         items: list[Item] = []
         curves = self.curves()
         if not curves.empty:
+            panels = [(f"{split} {metric}", metric) for split, metric in self.curve_panels()]
+            flat = [name for name, _ in panels if (curves["metric"] == name).any()
+                    and figures.constant(curves[curves["metric"] == name]["value"])]
             items.append(self.figure(
                 figures.learning_curves(curves, self.palette, fig_dir / "learning_curves.png",
-                                        panels=[f"{split} {metric}" for split, metric in self.curve_panels()]),
-                "Learning curves: mean over seeds with a 95% t band (all runs, including those that stopped early).",
-                "learning curves per variant"))
+                                        panels=[name for name, _ in panels],
+                                        bounds={name: self.range_of(metric) for name, metric in panels}),
+                "Learning curves: each seed as a thin line; per variant the mean over seeds with a 95% t band, "
+                "kept inside the metric's range (all runs, including those that stopped early)."
+                + self.flat_note(flat, curves), "learning curves per variant"))
         for name in dict.fromkeys(split_metric(m)[0] for m in self.metrics):
             long = self.by_length(name)
             if long is None:
                 continue
+            if figures.constant(long["value"]):
+                items.append(Paragraph(f"{name}: {fmt(long['value'].dropna().iloc[0])} for every variant at every "
+                                       "evaluation length, so it is not drawn."))
+                continue
             items.append(self.figure(
                 figures.quality_vs_length(long, self.palette, fig_dir / f"{name}_vs_length.png", metric=name,
-                                          train_length=self.study.task.get("train_length")),
-                f"{name} against evaluation length (extrapolation beyond the dashed training length); "
-                "95% t bands over seeds.", f"{name} against evaluation length"))
+                                          train_length=self.study.task.get("train_length"),
+                                          bounds=self.range_of(name)),
+                f"{name} against evaluation length (extrapolation beyond the dashed training length): each seed "
+                "as a thin line, the mean with a 95% t band over seeds.", f"{name} against evaluation length"))
         headline = self.headline[0] if self.headline else None
         if headline is not None:
             summary = self.cost_summary(headline)
             for cost, label, slug in (("wall_time_s", "wall time per run (s)", "time"),
                                       ("peak_memory_bytes", "peak memory (bytes)", "memory")):
                 if cost in summary:
+                    seeds = self.finished[["variant", headline, cost]].rename(columns={headline: "value"}) \
+                        if headline in self.finished and cost in self.finished else None
+                    caveat = self.inputs.timing_caveat if cost == "wall_time_s" else None
+                    caveat = f" {caveat}" if caveat else ""
                     items.append(self.figure(
                         figures.quality_vs_cost(summary, self.palette, fig_dir / f"{slug}_vs_quality.png",
-                                                metric=headline, cost=cost, cost_label=label),
-                        f"{headline} against {label.split(' (')[0]}: mean with 95% CI over seeds.",
-                        f"{headline} against {label}"))
+                                                metric=headline, cost=cost, cost_label=label,
+                                                bounds=self.range_of(headline), seeds=seeds),
+                        f"{headline} against {label.split(' (')[0]}: each seed as a dot, the mean with its 95% CI "
+                        f"over seeds.{caveat}", f"{headline} against {label}"))
         return Section("Figures", [i for i in items if i is not None])
+
+    @staticmethod
+    def flat_note(flat: Sequence[str], curves: pd.DataFrame) -> str:
+        """The caption's word on panels left out because every value was the same."""
+        if not flat:
+            return ""
+        values = "; ".join(f"{name} is {fmt(curves[curves['metric'] == name]['value'].iloc[0])}" for name in flat)
+        return f" Not drawn, the same at every step for every run: {values}."
 
     def curve_panels(self) -> list[tuple[str, str]]:
         """(split, metric) of the learning-curve panels: the training loss, and the evaluation

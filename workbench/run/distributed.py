@@ -23,6 +23,7 @@ waiting in the rendezvous for PyTorch's default of 30 minutes: RENDEZVOUS_TIMEOU
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -64,9 +65,9 @@ def shard(batch: dict[str, Any], rank: int, world: int) -> dict[str, Any]:
     return {key: value.tensor_split(world)[rank] for key, value in batch.items()}
 
 
-def train_in_processes(run_id: str, config: dict[str, Any], run_dir: Path) -> RunResult:
+def train_in_processes(run_id: str, config: dict[str, Any], run_dir: Path, tracker: Any = None) -> RunResult:
     """Train the run in a child process group (see the module docstring); its result.json is
-    the result. A stop request (workbench.stopping) is forwarded as SIGTERM and ends in
+    the result. `tracker` (workbench.run.tracking.TrackerRun) travels as JSON. A stop request (workbench.stopping) is forwarded as SIGTERM and ends in
     RunInterrupted once the ranks have checkpointed."""
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / CONFIG_FILE).write_text(json.dumps(config, indent=2, sort_keys=True))
@@ -75,7 +76,8 @@ def train_in_processes(run_id: str, config: dict[str, Any], run_dir: Path) -> Ru
     env = dict(os.environ)  # the worker's thread share, split between the ranks
     env["OMP_NUM_THREADS"] = str(max(1, torch.get_num_threads() // (world_size(config["train"]) or 1)))
     with open(run_dir / LOG_FILE, "ab") as log:
-        child = subprocess.Popen([sys.executable, "-m", "workbench.run.one_run", str(run_dir), run_id],
+        tracker_arg = [json.dumps(dataclasses.asdict(tracker))] if tracker is not None else []
+        child = subprocess.Popen([sys.executable, "-m", "workbench.run.one_run", str(run_dir), run_id, *tracker_arg],
                                  stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                  env=env, start_new_session=True)
         stopped_at = None

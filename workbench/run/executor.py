@@ -48,6 +48,7 @@ class Job:
     run_id: str
     config: dict[str, Any]
     run_dir: Path
+    tracker: Any = None  # workbench.run.tracking.TrackerRun: the run's name in an experiment tracker
 
 
 class Executor(ABC):
@@ -73,7 +74,7 @@ class Executor(ABC):
 def execute(job: Job):
     from workbench.run.train import train_run  # imported here: workers pay for torch once, lazily
 
-    return train_run(job.run_id, job.config, job.run_dir)
+    return train_run(job.run_id, job.config, job.run_dir, job.tracker)
 
 
 class InProcessExecutor(Executor):

@@ -57,10 +57,18 @@ class Summary:
     total: int
     skipped: int = 0
     statuses: Counter = field(default_factory=Counter)
+    study: str | None = None  # the study's name
+    kept: frozenset = KEPT  # outcomes that are results (a scaling study's oom and timeout too)
 
     @property
     def failures(self) -> int:
         return sum(n for status, n in self.statuses.items() if status != Status.FINISHED)
+
+    @property
+    def incomplete(self) -> int:
+        """Runs of this sweep with no result to keep (a training run failed, oom or untuned; a
+        failed measurement); a rerun retries them."""
+        return sum(n for status, n in self.statuses.items() if status not in self.kept)
 
 
 MAX_RESULT_BYTES = 256 * 2**20  # a result.json is read up to this size (curves of a long run: a few MiB)
@@ -274,7 +282,7 @@ def sweeping(study_name: str, out: Path, total: int, options: RunOptions,
              line: Callable[[RunConfig, RunResult], str] | None = None) -> Iterator[tuple[Summary, SweepProgress]]:
     """The summary and progress display of one sweep, with SIGTERM/SIGINT turned into a clean
     stop: what ended is recorded, and RunInterrupted says how to continue."""
-    summary = Summary(out_dir=out, total=total)
+    summary = Summary(out_dir=out, total=total, study=study_name)
     progress = SweepProgress(study_name, total, options.quiet, options.console, line=line or run_line)
     handlers = stopping.install_handlers()  # `workbench run` installed them at start-up already
     stopping.defer()  # from here a stop lets the running runs checkpoint
@@ -292,11 +300,13 @@ def sweeping(study_name: str, out: Path, total: int, options: RunOptions,
 
 
 def execute_runs(runs: list[RunConfig], what: str, store: Store, executor: Executor, summary: Summary,
-                 progress: SweepProgress, kept: Collection[str] = KEPT) -> None:
+                 progress: SweepProgress, kept: Collection[str] = KEPT,
+                 tracker: Callable[[RunConfig], Any] | None = None) -> None:
     """Run the pending ones of `runs` through `executor`, recording each outcome as it comes;
     runs whose recorded status is in `kept` are skipped, and a result.json left unrecorded is
-    recorded without running again."""
+    recorded without running again. `tracker(run)` names each job's experiment-tracker run."""
     out = store.out_dir
+    summary.kept = frozenset(kept)
     statuses = store.statuses()
     pending: list[RunConfig] = []
     unrecorded: list[tuple[RunConfig, Any]] = []
@@ -318,7 +328,8 @@ def execute_runs(runs: list[RunConfig], what: str, store: Store, executor: Execu
         progress.run_done(run, result)
     by_id = {run.run_id: run for run in pending}
     refuse_links(runs_root(out), *by_id)  # --runs-dir: folders outside `out`, checked here
-    jobs_ = [Job(run.run_id, run.config, run_dir(out, run.run_id)) for run in pending]
+    jobs_ = [Job(run.run_id, run.config, run_dir(out, run.run_id), tracker(run) if tracker else None)
+             for run in pending]
     for result in executor.run(jobs_) if jobs_ else ():  # (a Ray executor would start a cluster for nothing)
         run = by_id[result.run_id]
         store.record(run, result)  # the driver is the only writer of a sweep

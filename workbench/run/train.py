@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib
 import importlib.util
+import inspect
 import json
 import logging
 import math
@@ -46,14 +48,15 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from workbench import stopping
 from workbench.errors import WorkbenchError
-from workbench.hardware import Machine, train_needs
+from workbench.hardware import Machine, machine_load, train_needs
 from workbench.cost.memory import LiveTensorBytes
 from workbench.model import Transformer, attention_entropy, build_model, record_attention
 from workbench.position import PositionLimitError
 from workbench.registry import run_providers
 from workbench.results import CONFIG_FILE, FINAL_WEIGHTS, LAST_CHECKPOINT, PROGRESS_FILE, RESULT_FILE
-from workbench.results import ATTENTION_ENTROPY, RunResult, Status, flatten, write_json_atomic, write_text_atomic
+from workbench.results import ATTENTION_ENTROPY, RunResult, Status, write_json_atomic, write_text_atomic
 from workbench.run.distributed import lightning_strategy, needs_processes, rank_zero, shard, train_in_processes
+from workbench.run.tracking import TrackerRun, check_logger, close_logger, make_logger
 from workbench.weights import make_task, refuse_or_explain, save_final_weights
 
 # Status of a run, as stored.
@@ -90,63 +93,77 @@ def count_tokens(batch: dict[str, torch.Tensor]) -> int:
 
 
 class StepBatches(Dataset):
-    """Item i is training batch i (already batched), with its token count. With several
-    processes (DDP), item i is this rank's share of batch i, with the whole batch's count."""
+    """Item j is micro-batch j % k of training batch j // k (k = micro-batches per step, 1 by
+    default: item i is batch i), with its token count. With several processes (DDP), each rank
+    gets its share of that micro-batch, with the whole micro-batch's count."""
 
-    def __init__(self, task, batch_size: int, family: str, steps: int, rank: int = 0, world: int = 1):
+    def __init__(self, task, batch_size: int, family: str, steps: int, micro_batches: int = 1,
+                 rank: int = 0, world: int = 1):
         self.task, self.batch_size, self.family, self.steps = task, batch_size, family, steps
-        self.rank, self.world = rank, world
+        self.micro_batches, self.rank, self.world = micro_batches, rank, world
 
     def __len__(self) -> int:
-        return self.steps
+        return self.steps * self.micro_batches
 
     def __getitem__(self, index: int) -> tuple[dict[str, torch.Tensor], int]:
-        batch = self.task.train_batch(index, self.batch_size, self.family)
+        step, part = divmod(index, self.micro_batches)
+        batch = self.task.train_batch(step, self.batch_size, self.family)
+        if self.micro_batches > 1:  # rows part*m .. (part+1)*m - 1 of every batch-first tensor
+            size = self.batch_size // self.micro_batches
+            batch = {k: v[part * size:(part + 1) * size] for k, v in batch.items()}
         tokens = count_tokens(batch)
         return (batch if self.world == 1 else shard(batch, self.rank, self.world)), tokens
 
 
 class StepSampler(Sampler[int]):
-    """Indices start() .. steps-1: the training budget is one epoch of `steps` batches.
+    """Indices start() .. length-1: the training budget is one epoch of `length` items (steps x
+    micro-batches per step).
 
-    A resumed run restores Lightning's position in that epoch (k batches done) along with the
-    global step k, and Lightning ends the epoch when its count reaches len(sampler). So the
-    length stays the whole budget while iteration starts at k: the run continues with batch
-    k and stops after batch steps-1, exactly as an uninterrupted run would (a sampler of
-    length steps-k would end the restored epoch early and start a second one at k again)."""
+    A resumed run restores Lightning's position in that epoch (k items done) along with the
+    global step, and Lightning ends the epoch when its count reaches len(sampler). So the
+    length stays the whole budget while iteration starts at the restored position: the run
+    continues with the batch it would have seen next and stops after the last one, exactly as an
+    uninterrupted run would (a shorter sampler would end the restored epoch early and start a
+    second one)."""
 
-    def __init__(self, steps: int, start):
-        self.steps, self.start = steps, start
+    def __init__(self, length: int, start):
+        self.length, self.start = length, start
 
     def __len__(self) -> int:
-        return self.steps
+        return self.length
 
     def __iter__(self):
-        return iter(range(self.start(), self.steps))
+        return iter(range(self.start(), self.length))
 
 
 class TaskDataModule(pl.LightningDataModule):
-    def __init__(self, task, family: str, batch_size: int, steps: int):
+    def __init__(self, task, family: str, batch_size: int, steps: int, micro_batches: int = 1):
         super().__init__()
         self.task, self.family, self.batch_size, self.steps = task, family, batch_size, steps
+        self.micro_batches = micro_batches
 
     def train_dataloader(self) -> DataLoader:
-        trainer = self.trainer
+        trainer, micro = self.trainer, self.micro_batches
         world = trainer.world_size if trainer is not None else 1
-        if self.batch_size % world:
+        if self.batch_size % (world * micro):
             raise WorkbenchError(f"train.batch_size: {self.batch_size} rows cannot be shared equally by {world} "
-                                 f"processes; use a multiple of {world}")
+                                 f"processes x {micro} micro-batches; use a multiple of {world * micro}")
         rank = trainer.global_rank if trainer is not None else 0
-        dataset = StepBatches(self.task, self.batch_size, self.family, self.steps, rank, world)
-        # Lightning restores the global step before iterating: start there, so a resumed run
-        # continues with the batch it would have seen next. Every rank steps through the same
-        # indices (its share of each batch), so Lightning's distributed sampler stays off.
-        sampler = StepSampler(len(dataset), lambda: trainer.global_step if trainer is not None else 0)
+        dataset = StepBatches(self.task, self.batch_size, self.family, self.steps, micro, rank, world)
+        # Lightning restores the global step before iterating: start at its first micro-batch, so a
+        # resumed run continues with the batch it would have seen next. Every rank steps through the
+        # same indices (its share of each batch), so Lightning's distributed sampler stays off.
+        sampler = StepSampler(len(dataset), lambda: trainer.global_step * micro if trainer is not None else 0)
         # Its own generator: starting an iterator would otherwise draw from the global random
         # state that dropout uses, once more in a resumed session than in an uninterrupted run.
         # Pinned host memory: Lightning copies the batch to a GPU without blocking.
         pin = trainer is not None and trainer.strategy.root_device.type == "cuda"
         return DataLoader(dataset, batch_size=None, sampler=sampler, generator=torch.Generator(), pin_memory=pin)
+
+
+def step_done(trainer: pl.Trainer, batch_idx: int) -> bool:
+    """Whether this batch ended an optimizer step (with train.grad_accumulation, only every k-th)."""
+    return (batch_idx + 1) % trainer.accumulate_grad_batches == 0
 
 
 # ---- model and optimisation -----------------------------------------------------------------
@@ -170,6 +187,19 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, 
         {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
         {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
     ]
+
+
+def make_optimizer(spec: dict[str, Any], groups: list[dict[str, Any]], lr: float) -> torch.optim.Optimizer:
+    """The optimizer `train.optimizer` names, with its validated arguments (workbench.study.sections)."""
+    args = {k: v for k, v in spec.items() if k != "name"}
+    if "betas" in args:
+        args["betas"] = tuple(args["betas"])
+    if spec["name"] == "lion":
+        from lion_pytorch import Lion  # an optional package (the `lion` extra), checked before any run
+
+        return Lion(groups, lr=lr, **args)
+    cls = {"adamw": torch.optim.AdamW, "adam": torch.optim.Adam, "sgd": torch.optim.SGD}[spec["name"]]
+    return cls(groups, lr=lr, **args)
 
 
 class RunModule(pl.LightningModule):
@@ -201,7 +231,7 @@ class RunModule(pl.LightningModule):
 
     def configure_optimizers(self):
         cfg = self.train_cfg
-        optimizer = torch.optim.AdamW(param_groups(self.model, cfg["weight_decay"]), lr=cfg["lr"], betas=(0.9, 0.95))
+        optimizer = make_optimizer(cfg["optimizer"], param_groups(self.model, cfg["weight_decay"]), cfg["lr"])
         schedule = functools.partial(lr_factor, warmup=cfg["warmup_steps"], total=cfg["steps"],
                                      schedule=cfg["schedule"], min_ratio=cfg["min_lr_ratio"])
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
@@ -360,20 +390,46 @@ def check_device(train: dict[str, Any], source_of: Callable[[str], str | None] =
     needs = train_needs(train, machine)
     if needs:
         raise WorkbenchError(needs[0].error(source_of(needs[0].field), machine))
-    check_logger(train)
+    check_packages(train)
     return machine.device_for(train["accelerator"])
 
 
-def check_logger(train: dict[str, Any]) -> None:
-    """A WorkbenchError when `train.logger` names a logger whose package is not installed."""
-    modules = LOGGER_MODULES.get(train["logger"], ())
-    if modules and not any(importlib.util.find_spec(m) for m in modules):
-        raise WorkbenchError(f"train.logger: {train['logger']!r} needs the {modules[0]} package: "
-                             f"pip install 'transformer-workbench[{train['logger']}]', or use 'csv'")
+def check_packages(train: dict[str, Any]) -> None:
+    """A WorkbenchError, before anything trains, when a setting needs code that is not there: the
+    logger's package, Lion's package, or a `train.callbacks` class that does not import or does
+    not take its arguments."""
+    check_logger(train)
+    if train["optimizer"]["name"] == "lion" and importlib.util.find_spec("lion_pytorch") is None:
+        raise WorkbenchError("train.optimizer: 'lion' needs the lion-pytorch package: "
+                             "pip install 'transformer-workbench[lion]', or use adamw, adam or sgd")
+    for i, spec in enumerate(train["callbacks"]):
+        cls = import_callback(spec["path"], f"train.callbacks.{i}")
+        try:
+            inspect.signature(cls).bind(**spec["args"])
+        except TypeError as err:
+            raise WorkbenchError(f"train.callbacks.{i}: {spec['path']} does not take the arguments "
+                                 f"{sorted(spec['args'])}: {err}") from None
 
 
-# Modules an optional logger needs (any one of them), by `train.logger`.
-LOGGER_MODULES = {"tensorboard": ("tensorboard", "tensorboardX"), "mlflow": ("mlflow",), "wandb": ("wandb",)}
+def import_callback(path: str, field: str) -> type[Callback]:
+    """The Lightning callback class at an import path the study wrote (`package.module.Class` or
+    `package.module:Class`). Importing runs that module's code, as `pip install` of it would."""
+    module_name, _, name = path.replace(":", ".").rpartition(".")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as err:
+        raise WorkbenchError(f"{field}: cannot import {module_name!r} ({err}); give the import path of a class "
+                             "in an installed package, e.g. pytorch_lightning.callbacks.LearningRateMonitor") from None
+    cls = getattr(module, name, None)
+    if not (isinstance(cls, type) and issubclass(cls, Callback)):
+        raise WorkbenchError(f"{field}: {path!r} is not a pytorch_lightning Callback class "
+                             "(a subclass of pytorch_lightning.callbacks.Callback)")
+    return cls
+
+
+def user_callbacks(train: dict[str, Any]) -> list[Callback]:
+    return [import_callback(spec["path"], f"train.callbacks.{i}")(**spec["args"])
+            for i, spec in enumerate(train["callbacks"])]
 
 
 def device_name(device: str) -> str:
@@ -398,6 +454,9 @@ class RunRecorder(Callback):
         self.start_step = 0  # the global step this session started at (> 0: resumed)
         self.session_eval_time = 0.0
         self._eval_batches: dict[int, list] = {}
+        self._step_loss: torch.Tensor | None = None  # the training loss of the step in progress, summed over its micro-batches
+        self.best: float | None = None  # train.early_stopping: the best value of its metric so far ...
+        self.evals_without_gain = 0  # ... and the evaluations since it improved
 
     # -- time: training time excludes evaluation; both need a GPU sync to be true
     def _sync(self, module: pl.LightningModule) -> None:
@@ -417,10 +476,18 @@ class RunRecorder(Callback):
         step = trainer.global_step
         if outputs is None:  # diverged: no optimizer step was taken
             return
-        self.tokens += batch[1]  # the whole step's tokens (every rank's share)
+        self.tokens += batch[1]  # the micro-batch's tokens (every rank's share)
+        if "loss" not in outputs:  # the step that diverged: training stops here
+            return
+        # Lightning divides each micro-batch's loss by their number; summed on the device (no wait)
+        loss_part = outputs["loss"].detach()
+        self._step_loss = loss_part if self._step_loss is None else self._step_loss + loss_part
+        if not step_done(trainer, batch_idx):
+            return
+        step_loss, self._step_loss = self._step_loss, None
         if step % self.train["log_every"] == 0 or step == self.train["steps"]:
             lr = trainer.optimizers[0].param_groups[0]["lr"]
-            loss = float(trainer.strategy.reduce(outputs["loss"].detach(), reduce_op="mean"))  # every rank calls it
+            loss = float(trainer.strategy.reduce(step_loss, reduce_op="mean"))  # every rank calls it
             self.curves += [(step, "train", "loss", loss), (step, "train", "lr", lr)]
             self._log(trainer, {"train/loss": loss, "train/lr": lr}, step)
         if (step % self.train["eval_every"] == 0 or step == self.train["steps"]) and trainer.is_global_zero:
@@ -438,6 +505,23 @@ class RunRecorder(Callback):
         self.curves += [(step, "eval", name, value) for name, value in metrics.items()]
         self.last_eval = {"step": step, "metrics": metrics, "not_applicable": not_applicable}
         self._log(trainer, {f"eval/{k}": v for k, v in metrics.items()}, step)
+        if self.train.get("early_stopping") and self.no_longer_improving(metrics):
+            trainer.should_stop = True
+
+    def no_longer_improving(self, metrics: dict[str, float]) -> bool:
+        """train.early_stopping: whether its metric has not improved (by more than min_delta)
+        for `patience` evaluations in a row; the direction is the task's (loss: lower)."""
+        rule = self.train["early_stopping"]
+        value = metrics.get(rule["metric"])
+        if value is None or math.isnan(value):
+            return False
+        higher = self.task.metrics.get(rule["metric"].split("@")[0], False)
+        gain = math.inf if self.best is None else (value - self.best if higher else self.best - value)
+        if gain > rule["min_delta"]:
+            self.best, self.evals_without_gain = value, 0
+        else:
+            self.evals_without_gain += 1
+        return self.evals_without_gain >= rule["patience"]
 
     @staticmethod
     def _log(trainer, metrics: dict[str, float], step: int) -> None:
@@ -448,7 +532,8 @@ class RunRecorder(Callback):
     def state_dict(self) -> dict[str, Any]:
         # The CPU random state too (dropout draws from it): a resumed run continues the stream.
         return {"curves": self.curves, "last_eval": self.last_eval, "tokens": self.tokens,
-                "train_time": self.train_time(), "torch_rng": torch.get_rng_state()}
+                "train_time": self.train_time(), "torch_rng": torch.get_rng_state(),
+                "early_stopping": [self.best, self.evals_without_gain]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.curves = [tuple(c) for c in state["curves"]]
@@ -457,6 +542,7 @@ class RunRecorder(Callback):
         self.prior_train_time = state["train_time"]
         if "torch_rng" in state:
             torch.set_rng_state(state["torch_rng"])
+        self.best, self.evals_without_gain = state.get("early_stopping", (None, 0))
 
 
 class ProgressFile(Callback):
@@ -471,10 +557,12 @@ class ProgressFile(Callback):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         step, now = trainer.global_step, time.perf_counter()
-        if outputs is None or not trainer.is_global_zero or (now - self.last_write < self.every_s and step < self.steps):
+        if (outputs is None or not trainer.is_global_zero or not step_done(trainer, batch_idx)
+                or (now - self.last_write < self.every_s and step < self.steps)):
             return
         self.last_write = now
-        write_json_atomic(self.path, {"step": step, "steps": self.steps, "loss": float(outputs["loss"]),
+        write_json_atomic(self.path, {"step": step, "steps": self.steps,
+                                      "loss": float(outputs["loss"]) * trainer.accumulate_grad_batches,
                                       "seconds": now - self.started})
 
 
@@ -571,6 +659,8 @@ class StopOnRequest(Callback):
         self.path = path
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if not step_done(trainer, batch_idx):  # a checkpoint holds whole steps
+            return
         stop = stopping.stop_requested()
         if trainer.world_size > 1:  # the ranks stop at the same step, or one waits for the others forever
             stop = trainer.strategy.reduce_boolean_decision(stop, all=False)
@@ -584,49 +674,23 @@ class StopOnRequest(Callback):
 # ---- one run --------------------------------------------------------------------------------
 
 
-def make_logger(kind: str, run_dir: Path, run_id: str = "", config: dict[str, Any] | None = None):
-    """Lightning's own logger of each kind. Experiment trackers get the run id as the run name
-    and the flattened run config as parameters; they stay on this machine unless configured."""
-    if kind == "tensorboard":
-        from pytorch_lightning.loggers import TensorBoardLogger
-
-        return TensorBoardLogger(save_dir=run_dir, name="logs", default_hp_metric=False)
-    if kind in ("mlflow", "wandb"):
-        if kind == "mlflow":
-            from pytorch_lightning.loggers import MLFlowLogger
-
-            logger = MLFlowLogger(experiment_name=os.environ.get("MLFLOW_EXPERIMENT_NAME", "workbench"), run_name=run_id,
-                                  tracking_uri=os.environ.get("MLFLOW_TRACKING_URI", f"sqlite:///{(run_dir / 'mlflow.db').resolve()}"))
-        else:
-            from pytorch_lightning.loggers import WandbLogger
-
-            online = os.environ.get("WANDB_MODE") == "online" or (
-                bool(os.environ.get("WANDB_API_KEY")) and os.environ.get("WANDB_MODE") != "offline")
-            logger = WandbLogger(name=run_id, project=os.environ.get("WANDB_PROJECT", "workbench"),
-                                 save_dir=run_dir, offline=not online)
-        logger.log_hyperparams(flatten(config or {}))
-        return logger
-    from pytorch_lightning.loggers import CSVLogger
-
-    return CSVLogger(save_dir=run_dir, name="logs")  # a resumed session logs to the next version_N
-
-
 CPU_ALLOCATOR_FAILED = "DefaultCPUAllocator: can't allocate memory"
 
 
-def train_run(run_id: str, config: dict[str, Any], run_dir: Path) -> RunResult:
+def train_run(run_id: str, config: dict[str, Any], run_dir: Path, tracker: TrackerRun | None = None) -> RunResult:
     """Train one run to completion (or divergence / error) and write its result.json and
     final weights. Continues from checkpoints/last.ckpt when an earlier attempt left one.
-    Never raises for a run's own failure: outcomes are data. A run on several devices or nodes
-    trains in a process group of its own (workbench.run.distributed)."""
+    Never raises for a run's own failure: outcomes are data. `tracker` names the run in an
+    experiment tracker (workbench.run.tracking). A run on several devices or nodes trains in a
+    process group of its own (workbench.run.distributed)."""
     if stopping.stop_requested():
         raise stopping.RunInterrupted("had not begun training")
     if needs_processes(config["train"]):
-        return train_in_processes(run_id, config, run_dir)
-    return train_here(run_id, config, run_dir)
+        return train_in_processes(run_id, config, run_dir, tracker)
+    return train_here(run_id, config, run_dir, tracker)
 
 
-def train_here(run_id: str, config: dict[str, Any], run_dir: Path) -> RunResult:
+def train_here(run_id: str, config: dict[str, Any], run_dir: Path, tracker: TrackerRun | None = None) -> RunResult:
     """train_run in this process: every rank of a multi-process run runs it; rank 0 alone
     writes the run folder's files."""
     quiet_lightning()
@@ -648,7 +712,7 @@ def train_here(run_id: str, config: dict[str, Any], run_dir: Path) -> RunResult:
                        environment={**environment(device_name(device)), "float32_matmul_precision": matmul,
                                     "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
                                     **run_providers(config)})
-    recorder = None
+    recorder = logger = None
     deterministic_before = torch.are_deterministic_algorithms_enabled()
     try:
         torch.set_float32_matmul_precision(matmul)
@@ -662,18 +726,21 @@ def train_here(run_id: str, config: dict[str, Any], run_dir: Path) -> RunResult:
         ckpt = run_dir / LAST_CHECKPOINT
         if writer:
             ckpt.with_name(ckpt.name + ".tmp").unlink(missing_ok=True)  # a save cut short by a kill
+        logger = make_logger(train["logger"], run_dir, config, tracker)
         trainer = pl.Trainer(
             max_steps=train["steps"], max_epochs=-1, limit_val_batches=0, num_sanity_val_steps=0,
             accelerator=train["accelerator"], devices=train["devices"], strategy=lightning_strategy(train),
             num_nodes=train["num_nodes"], precision=train["precision"],
             gradient_clip_val=train["grad_clip"], gradient_clip_algorithm="norm",
-            deterministic=device == "cpu", logger=make_logger(train["logger"], run_dir, run_id, config),
-            callbacks=[recorder, StopOnRequest(ckpt), checkpoint, memory, ProgressFile(run_dir, train["steps"])],
+            accumulate_grad_batches=train["grad_accumulation"],
+            deterministic=device == "cpu", logger=logger,
+            callbacks=[recorder, StopOnRequest(ckpt), checkpoint, memory, ProgressFile(run_dir, train["steps"]),
+                       *user_callbacks(train)],
             log_every_n_steps=train["log_every"], plugins=[SafeCheckpointIO()],
             enable_progress_bar=False, enable_model_summary=False, default_root_dir=run_dir,
             use_distributed_sampler=False,  # StepBatches shares each batch between the ranks
         )
-        datamodule = TaskDataModule(task, module.family, train["batch_size"], train["steps"])
+        datamodule = TaskDataModule(task, module.family, train["batch_size"], train["steps"], train["grad_accumulation"])
         trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt if ckpt.exists() else None, weights_only=True)
         result.resumed_from_step = recorder.start_step or None
         result.steps_done = trainer.global_step
@@ -701,6 +768,12 @@ def train_here(run_id: str, config: dict[str, Any], run_dir: Path) -> RunResult:
     finally:
         torch.use_deterministic_algorithms(deterministic_before)  # Trainer(deterministic=True) sets it globally
         torch.set_float32_matmul_precision(matmul_before)  # global too: the next run in this process sets its own
+        if logger is not None:
+            try:
+                close_logger(logger, result.status, result.metrics)
+            except Exception as err:  # noqa: BLE001 - a tracker that cannot be reached loses no result
+                warnings.warn(f"train.logger {train['logger']}: could not close the tracker run "
+                              f"({type(err).__name__}: {str(err).splitlines()[0][:120]})", stacklevel=1)
     if recorder is not None:
         result.curves = recorder.curves
         result.tokens = recorder.tokens
@@ -709,6 +782,7 @@ def train_here(run_id: str, config: dict[str, Any], run_dir: Path) -> RunResult:
         result.tokens_per_s = result.tokens / result.train_time_s if result.tokens and result.train_time_s > 0 else None
     result.peak_memory_bytes = memory.peak_bytes()
     result.wall_time_s = time.perf_counter() - start
+    result.environment.update(machine_load())
     if not writer:
         return result
     try:

@@ -207,6 +207,13 @@ class TrainStudy(StudyBase):
                     check_key(key.removeprefix("sweep."), f"profiles.{profile}.{key}", self.task)
         if self.tune is not None:
             self.tune = check_tune(self.tune, self)
+        stop = self.train.early_stopping
+        if stop is not None and not stored(info):
+            if stop.metric in RUN_MEASURES or "@" not in stop.metric:
+                lengths = self.task.get("eval_lengths") or [self.task["train_length"]]
+                raise SpecError("train.early_stopping.metric", f"{stop.metric!r} is not evaluated during training: "
+                                f"give metric@length, e.g. loss@{lengths[0]}")
+            check_metric(stop.metric, "train.early_stopping.metric", self)
         return self
 
     def sweep_point(self, value: Any, field: str) -> dict[str, Any]:

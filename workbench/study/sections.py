@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import itertools
+import json
 import math
 import re
 from collections.abc import Mapping
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from workbench.errors import SpecError
 from workbench.study.yaml_file import limit, suggest
@@ -32,6 +33,71 @@ def world_size(train: Mapping[str, Any]) -> int | None:
     return devices * train["num_nodes"]
 
 
+Betas = tuple[Annotated[float, Field(ge=0, lt=1)], Annotated[float, Field(ge=0, lt=1)]]
+
+
+class AdamW(BaseModel):
+    """torch.optim.AdamW: decoupled weight decay (train.weight_decay) on weight matrices."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: Literal["adamw"] = "adamw"
+    betas: Betas = Field((0.9, 0.95), description="decay rates of the first and second moment estimates")
+    eps: float = Field(1e-8, gt=0, description="added to the denominator for stability")
+
+
+class Adam(AdamW):
+    """torch.optim.Adam: train.weight_decay is an L2 term in the gradient."""
+
+    name: Literal["adam"] = "adam"
+
+
+class SGD(BaseModel):
+    """torch.optim.SGD: train.weight_decay is an L2 term in the gradient."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: Literal["sgd"] = "sgd"
+    momentum: float = Field(0.9, ge=0, lt=1, description="momentum factor (0: plain SGD)")
+    nesterov: bool = Field(False, description="Nesterov momentum (needs momentum > 0)")
+
+    @model_validator(mode="after")
+    def _nesterov(self):
+        if self.nesterov and self.momentum == 0:
+            raise SpecError("train.optimizer.nesterov", "Nesterov momentum needs momentum > 0")
+        return self
+
+
+class Lion(BaseModel):
+    """Lion (Chen et al. 2023, the lion-pytorch package): sign updates, decoupled weight decay;
+    it wants a learning rate 3-10x smaller than AdamW's."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: Literal["lion"] = "lion"
+    betas: Betas = Field((0.9, 0.99), description="interpolation and momentum decay rates")
+
+
+OPTIMIZERS: dict[str, type[BaseModel]] = {"adamw": AdamW, "adam": Adam, "sgd": SGD, "lion": Lion}
+Optimizer = Annotated[AdamW | Adam | SGD | Lion, Field(discriminator="name")]
+
+
+class EarlyStopping(BaseModel):
+    """Stop a run when its metric has not improved for `patience` evaluations in a row."""
+
+    model_config = ConfigDict(extra="forbid")
+    metric: str = Field(description="metric@length the run evaluates (e.g. loss@16); its direction is the task's")
+    patience: int = Field(gt=0, description="evaluations without improvement before the run stops")
+    min_delta: float = Field(0.0, ge=0, description="smallest change that counts as an improvement")
+
+
+class CallbackPath(BaseModel):
+    """A Lightning callback class by its import path, with keyword arguments for it."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    path: str = Field(pattern=r"^[A-Za-z_][\w.]*[.:][A-Za-z_]\w*$",
+                      description="import path of a pytorch_lightning Callback subclass: package.module.Class "
+                                  "(importing it runs that module's code)")
+    args: dict[str, Any] = Field({}, description="keyword arguments of its constructor")
+
+
 class TrainConfig(BaseModel):
     """How each run trains. Execution fields (where and how it runs) do not change a run's id."""
 
@@ -40,9 +106,12 @@ class TrainConfig(BaseModel):
         "accelerator", "devices", "strategy", "num_nodes", "logger", "checkpoint_every", "eval_batch_size",
         "matmul_precision",
     )
-    # Opt-in measurements: part of a run's id and a study's hash only when switched on, so studies
-    # that never set them keep the ids and hashes they always had.
-    OPT_IN: ClassVar[tuple[str, ...]] = ("attention_entropy",)
+    # Settings added after studies were run: part of a run's id and a study's hash only when they
+    # differ from their default, so studies that never set them keep the ids and hashes they had.
+    OPTIONAL: ClassVar[dict[str, Any]] = {
+        "attention_entropy": False, "optimizer": AdamW().model_dump(), "grad_accumulation": 1,
+        "early_stopping": None, "callbacks": [],
+    }
 
     steps: int | None = Field(None, gt=0, description="optimizer steps per run (give steps or tokens)")
     tokens: int | None = Field(
@@ -76,6 +145,47 @@ class TrainConfig(BaseModel):
     attention_entropy: bool = Field(
         False, description="also record attention_entropy@<train_length> at every evaluation: the mean entropy of "
         "the attention rows over the keys each can see, divided by ln(that number): 1 uniform, 0 a saturated softmax")
+    optimizer: Optimizer = Field(
+        default_factory=AdamW, description="adamw (default), adam, sgd or lion, by name or as {name: ..., <its "
+        "arguments>}; train.lr and train.weight_decay apply to each")
+    grad_accumulation: int = Field(
+        1, gt=0, description="split each step's batch_size sequences into this many micro-batches whose gradients "
+        "add up before the step (less memory, the same batch)")
+    early_stopping: EarlyStopping | None = Field(
+        None, description="{metric, patience}: stop when the metric has not improved for `patience` evaluations")
+    callbacks: list[CallbackPath] = Field(
+        [], description="Lightning callbacks added to every run, by import path (package.module.Class or "
+        "{path: ..., args: {...}}); importing them runs their code")
+
+    @field_validator("optimizer", mode="before")
+    @classmethod
+    def _optimizer(cls, v):
+        data = {"name": v} if isinstance(v, str) else v
+        if not isinstance(data, Mapping) or not isinstance(data.get("name"), str):
+            raise SpecError("train.optimizer", "give an optimizer name or {name: ..., <arguments>}", OPTIMIZERS)
+        name = data["name"].lower()
+        if name not in OPTIMIZERS:
+            raise SpecError("train.optimizer", f"unknown optimizer {name!r}" + suggest(name, list(OPTIMIZERS)),
+                            OPTIMIZERS)
+        known = OPTIMIZERS[name].model_fields
+        for key in data:
+            if key not in known:
+                raise SpecError(f"train.optimizer.{key}", f"not an argument of {name}" + suggest(key, list(known)),
+                                [k for k in known if k != "name"])
+        try:  # here, so that an error names train.optimizer.<argument> (not the union's tag)
+            return OPTIMIZERS[name].model_validate({**data, "name": name})
+        except ValidationError as err:
+            first = err.errors()[0]
+            inner = (first.get("ctx") or {}).get("error")
+            if isinstance(inner, SpecError):
+                raise inner from None
+            where = ".".join(str(p) for p in first["loc"])
+            raise SpecError(f"train.optimizer.{where}", f"{first['msg']} (got {first.get('input')!r})") from None
+
+    @field_validator("callbacks", mode="before")
+    @classmethod
+    def _callbacks(cls, v):
+        return [{"path": c} if isinstance(c, str) else c for c in v] if isinstance(v, list) else v
 
     @field_validator("precision", mode="before")
     @classmethod
@@ -114,13 +224,17 @@ class TrainConfig(BaseModel):
     def _one_budget(self):
         if (self.steps is None) == (self.tokens is None):
             raise SpecError("train.steps", "give exactly one training budget: steps or tokens")
+        if self.batch_size % self.grad_accumulation:
+            raise SpecError("train.grad_accumulation", f"{self.grad_accumulation} micro-batches do not divide "
+                            f"train.batch_size {self.batch_size} evenly")
         return self
 
     @classmethod
     def defining(cls, train: Mapping[str, Any]) -> dict[str, Any]:
         """The fields of a training section that decide what a run computes (no execution
-        fields, no opt-in measurement that is off)."""
-        return {k: v for k, v in train.items() if k not in cls.EXECUTION and (v or k not in cls.OPT_IN)}
+        fields, no optional setting at its default)."""
+        return {k: v for k, v in train.items() if k not in cls.EXECUTION
+                and not (k in cls.OPTIONAL and comparable(v) == comparable(cls.OPTIONAL[k]))}
 
     def resolved(self, train_length: int) -> dict[str, Any]:
         """Every field filled in: steps from tokens, eval and checkpoint intervals."""
@@ -131,6 +245,11 @@ class TrainConfig(BaseModel):
         out["checkpoint_every"] = min(self.checkpoint_every or out["eval_every"], steps)
         out["log_every"] = min(self.log_every, steps)
         return out
+
+
+def comparable(value: Any) -> Any:
+    """A setting as plain JSON data (tuples as lists), for comparing with its default."""
+    return json.loads(json.dumps(value, default=str))
 
 
 class Expectation(BaseModel):

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import copy
 import os
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from workbench.errors import SpecError, WorkbenchError, closest
+from workbench.errors import SpecError, WorkbenchError, WorkbenchWarning, closest
 from workbench.study.keys import set_dotted
 
 
@@ -221,4 +222,20 @@ def apply_overrides(data: dict[str, Any], overrides: tuple[str, ...], file: str,
             raise StudyError(file, None, err) from None
         set_study_key(data, key, value)
         lines.lines[key] = 0  # an error in an overridden field names the field, not a line of the file
+        swept = swept_under(data.get("sweep"), key)
+        if swept is not None:
+            warnings.warn(f"--set {text}: {swept} is swept, so the sweep's values replace this one in every run "
+                          f"(and it is not checked); to change what is swept: --set 'sweep.{swept}=[a, b]'",
+                          WorkbenchWarning, stacklevel=2)
     return data
+
+
+def swept_under(sweep: Any, key: str) -> str | None:
+    """The swept key that decides `key` in every run (the key itself, or a variant it belongs to:
+    model.attention.window under a swept model.attention), or None."""
+    if not isinstance(sweep, Mapping) or key.startswith("sweep."):
+        return None
+    groups = sweep.get("zip", [])
+    groups = [groups] if isinstance(groups, Mapping) else groups if isinstance(groups, list) else []
+    keys = [k for k in sweep if k != "zip"] + [k for g in groups if isinstance(g, Mapping) for k in g]
+    return next((k for k in keys if key == k or key.startswith(f"{k}.")), None)
