@@ -86,7 +86,10 @@ train: {{steps: 5, batch_size: 4}}
 seeds: [0, 1, 2]
 sweep: {{model.attention: {attention}}}
 """
-SCORES = {"full": [0.9, 0.95, 0.85], "sliding_window(window=3)": [0.5, 0.62, 0.55], "sliding_window(window=2)": [0.3, 0.4, 0.33]}
+# Every group above the copy task's strongest baseline (order-blind, 0.551 at length 6), so every
+# comparison is decided on its interval.
+SCORES = {"full": [0.95, 0.97, 0.93], "sliding_window(window=3)": [0.62, 0.71, 0.66],
+          "sliding_window(window=2)": [0.62, 0.66, 0.61]}
 
 
 def window_folder(tmp_path, name: str, attention: str, folder: str | None = None):
@@ -118,7 +121,7 @@ def test_compare_names_its_folders_keeps_chance_levels_and_decides_expectations(
            "sliding\\_window(window=2))" in header
     # chance comes from the task of each variant, parametrized ones included: every group is gated
     assert "all 3 groups met it" in text.splitlines()[4]
-    assert "| sliding\\_window(window=3) | 0.557 \\[" in text and "(paired)" in text  # Δ to the baseline
+    assert "| sliding\\_window(window=3) | 0.663 \\[" in text and "(paired)" in text  # Δ to the baseline
     verdicts = [line for line in text.splitlines() if line.startswith("- **")]
     assert verdicts[0].startswith("- **holds**: full is better than sliding\\_window(window=3) on accuracy@6")
     assert verdicts[1].startswith("- **does not hold**: sliding\\_window(window=2) is better than full")

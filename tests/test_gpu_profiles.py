@@ -35,18 +35,24 @@ def test_every_gpu_profile_computes_in_bfloat16_unless_the_study_is_about_numeri
 
 @pytest.mark.parametrize("path", [p for p in SHIPPED if (ROOT / "reports" / p.stem / "results.csv").exists()],
                          ids=lambda p: p.stem)
-def test_the_default_profile_keeps_the_run_ids_of_the_shipped_results(path):
+def test_the_default_profile_keeps_the_run_ids_of_the_shipped_results(path, tmp_path):
     """Profiles are not part of a run's id: the study without --profile expands to the runs its
-    shipped report was computed from (a tuned study: its tuning runs, the finals follow)."""
+    shipped report was computed from. A tuned study's tuning runs moved to seeds disjoint from the
+    final ones (issue 22) after its report was made: there the check is that the same file without
+    its profiles expands to the same runs."""
     study = load_study(path)
     if not isinstance(study.study, TrainStudy):
         pytest.skip("a scaling study: its measurements have no run ids")
+    if study.study.tune is not None:
+        data = yaml.safe_load(path.read_text())
+        data.pop("profiles", None)
+        bare = tmp_path / path.name
+        bare.write_text(yaml.safe_dump(data, sort_keys=False))
+        assert [r.run_id for r in tuning_runs(study)] == [r.run_id for r in tuning_runs(load_study(bare))]
+        return
     with (ROOT / "reports" / path.stem / "results.csv").open() as f:
         shipped = {row["run_id"] for row in csv.DictReader(f)}
-    if study.study.tune is not None:
-        assert {r.run_id for r in tuning_runs(study)} <= shipped
-    else:
-        assert {r.run_id for r in expand(study)} == shipped
+    assert {r.run_id for r in expand(study)} == shipped
 
 
 def test_matmul_precision_is_where_a_run_executes_not_what_it_computes(tmp_path):

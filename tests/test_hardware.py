@@ -198,11 +198,11 @@ def test_devices_and_nodes_a_machine_cannot_serve_are_refused_unless_a_cluster_i
     study = tmp_path / "study.yaml"
     study.write_text("name: s\ntask: {name: copy, train_length: 6, eval_lengths: [6], n_eval: 32, alphabet_size: 6}\n"
                      "model: {family: decoder, d_model: 16, n_layers: 1, n_heads: 2}\n"
-                     "train: {steps: 10, batch_size: 8, accelerator: cpu}\nseeds: [0]\n")
+                     "train: {steps: 10, batch_size: 1000, accelerator: cpu}\nseeds: [0]\n")  # shareable by 1000
     runner = CliRunner()
     assert runner.invoke(main, ["validate", str(study), "--set", "train.devices=2"]).exit_code == (
         0 if (os.cpu_count() or 1) >= 2 else 2)
-    for setting, message in (("train.devices=100000", "train.devices: 100000 asks for 100000 CPU processes per run"),
+    for setting, message in (("train.devices=1000", "train.devices: 1000 asks for 1000 CPU processes per run"),
                              ("train.num_nodes=2", "train.num_nodes: 2 spreads each run over 2 machines")):
         result = runner.invoke(main, ["validate", str(study), "--set", setting])
         assert result.exit_code == 2 and message in result.output and len(result.output.splitlines()) == 1

@@ -12,8 +12,8 @@ trains that one run; Lightning re-launches exactly that command for the other ra
 
 Only rank 0 writes (result.json, final weights, progress, logs; Lightning writes checkpoints
 from rank 0). The child runs in a process group of its own: a stop request reaches its ranks
-from the worker (SIGTERM: they agree on a step, checkpoint it and end), never from the
-terminal directly, and a group that does not end in STOP_GRACE_S is killed (a rank stuck in
+from the worker (SIGTERM to rank 0, which has every rank stop at the same step, checkpoint it
+and end), never from the terminal directly, and a group that does not end in STOP_GRACE_S is killed (a rank stuck in
 the rendezvous cannot run a signal handler).
 
 A rank that never joins (a node that is not there, a port that is blocked) would keep the others
@@ -84,12 +84,15 @@ def train_in_processes(run_id: str, config: dict[str, Any], run_dir: Path, track
         while child.poll() is None:
             if stopped_at is None and stopping.stop_requested():
                 stopped_at = time.monotonic()
-                _signal_group(child.pid, signal.SIGTERM)
+                # rank 0 alone: it tells the others at the end of the step (StopOnRequest), so every
+                # rank stops at the same step; a signal to each could end one inside a collective
+                os.kill(child.pid, signal.SIGTERM)
             elif stopped_at is not None and time.monotonic() - stopped_at > STOP_GRACE_S:
                 _signal_group(child.pid, signal.SIGKILL)
             time.sleep(POLL_S)
         _signal_group(child.pid, signal.SIGKILL)  # ranks left behind by a rank 0 that died
-    if stopped_at is not None:
+    if stopped_at is not None:  # the checkpoint holds the run; a result written on the way out is no outcome
+        result_path.unlink(missing_ok=True)
         raise stopping.RunInterrupted("stopped")
     if result_path.exists():
         return RunResult.from_json(json.loads(result_path.read_text()))
