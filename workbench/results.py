@@ -48,6 +48,11 @@ EVAL, VALIDATION = "eval", "validation"
 ATTENTION_ENTROPY = "attention_entropy"
 DESCRIPTIVE_METRICS = (ATTENTION_ENTROPY,)
 
+# What a run has spent, recorded with every logged and evaluated step (curves split "progress"),
+# so curves can be drawn against training tokens, counted FLOPs or training seconds.
+PROGRESS = "progress"
+PROGRESS_MEASURES = ("tokens", "flops", "seconds")
+
 TUNE, FINAL = "tune", "final"  # the stage of a run: a tuning run, or a final one
 
 
@@ -93,6 +98,7 @@ class RunResult:
     train_time_s: float = 0.0  # training steps only (evaluation excluded), over every attempt
     eval_time_s: float = 0.0  # evaluation, this attempt
     tokens: int = 0
+    train_flops: int | None = None  # counted training FLOPs spent (workbench.cost.budget); None: not counted
     tokens_per_s: float | None = None
     peak_memory_bytes: int | None = None
     peak_memory_instrument: str | None = None

@@ -218,7 +218,8 @@ class TrainReport:
                 label = self.variants.label([value_text(point[k]) for k in self.keys])
                 if label in self.variants.labels and label not in out:
                     resolved = resolve_point(self.study, point)
-                    out[label] = {"task": resolved["task"], "family": resolved["model"]["family"]}
+                    out[label] = {"task": resolved["task"], "family": resolved["model"]["family"],
+                                  "train": resolved["train"]}
         except Exception:  # noqa: BLE001 - the gate then reads "no chance level" instead of failing the report
             return {}
         return out
@@ -359,11 +360,9 @@ class TrainReport:
         items: list[Item] = []
         task = dict(s.task)
         items.append(Paragraph(f"Task: {task.pop('name')}; " + ", ".join(f"{k}={v}" for k, v in sorted(task.items()))))
-        train = s.train.resolved(s.task["train_length"])
-        budget = (f"Budget per run: {train['steps']:,} steps of {train['batch_size']} sequences "
-                  f"(lr {train['lr']:g}, {train['schedule']} schedule, {train['warmup_steps']} warmup steps, "
-                  f"precision {train['precision']}); seeds {', '.join(map(str, s.seeds))}.")
-        items.append(Paragraph(budget))
+        items.append(Paragraph(self.budget_text()))
+        if s.train.budget is not None and s.train.budget.kind != "seconds":
+            items.append(self.steps_table())
         if s.tune is not None:
             items.append(Paragraph("Tuned per variant (see Tuning), replacing the values above: " + "; ".join(
                 f"{k} over {', '.join(value_text(v) for v in values)}" for k, values in s.tune.values.items())))
@@ -380,6 +379,39 @@ class TrainReport:
         items.append(Paragraph("Reproduce:"))
         items.append(Code(self.inputs.command))
         return Section("Setup", items)
+
+    def budget_text(self) -> str:
+        s, train = self.study, self.study.train
+        optimiser = (f"lr {train.lr:g}, {train.schedule} schedule, {train.warmup_steps} warmup steps, "
+                     f"precision {train.precision}")
+        seeds = ", ".join(map(str, s.seeds))
+        if train.budget is None:
+            steps = train.resolved(s.task["train_length"])["steps"]
+            return f"Budget per run: {steps:,} steps of {train.batch_size} sequences ({optimiser}); seeds {seeds}."
+        how = {"flops": "counted training FLOPs (useful FLOPs of the forward, x3 for a training step); each variant "
+                        "trains for the steps its own cost per step buys (table below)",
+               "tokens": "real training tokens; each variant trains for the steps they buy (table below)",
+               "seconds": "training seconds (evaluation excluded); each run stops when they are spent"}[train.budget.kind]
+        return (f"Budget per run: {train.budget.text()} of {how}; batches of {train.batch_size} sequences "
+                f"({optimiser}); seeds {seeds}.")
+
+    def steps_table(self) -> Table:
+        """Per variant: the steps its budget buys, the last step, and what its runs spent."""
+        rows = []
+        for variant in self.variants.labels:
+            train = self.resolved_points.get(variant, {}).get("train")
+            mine = self.finished[self.finished["variant"] == variant]
+            spent = [fmt(float(mine[c].mean())) if c in mine and mine[c].notna().any() else "–"
+                     for c in ("train_flops", "train_tokens")]
+            if train is None:
+                rows.append([variant, "–", "–", *spent])
+                continue
+            last = {"whole": "whole", "dropped": "remainder dropped",
+                    "partial": f"partial: {train['last_batch_size']} of {train['batch_size']} sequences"}[train["last_step"]]
+            rows.append([variant, f"{train['steps']:,}", last, *spent])
+        return Table(["variant", "steps", "last step", "train FLOPs spent (mean)", "train tokens (mean)"], rows,
+                     caption="Steps each variant's budget buys, and what its finished runs spent",
+                     numeric=[False, True, False, True, True])
 
     def status_table(self) -> Table:
         statuses = [Status.FINISHED, *FAILURES]

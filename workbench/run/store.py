@@ -58,6 +58,7 @@ CREATE TABLE IF NOT EXISTS runs (
     train_time_s REAL,
     eval_time_s REAL,
     tokens INTEGER,
+    train_flops INTEGER,                -- counted training FLOPs spent (NULL in stores written before)
     tokens_per_s REAL,
     peak_memory_bytes INTEGER,
     peak_memory_instrument TEXT,
@@ -69,7 +70,7 @@ CREATE TABLE IF NOT EXISTS runs (
 CREATE TABLE IF NOT EXISTS curves (
     run_id TEXT NOT NULL,
     step INTEGER NOT NULL,
-    split TEXT NOT NULL,                -- train | eval
+    split TEXT NOT NULL,                -- train | eval | progress (tokens, flops, seconds spent)
     metric TEXT NOT NULL,               -- loss, lr, accuracy@64, ...
     value REAL,
     PRIMARY KEY (run_id, step, split, metric)
@@ -79,7 +80,8 @@ CREATE TABLE IF NOT EXISTS curves (
 # Run-level columns of the flat table, in order (swept keys and metrics go in between).
 LEADING = ["run_id", "index", "seed"]
 # stage: "tune" for a study's tuning runs, "final" for every other run.
-TRAILING = ["stage", "n_params", "steps_done", "tokens", "tokens_per_s", "train_time_s", "eval_time_s", "wall_time_s",
+# train_tokens: the store's `tokens` column (real training tokens), named beside train_flops.
+TRAILING = ["stage", "n_params", "steps_done", "train_tokens", "train_flops", "tokens_per_s", "train_time_s", "eval_time_s", "wall_time_s",
             "peak_memory_bytes", "peak_memory_instrument", "diverged_step", "resumed_from_step",
             "not_applicable", "error", "attempts"]
 
@@ -198,6 +200,8 @@ class Store:
                     columns = {row[1] for row in conn.execute("PRAGMA table_info(runs)")}
                     if "position" in columns:  # a store written before the sweep index had its name
                         conn.execute('ALTER TABLE runs RENAME COLUMN position TO "index"')
+                    if "train_flops" not in columns:  # a store written before FLOPs were counted
+                        conn.execute("ALTER TABLE runs ADD COLUMN train_flops INTEGER")
                 return
             except WorkbenchError as err:
                 if "locked" not in str(err) or attempt == 49:
@@ -237,6 +241,7 @@ class Store:
                 "not_applicable": dumps(r.not_applicable), "n_params": r.n_params, "steps_done": r.steps_done,
                 "diverged_step": r.diverged_step, "error": r.error, "wall_time_s": r.wall_time_s,
                 "train_time_s": r.train_time_s, "eval_time_s": r.eval_time_s, "tokens": r.tokens,
+                "train_flops": r.train_flops,
                 "tokens_per_s": r.tokens_per_s, "peak_memory_bytes": r.peak_memory_bytes,
                 "peak_memory_instrument": r.peak_memory_instrument, "resumed_from_step": r.resumed_from_step,
                 "environment": dumps(r.environment), "attempts": attempts,
@@ -262,6 +267,8 @@ class Store:
             d = dict(row)
             if "position" in d:  # a store written before the sweep index had its name, read as it is
                 d["index"] = d.pop("position")
+            d["train_tokens"] = d.pop("tokens")
+            d.setdefault("train_flops", None)  # a read-only store written before FLOPs were counted
             for key in ("swept", "config", "metrics", "not_applicable", "environment"):
                 d[key] = json.loads(d[key])
             out.append(d)

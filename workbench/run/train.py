@@ -47,17 +47,14 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from workbench import stopping
 from workbench.errors import WorkbenchError
 from workbench.hardware import Machine, train_needs
+from workbench.cost.budget import StepCost, count_tokens, step_cost
 from workbench.cost.memory import LiveTensorBytes
 from workbench.model import Transformer, attention_entropy, build_model, record_attention
 from workbench.position import PositionLimitError
 from workbench.registry import run_providers
 from workbench.results import CONFIG_FILE, FINAL_WEIGHTS, LAST_CHECKPOINT, PROGRESS_FILE, RESULT_FILE
-from workbench.results import ATTENTION_ENTROPY, RunResult, Status, flatten, write_json_atomic
+from workbench.results import ATTENTION_ENTROPY, PROGRESS, PROGRESS_MEASURES, RunResult, Status, flatten, write_json_atomic
 from workbench.weights import make_task, refuse_or_explain, save_final_weights
-
-# Status of a run, as stored.
-# Inputs whose real (non-padding) tokens count as training tokens, with their padding masks.
-INPUT_MASKS = {"tokens": "padding_mask", "src": "src_mask", "tgt": "tgt_mask"}
 
 
 def quiet_lightning() -> None:
@@ -79,26 +76,21 @@ def quiet_lightning() -> None:
 # ---- data -----------------------------------------------------------------------------------
 
 
-def count_tokens(batch: dict[str, torch.Tensor]) -> int:
-    """Real (non-padding) input tokens of a batch."""
-    total = 0
-    for key, mask_key in INPUT_MASKS.items():
-        if key in batch:
-            total += int(batch[mask_key].sum()) if mask_key in batch else batch[key].numel()
-    return total
-
-
 class StepBatches(Dataset):
-    """Item i is training batch i (already batched), with its token count."""
+    """Item i is training batch i (already batched), with its token count; the last step of
+    a counted budget may take only the first `last_batch_size` sequences (workbench.cost.budget)."""
 
-    def __init__(self, task, batch_size: int, family: str, steps: int):
+    def __init__(self, task, batch_size: int, family: str, steps: int, last_batch_size: int | None = None):
         self.task, self.batch_size, self.family, self.steps = task, batch_size, family, steps
+        self.last_batch_size = last_batch_size or batch_size
 
     def __len__(self) -> int:
         return self.steps
 
     def __getitem__(self, index: int) -> tuple[dict[str, torch.Tensor], int]:
         batch = self.task.train_batch(index, self.batch_size, self.family)
+        if index == self.steps - 1 and self.last_batch_size < self.batch_size:
+            batch = {key: value[: self.last_batch_size] for key, value in batch.items()}
         return batch, count_tokens(batch)
 
 
@@ -122,9 +114,9 @@ class StepSampler(Sampler[int]):
 
 
 class TaskDataModule(pl.LightningDataModule):
-    def __init__(self, task, family: str, batch_size: int, steps: int):
+    def __init__(self, task, family: str, batch_size: int, steps: int, last_batch_size: int | None = None):
         super().__init__()
-        self.dataset = StepBatches(task, batch_size, family, steps)
+        self.dataset = StepBatches(task, batch_size, family, steps, last_batch_size)
 
     def train_dataloader(self) -> DataLoader:
         # Lightning restores the global step before iterating: start there, so a resumed run
@@ -149,6 +141,15 @@ def lr_factor(step: int, warmup: int, total: int, schedule: str, min_ratio: floa
     return min_ratio + (1 - min_ratio) * decay
 
 
+def time_budget_factor(schedule: Callable[..., float], seconds: float, train_time: Callable[[], float],
+                       step: int) -> float:
+    """The schedule under a time budget: its total is the step count the pace so far reaches
+    in `seconds` (re-projected at every step), so the decay ends when the time does."""
+    spent = train_time()
+    total = max(step + 1, round(step * seconds / spent)) if step > 0 and spent > 0 else math.inf
+    return schedule(step, total=total)
+
+
 def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
     """Weight decay on matrices only; norms, biases and 1-d parameters are not decayed."""
     params = [p for p in model.parameters() if p.requires_grad]
@@ -166,6 +167,7 @@ class RunModule(pl.LightningModule):
         self.family = config["model"]["family"]
         self.train_cfg = config["train"]
         self.diverged_step: int | None = None
+        self.train_time: Callable[[], float] = lambda: 0.0  # the recorder's, for a time budget's schedule
 
     def training_step(self, batch, batch_idx: int):
         inputs, _ = batch
@@ -180,9 +182,14 @@ class RunModule(pl.LightningModule):
     def configure_optimizers(self):
         cfg = self.train_cfg
         optimizer = torch.optim.AdamW(param_groups(self.model, cfg["weight_decay"]), lr=cfg["lr"], betas=(0.9, 0.95))
-        schedule = functools.partial(lr_factor, warmup=cfg["warmup_steps"], total=cfg["steps"],
-                                     schedule=cfg["schedule"], min_ratio=cfg["min_lr_ratio"])
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+        schedule = functools.partial(lr_factor, warmup=cfg["warmup_steps"], schedule=cfg["schedule"],
+                                     min_ratio=cfg["min_lr_ratio"])
+        seconds = (cfg.get("budget") or {}).get("seconds")
+        if seconds is None:
+            factor = functools.partial(schedule, total=cfg["steps"])
+        else:
+            factor = functools.partial(time_budget_factor, schedule, seconds, self.train_time)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
 
@@ -314,11 +321,14 @@ def device_name(device: str) -> str:
 class RunRecorder(Callback):
     """Learning curves, evaluations, training time and tokens; all restored on resume."""
 
-    def __init__(self, task, family: str, train: dict[str, Any]):
+    def __init__(self, task, family: str, train: dict[str, Any], cost: StepCost):
         self.task, self.family, self.train = task, family, train
         self.curves: list[tuple[int, str, str, float]] = []  # (step, split, metric, value)
         self.last_eval: dict[str, Any] = {"step": None, "metrics": {}, "not_applicable": {}}
         self.tokens = 0
+        self.flops = 0  # counted training FLOPs spent (workbench.cost.budget)
+        self.cost = cost
+        self.seconds = (train.get("budget") or {}).get("seconds")
         self.prior_train_time = 0.0  # training time of earlier sessions (from the checkpoint)
         self.session_start: float | None = None
         self.start_step = 0  # the global step this session started at (> 0: resumed)
@@ -343,14 +353,26 @@ class RunRecorder(Callback):
         step = trainer.global_step
         if outputs is None:  # diverged: no optimizer step was taken
             return
-        self.tokens += batch[1]
-        if step % self.train["log_every"] == 0 or step == self.train["steps"]:
+        inputs, tokens = batch
+        self.tokens += tokens
+        self.flops += self.cost.flops * next(iter(inputs.values())).shape[0] // self.cost.sequences
+        out_of_time = self.seconds is not None and self.train_time() >= self.seconds
+        last = step == self.train["steps"] or out_of_time
+        if step % self.train["log_every"] == 0 or last:
             lr = trainer.optimizers[0].param_groups[0]["lr"]
             loss = float(outputs["loss"])
-            self.curves += [(step, "train", "loss", loss), (step, "train", "lr", lr)]
+            self.curves += [(step, "train", "loss", loss), (step, "train", "lr", lr), *self.progress(step)]
             self._log(trainer, {"train/loss": loss, "train/lr": lr}, step)
-        if step % self.train["eval_every"] == 0 or step == self.train["steps"]:
+        if step % self.train["eval_every"] == 0 or last:
             self.evaluate(trainer, pl_module, step)
+        if out_of_time:
+            trainer.should_stop = True
+
+    def progress(self, step: int) -> list[tuple[int, str, str, float]]:
+        """What the run has spent by `step` (split "progress"): training tokens, counted FLOPs and
+        seconds, so that curves can be drawn against any of them."""
+        return [(step, PROGRESS, name, float(value))
+                for name, value in zip(PROGRESS_MEASURES, (self.tokens, self.flops, self.train_time()))]
 
     def evaluate(self, trainer, pl_module, step: int) -> None:
         self._sync(pl_module)
@@ -361,7 +383,7 @@ class RunRecorder(Callback):
         )
         self._sync(pl_module)
         self.session_eval_time += time.perf_counter() - start
-        self.curves += [(step, "eval", name, value) for name, value in metrics.items()]
+        self.curves += [(step, "eval", name, value) for name, value in metrics.items()] + self.progress(step)
         self.last_eval = {"step": step, "metrics": metrics, "not_applicable": not_applicable}
         self._log(trainer, {f"eval/{k}": v for k, v in metrics.items()}, step)
 
@@ -373,13 +395,14 @@ class RunRecorder(Callback):
 
     def state_dict(self) -> dict[str, Any]:
         # The CPU random state too (dropout draws from it): a resumed run continues the stream.
-        return {"curves": self.curves, "last_eval": self.last_eval, "tokens": self.tokens,
+        return {"curves": self.curves, "last_eval": self.last_eval, "tokens": self.tokens, "flops": self.flops,
                 "train_time": self.train_time(), "torch_rng": torch.get_rng_state()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.curves = [tuple(c) for c in state["curves"]]
         self.last_eval = state["last_eval"]
         self.tokens = state["tokens"]
+        self.flops = state.get("flops", 0)
         self.prior_train_time = state["train_time"]
         if "torch_rng" in state:
             torch.set_rng_state(state["torch_rng"])
@@ -553,7 +576,10 @@ def train_run(run_id: str, config: dict[str, Any], run_dir: Path) -> RunResult:
         task = make_task(config)
         module = RunModule(config, task)
         result.n_params = module.model.num_parameters()
-        recorder = RunRecorder(task, module.family, train)
+        batch = task.train_batch(0, train["batch_size"], module.family)
+        cost = step_cost(module.model, lambda b: task.loss(module.model, b, module.family), batch)
+        recorder = RunRecorder(task, module.family, train, cost)
+        module.train_time = recorder.train_time
         checkpoint = ModelCheckpoint(dirpath=run_dir / "checkpoints", save_last=True, save_top_k=0,
                                      every_n_train_steps=train["checkpoint_every"])
         ckpt = run_dir / LAST_CHECKPOINT
@@ -568,7 +594,7 @@ def train_run(run_id: str, config: dict[str, Any], run_dir: Path) -> RunResult:
             log_every_n_steps=train["log_every"], plugins=[SafeCheckpointIO()],
             enable_progress_bar=False, enable_model_summary=False, default_root_dir=run_dir,
         )
-        datamodule = TaskDataModule(task, module.family, train["batch_size"], train["steps"])
+        datamodule = TaskDataModule(task, module.family, train["batch_size"], train["steps"], train.get("last_batch_size"))
         trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt if ckpt.exists() else None, weights_only=True)
         result.resumed_from_step = recorder.start_step or None
         result.steps_done = trainer.global_step
@@ -592,6 +618,7 @@ def train_run(run_id: str, config: dict[str, Any], run_dir: Path) -> RunResult:
     if recorder is not None:
         result.curves = recorder.curves
         result.tokens = recorder.tokens
+        result.train_flops = recorder.flops
         result.train_time_s = recorder.train_time()
         result.eval_time_s = recorder.session_eval_time
         result.tokens_per_s = result.tokens / result.train_time_s if result.tokens and result.train_time_s > 0 else None

@@ -10,6 +10,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from workbench.cost.budget import StepCost, budget_steps
 from workbench.errors import SpecError
 from workbench.study.yaml_file import limit, suggest
 
@@ -17,6 +18,46 @@ from workbench.study.yaml_file import limit, suggest
 # Lightning's registered strategy names, by their first word (ddp_spawn, deepspeed_stage_2, ...);
 # tests/test_reliability.py checks them against Lightning's StrategyRegistry.
 LIGHTNING_STRATEGIES = ("auto", "ddp", "deepspeed", "fsdp", "single", "xla")
+
+
+BUDGET_KINDS = ("flops", "tokens", "seconds")
+
+
+# A time-budgeted run's step count is unknown in advance: this bounds its one epoch of batches.
+SECONDS_STEP_CAP = 10**9
+
+
+class Budget(BaseModel):
+    """A training budget in compute (workbench.cost.budget): exactly one of its fields."""
+
+    model_config = ConfigDict(extra="forbid")
+    flops: float | None = Field(None, gt=0, allow_inf_nan=False,
+                                description="counted training FLOPs per run (useful FLOPs, x3 of the forward): each "
+                                "run derives its steps from its own cost per step")
+    tokens: int | None = Field(None, gt=0, description="real (non-padding) training tokens per run")
+    seconds: float | None = Field(None, gt=0, allow_inf_nan=False,
+                                  description="training seconds per run (evaluation excluded); needs train.eval_every")
+
+    @model_validator(mode="after")
+    def _exactly_one(self):
+        given = [k for k in BUDGET_KINDS if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise SpecError("train.budget", f"give exactly one budget, got {len(given)}"
+                            + (f" ({', '.join(given)})" if given else ""), list(BUDGET_KINDS))
+        return self
+
+    @property
+    def kind(self) -> str:
+        return next(k for k in BUDGET_KINDS if getattr(self, k) is not None)
+
+    @property
+    def amount(self) -> float:
+        return getattr(self, self.kind)
+
+    def text(self) -> str:
+        """'2e+10 FLOPs', '1,000,000 tokens', '60 s'."""
+        unit = {"flops": "FLOPs", "tokens": "tokens", "seconds": "s"}[self.kind]
+        return f"{self.amount:,} {unit}" if self.kind == "tokens" else f"{self.amount:.4g} {unit}"
 
 
 class TrainConfig(BaseModel):
@@ -28,9 +69,9 @@ class TrainConfig(BaseModel):
     )
     # Opt-in measurements: part of a run's id and a study's hash only when switched on, so studies
     # that never set them keep the ids and hashes they always had.
-    OPT_IN: ClassVar[tuple[str, ...]] = ("attention_entropy",)
+    OPT_IN: ClassVar[tuple[str, ...]] = ("attention_entropy", "budget")
 
-    steps: int | None = Field(None, gt=0, description="optimizer steps per run (give steps or tokens)")
+    steps: int | None = Field(None, gt=0, description="optimizer steps per run (give steps, tokens or budget)")
     tokens: int | None = Field(
         None, gt=0, description="training tokens per run: steps = ceil(tokens / (batch_size * task.train_length))"
     )
@@ -56,6 +97,9 @@ class TrainConfig(BaseModel):
         "csv", description="Lightning logger of each run: csv, tensorboard (run folder's logs/), mlflow (MLFLOW_TRACKING_URI, "
         "default the run folder's mlflow.db) or wandb (offline in the run folder unless WANDB_MODE=online or WANDB_API_KEY)")
     checkpoint_every: int | None = Field(None, gt=0, description="checkpoint every N steps for resume (default: eval_every)")
+    budget: Budget | None = Field(
+        None, description="a budget in compute instead of steps: {flops: X}, {tokens: X} or {seconds: X} "
+        "(exactly one); see workbench.cost.budget")
     attention_entropy: bool = Field(
         False, description="also record attention_entropy@<train_length> at every evaluation: the mean entropy of "
         "the attention rows over the keys each can see, divided by ln(that number): 1 uniform, 0 a saturated softmax")
@@ -83,8 +127,11 @@ class TrainConfig(BaseModel):
 
     @model_validator(mode="after")
     def _one_budget(self):
-        if (self.steps is None) == (self.tokens is None):
-            raise SpecError("train.steps", "give exactly one training budget: steps or tokens")
+        if [self.steps, self.tokens, self.budget].count(None) != 2:
+            raise SpecError("train.steps", "give exactly one training budget: steps, tokens or budget")
+        if self.budget is not None and self.budget.kind == "seconds" and self.eval_every is None:
+            raise SpecError("train.eval_every", "with budget.seconds the number of steps is not known in advance: "
+                            "say how often to evaluate (train.eval_every: N steps)")
         return self
 
     @classmethod
@@ -93,10 +140,23 @@ class TrainConfig(BaseModel):
         fields, no opt-in measurement that is off)."""
         return {k: v for k, v in train.items() if k not in cls.EXECUTION and (v or k not in cls.OPT_IN)}
 
-    def resolved(self, train_length: int) -> dict[str, Any]:
-        """Every field filled in: steps from tokens, eval and checkpoint intervals."""
+    def resolved(self, train_length: int, cost: StepCost | None = None) -> dict[str, Any]:
+        """Every field filled in: steps from tokens (or from a counted budget and the run's
+        `cost` per step, with the last step's batch size), eval and checkpoint intervals."""
         out = self.model_dump()
-        steps = self.steps or -(-self.tokens // (self.batch_size * train_length))
+        if self.budget is None:
+            steps = self.steps or -(-self.tokens // (self.batch_size * train_length))
+        elif self.budget.kind == "seconds":
+            steps = SECONDS_STEP_CAP  # the run stops on time (workbench.run.train)
+        else:
+            if cost is None:
+                raise ValueError("a FLOP or token budget needs the run's cost per step")
+            try:
+                bought = budget_steps(self.budget.amount, self.budget.kind, cost)
+            except ValueError as err:
+                raise SpecError(f"train.budget.{self.budget.kind}", str(err)) from None
+            steps = bought.steps
+            out.update(last_batch_size=bought.last_batch_size, last_step=bought.last_step)
         out["steps"] = steps
         out["eval_every"] = min(self.eval_every or max(1, steps // 10), steps)
         out["checkpoint_every"] = min(self.checkpoint_every or out["eval_every"], steps)
