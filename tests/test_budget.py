@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from workbench.cost.budget import StepCost, budget_steps
+from workbench.cost.budget import StepCost, estimated_steps, sequences_within
 from workbench.cost.measure import Point, measure_point, train_step_flops
 from workbench.errors import WorkbenchError
 from workbench.model import build_model
@@ -22,27 +22,28 @@ from conftest import tiny_spec, tokens
 COST = StepCost(flops=1000, tokens=64, sequences=8)  # 125 FLOPs and 8 tokens per sequence
 
 
-@pytest.mark.parametrize("budget, steps, last_batch, last", [
-    (10_000, 10, 8, "whole"),  # divides exactly
-    (10_500, 11, 4, "partial"),  # 500 FLOPs left = 4 sequences
-    (10_050, 10, 8, "dropped"),  # 50 FLOPs left: under half a sequence (62.5)
-    (10_950, 11, 8, "whole"),  # 950 left rounds to 8 sequences: a whole step
-    (100, 1, 1, "partial"),  # less than one step still buys a sequence
+@pytest.mark.parametrize("left, keep", [
+    (1000, 8),  # the whole step is paid for
+    (500, 4),  # half of it: 4 of 8 sequences (125 FLOPs each)
+    (560, 4), (570, 5),  # the nearest whole number of sequences
+    (50, 0),  # under half a sequence: the step is dropped
 ])
-def test_flop_budget_buys_whole_steps_then_a_partial_or_dropped_one(budget, steps, last_batch, last):
-    bought = budget_steps(budget, "flops", COST)
-    assert (bought.steps, bought.last_batch_size, bought.last_step) == (steps, last_batch, last)
-    assert abs(bought.planned - budget) <= 125 / 2  # within half a sequence
+def test_the_last_step_trains_the_sequences_the_budget_still_pays_for(left, keep):
+    assert sequences_within(left, 1000, 8) == keep
 
 
-def test_token_budget_counts_tokens_per_sequence():
-    bought = budget_steps(64 * 3 + 16, "tokens", COST)
-    assert (bought.steps, bought.last_batch_size, bought.last_step) == (4, 2, "partial")
+@pytest.mark.parametrize("budget, steps", [(10_000, 10), (10_500, 11), (10_050, 10), (100, 1)])
+def test_estimated_steps_at_batch_zeros_cost(budget, steps):
+    assert estimated_steps(budget, "flops", COST) == steps
+
+
+def test_token_budget_counts_tokens_per_step():
+    assert estimated_steps(64 * 3 + 16, "tokens", COST) == 4
 
 
 def test_a_budget_under_half_a_sequence_is_refused():
     with pytest.raises(ValueError, match="one training sequence costs 125 flops"):
-        budget_steps(50, "flops", COST)
+        estimated_steps(50, "flops", COST)
 
 
 @pytest.mark.parametrize("train, field", [
@@ -117,6 +118,7 @@ def test_runs_spend_their_flop_budget_and_record_progress(tmp_path):
     assert (results["status"] == "finished").all()
     assert ((results["train_flops"] - budget).abs() <= 0.03 * budget).all()
     assert results["steps_done"].nunique() >= 2 and (results["train_tokens"] > 0).all()
+    assert set(results["last_step"]) <= {"whole", "partial", "dropped"}
     curves = load_curves(tmp_path / "out")
     progress = curves[curves["split"] == "progress"]
     assert set(progress["metric"]) == {"tokens", "flops", "seconds"}

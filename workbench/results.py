@@ -52,6 +52,8 @@ DESCRIPTIVE_METRICS = (ATTENTION_ENTROPY,)
 # so curves can be drawn against training tokens, counted FLOPs or training seconds.
 PROGRESS = "progress"
 PROGRESS_MEASURES = ("tokens", "flops", "seconds")
+# What a run spent until its evaluations first reached a stated score (workbench.report.compute_curves).
+TO_TARGET = {f"{measure}_to_target": measure for measure in PROGRESS_MEASURES}
 
 TUNE, FINAL = "tune", "final"  # the stage of a run: a tuning run, or a final one
 
@@ -88,6 +90,7 @@ class RunResult:
     run_id: str
     status: Status
     steps_done: int = 0
+    last_step: str | None = None  # under a FLOP or token budget: "whole", "partial" or "dropped" (workbench.cost.budget)
     metrics: dict[str, float] = field(default_factory=dict)  # final, per eval length
     not_applicable: dict[str, str] = field(default_factory=dict)  # eval length -> reason
     curves: list[tuple[int, str, str, float]] = field(default_factory=list)

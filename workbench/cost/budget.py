@@ -1,19 +1,24 @@
-"""Training budgets in compute: how many steps a FLOP or token budget buys a run.
+"""Training budgets in compute: what a run may spend, and what each step costs.
 
-    train.budget: {flops: X}    steps from the run's own counted training FLOPs per step
-                                (useful FLOPs, workbench.cost.measure.train_step_flops: x3 of
-                                the forward), so a model that costs more per token trains
-                                for fewer steps
-    train.budget: {tokens: X}   steps from the real (non-padding) input tokens per step
-    train.budget: {seconds: X}  training time, decided while the run trains (workbench.run.train)
+    train.budget: {flops: X}    counted training FLOPs: every step's forward is counted as it
+                                runs (useful FLOPs, workbench.cost.measure.counted_forward),
+                                x3 for forward + backward, so a model that costs more per
+                                token trains for fewer steps
+    train.budget: {tokens: X}   real (non-padding) input tokens
+    train.budget: {seconds: X}  training seconds (evaluation excluded)
 
-Both counted budgets are measured on training batch 0 of the run's task; every batch of a
-task with fixed-length sequences (the language-model tasks) costs exactly as much, and FLOPs
-and tokens are linear in the number of sequences. So the budget buys `full` whole steps and
-a remainder; the remainder trains as one last step on the nearest whole number of sequences
-("partial"), or is dropped when that is under half a sequence ("dropped"). The run records
-what it actually spent (`train_flops`, `train_tokens`): within half a sequence's cost of the
-budget.
+The budget stops the run (workbench.run.train): steps are added until one would pass it.
+That last step trains on the first sequences the budget still pays for, the nearest whole
+number (FLOPs and tokens are linear in the number of sequences): all of them ("whole"),
+fewer ("partial"), or none when the remainder is under half a sequence ("dropped"). So a
+run spends its budget to within half a sequence's cost, and records it (`train_flops`,
+`train_tokens`, `last_step`).
+
+Before training, `estimated_steps` gives the steps a budget buys at training batch 0's cost
+(exact for tasks of fixed-length sequences, such as the language-model tasks; an estimate
+where batches are padded to their longest sequence): `workbench validate` shows it, and the
+learning-rate schedule starts from it and re-projects its total from the spending so far.
+Runs without a FLOP budget record `train_flops` from batch 0's count per sequence.
 """
 
 from __future__ import annotations
@@ -24,6 +29,10 @@ from dataclasses import dataclass
 import torch
 
 from workbench.cost.measure import train_step_flops
+
+# A budgeted run's step count is not fixed in advance (the budget stops it): its one epoch of
+# batches is this long.
+BUDGET_STEP_CAP = 10**9
 
 # Inputs whose real (non-padding) tokens count as training tokens, with their padding masks.
 INPUT_MASKS = {"tokens": "padding_mask", "src": "src_mask", "tgt": "tgt_mask"}
@@ -58,30 +67,20 @@ def step_cost(model: torch.nn.Module, loss: Callable[[dict[str, torch.Tensor]], 
                     sequences=sequences)
 
 
-@dataclass(frozen=True)
-class BudgetSteps:
-    """The steps a counted budget buys."""
-
-    steps: int  # optimizer steps, the last one included
-    last_batch_size: int  # sequences of the last step (the batch size unless it is partial)
-    last_step: str  # "whole" (the budget divides), "partial" (fewer sequences) or "dropped" (remainder unspent)
-    planned: float  # what the steps cost in the budget's unit
+def sequences_within(left: float, cost: float, sequences: int) -> int:
+    """Of a step costing `cost` for `sequences` sequences, how many the `left` budget pays for:
+    the nearest whole number (costs are linear in sequences), at most all of them."""
+    return min(sequences, max(0, round(left / (cost / sequences))))
 
 
-def budget_steps(budget: float, kind: str, cost: StepCost) -> BudgetSteps:
-    """Whole steps that fit in `budget` (`kind` "flops" or "tokens"), then the remainder as a
-    last step of round(remainder / cost per sequence) sequences (module docstring). A budget
-    under half a sequence's cost buys nothing: ValueError."""
+def estimated_steps(budget: float, kind: str, cost: StepCost) -> int:
+    """The steps `budget` (`kind` "flops" or "tokens") buys at batch 0's cost: whole steps, and
+    one more when the remainder pays for at least one sequence. A budget under half a
+    sequence's cost buys nothing: ValueError."""
     per_step = cost.flops if kind == "flops" else cost.tokens
-    per_sequence = cost.per_sequence(kind)
     full = int(budget // per_step)
-    remainder = budget - full * per_step
-    extra = min(round(remainder / per_sequence), cost.sequences)
-    if full == 0 and extra == 0:
-        raise ValueError(f"one training sequence costs {per_sequence:.4g} {kind}, more than twice the budget "
-                         f"of {budget:.4g}")
-    if extra == cost.sequences:  # the remainder rounds up to a whole step
-        return BudgetSteps(full + 1, cost.sequences, "whole", (full + 1) * per_step)
-    if extra == 0:
-        return BudgetSteps(full, cost.sequences, "dropped" if remainder > 0 else "whole", full * per_step)
-    return BudgetSteps(full + 1, extra, "partial", full * per_step + extra * per_sequence)
+    last = sequences_within(budget - full * per_step, per_step, cost.sequences)
+    if full == 0 and last == 0:
+        raise ValueError(f"one training sequence costs {cost.per_sequence(kind):.4g} {kind}, more than twice the "
+                         f"budget of {budget:.4g}")
+    return full + (last > 0)

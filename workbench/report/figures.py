@@ -115,9 +115,13 @@ def new_axes(width: float = 6.4, height: float = 4.0):
 
 
 @styled
-def learning_curves(curves: pd.DataFrame, palette: Palette, path: Path, *, panels: Sequence[str]) -> Path | None:
-    """curves: long rows (variant, seed, step, metric, value) -> one panel per metric in
-    `panels` order, a line per variant with its 95% seed band."""
+def learning_curves(curves: pd.DataFrame, palette: Palette, path: Path, *, panels: Sequence[str],
+                    xlabel: str = "training step", per_seed: bool = False) -> Path | None:
+    """curves: long rows (variant, seed, x, metric, value; x defaults to the step) -> one panel
+    per metric in `panels` order, a line per variant with its 95% seed band, or with
+    `per_seed` a line per run (seeds whose x values differ, such as seconds, have no band)."""
+    if "x" not in curves:
+        curves = curves.assign(x=curves["step"])
     panels = [p for p in panels if (curves["metric"] == p).any()]
     if not panels:
         return None
@@ -125,9 +129,10 @@ def learning_curves(curves: pd.DataFrame, palette: Palette, path: Path, *, panel
     for ax, metric in zip(axes[0], panels):
         part = curves[curves["metric"] == metric]
         few_points = part["step"].nunique() <= 12
-        sns.lineplot(data=part, x="step", y="value", hue="variant", hue_order=[v for v in palette if v in set(part["variant"])],
-                     palette=palette, errorbar=band(metric), marker="o" if few_points else None, ax=ax)
-        ax.set(xlabel="training step", ylabel=metric, title=metric)
+        spread = {"units": "seed", "estimator": None} if per_seed else {"errorbar": band(metric)}
+        sns.lineplot(data=part, x="x", y="value", hue="variant", hue_order=[v for v in palette if v in set(part["variant"])],
+                     palette=palette, marker="o" if few_points else None, ax=ax, **spread)
+        ax.set(xlabel=xlabel, ylabel=metric, title=metric)
         if "loss" in metric and (part["value"] > 0).all():
             ax.set_yscale("log")
         ax.grid(True, alpha=0.3)

@@ -35,6 +35,7 @@ ALPHA = 1 - LEVEL
 # this share of the distance from chance to the perfect score (1 for accuracy, 0 for loss).
 MARGIN = 0.1
 NOT_TESTED = "not tested"
+NOT_REACHED = "not reached"  # a *_to_target comparison where a finished run never reached the target
 
 RULE = (
     f"Rule: a verdict compares two groups (one sweep point each, its finished seeds). First, both must have "
@@ -47,7 +48,9 @@ RULE = (
     f"1 - {ALPHA:g}/(m - i + 1), and is decided only while every comparison before it was. 'holds' when "
     f"that interval lies entirely on the expected side of 0, 'does not hold' when entirely on the other "
     f"side, 'inconclusive' when it contains 0, when a group has fewer than 2 finished seeds, or when every "
-    f"seed gave the same difference (no spread, no interval)."
+    f"seed gave the same difference (no spread, no interval). A comparison of what runs spent to reach a stated "
+    f"score (flops_to_target, lower is better) reads '{NOT_REACHED}' when a finished run of either group never "
+    f"reached it."
 )
 
 # Metric base names (before '@length') where smaller is better; everything else (accuracy,
@@ -264,6 +267,7 @@ class Comparison:
     bounds: tuple[float, float] = UNBOUNDED
     gates: tuple[Learned, ...] = ()  # the two groups at the training length; () = no gate (cost)
     note: str = ""
+    unreached: tuple[str, ...] = ()  # *_to_target: per group with finished runs short of the target, in words
 
 
 @dataclass(frozen=True)
@@ -273,7 +277,7 @@ class Verdict:
     metric: str
     better: str
     than: str
-    outcome: str  # "holds" | "does not hold" | "inconclusive" | "not tested"
+    outcome: str  # "holds" | "does not hold" | "inconclusive" | "not tested" | "not reached"
     reason: str  # why, in words; for inconclusive and not tested it goes in the parentheses
     better_ci: Interval
     than_ci: Interval
@@ -283,7 +287,7 @@ class Verdict:
 
     @property
     def label(self) -> str:
-        return f"{self.outcome} ({self.reason})" if self.outcome in ("inconclusive", NOT_TESTED) else self.outcome
+        return f"{self.outcome} ({self.reason})" if self.outcome in ("inconclusive", NOT_TESTED, NOT_REACHED) else self.outcome
 
     @property
     def statement(self) -> str:
@@ -304,7 +308,9 @@ def verdicts(comparisons: Sequence[Comparison]) -> list[Verdict]:
         missing = [g for g in c.gates if not g.learned]
         empty = [(name, iv) for name, iv in ((c.better, a), (c.than, b)) if iv.n == 0]
         few = [(name, iv) for name, iv in ((c.better, a), (c.than, b)) if iv.n == 1]
-        if empty:
+        if c.unreached:
+            out.append(make(NOT_REACHED, "; ".join(c.unreached)))
+        elif empty:
             out.append(make("inconclusive", f"no finished run of {empty[0][0]} reports {c.metric}"))
         elif missing:
             out.append(make(NOT_TESTED, "did not learn at the training length: " + "; ".join(g.text for g in missing)))

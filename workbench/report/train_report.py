@@ -53,7 +53,8 @@ from workbench.report.stats import (
 )
 from workbench.report.tuning import TuningSection, split_stages
 from workbench.report.variants import Variants, short_key, value_text
-from workbench.results import ATTENTION_ENTROPY, DESCRIPTIVE_METRICS, FAILURES, Status
+from workbench.report.compute_curves import AXIS_LABELS, against, to_target_by_run
+from workbench.results import ATTENTION_ENTROPY, DESCRIPTIVE_METRICS, FAILURES, PROGRESS, TO_TARGET, Status
 from workbench.study import RUN_MEASURES
 from workbench.study.keys import point_labels
 from workbench.sweep import resolve_point
@@ -85,7 +86,10 @@ class TrainInputs:
 
 
 def metric_direction(metric: str, task_name: str) -> bool:
-    """True when higher is better: the task declares its metrics' directions, loss is lower."""
+    """True when higher is better: the task declares its metrics' directions, loss is lower;
+    what a run spent to reach a target (flops_to_target) is lower."""
+    if metric.split(":")[0] in TO_TARGET:
+        return False
     base = metric.split("@")[0]
     if base in RUN_MEASURES:
         return MEASURE_HIGHER.get(base, False)
@@ -138,6 +142,9 @@ def group_record(group: str, iv: Interval) -> dict[str, Any]:
 
 
 def split_metric(col: str) -> tuple[str, int | None]:
+    """accuracy@64 -> (accuracy, 64); 'flops_to_target: bpc@32 ≤ 2.5' -> (flops_to_target, None)."""
+    if col.split(":")[0] in TO_TARGET:
+        return col.split(":")[0], None
     name, _, length = col.partition("@")
     return name, int(length) if length else None
 
@@ -156,6 +163,10 @@ class TrainReport:
         runs["variant"] = self.variants.label_runs(runs)
         order = ["index", "seed"] if "index" in runs else ["variant", "seed"]
         runs = runs.sort_values(order, key=self._variant_order).reset_index(drop=True)
+        self.unreached: dict[str, set[str]] = {}  # to-target column -> finished runs that never reached it
+        for exp in self.study.expect:
+            if exp.target is not None:
+                runs[self.expect_column(exp)] = self.to_target(exp, runs)
         self.runs, self.tuning_runs = split_stages(runs)  # tables and verdicts: final runs only
         self.finished = self.runs[self.runs["status"] == Status.FINISHED]
         self.palette = figures.variant_palette(self.variants.labels)
@@ -169,6 +180,35 @@ class TrainReport:
         self.metrics = metric_columns(self.runs, task_metrics)
         self.primary = task_metrics[0] if task_metrics else "loss"
 
+    def expect_column(self, exp) -> str:
+        """The runs-table column an `expect:` entry compares: its metric, or for a *_to_target
+        entry 'flops_to_target: bpc@32 ≤ 2.5' (computed from the curves)."""
+        if exp.target is None:
+            return exp.metric
+        sign = "≥" if metric_direction(exp.target.metric, self.task_name) else "≤"
+        return f"{exp.metric}: {exp.target.metric} {sign} {exp.target.value:g}"
+
+    def to_target(self, exp, runs: pd.DataFrame) -> pd.Series:
+        """Each run's `exp.metric` (e.g. flops_to_target) for its target, NaN where not reached
+        (those finished runs are remembered for the verdict) or where no spending was recorded."""
+        column = self.expect_column(exp)
+        curves = self.inputs.curves
+        if curves is None or curves.empty:
+            return pd.Series(math.nan, index=runs.index)
+        higher = metric_direction(exp.target.metric, self.task_name)
+        values = to_target_by_run(curves, exp.metric, exp.target.metric, exp.target.value, higher)
+        finished = set(runs.loc[runs["status"] == Status.FINISHED, "run_id"])
+        self.unreached[column] = {run for run, v in values.items() if run in finished and math.isnan(v)}
+        return runs["run_id"].map(values).astype(float)
+
+    def unreached_text(self, column: str, variant: str) -> str | None:
+        """'gelu: 2 of 3 finished seeds never reached bpc@32 ≤ 2.5', or None when all reached."""
+        mine = self.finished[self.finished["variant"] == variant]
+        missed = mine["run_id"].isin(self.unreached.get(column, set())).sum()
+        if not missed:
+            return None
+        return f"{variant}: {missed} of {len(mine)} finished seeds never reached {column.split(': ', 1)[1]}"
+
     def _variant_order(self, col: pd.Series) -> pd.Series:
         if col.name == "variant":
             return col.map({v: i for i, v in enumerate(self.variants.labels)})
@@ -179,7 +219,7 @@ class TrainReport:
     @property
     def headline(self) -> list[str]:
         """Expectation metrics, then the task's first metric at each evaluation length."""
-        wanted = [e.metric for e in self.study.expect]
+        wanted = [self.expect_column(e) for e in self.study.expect]
         wanted += [m for m in self.metrics if split_metric(m)[0] == self.primary]
         out = []
         for m in wanted:
@@ -201,7 +241,8 @@ class TrainReport:
 
     def range_of(self, metric: str) -> tuple[float, float]:
         # Run measures (time, memory, throughput, parameters) are never negative.
-        return (0.0, math.inf) if split_metric(metric)[0] in RUN_MEASURES else metric_range(metric, self.task_name)
+        spent = split_metric(metric)[0] in RUN_MEASURES or metric.split(":")[0] in TO_TARGET
+        return (0.0, math.inf) if spent else metric_range(metric, self.task_name)
 
     def interval(self, variant: str, metric: str) -> Interval:
         return mean_ci(self.values(variant, metric), bounds=self.range_of(metric))
@@ -275,20 +316,22 @@ class TrainReport:
         comparisons, origins = [], []
         for index, exp in enumerate(self.study.expect):
             origins.append(index)
-            higher = metric_direction(exp.metric, self.task_name)
-            bounds = self.range_of(exp.metric)
-            gate = self.gate_name(exp.metric)
+            metric = self.expect_column(exp)
+            higher = metric_direction(metric, self.task_name)
+            bounds = self.range_of(metric)
+            gate = self.gate_name(exp.target.metric if exp.target is not None else metric)
             pairs = self.variants.pairs(exp.better, exp.than)
             if not pairs:  # neither point was run (e.g. a profile dropped it): say so
                 a = ", ".join(f"{short_key(k)}={value_text(v)}" for k, v in exp.better.items())
                 b = ", ".join(f"{short_key(k)}={value_text(v)}" for k, v in exp.than.items())
-                comparisons.append(Comparison(exp.metric, a, b, [], [], higher, bounds, note=exp.note))
+                comparisons.append(Comparison(metric, a, b, [], [], higher, bounds, note=exp.note))
                 continue
             origins += [index] * (len(pairs) - 1)
             for a, b in pairs:
                 gates = () if gate is None else (self.learned(a, gate), self.learned(b, gate))
-                comparisons.append(Comparison(exp.metric, a, b, self.values(a, exp.metric), self.values(b, exp.metric),
-                                              higher, bounds, gates, exp.note))
+                unreached = tuple(t for t in (self.unreached_text(metric, a), self.unreached_text(metric, b)) if t)
+                comparisons.append(Comparison(metric, a, b, self.values(a, metric), self.values(b, metric),
+                                              higher, bounds, gates, exp.note, unreached))
         return list(zip(verdicts(comparisons), origins))
 
     def verdict_line(self, v: Verdict, index: int) -> VerdictLine:
@@ -396,22 +439,25 @@ class TrainReport:
                 f"({optimiser}); seeds {seeds}.")
 
     def steps_table(self) -> Table:
-        """Per variant: the steps its budget buys, the last step, and what its runs spent."""
+        """Per variant: the steps its budget buys at batch 0's cost, the steps its runs took, how
+        their last step ended, and what they spent."""
         rows = []
         for variant in self.variants.labels:
             train = self.resolved_points.get(variant, {}).get("train")
             mine = self.finished[self.finished["variant"] == variant]
-            spent = [fmt(float(mine[c].mean())) if c in mine and mine[c].notna().any() else "–"
-                     for c in ("train_flops", "train_tokens")]
-            if train is None:
-                rows.append([variant, "–", "–", *spent])
-                continue
-            last = {"whole": "whole", "dropped": "remainder dropped",
-                    "partial": f"partial: {train['last_batch_size']} of {train['batch_size']} sequences"}[train["last_step"]]
-            rows.append([variant, f"{train['steps']:,}", last, *spent])
-        return Table(["variant", "steps", "last step", "train FLOPs spent (mean)", "train tokens (mean)"], rows,
-                     caption="Steps each variant's budget buys, and what its finished runs spent",
-                     numeric=[False, True, False, True, True])
+
+            def mean(column: str) -> str:
+                return fmt(float(mine[column].mean())) if column in mine and mine[column].notna().any() else "–"
+
+            last = mine["last_step"].dropna().value_counts() if "last_step" in mine else pd.Series(dtype=int)
+            rows.append([variant, f"{train['steps']:,}" if train else "–", mean("steps_done"),
+                         ", ".join(f"{kind} ({n})" for kind, n in last.items()) or "–",
+                         mean("train_flops"), mean("train_tokens")])
+        return Table(["variant", "steps at batch 0's cost", "steps run (mean)", "last step (runs)",
+                      "train FLOPs spent (mean)", "train tokens (mean)"], rows,
+                     caption="Steps each variant's budget buys, and what its finished runs spent (the last step trains "
+                     "the sequences the budget still pays for: all, some (partial) or none (dropped))",
+                     numeric=[False, True, True, False, True, True])
 
     def status_table(self) -> Table:
         statuses = [Status.FINISHED, *FAILURES]
@@ -501,8 +547,12 @@ class TrainReport:
         if not curves.empty:
             items.append(self.figure(
                 figures.learning_curves(curves, self.palette, fig_dir / "learning_curves.png",
-                                        panels=[f"{split} {metric}" for split, metric in self.curve_panels()]),
-                "Learning curves: mean over seeds with a 95% t band (all runs, including those that stopped early).",
+                                        panels=[f"{split} {metric}" for split, metric in self.curve_panels()],
+                                        xlabel=AXIS_LABELS[self.study.curves_against],
+                                        per_seed=self.study.curves_against == "seconds"),
+                f"Learning curves against {AXIS_LABELS[self.study.curves_against]}: "
+                + ("one line per run (seeds spend time differently, so no band)" if self.study.curves_against == "seconds"
+                   else "mean over seeds with a 95% t band") + " (all runs, including those that stopped early).",
                 "learning curves per variant"))
         for name in dict.fromkeys(split_metric(m)[0] for m in self.metrics):
             long = self.by_length(name)
@@ -540,19 +590,21 @@ class TrainReport:
         return panels
 
     def curves(self) -> pd.DataFrame:
-        """Long rows (variant, seed, step, metric, value) of the curve panels, every run."""
+        """Long rows (variant, seed, step, metric, value, x) of the curve panels, every run; x is
+        the step or what the run had spent by then (the study's `curves_against`)."""
         curves = self.inputs.curves
         columns = ["variant", "seed", "step", "metric", "value"]
         if curves is None or curves.empty:
-            return pd.DataFrame(columns=columns)
+            return pd.DataFrame(columns=[*columns, "x"])
         parts = []
         for split, metric in self.curve_panels():
             part = curves[(curves["split"] == split) & (curves["metric"] == metric)].copy()
             part["metric"] = f"{split} {metric}"
             parts.append(part)
         joined = pd.concat(parts).merge(self.runs[["run_id", "variant", "seed"]], on="run_id", how="inner")
-        joined = joined.dropna(subset=["value"])
-        return joined.sort_values(["metric", "variant", "seed", "step"])[columns].reset_index(drop=True)
+        joined = against(pd.concat([joined, curves[curves["split"] == PROGRESS]]), self.study.curves_against)
+        joined = joined.dropna(subset=["value", "variant"])
+        return joined.sort_values(["metric", "variant", "seed", "step"])[[*columns, "x"]].reset_index(drop=True)
 
     def by_length(self, name: str) -> pd.DataFrame | None:
         cols = [m for m in self.metrics if split_metric(m)[0] == name and split_metric(m)[1] is not None]

@@ -52,6 +52,7 @@ CREATE TABLE IF NOT EXISTS runs (
     not_applicable TEXT NOT NULL,       -- JSON {eval length: reason}
     n_params INTEGER,
     steps_done INTEGER,
+    last_step TEXT,                     -- under a FLOP or token budget: whole | partial | dropped
     diverged_step INTEGER,
     error TEXT,
     wall_time_s REAL,
@@ -81,7 +82,7 @@ CREATE TABLE IF NOT EXISTS curves (
 LEADING = ["run_id", "index", "seed"]
 # stage: "tune" for a study's tuning runs, "final" for every other run.
 # train_tokens: the store's `tokens` column (real training tokens), named beside train_flops.
-TRAILING = ["stage", "n_params", "steps_done", "train_tokens", "train_flops", "tokens_per_s", "train_time_s", "eval_time_s", "wall_time_s",
+TRAILING = ["stage", "n_params", "steps_done", "last_step", "train_tokens", "train_flops", "tokens_per_s", "train_time_s", "eval_time_s", "wall_time_s",
             "peak_memory_bytes", "peak_memory_instrument", "diverged_step", "resumed_from_step",
             "not_applicable", "error", "attempts"]
 
@@ -200,8 +201,9 @@ class Store:
                     columns = {row[1] for row in conn.execute("PRAGMA table_info(runs)")}
                     if "position" in columns:  # a store written before the sweep index had its name
                         conn.execute('ALTER TABLE runs RENAME COLUMN position TO "index"')
-                    if "train_flops" not in columns:  # a store written before FLOPs were counted
-                        conn.execute("ALTER TABLE runs ADD COLUMN train_flops INTEGER")
+                    for column, kind in (("train_flops", "INTEGER"), ("last_step", "TEXT")):
+                        if column not in columns:  # a store written before budgets
+                            conn.execute(f"ALTER TABLE runs ADD COLUMN {column} {kind}")
                 return
             except WorkbenchError as err:
                 if "locked" not in str(err) or attempt == 49:
@@ -239,6 +241,7 @@ class Store:
                 "run_id": run.run_id, "index": run.index, "seed": run.seed, "status": str(r.status),
                 "swept": dumps(run.swept), "config": dumps(run.config), "metrics": dumps(r.metrics),
                 "not_applicable": dumps(r.not_applicable), "n_params": r.n_params, "steps_done": r.steps_done,
+                "last_step": r.last_step,
                 "diverged_step": r.diverged_step, "error": r.error, "wall_time_s": r.wall_time_s,
                 "train_time_s": r.train_time_s, "eval_time_s": r.eval_time_s, "tokens": r.tokens,
                 "train_flops": r.train_flops,
@@ -268,7 +271,8 @@ class Store:
             if "position" in d:  # a store written before the sweep index had its name, read as it is
                 d["index"] = d.pop("position")
             d["train_tokens"] = d.pop("tokens")
-            d.setdefault("train_flops", None)  # a read-only store written before FLOPs were counted
+            for column in ("train_flops", "last_step"):
+                d.setdefault(column, None)  # a read-only store written before budgets
             for key in ("swept", "config", "metrics", "not_applicable", "environment"):
                 d[key] = json.loads(d[key])
             out.append(d)

@@ -47,7 +47,8 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from workbench import stopping
 from workbench.errors import WorkbenchError
 from workbench.hardware import Machine, train_needs
-from workbench.cost.budget import StepCost, count_tokens, step_cost
+from workbench.cost.budget import BUDGET_STEP_CAP, StepCost, count_tokens, sequences_within, step_cost
+from workbench.cost.measure import counted_forward
 from workbench.cost.memory import LiveTensorBytes
 from workbench.model import Transformer, attention_entropy, build_model, record_attention
 from workbench.position import PositionLimitError
@@ -77,21 +78,16 @@ def quiet_lightning() -> None:
 
 
 class StepBatches(Dataset):
-    """Item i is training batch i (already batched), with its token count; the last step of
-    a counted budget may take only the first `last_batch_size` sequences (workbench.cost.budget)."""
+    """Item i is training batch i (already batched)."""
 
-    def __init__(self, task, batch_size: int, family: str, steps: int, last_batch_size: int | None = None):
+    def __init__(self, task, batch_size: int, family: str, steps: int):
         self.task, self.batch_size, self.family, self.steps = task, batch_size, family, steps
-        self.last_batch_size = last_batch_size or batch_size
 
     def __len__(self) -> int:
         return self.steps
 
-    def __getitem__(self, index: int) -> tuple[dict[str, torch.Tensor], int]:
-        batch = self.task.train_batch(index, self.batch_size, self.family)
-        if index == self.steps - 1 and self.last_batch_size < self.batch_size:
-            batch = {key: value[: self.last_batch_size] for key, value in batch.items()}
-        return batch, count_tokens(batch)
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        return self.task.train_batch(index, self.batch_size, self.family)
 
 
 class StepSampler(Sampler[int]):
@@ -114,9 +110,9 @@ class StepSampler(Sampler[int]):
 
 
 class TaskDataModule(pl.LightningDataModule):
-    def __init__(self, task, family: str, batch_size: int, steps: int, last_batch_size: int | None = None):
+    def __init__(self, task, family: str, batch_size: int, steps: int):
         super().__init__()
-        self.dataset = StepBatches(task, batch_size, family, steps, last_batch_size)
+        self.dataset = StepBatches(task, batch_size, family, steps)
 
     def train_dataloader(self) -> DataLoader:
         # Lightning restores the global step before iterating: start there, so a resumed run
@@ -141,13 +137,18 @@ def lr_factor(step: int, warmup: int, total: int, schedule: str, min_ratio: floa
     return min_ratio + (1 - min_ratio) * decay
 
 
-def time_budget_factor(schedule: Callable[..., float], seconds: float, train_time: Callable[[], float],
-                       step: int) -> float:
-    """The schedule under a time budget: its total is the step count the pace so far reaches
-    in `seconds` (re-projected at every step), so the decay ends when the time does."""
-    spent = train_time()
-    total = max(step + 1, round(step * seconds / spent)) if step > 0 and spent > 0 else math.inf
+def budget_factor(schedule: Callable[..., float], budget: float, spent: Callable[[], float], estimate: int,
+                  step: int) -> float:
+    """The schedule under a budget: its total is the step count the spending so far reaches
+    at `budget` (re-projected at every step; `estimate` before the first), so the decay ends
+    when the budget does."""
+    so_far = spent()
+    total = max(step + 1, round(step * budget / so_far)) if step > 0 and so_far > 0 else estimate
     return schedule(step, total=total)
+
+
+def batch_size(inputs: dict[str, torch.Tensor]) -> int:
+    return next(iter(inputs.values())).shape[0]
 
 
 def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
@@ -167,28 +168,61 @@ class RunModule(pl.LightningModule):
         self.family = config["model"]["family"]
         self.train_cfg = config["train"]
         self.diverged_step: int | None = None
-        self.train_time: Callable[[], float] = lambda: 0.0  # the recorder's, for a time budget's schedule
+        self.budget: dict[str, Any] | None = self.train_cfg.get("budget")
+        self.budget_kind = next((k for k, v in (self.budget or {}).items() if v is not None), None)
+        self.spent: Callable[[], float] = lambda: 0.0  # the recorder's spending in the budget's unit
+        self.last_step: str | None = None  # a counted budget's last step: whole, partial or dropped
 
     def training_step(self, batch, batch_idx: int):
-        inputs, _ = batch
-        loss = self.task.loss(self.model, inputs, self.family)
+        inputs, flops = batch, None
+        if self.budget_kind == "flops":
+            inputs, loss, flops = self.flop_budgeted_loss(inputs)
+        else:
+            if self.budget_kind == "tokens":
+                inputs = self.fit_budget(inputs, count_tokens(inputs))
+            loss = None if inputs is None else self.task.loss(self.model, inputs, self.family)
+        if loss is None:  # the budget's remainder was under half a sequence: dropped
+            return None
         if not torch.isfinite(loss):
             # Returning None skips the optimizer step; the run stops as diverged at this step.
             self.diverged_step = self.global_step + 1
             self.trainer.should_stop = True
             return None
-        return loss
+        return {"loss": loss, "tokens": count_tokens(inputs), "sequences": batch_size(inputs), "flops": flops}
+
+    def flop_budgeted_loss(self, inputs):
+        """(inputs, loss, training FLOPs) of a step counted as it runs (forward x3); a step that
+        would pass the budget is cut to the sequences it has left (`fit_budget`)."""
+        loss, forward = counted_forward(self.model, lambda: self.task.loss(self.model, inputs, self.family))
+        fitted = self.fit_budget(inputs, 3 * forward)
+        if fitted is None:
+            return None, None, 0
+        if fitted is not inputs:
+            loss, forward = counted_forward(self.model, lambda: self.task.loss(self.model, fitted, self.family))
+        return fitted, loss, 3 * forward
+
+    def fit_budget(self, inputs, cost: float):
+        """`inputs`, or on the step that reaches the budget its first sequences that the budget
+        still pays for (workbench.cost.budget.sequences_within); None when none: the run stops."""
+        left = self.budget[self.budget_kind] - self.spent()
+        if cost < left:
+            return inputs
+        self.trainer.should_stop = True
+        keep = sequences_within(left, cost, batch_size(inputs))
+        self.last_step = "dropped" if keep == 0 else "whole" if keep == batch_size(inputs) else "partial"
+        if keep == 0:
+            return None
+        return inputs if keep == batch_size(inputs) else {key: value[:keep] for key, value in inputs.items()}
 
     def configure_optimizers(self):
         cfg = self.train_cfg
         optimizer = torch.optim.AdamW(param_groups(self.model, cfg["weight_decay"]), lr=cfg["lr"], betas=(0.9, 0.95))
         schedule = functools.partial(lr_factor, warmup=cfg["warmup_steps"], schedule=cfg["schedule"],
                                      min_ratio=cfg["min_lr_ratio"])
-        seconds = (cfg.get("budget") or {}).get("seconds")
-        if seconds is None:
+        if self.budget_kind is None:
             factor = functools.partial(schedule, total=cfg["steps"])
         else:
-            factor = functools.partial(time_budget_factor, schedule, seconds, self.train_time)
+            factor = functools.partial(budget_factor, schedule, self.budget[self.budget_kind], self.spent, cfg["steps"])
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
@@ -327,8 +361,8 @@ class RunRecorder(Callback):
         self.last_eval: dict[str, Any] = {"step": None, "metrics": {}, "not_applicable": {}}
         self.tokens = 0
         self.flops = 0  # counted training FLOPs spent (workbench.cost.budget)
-        self.cost = cost
-        self.seconds = (train.get("budget") or {}).get("seconds")
+        self.cost = cost  # batch 0's, for the FLOPs of steps that are not counted as they run
+        self.fixed_steps = train["steps"] if not train.get("budget") else None  # else the budget stops the run
         self.prior_train_time = 0.0  # training time of earlier sessions (from the checkpoint)
         self.session_start: float | None = None
         self.start_step = 0  # the global step this session started at (> 0: resumed)
@@ -349,15 +383,21 @@ class RunRecorder(Callback):
         self.session_start = time.perf_counter()
         self.start_step = trainer.global_step
 
+    def spent(self, kind: str) -> float:
+        return {"flops": self.flops, "tokens": self.tokens, "seconds": self.train_time()}[kind]
+
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         step = trainer.global_step
-        if outputs is None:  # diverged: no optimizer step was taken
+        if not outputs:  # diverged, or a budget's dropped remainder: no optimizer step was taken
+            if pl_module.last_step == "dropped" and step and self.last_eval["step"] != step:
+                self.evaluate(trainer, pl_module, step)  # the step before was the last
             return
-        inputs, tokens = batch
-        self.tokens += tokens
-        self.flops += self.cost.flops * next(iter(inputs.values())).shape[0] // self.cost.sequences
-        out_of_time = self.seconds is not None and self.train_time() >= self.seconds
-        last = step == self.train["steps"] or out_of_time
+        self.tokens += outputs["tokens"]
+        self.flops += (outputs["flops"] if outputs["flops"] is not None
+                       else self.cost.flops * outputs["sequences"] // self.cost.sequences)
+        if pl_module.budget_kind == "seconds" and self.train_time() >= pl_module.budget["seconds"]:
+            trainer.should_stop = True
+        last = step == self.fixed_steps or trainer.should_stop
         if step % self.train["log_every"] == 0 or last:
             lr = trainer.optimizers[0].param_groups[0]["lr"]
             loss = float(outputs["loss"])
@@ -365,8 +405,6 @@ class RunRecorder(Callback):
             self._log(trainer, {"train/loss": loss, "train/lr": lr}, step)
         if step % self.train["eval_every"] == 0 or last:
             self.evaluate(trainer, pl_module, step)
-        if out_of_time:
-            trainer.should_stop = True
 
     def progress(self, step: int) -> list[tuple[int, str, str, float]]:
         """What the run has spent by `step` (split "progress"): training tokens, counted FLOPs and
@@ -420,7 +458,7 @@ class ProgressFile(Callback):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         step, now = trainer.global_step, time.perf_counter()
-        if outputs is None or (now - self.last_write < self.every_s and step < self.steps):
+        if not outputs or (now - self.last_write < self.every_s and step < self.steps):
             return
         self.last_write = now
         write_json_atomic(self.path, {"step": step, "steps": self.steps, "loss": float(outputs["loss"]),
@@ -521,7 +559,7 @@ class StopOnRequest(Callback):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if stopping.stop_requested():
-            if outputs is not None and trainer.global_step < trainer.max_steps:  # nothing to keep otherwise
+            if outputs and trainer.global_step < trainer.max_steps:  # nothing to keep otherwise
                 trainer.save_checkpoint(self.path)
             raise stopping.RunInterrupted(f"stopped at step {trainer.global_step}")
 
@@ -579,13 +617,15 @@ def train_run(run_id: str, config: dict[str, Any], run_dir: Path) -> RunResult:
         batch = task.train_batch(0, train["batch_size"], module.family)
         cost = step_cost(module.model, lambda b: task.loss(module.model, b, module.family), batch)
         recorder = RunRecorder(task, module.family, train, cost)
-        module.train_time = recorder.train_time
+        if module.budget_kind is not None:
+            module.spent = functools.partial(recorder.spent, module.budget_kind)
         checkpoint = ModelCheckpoint(dirpath=run_dir / "checkpoints", save_last=True, save_top_k=0,
                                      every_n_train_steps=train["checkpoint_every"])
         ckpt = run_dir / LAST_CHECKPOINT
         ckpt.with_name(ckpt.name + ".tmp").unlink(missing_ok=True)  # a save cut short by a kill
+        max_steps = train["steps"] if module.budget_kind is None else BUDGET_STEP_CAP  # a budget stops the run
         trainer = pl.Trainer(
-            max_steps=train["steps"], max_epochs=-1, limit_val_batches=0, num_sanity_val_steps=0,
+            max_steps=max_steps, max_epochs=-1, limit_val_batches=0, num_sanity_val_steps=0,
             accelerator=train["accelerator"], devices=train["devices"], strategy=train["strategy"],
             num_nodes=train["num_nodes"], precision=train["precision"],
             gradient_clip_val=train["grad_clip"], gradient_clip_algorithm="norm",
@@ -594,10 +634,11 @@ def train_run(run_id: str, config: dict[str, Any], run_dir: Path) -> RunResult:
             log_every_n_steps=train["log_every"], plugins=[SafeCheckpointIO()],
             enable_progress_bar=False, enable_model_summary=False, default_root_dir=run_dir,
         )
-        datamodule = TaskDataModule(task, module.family, train["batch_size"], train["steps"], train.get("last_batch_size"))
+        datamodule = TaskDataModule(task, module.family, train["batch_size"], max_steps)
         trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt if ckpt.exists() else None, weights_only=True)
         result.resumed_from_step = recorder.start_step or None
         result.steps_done = trainer.global_step
+        result.last_step = module.last_step
         if module.diverged_step is not None:
             result.status, result.diverged_step = Status.DIVERGED, module.diverged_step
         else:

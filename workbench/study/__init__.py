@@ -36,7 +36,7 @@ from pydantic import model_validator
 from workbench import kinds
 from workbench.errors import SpecError
 from workbench.registry import get_variant, variants
-from workbench.results import DESCRIPTIVE_METRICS
+from workbench.results import DESCRIPTIVE_METRICS, TO_TARGET
 from workbench.spec import VARIANT_AXES, ModelSpec, resolve_choice, spec_error_from
 from workbench.study.keys import digest, label
 from workbench.study.schema import study_json_schema
@@ -149,6 +149,9 @@ class TrainStudy(StudyBase):
     tune: Annotated[Tune | None, WithJsonSchema(TUNE_JSON_SCHEMA)] = Field(
         None, description="choose values (e.g. train.lr) per sweep point on validation sets before its seeds run"
     )
+    curves_against: Literal["step", "tokens", "flops", "seconds"] = Field(
+        "step", description="the x-axis of the report's learning curves: training step, training tokens, counted "
+        "training FLOPs or training seconds")
 
     @field_validator("task", mode="before")
     @classmethod
@@ -166,7 +169,7 @@ class TrainStudy(StudyBase):
             self.baseline = self.sweep_point(self.baseline, "baseline")
         for i, exp in enumerate(self.expect):
             if not stored(info):
-                check_metric(exp.metric, f"expect.{i}.metric", self)
+                check_expected_metric(exp, f"expect.{i}", self)
             exp.better = self.sweep_point(exp.better, f"expect.{i}.better")
             exp.than = self.sweep_point(exp.than, f"expect.{i}.than")
         for profile, overrides in self.profiles.items():
@@ -298,6 +301,22 @@ def check_swept_variants(key: str, field: str, values: list[Any], model: Mapping
         hint = f"; set model.{axis}: {{name: {having[0]}}} or sweep model.{axis}" if having else ""
         raise SpecError(field, f"{where}, which has no parameter {parts[2]!r}{hint}",
                         [f"model.{axis}.{p}" for p in params] or None)
+
+
+def check_expected_metric(exp: Expectation, field: str, study: TrainStudy) -> None:
+    """An `expect:` entry's metric; a *_to_target one needs a target on an evaluated metric."""
+    if exp.metric not in TO_TARGET:
+        if exp.target is not None:
+            raise SpecError(f"{field}.target", f"only {', '.join(TO_TARGET)} take a target; {exp.metric!r} is "
+                            "compared on its final value")
+        check_metric(exp.metric, f"{field}.metric", study)
+        return
+    if exp.target is None:
+        raise SpecError(f"{field}.target", f"{exp.metric} needs the score to reach: target: {{metric: metric@length, "
+                        "value: number}")
+    if exp.target.metric in RUN_MEASURES:
+        raise SpecError(f"{field}.target.metric", "a target is a score the evaluations record, not a run measure")
+    check_metric(exp.target.metric, f"{field}.target.metric", study)
 
 
 def check_metric(metric: str, field: str, study: TrainStudy) -> None:

@@ -10,7 +10,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from workbench.cost.budget import StepCost, budget_steps
+from workbench.cost.budget import BUDGET_STEP_CAP, StepCost, estimated_steps
 from workbench.errors import SpecError
 from workbench.study.yaml_file import limit, suggest
 
@@ -21,10 +21,6 @@ LIGHTNING_STRATEGIES = ("auto", "ddp", "deepspeed", "fsdp", "single", "xla")
 
 
 BUDGET_KINDS = ("flops", "tokens", "seconds")
-
-
-# A time-budgeted run's step count is unknown in advance: this bounds its one epoch of batches.
-SECONDS_STEP_CAP = 10**9
 
 
 class Budget(BaseModel):
@@ -141,22 +137,20 @@ class TrainConfig(BaseModel):
         return {k: v for k, v in train.items() if k not in cls.EXECUTION and (v or k not in cls.OPT_IN)}
 
     def resolved(self, train_length: int, cost: StepCost | None = None) -> dict[str, Any]:
-        """Every field filled in: steps from tokens (or from a counted budget and the run's
-        `cost` per step, with the last step's batch size), eval and checkpoint intervals."""
+        """Every field filled in: steps from tokens (or, estimated, from a counted budget and the
+        run's `cost` per step), eval and checkpoint intervals."""
         out = self.model_dump()
         if self.budget is None:
             steps = self.steps or -(-self.tokens // (self.batch_size * train_length))
         elif self.budget.kind == "seconds":
-            steps = SECONDS_STEP_CAP  # the run stops on time (workbench.run.train)
+            steps = BUDGET_STEP_CAP  # the run stops on time (workbench.run.train)
         else:
             if cost is None:
                 raise ValueError("a FLOP or token budget needs the run's cost per step")
             try:
-                bought = budget_steps(self.budget.amount, self.budget.kind, cost)
+                steps = estimated_steps(self.budget.amount, self.budget.kind, cost)
             except ValueError as err:
                 raise SpecError(f"train.budget.{self.budget.kind}", str(err)) from None
-            steps = bought.steps
-            out.update(last_batch_size=bought.last_batch_size, last_step=bought.last_step)
         out["steps"] = steps
         out["eval_every"] = min(self.eval_every or max(1, steps // 10), steps)
         out["checkpoint_every"] = min(self.checkpoint_every or out["eval_every"], steps)
@@ -164,11 +158,21 @@ class TrainConfig(BaseModel):
         return out
 
 
+class Target(BaseModel):
+    """The score a `*_to_target` expectation waits for."""
+
+    model_config = ConfigDict(extra="forbid")
+    metric: str = Field(description="metric@eval_length the evaluations are read on (e.g. bpc@64)")
+    value: float = Field(allow_inf_nan=False, description="the score to reach (at least it, or at most it when lower is better)")
+
+
 class Expectation(BaseModel):
     """A claim the report checks: `better` is expected to beat `than` on `metric`."""
 
     model_config = ConfigDict(extra="forbid")
-    metric: str = Field(description="metric[@eval_length] (e.g. accuracy@64, loss) or a run measure (tokens_per_s)")
+    metric: str = Field(description="metric[@eval_length] (e.g. accuracy@64, loss), a run measure (tokens_per_s), or "
+                        "flops_to_target / tokens_to_target / seconds_to_target with a `target` (lower is better)")
+    target: Target | None = Field(None, description="for *_to_target: {metric: metric@length, value: score}")
     better: Any = Field(description="the swept value (or {dotted.key: value}) expected to be better")
     than: Any = Field(description="the swept value (or {dotted.key: value}) it is compared against")
     claim: str | None = Field(None, description="id of the claim it tests (e.g. E6)")
