@@ -53,6 +53,8 @@ from workbench.report.stats import (
 )
 from workbench.report.tuning import TuningSection, split_stages
 from workbench.report.variants import Variants, short_key, value_text
+from workbench.cost.fit import fit_power_law, power_law_crossing
+from workbench.report.ladder import cross_scale_line
 from workbench.report.compute_curves import AXIS_LABELS, against, to_target_by_run
 from workbench.results import ATTENTION_ENTROPY, DESCRIPTIVE_METRICS, FAILURES, PROGRESS, TO_TARGET, Status
 from workbench.study import RUN_MEASURES
@@ -334,6 +336,104 @@ class TrainReport:
                                               higher, bounds, gates, exp.note, unreached))
         return list(zip(verdicts(comparisons), origins))
 
+    def across_scale(self, decided: Sequence[tuple[Verdict, int]]) -> list[dict[str, Any]]:
+        """Per `expect:` entry (and per value of any other swept key it does not fix), its
+        outcome at each rung of the scale ladder and the cross-scale line (workbench.report.ladder)."""
+        scale_keys = list(self.study.scale or {})
+        rung_order = [value_text(v) for v in self.study.scale[self.study.rung_key]]
+        rows: dict[tuple[int, str], dict[str, Any]] = {}
+        for v, index in decided:
+            if v.better not in self.variants.labels:
+                continue
+            exp = self.study.expect[index]
+            values = dict(zip(self.variants.keys, self.variants.points[self.variants.labels.index(v.better)]))
+            context = ", ".join(f"{short_key(k)}={x}" for k, x in values.items()
+                                if k not in scale_keys and k not in exp.better and k not in exp.than)
+            row = rows.setdefault((index, context), {
+                "index": index, "context": context, "outcomes": {}, "labels": {},
+                "statement": f"{self.variants_text(exp.better)} is better than {self.variants_text(exp.than)} on "
+                             f"{self.expect_column(exp)}"})
+            row["outcomes"][values[self.study.rung_key]] = v.outcome
+            row["labels"][values[self.study.rung_key]] = v.label
+        for row in rows.values():
+            row["line"] = cross_scale_line([(rung, row["outcomes"][rung]) for rung in rung_order if rung in row["outcomes"]])
+        return list(rows.values())
+
+    @staticmethod
+    def variants_text(point: dict[str, Any]) -> str:
+        return ", ".join(value_text(v) for v in point.values())
+
+    def scale_section(self, decided: Sequence[tuple[Verdict, int]]) -> Section | None:
+        if not self.study.scale:
+            return None
+        rungs = [value_text(v) for v in self.study.scale[self.study.rung_key]]
+        matching = "; ".join(f"{k}: {', '.join(value_text(x) for x in values)}" for k, values in self.study.scale.items())
+        rows = []
+        for row in self.across_scale(decided):
+            rows.append([row["statement"] + (f" ({row['context']})" if row["context"] else ""),
+                         *(row["labels"].get(r, "–") for r in rungs), row["line"]])
+        return Section("Across scale", [
+            Paragraph(f"Scale ladder: {matching} (one value per rung). Every expect: entry is decided at each rung "
+                      "by the rule under Verdicts (Holm's correction covers every rung's comparison together); the "
+                      "last column says whether the verdict holds across the rungs."),
+            Table(["expectation", *(f"{short_key(self.study.rung_key)} = {r}" for r in rungs), "across scale"], rows,
+                  caption="Each expect: entry at every rung of the ladder")])
+
+    def fit_metric(self) -> str:
+        """The loss the ladder's fits read: the first expect: entry's metric when it is a loss,
+        else the evaluation loss at the training length."""
+        losses = [self.expect_column(e) for e in self.study.expect
+                  if split_metric(self.expect_column(e))[0] in ("loss", "bpc", "perplexity")]
+        return losses[0] if losses else f"loss@{self.study.task['train_length']}"
+
+    def fits_section(self) -> Section | None:
+        """Per variant (the swept keys without the ladder's), L = E + A (C/C0)^-alpha through its
+        finished runs' final loss against their counted training FLOPs, every rung and seed
+        (workbench.cost.fit), and where two variants' fitted curves cross."""
+        if not self.study.scale or "train_flops" not in self.finished:
+            return None
+        metric = self.fit_metric()
+        base_keys = [k for k in self.keys if k not in self.study.scale]
+        runs = self.finished.assign(base=Variants.of(base_keys, self.finished).label_runs(self.finished)
+                                    if base_keys else "all runs")
+        fits, rows, notes = {}, [], []
+        for base, part in runs.groupby("base", sort=False):
+            data = pd.DataFrame({"compute": pd.to_numeric(part["train_flops"], errors="coerce"),
+                                 "loss": pd.to_numeric(part.get(metric), errors="coerce"), "seed": part["seed"]})
+            try:
+                fit = fit_power_law(data)
+            except (ValueError, RuntimeError) as err:
+                notes.append(f"{base}: no fit ({err})")
+                continue
+            fits[base] = fit
+            ci = {k: fmt_interval(getattr(fit.law, k), *fit.intervals[k]) if not math.isnan(fit.intervals[k][0])
+                  else f"{fmt(getattr(fit.law, k))} (one seed: no interval)" for k in ("E", "A", "alpha")}
+            rows.append([base, ci["E"], ci["A"], ci["alpha"], fmt(fit.law.C0), str(fit.n_points), str(fit.n_seeds)])
+        if not fits:
+            return Section("Fits", [Paragraph("; ".join(notes) or "No finished runs to fit.")])
+        items: list[Item] = [Paragraph(
+            f"{metric} against counted training FLOPs C, per variant over every rung and seed: L = E + A (C/C0)^-α "
+            "(scipy curve_fit, E, A ≥ 0), with 95% intervals from 1,000 bootstrap draws of whole seeds. C0 is the "
+            "smallest compute fitted."),
+            Table(["variant", "E [95% CI]", "A [95% CI]", "α [95% CI]", "C0 (FLOPs)", "runs", "seeds"], rows,
+                  caption=f"Saturating power laws of {metric} against training FLOPs",
+                  numeric=[False, True, True, True, True, True, True])]
+        names = list(fits)
+        for i, a in enumerate(names):
+            for b in names[i + 1:]:
+                lo = max(fits[a].compute_range[0], fits[b].compute_range[0])
+                hi = min(fits[a].compute_range[1], fits[b].compute_range[1])
+                where = power_law_crossing(fits[a].law, fits[b].law, lo, hi) if lo < hi else None
+                if where is None:
+                    ahead = a if fits[a].law.loss(hi) < fits[b].law.loss(hi) else b
+                    items.append(Paragraph(f"{a} and {b}: the fitted curves do not cross within the measured range "
+                                           f"({fmt(lo)} to {fmt(hi)} FLOPs); {ahead} is lower throughout."))
+                else:
+                    items.append(Paragraph(f"{a} and {b}: the fitted curves cross at {fmt(where)} FLOPs (measured range "
+                                           f"{fmt(lo)} to {fmt(hi)})."))
+        items += [Paragraph(n) for n in notes]
+        return Section("Fits", items)
+
     def verdict_line(self, v: Verdict, index: int) -> VerdictLine:
         exp = self.study.expect[index]
         def group(name: str, iv: Interval) -> str:
@@ -435,8 +535,10 @@ class TrainReport:
                         "trains for the steps its own cost per step buys (table below)",
                "tokens": "real training tokens; each variant trains for the steps they buy (table below)",
                "seconds": "training seconds (evaluation excluded); each run stops when they are spent"}[train.budget.kind]
-        return (f"Budget per run: {train.budget.text()} of {how}; batches of {train.batch_size} sequences "
-                f"({optimiser}); seeds {seeds}.")
+        per_rung = any(key.startswith("train.budget.") for key in s.scale or {})
+        return (f"Budget per run: {train.budget.text()}" + (" as train: gives it (the ladder sets each rung's own: see Across "
+                "scale)" if per_rung else "") + f" of {how}; batches of {train.batch_size} sequences ({optimiser}); "
+                f"seeds {seeds}.")
 
     def steps_table(self) -> Table:
         """Per variant: the steps its budget buys at batch 0's cost, the steps its runs took, how
@@ -650,11 +752,12 @@ class TrainReport:
         return Section("Environment", [Table(["", "value"], rows)])
 
     def build(self) -> Report:
-        sections = [self.setup()]
+        decided = self.verdicts()
+        sections = [self.scale_section(decided), self.setup()]
         if self.study.tune is not None:
             tuning = TuningSection(self.study, self.inputs.tuning, self.variants, self.palette, self.dest)
             sections.append(tuning.build())
-        sections += [self.learned_section(), self.leaderboards(), self.figures_section()]
+        sections += [self.learned_section(), self.leaderboards(), self.fits_section(), self.figures_section()]
         if self.inputs.pictures is not None:
             items = self.inputs.pictures(self.variants, self.finished, self.dest)
             if items:
@@ -663,7 +766,7 @@ class TrainReport:
         if self.study.notes.strip():
             sections.append(Section("Notes", [Paragraph(p.strip()) for p in self.study.notes.split("\n\n") if p.strip()]))
         sections.append(self.environment())
-        lines = [self.verdict_line(v, index) for v, index in self.verdicts()]
+        lines = [self.verdict_line(v, index) for v, index in decided]
         return Report(name=self.study.name, kind="train", question=self.study.description or "(no description)",
                       verdicts=lines, sections=[s for s in sections if s is not None], learned=self.learned_lines())
 

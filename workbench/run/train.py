@@ -172,6 +172,7 @@ class RunModule(pl.LightningModule):
         self.budget_kind = next((k for k, v in (self.budget or {}).items() if v is not None), None)
         self.spent: Callable[[], float] = lambda: 0.0  # the recorder's spending in the budget's unit
         self.last_step: str | None = None  # a counted budget's last step: whole, partial or dropped
+        self.flops_by_shape: dict[tuple, int] = {}  # see counted_loss
 
     def training_step(self, batch, batch_idx: int):
         inputs, flops = batch, None
@@ -191,15 +192,28 @@ class RunModule(pl.LightningModule):
         return {"loss": loss, "tokens": count_tokens(inputs), "sequences": batch_size(inputs), "flops": flops}
 
     def flop_budgeted_loss(self, inputs):
-        """(inputs, loss, training FLOPs) of a step counted as it runs (forward x3); a step that
-        would pass the budget is cut to the sequences it has left (`fit_budget`)."""
-        loss, forward = counted_forward(self.model, lambda: self.task.loss(self.model, inputs, self.family))
-        fitted = self.fit_budget(inputs, 3 * forward)
+        """(inputs, loss, training FLOPs) of a step; a step that would pass the budget is cut to
+        the sequences it has left (`fit_budget`)."""
+        loss, flops = self.counted_loss(inputs)
+        fitted = self.fit_budget(inputs, flops)
         if fitted is None:
             return None, None, 0
         if fitted is not inputs:
-            loss, forward = counted_forward(self.model, lambda: self.task.loss(self.model, fitted, self.family))
-        return fitted, loss, 3 * forward
+            loss, flops = self.counted_loss(fitted)
+        return fitted, loss, flops
+
+    def counted_loss(self, inputs) -> tuple[torch.Tensor, int]:
+        """The loss and the step's training FLOPs (forward x3), counted as the forward runs
+        (workbench.cost.measure.counted_forward). A forward's FLOPs depend on the batch's shapes
+        and masks only (which positions are real and may meet), not on the token values: a
+        batch like one counted before reuses that count, so fixed-length tasks count once."""
+        key = tuple((name, tuple(t.shape), t.cpu().numpy().tobytes() if t.dtype == torch.bool else b"")
+                    for name, t in sorted(inputs.items()))
+        if key in self.flops_by_shape:
+            return self.task.loss(self.model, inputs, self.family), self.flops_by_shape[key]
+        loss, forward = counted_forward(self.model, lambda: self.task.loss(self.model, inputs, self.family))
+        self.flops_by_shape[key] = 3 * forward
+        return loss, 3 * forward
 
     def fit_budget(self, inputs, cost: float):
         """`inputs`, or on the step that reaches the budget its first sequences that the budget
