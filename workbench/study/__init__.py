@@ -184,8 +184,8 @@ class TrainStudy(StudyBase):
             exp.than = self.sweep_point(exp.than, f"expect.{i}.than")
         for profile, overrides in self.profiles.items():
             for key in overrides:
-                if key != "seeds" and not stored(info):  # `sweep.<key>` replaces a swept list
-                    check_key(key.removeprefix("sweep."), f"profiles.{profile}.{key}", self.task)
+                if key != "seeds" and not stored(info):  # `sweep.<key>` (`scale.<key>`) replaces a swept (rung) list
+                    check_key(key.removeprefix("sweep.").removeprefix("scale."), f"profiles.{profile}.{key}", self.task)
         if self.tune is not None:
             self.tune = check_tune(self.tune, self)
         if self.scale is not None and not laddered:
