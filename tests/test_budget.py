@@ -124,3 +124,21 @@ def test_runs_spend_their_flop_budget_and_record_progress(tmp_path):
     assert set(progress["metric"]) == {"tokens", "flops", "seconds"}
     last = progress[progress["metric"] == "flops"].groupby("run_id")["value"].max()
     assert (last.sort_index().to_numpy() == results.set_index("run_id")["train_flops"].sort_index().to_numpy()).all()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("train", ["budget: {tokens: 600}", "budget: {seconds: 1.0}, eval_every: 5"])
+def test_token_and_time_budgets_stop_the_run(tmp_path, train):
+    torch.set_num_threads(1)
+    path = tmp_path / "study.yaml"
+    path.write_text(STUDY.format(train=train).replace("[none, gelu, swiglu]", "[gelu]"))
+    run_study(path, tmp_path / "out", quiet=True)
+    row = load_results(tmp_path / "out").iloc[0]
+    assert row["status"] == "finished" and row["steps_done"] > 0
+    if "tokens" in train:
+        assert abs(row["train_tokens"] - 600) <= 8 / 2 + 8  # within half a sequence (copy: up to 9 tokens each)
+        assert row["last_step"] in ("whole", "partial", "dropped")
+    else:
+        assert 1.0 <= row["train_time_s"] < 30
+    curves = load_curves(tmp_path / "out")
+    assert curves.loc[curves["split"] == "eval", "step"].max() == row["steps_done"]  # evaluated where the budget stopped it
