@@ -646,14 +646,16 @@ class TrainReport:
         fig_dir = self.dest / "figures"
         items: list[Item] = []
         curves = self.curves()
+        # Seeds that spent different amounts by the same step (time; FLOPs or tokens of padded batches)
+        # share no x values to average over: each run is drawn on its own.
+        per_seed = not curves.empty and bool(curves.groupby(["variant", "metric", "step"])["x"].nunique().max() > 1)
         if not curves.empty:
             items.append(self.figure(
                 figures.learning_curves(curves, self.palette, fig_dir / "learning_curves.png",
                                         panels=[f"{split} {metric}" for split, metric in self.curve_panels()],
-                                        xlabel=AXIS_LABELS[self.study.curves_against],
-                                        per_seed=self.study.curves_against == "seconds"),
+                                        xlabel=AXIS_LABELS[self.study.curves_against], per_seed=per_seed),
                 f"Learning curves against {AXIS_LABELS[self.study.curves_against]}: "
-                + ("one line per run (seeds spend time differently, so no band)" if self.study.curves_against == "seconds"
+                + ("one line per run (its seeds had spent different amounts at the same step, so no band)" if per_seed
                    else "mean over seeds with a 95% t band") + " (all runs, including those that stopped early).",
                 "learning curves per variant"))
         for name in dict.fromkeys(split_metric(m)[0] for m in self.metrics):
