@@ -164,6 +164,7 @@ def test_the_ladder_report_fits_each_variant_and_says_where_they_cross(ladder_re
     text = " ".join(page.text)
     assert re.search(r"gelu and swiglu: the fitted curves (cross at [\d.,e+]+ FLOPs|do not cross within the measured range)",
                      text)
+    assert (index.parent / "figures" / "loss_vs_compute.png").exists()
 
 
 def test_a_rung_key_also_swept_is_refused(tmp_path):

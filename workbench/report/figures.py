@@ -187,6 +187,27 @@ def quality_vs_cost(summary: pd.DataFrame, palette: Palette, path: Path, *, metr
     return save(fig, path)
 
 
+@styled
+def loss_vs_compute(points: pd.DataFrame, curves: Mapping[str, Callable[[np.ndarray], np.ndarray]], palette: Palette,
+                    path: Path, *, metric: str) -> Path | None:
+    """points: one row per run (variant, compute, loss) -> the runs as dots and each variant's
+    fitted law (`curves[variant](compute)`) as a line across the measured range, log compute axis."""
+    data = points.dropna(subset=["compute", "loss"])
+    if data.empty:
+        return None
+    fig, ax = new_axes()
+    grid = np.geomspace(data["compute"].min(), data["compute"].max(), 200)
+    for variant, part in data.groupby("variant", sort=False):
+        color = palette.get(variant)
+        ax.scatter(part["compute"], part["loss"], color=color, s=18, alpha=0.7)
+        if variant in curves:
+            ax.plot(grid, curves[variant](grid), color=color, label=variant)
+    ax.set_xscale("log")
+    ax.set(xlabel="training FLOPs (counted, log scale)", ylabel=metric, title=f"{metric} against training compute")
+    ax.legend(title="variant (fitted law)", fontsize="small")
+    return save(fig, path)
+
+
 # ---------------------------------------------------------------- scaling studies
 
 

@@ -396,7 +396,7 @@ class TrainReport:
         base_keys = [k for k in self.keys if k not in self.study.scale]
         runs = self.finished.assign(base=Variants.of(base_keys, self.finished).label_runs(self.finished)
                                     if base_keys else "all runs")
-        fits, rows, notes = {}, [], []
+        fits, rows, notes, points = {}, [], [], []
         for base, part in runs.groupby("base", sort=False):
             data = pd.DataFrame({"compute": pd.to_numeric(part["train_flops"], errors="coerce"),
                                  "loss": pd.to_numeric(part.get(metric), errors="coerce"), "seed": part["seed"]})
@@ -406,6 +406,7 @@ class TrainReport:
                 notes.append(f"{base}: no fit ({err})")
                 continue
             fits[base] = fit
+            points.append(data.assign(variant=base))
             ci = {k: fmt_interval(getattr(fit.law, k), *fit.intervals[k]) if not math.isnan(fit.intervals[k][0])
                   else f"{fmt(getattr(fit.law, k))} (one seed: no interval)" for k in ("E", "A", "alpha")}
             rows.append([base, ci["E"], ci["A"], ci["alpha"], fmt(fit.law.C0), str(fit.n_points), str(fit.n_seeds)])
@@ -432,7 +433,13 @@ class TrainReport:
                     items.append(Paragraph(f"{a} and {b}: the fitted curves cross at {fmt(where)} FLOPs (measured range "
                                            f"{fmt(lo)} to {fmt(hi)})."))
         items += [Paragraph(n) for n in notes]
-        return Section("Fits", items)
+        palette = figures.variant_palette(list(fits))
+        items.append(self.figure(
+            figures.loss_vs_compute(pd.concat(points), {b: f.law.loss for b, f in fits.items()}, palette,
+                                    self.dest / "figures" / "loss_vs_compute.png", metric=metric),
+            f"{metric} of every finished run against its counted training FLOPs (dots), with each variant's fitted "
+            "saturating power law (lines).", f"{metric} against training compute with fitted laws"))
+        return Section("Fits", [i for i in items if i is not None])
 
     def verdict_line(self, v: Verdict, index: int) -> VerdictLine:
         exp = self.study.expect[index]
