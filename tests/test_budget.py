@@ -51,6 +51,10 @@ def test_a_budget_under_half_a_sequence_is_refused():
     ({"budget": {"flops": 1e9, "tokens": 100}}, "train.budget"),
     ({"budget": {}}, "train.budget"),
     ({"budget": {"seconds": 30}}, "train.eval_every"),
+    # the step that reaches a budget is cut as one process's whole batch: no micro-batches, no ranks
+    ({"budget": {"flops": 1e9}, "batch_size": 8, "grad_accumulation": 2}, "train.grad_accumulation"),
+    ({"budget": {"tokens": 1000}, "batch_size": 8, "devices": 2}, "train.devices"),
+    ({"budget": {"tokens": 1000}, "devices": "auto"}, "train.devices"),
 ])
 def test_budget_validation_names_the_field(train, field):
     from workbench.errors import SpecError
