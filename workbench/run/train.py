@@ -56,7 +56,7 @@ from workbench.model import Transformer, attention_entropy, build_model, record_
 from workbench.position import PositionLimitError
 from workbench.registry import run_providers
 from workbench.results import CONFIG_FILE, FINAL_WEIGHTS, LAST_CHECKPOINT, PROGRESS_FILE, RESULT_FILE
-from workbench.results import ATTENTION_ENTROPY, PROGRESS, PROGRESS_MEASURES, RunResult, Status, flatten
+from workbench.results import ATTENTION_ENTROPY, PROGRESS, PROGRESS_MEASURES, RunResult, Status
 from workbench.results import write_json_atomic, write_text_atomic
 from workbench.run.distributed import lightning_strategy, needs_processes, rank_zero, shard, train_in_processes
 from workbench.run.tracking import TrackerRun, check_logger, close_logger, make_logger
