@@ -54,8 +54,14 @@ class TrainKind(StudyKind):
                  f"{len(s.tune.points())} candidates x {s.tune.seeds} seeds)" if tuning else "")
         seeds = (f"{len(s.seeds)} seeds (adaptive: up to {s.seed_plan.max} for groups of undecided comparisons)"
                  if s.seed_plan is not None else f"{len(s.seeds)} seeds")
+        budget = s.train.budget
+        steps_text = f"{', '.join(map(str, steps))} steps per run"
+        if budget is not None:
+            per_rung = ", the ladder's per rung" if s.scale else ""
+            steps_text = (f"a budget of {budget.text()} per run{per_rung}" if budget.kind == "seconds"
+                          else f"{steps_text} at batch 0's cost (a budget of {budget.text()}{per_rung})")
         return (f"ok: {study_file.path} ({s.kind} study {s.name!r}): {n_final} runs = {len(sweep_points(s))} sweep "
-                f"points x {seeds}{tuned}; task {s.task['name']}; {', '.join(map(str, steps))} steps per run")
+                f"points x {seeds}{tuned}; task {s.task['name']}; {steps_text}")
 
     def hardware_needs(self, study_file: StudyFile, machine: Machine) -> list[Need]:
         runs = [*expand(study_file), *tuning_runs(study_file)]

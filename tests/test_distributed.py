@@ -16,10 +16,11 @@ import pytest
 import torch
 from test_reliability import alive, kill_group
 
+from workbench.cost.budget import count_tokens, step_cost
 from workbench.errors import WorkbenchError
+from workbench.model import build_model
 from workbench.results import LAST_CHECKPOINT, RESULT_FILE
 from workbench.run.distributed import LOG_FILE, shard
-from workbench.run.train import count_tokens
 from workbench.run.folder import WriterLock
 from workbench.run.store import Store, run_dir
 from workbench.study import load_study
@@ -76,6 +77,9 @@ def test_a_ddp_run_on_two_cpu_processes_finishes_and_leaves_the_folder_free(tmp_
     assert result["steps_done"] == 12 and result["metrics"]["accuracy@6"] > 0
     task = make_task(run.config)  # every rank's share of each step counted once: the whole batches
     assert result["tokens"] == sum(count_tokens(task.train_batch(i, 8, "decoder")) for i in range(12))
+    model = build_model(run.config["model"])  # FLOPs too: a rank's share times the 2 processes
+    cost = step_cost(model, lambda b: task.loss(model, b, "decoder"), task.train_batch(0, 8, "decoder"))
+    assert result["train_flops"] == 12 * cost.flops
     assert result["environment"]["processes"] == 2, (folder / LOG_FILE).read_text()[-2000:]
     with WriterLock(out):  # nobody holds the folder any more
         pass

@@ -111,6 +111,7 @@ def test_gradient_accumulation_trains_the_same_batches_in_micro_batches(tmp_path
     split = train(tmp_path, "grad_accumulation: 4, callbacks: [test_trainer_options.StepCounter]", "split")
     assert split.status == "finished" and StepCounter.calls == 20 and split.steps_done == 20  # 80 micro-batches
     assert split.tokens == whole.tokens  # the same sequences, in quarters
+    assert split.train_flops == pytest.approx(whole.train_flops, rel=1e-9)  # counted per micro-batch
     losses = [v for s, split_, m, v in whole.curves if m == "loss" and split_ == "train"]
     split_losses = [v for s, split_, m, v in split.curves if m == "loss" and split_ == "train"]
     assert [s for s, sp, m, _ in split.curves if m == "loss" and sp == "train"] == [10, 20]  # one point per step

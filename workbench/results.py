@@ -16,7 +16,7 @@ import os
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
@@ -53,6 +53,13 @@ DESCRIPTIVE_METRICS = (ATTENTION_ENTROPY,)
 # seeds that diverged or did not learn (lower is better).
 FAILURE_SHARE = "failure_share"
 
+# What a run has spent, recorded with every logged and evaluated step (curves split "progress"),
+# so curves can be drawn against training tokens, counted FLOPs or training seconds.
+PROGRESS = "progress"
+PROGRESS_MEASURES = ("tokens", "flops", "seconds")
+# What a run spent until its evaluations first reached a stated score (workbench.report.compute_curves).
+TO_TARGET = {f"{measure}_to_target": measure for measure in PROGRESS_MEASURES}
+
 TUNE, FINAL = "tune", "final"  # the stage of a run: a tuning run, or a final one
 
 
@@ -88,6 +95,7 @@ class RunResult:
     run_id: str
     status: Status
     steps_done: int = 0
+    last_step: str | None = None  # under a FLOP or token budget: "whole", "partial" or "dropped" (workbench.cost.budget)
     metrics: dict[str, float] = field(default_factory=dict)  # final, per eval length
     not_applicable: dict[str, str] = field(default_factory=dict)  # eval length -> reason
     curves: list[tuple[int, str, str, float]] = field(default_factory=list)
@@ -98,6 +106,7 @@ class RunResult:
     train_time_s: float = 0.0  # training steps only (evaluation excluded), over every attempt
     eval_time_s: float = 0.0  # evaluation, this attempt
     tokens: int = 0
+    train_flops: int | None = None  # counted training FLOPs spent (workbench.cost.budget); None: not counted
     tokens_per_s: float | None = None
     peak_memory_bytes: int | None = None
     peak_memory_instrument: str | None = None
@@ -126,6 +135,7 @@ class StoredResult(BaseModel):
     run_id: str
     status: Status
     steps_done: int = 0
+    last_step: Literal["whole", "partial", "dropped"] | None = None
     metrics: dict[str, Value] = {}
     not_applicable: dict[str, str] = {}
     curves: list[tuple[int, str, str, float | None]] = []
@@ -136,6 +146,7 @@ class StoredResult(BaseModel):
     train_time_s: float = 0.0
     eval_time_s: float = 0.0
     tokens: int = 0
+    train_flops: int | None = None
     tokens_per_s: float | None = None
     peak_memory_bytes: int | None = None
     peak_memory_instrument: str | None = None

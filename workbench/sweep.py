@@ -19,9 +19,15 @@ WORKBENCH_MAX_ACTIVATION_BYTES (environment variables; the defaults refuse only 
 from __future__ import annotations
 
 import copy
+import functools
+import json
 from typing import Any
 
+import torch
+
+from workbench.cost.budget import StepCost, step_cost
 from workbench.errors import SpecError
+from workbench.model import build_model
 from workbench.registry import get_variant
 from workbench.spec import parse_spec
 from workbench.results import VALIDATION, RunConfig
@@ -113,9 +119,26 @@ def resolve_point(study: TrainStudy, point: dict[str, Any]) -> dict[str, Any]:
         train = TrainConfig.model_validate(raw["train"])
     except ValidationError as err:
         raise unwrap(err, "train") from None
-    resolved = train.resolved(task["train_length"])
-    check_size(task["train_length"], list(task_obj.eval_lengths), model, resolved)
+    check_size(task["train_length"], list(task_obj.eval_lengths), model, train.model_dump())
+    cost = None
+    if train.budget is not None and train.budget.kind != "seconds":  # counted only for a counted budget
+        cost = point_step_cost(canonical_json(model), canonical_json(task), train.batch_size)
+    resolved = train.resolved(task["train_length"], cost)
     return {"task": task, "model": model, "train": resolved}
+
+
+@functools.lru_cache(maxsize=256)
+def point_step_cost(model_json: str, task_json: str, batch_size: int) -> StepCost:
+    """The cost of one training step of a resolved model on a task's batch 0 (FLOPs and tokens
+    do not depend on the weights or the seed's data for fixed-length batches); counted once
+    per model and task, on a forked random state so that expanding a study draws nothing."""
+    model, task = json.loads(model_json), json.loads(task_json)
+    task_cls = get_variant("task", task["name"])
+    task_obj = task_cls(task_cls.Params.model_validate({k: v for k, v in task.items() if k != "name"}), seed=0)
+    with torch.random.fork_rng(devices=[]):
+        net = build_model(model)
+    batch = task_obj.train_batch(0, batch_size, model["family"])
+    return step_cost(net, lambda b: task_obj.loss(net, b, model["family"]), batch)
 
 
 def check_position_limit(spec, task_obj, task: dict[str, Any]) -> None:

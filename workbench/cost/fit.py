@@ -191,3 +191,89 @@ def measured_crossover(rows: pd.DataFrame | Sequence[dict[str, Any]], accounting
         raise ValueError(f"some forward rows have no attention FLOPs ({column}): no crossover to measure")
     return crossover_length(df["length"].tolist(), df[column].tolist(),
                             (df["flops_projections"] + df["flops_ffn"]).tolist())
+
+
+# ---- loss against compute: a saturating power law -------------------------------------------
+#
+# L(C) = E + A * (C / C0)^-alpha: the irreducible loss E, and a term that shrinks as a power of
+# the training compute C (Kaplan et al. 2020; Hoffmann et al. 2022 fit the same form). C0, the
+# smallest compute fitted, keeps A on the scale of the losses. Intervals come from a bootstrap
+# over seeds: whole seeds (every rung of one seed together) are drawn with replacement and the
+# law refitted; the 2.5th and 97.5th percentiles of each parameter are its 95% interval.
+
+
+@dataclass(frozen=True)
+class PowerLaw:
+    E: float
+    A: float
+    alpha: float
+    C0: float  # the compute A refers to
+
+    def loss(self, compute: float | np.ndarray) -> float | np.ndarray:
+        return self.E + self.A * (np.asarray(compute, dtype=float) / self.C0) ** -self.alpha
+
+
+@dataclass(frozen=True)
+class PowerLawFit:
+    law: PowerLaw
+    intervals: dict[str, tuple[float, float]]  # E, A, alpha -> 95% bootstrap interval (NaN: too few seeds)
+    n_points: int
+    n_seeds: int
+    compute_range: tuple[float, float]
+
+
+def saturating_power_law(compute: Sequence[float], loss: Sequence[float], C0: float | None = None) -> PowerLaw:
+    """Least-squares L = E + A (C/C0)^-alpha (scipy.optimize.curve_fit), E and A >= 0 and
+    0 <= alpha <= 5; at least three distinct compute values. RuntimeError when it does not
+    converge."""
+    from scipy.optimize import curve_fit
+
+    c, y = np.asarray(compute, dtype=float), np.asarray(loss, dtype=float)
+    keep = np.isfinite(c) & np.isfinite(y) & (c > 0)
+    c, y = c[keep], y[keep]
+    if len(np.unique(c)) < 3:
+        raise ValueError(f"a saturating power law has 3 parameters: it needs 3 distinct compute values, got {len(np.unique(c))}")
+    C0 = float(C0 or c.min())
+    p0 = (max(0.0, 0.9 * y.min()), max(y.max() - y.min(), 1e-6), 0.5)
+    (E, A, alpha), _ = curve_fit(lambda x, E, A, a: E + A * x ** -a, c / C0, y, p0=p0,
+                                 bounds=([0.0, 0.0, 0.0], [np.inf, np.inf, 5.0]), maxfev=20000)
+    return PowerLaw(float(E), float(A), float(alpha), C0)
+
+
+def fit_power_law(rows: pd.DataFrame, *, compute: str = "compute", loss: str = "loss", seed: str = "seed",
+                  n_boot: int = 1000, rng_seed: int = 0) -> PowerLawFit:
+    """The law through every (compute, loss) row, with bootstrap intervals over `seed`s."""
+    rows = rows[[compute, loss, seed]].dropna()
+    law = saturating_power_law(rows[compute], rows[loss])
+    seeds = rows[seed].unique()
+    draws: list[tuple[float, float, float]] = []
+    rng = np.random.default_rng(rng_seed)
+    by_seed = {s: part for s, part in rows.groupby(seed)}
+    for _ in range(n_boot if len(seeds) > 1 else 0):
+        sample = pd.concat([by_seed[s] for s in rng.choice(seeds, size=len(seeds), replace=True)])
+        try:
+            fit = saturating_power_law(sample[compute], sample[loss], C0=law.C0)
+        except (RuntimeError, ValueError):  # a draw without 3 distinct rungs or that does not converge
+            continue
+        draws.append((fit.E, fit.A, fit.alpha))
+    intervals = {}
+    for i, name in enumerate(("E", "A", "alpha")):
+        values = [d[i] for d in draws]
+        intervals[name] = ((float(np.percentile(values, 2.5)), float(np.percentile(values, 97.5)))
+                           if len(values) >= 20 else (math.nan, math.nan))
+    return PowerLawFit(law, intervals, len(rows), len(seeds), (float(rows[compute].min()), float(rows[compute].max())))
+
+
+def power_law_crossing(a: PowerLaw, b: PowerLaw, lo: float, hi: float, points: int = 512) -> float | None:
+    """The compute in [lo, hi] where the two laws' losses are equal (the first sign change of
+    their difference on a log grid, refined by scipy.optimize.brentq); None: they do not cross there."""
+    from scipy.optimize import brentq
+
+    grid = np.geomspace(lo, hi, points)
+    diff = a.loss(grid) - b.loss(grid)
+    for i in range(points - 1):
+        if diff[i] == 0:
+            return float(grid[i])
+        if diff[i] * diff[i + 1] < 0:
+            return float(brentq(lambda c: float(a.loss(c) - b.loss(c)), grid[i], grid[i + 1]))
+    return float(grid[-1]) if diff[-1] == 0 else None

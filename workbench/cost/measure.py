@@ -539,6 +539,29 @@ def build_workload(point: Point) -> Workload:
     return Workload(module, train_step, backward_factor=3)
 
 
+def counted_forward(model: nn.Module, forward: Callable[[], Any]) -> tuple[Any, int]:
+    """`forward()`'s result and its useful FLOPs, counted as `flop_figures` counts `flops`
+    (the counter outside the attention variant, the allowed pairs inside). Counting changes
+    nothing the forward computes, so a training step can be counted as it runs."""
+    out: list[Any] = []
+    with analytic_attention_flops(model) as analytic:
+        counted = count_flops(lambda: out.append(forward()))
+    return out[0], flop_figures(counted, module_groups(model), sum(analytic))["flops"]
+
+
+def train_step_flops(model: nn.Module, loss: Callable[[], Tensor]) -> int:
+    """Useful FLOPs of one training step on a batch: the forward that `loss()` computes
+    (`counted_forward`), x3 for forward + backward. Counted in eval mode without autograd
+    and on a forked random state, so measuring a run's model changes nothing it computes."""
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.random.fork_rng(devices=[]), torch.no_grad():
+            return 3 * counted_forward(model, loss)[1]
+    finally:
+        model.train(was_training)
+
+
 # ---- one point -----------------------------------------------------------------------------
 
 
@@ -769,5 +792,5 @@ def resolve_device(name: str) -> str:
 
 __all__ = [
     "FlopCount", "Point", "Timing", "Workload", "allowed_pairs", "build_workload", "count_flops",
-    "measure_point", "peak_memory", "run_points", "saved_tensor_bytes", "time_call",
+    "counted_forward", "measure_point", "peak_memory", "run_points", "saved_tensor_bytes", "time_call", "train_step_flops",
 ]

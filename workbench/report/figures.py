@@ -134,27 +134,36 @@ def new_axes(width: float = 6.4, height: float = 4.0):
 
 @styled
 def learning_curves(curves: pd.DataFrame, palette: Palette, path: Path, *, panels: Sequence[str],
-                    bounds: Mapping[str, Bounds] | None = None) -> Path | None:
-    """curves: long rows (variant, seed, step, metric, value) -> one panel per metric in
-    `panels` order: each seed's thin line, and per variant the mean with its 95% seed band
-    (clipped to the panel's `bounds`). A panel whose values are all equal is left out."""
+                    bounds: Mapping[str, Bounds] | None = None, xlabel: str = "training step",
+                    per_seed: bool = False) -> Path | None:
+    """curves: long rows (variant, seed, x, metric, value; x defaults to the step) -> one panel
+    per metric in `panels` order: each seed's thin line, and per variant the mean with its 95%
+    seed band (clipped to the panel's `bounds`); with `per_seed` only a line per run (seeds whose
+    x values differ, such as seconds, have no mean). A panel whose values are all equal is left out."""
+    if "x" not in curves:
+        curves = curves.assign(x=curves["step"])
     panels = [p for p in panels if (curves["metric"] == p).any() and not constant(curves[curves["metric"] == p]["value"])]
     if not panels:
         return None
     fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels), 3.6), layout="constrained", squeeze=False)
     for ax, metric in zip(axes[0], panels):
         part = curves[curves["metric"] == metric]
-        few_points = part["step"].nunique() <= 12
-        seed_lines(ax, part, palette, "step")
-        sns.lineplot(data=part, x="step", y="value", hue="variant", hue_order=[v for v in palette if v in set(part["variant"])],
-                     palette=palette, errorbar=band((bounds or {}).get(metric, UNBOUNDED)),
-                     marker="o" if few_points else None, ax=ax)
-        ax.set(xlabel="training step", ylabel=metric, title=metric)
+        few_points = part["x"].nunique() <= 12
+        if per_seed:
+            sns.lineplot(data=part, x="x", y="value", hue="variant", units="seed", estimator=None,
+                         hue_order=[v for v in palette if v in set(part["variant"])], palette=palette,
+                         marker="o" if few_points else None, ax=ax)
+        else:
+            seed_lines(ax, part, palette, "x")
+            sns.lineplot(data=part, x="x", y="value", hue="variant",
+                         hue_order=[v for v in palette if v in set(part["variant"])], palette=palette,
+                         errorbar=band((bounds or {}).get(metric, UNBOUNDED)), marker="o" if few_points else None, ax=ax)
+        ax.set(xlabel=xlabel, ylabel=metric, title=metric)
         if "loss" in metric and (part["value"] > 0).all():
             ax.set_yscale("log")
             plain_tick_labels(ax.yaxis)
         ax.grid(True, alpha=0.3)
-        ax.legend(title="variant (thin: seeds)", fontsize="small")
+        ax.legend(title="variant" if per_seed else "variant (thin: seeds)", fontsize="small")
     return save(fig, path)
 
 
@@ -226,6 +235,27 @@ def quality_vs_cost(summary: pd.DataFrame, palette: Palette, path: Path, *, metr
         xlabel = f"{name} ({unit})" if unit else cost_label
     ax.set(xlabel=xlabel, ylabel=f"{metric} (dots: seeds; mean, 95% CI)", title=f"{metric} against {name}")
     ax.legend(title="variant", fontsize="small")
+    return save(fig, path)
+
+
+@styled
+def loss_vs_compute(points: pd.DataFrame, curves: Mapping[str, Callable[[np.ndarray], np.ndarray]], palette: Palette,
+                    path: Path, *, metric: str) -> Path | None:
+    """points: one row per run (variant, compute, loss) -> the runs as dots and each variant's
+    fitted law (`curves[variant](compute)`) as a line across the measured range, log compute axis."""
+    data = points.dropna(subset=["compute", "loss"])
+    if data.empty:
+        return None
+    fig, ax = new_axes()
+    grid = np.geomspace(data["compute"].min(), data["compute"].max(), 200)
+    for variant, part in data.groupby("variant", sort=False):
+        color = palette.get(variant)
+        ax.scatter(part["compute"], part["loss"], color=color, s=18, alpha=0.7)
+        if variant in curves:
+            ax.plot(grid, curves[variant](grid), color=color, label=variant)
+    ax.set_xscale("log")
+    ax.set(xlabel="training FLOPs (counted, log scale)", ylabel=metric, title=f"{metric} against training compute")
+    ax.legend(title="variant (fitted law)", fontsize="small")
     return save(fig, path)
 
 

@@ -36,6 +36,7 @@ ALPHA = 1 - LEVEL
 # this share of the distance from chance to the perfect score (1 for accuracy, 0 for loss).
 MARGIN = 0.1
 NOT_TESTED = "not tested"
+NOT_REACHED = "not reached"  # a *_to_target comparison where a finished run never reached the target
 
 RULE = (
     f"Rule: a verdict compares two groups (one sweep point each, its finished seeds). First, did each learn? At "
@@ -56,7 +57,9 @@ RULE = (
     f"contains 0 (with the smallest difference the seeds detect at 80% power, and the seeds the observed one "
     f"would need), when a group has fewer than 2 finished seeds, or when every seed gave the same difference. "
     f"Adaptive seeds: each look tests at the alpha an O'Brien-Fleming-type spending function (Lan & DeMets "
-    f"1983) adds at that look, and a comparison keeps the first look that decides it."
+    f"1983) adds at that look, and a comparison keeps the first look that decides it. A comparison of what "
+    f"runs spent to reach a stated score (flops_to_target, lower is better) reads '{NOT_REACHED}' when a "
+    f"finished run of either group never reached it."
 )
 
 # Metric base names (before '@length') where smaller is better; everything else (accuracy,
@@ -392,6 +395,7 @@ class Comparison:
     margin: float | None = None  # the smallest difference of interest: within ±margin is "equivalent"
     counts: bool = False  # values are 0/1 per seed (1: the seed failed): compare the shares of failed seeds
     seeds_run: int = 0  # seeds both groups ran (any outcome): the looks an adaptive study has data for
+    unreached: tuple[str, ...] = ()  # *_to_target: per group with finished runs short of the target, in words
 
     @property
     def shares(self) -> tuple[Share, Share] | None:
@@ -418,7 +422,7 @@ class Verdict:
     metric: str
     better: str
     than: str
-    outcome: str  # holds | does not hold | equivalent | ceiling | inconclusive | not tested
+    outcome: str  # holds | does not hold | equivalent | ceiling | inconclusive | not tested | not reached
     reason: str  # why, in words: shown in the label's parentheses where the outcome needs one
     better_ci: Interval
     than_ci: Interval
@@ -433,7 +437,7 @@ class Verdict:
             return CEILING_LABEL
         if self.only:
             return f"{self.outcome} (only {self.only} learned)"
-        return f"{self.outcome} ({self.reason})" if self.outcome in (INCONCLUSIVE, NOT_TESTED) else self.outcome
+        return f"{self.outcome} ({self.reason})" if self.outcome in (INCONCLUSIVE, NOT_TESTED, NOT_REACHED) else self.outcome
 
     @property
     def statement(self) -> str:
@@ -470,7 +474,7 @@ CONTAINS_ZERO = "the interval of the difference contains 0"
 
 def verdicts(comparisons: Sequence[Comparison], alpha: float = ALPHA, plan: bool = True) -> list[Verdict]:
     """Apply RULE to a study's comparisons. Holm's family is every comparison: one that ends
-    before a test (not tested, one group only, ceiling) counts in m with p = 1. `plan`: an
+    before a test (not reached, not tested, one group only, ceiling) counts in m with p = 1. `plan`: an
     inconclusive verdict states what its seeds detect and what it would need (`plan_text`)."""
     m = len(comparisons)
     out: list[Verdict | None] = []
@@ -490,7 +494,9 @@ def verdicts(comparisons: Sequence[Comparison], alpha: float = ALPHA, plan: bool
         empty = [name for name, iv in ((c.better, a), (c.than, b)) if iv.n == 0]
         few = [name for name, iv in ((c.better, a), (c.than, b)) if iv.n == 1]
         decided_by_gate = gate_verdict(c, make)
-        if decided_by_gate is not None:
+        if c.unreached:
+            out.append(make(NOT_REACHED, "; ".join(c.unreached)))
+        elif decided_by_gate is not None:
             out.append(decided_by_gate)
         elif empty:
             out.append(make(INCONCLUSIVE, f"no finished run of {empty[0]} reports {c.metric}"))

@@ -57,7 +57,10 @@ from workbench.report.stats import (
 )
 from workbench.report.tuning import TuningSection, split_stages
 from workbench.report.variants import Variants, short_key, value_text
-from workbench.results import ATTENTION_ENTROPY, DESCRIPTIVE_METRICS, FAILURE_SHARE, FAILURES, KEPT, Status
+from workbench.cost.fit import fit_power_law, power_law_crossing
+from workbench.report.ladder import cross_scale_line
+from workbench.report.compute_curves import AXIS_LABELS, against, to_target_by_run
+from workbench.results import ATTENTION_ENTROPY, DESCRIPTIVE_METRICS, FAILURE_SHARE, FAILURES, KEPT, PROGRESS, TO_TARGET, Status
 from workbench.study import RUN_MEASURES
 from workbench.study.keys import label, point_labels
 from workbench.sweep import point_key, resolve_point
@@ -90,7 +93,10 @@ class TrainInputs:
 
 
 def metric_direction(metric: str, task_name: str) -> bool:
-    """True when higher is better: the task declares its metrics' directions, loss is lower."""
+    """True when higher is better: the task declares its metrics' directions, loss is lower;
+    what a run spent to reach a target (flops_to_target) is lower."""
+    if metric.split(":")[0] in TO_TARGET:
+        return False
     base = metric.split("@")[0]
     if base in RUN_MEASURES:
         return MEASURE_HIGHER.get(base, False)
@@ -143,6 +149,9 @@ def group_record(group: str, iv: Interval) -> dict[str, Any]:
 
 
 def split_metric(col: str) -> tuple[str, int | None]:
+    """accuracy@64 -> (accuracy, 64); 'flops_to_target: bpc@32 ≤ 2.5' -> (flops_to_target, None)."""
+    if col.split(":")[0] in TO_TARGET:
+        return col.split(":")[0], None
     name, _, length = col.partition("@")
     return name, int(length) if length else None
 
@@ -161,6 +170,10 @@ class TrainReport:
         runs["variant"] = self.variants.label_runs(runs)
         order = ["index", "seed"] if "index" in runs else ["variant", "seed"]
         runs = runs.sort_values(order, key=self._variant_order).reset_index(drop=True)
+        self.unreached: dict[str, set[str]] = {}  # to-target column -> finished runs that never reached it
+        for exp in self.study.expect:
+            if exp.target is not None:
+                runs[self.expect_column(exp)] = self.to_target(exp, runs)
         self.runs, self.tuning_runs = split_stages(runs)  # tables and verdicts: final runs only
         self.finished = self.runs[self.runs["status"] == Status.FINISHED]
         self.palette = figures.variant_palette(self.variants.labels)
@@ -174,6 +187,35 @@ class TrainReport:
         self.metrics = metric_columns(self.runs, task_metrics)
         self.primary = task_metrics[0] if task_metrics else "loss"
 
+    def expect_column(self, exp) -> str:
+        """The runs-table column an `expect:` entry compares: its metric, or for a *_to_target
+        entry 'flops_to_target: bpc@32 ≤ 2.5' (computed from the curves)."""
+        if exp.target is None:
+            return exp.metric
+        sign = "≥" if metric_direction(exp.target.metric, self.task_name) else "≤"
+        return f"{exp.metric}: {exp.target.metric} {sign} {exp.target.value:g}"
+
+    def to_target(self, exp, runs: pd.DataFrame) -> pd.Series:
+        """Each run's `exp.metric` (e.g. flops_to_target) for its target, NaN where not reached
+        (those finished runs are remembered for the verdict) or where no spending was recorded."""
+        column = self.expect_column(exp)
+        curves = self.inputs.curves
+        if curves is None or curves.empty:
+            return pd.Series(math.nan, index=runs.index)
+        higher = metric_direction(exp.target.metric, self.task_name)
+        values = to_target_by_run(curves, exp.metric, exp.target.metric, exp.target.value, higher)
+        finished = set(runs.loc[runs["status"] == Status.FINISHED, "run_id"])
+        self.unreached[column] = {run for run, v in values.items() if run in finished and math.isnan(v)}
+        return runs["run_id"].map(values).astype(float)
+
+    def unreached_text(self, column: str, variant: str) -> str | None:
+        """'gelu: 2 of 3 finished seeds never reached bpc@32 ≤ 2.5', or None when all reached."""
+        mine = self.finished[self.finished["variant"] == variant]
+        missed = mine["run_id"].isin(self.unreached.get(column, set())).sum()
+        if not missed:
+            return None
+        return f"{variant}: {missed} of {len(mine)} finished seeds never reached {column.split(': ', 1)[1]}"
+
     def _variant_order(self, col: pd.Series) -> pd.Series:
         if col.name == "variant":
             return col.map({v: i for i, v in enumerate(self.variants.labels)})
@@ -184,7 +226,7 @@ class TrainReport:
     @property
     def headline(self) -> list[str]:
         """Expectation metrics, then the task's first metric at each evaluation length."""
-        wanted = [e.metric for e in self.study.expect]
+        wanted = [self.expect_column(e) for e in self.study.expect]
         wanted += [m for m in self.metrics if split_metric(m)[0] == self.primary]
         out = []
         for m in wanted:
@@ -206,7 +248,8 @@ class TrainReport:
 
     def range_of(self, metric: str) -> tuple[float, float]:
         # Run measures (time, memory, throughput, parameters) are never negative.
-        return (0.0, math.inf) if split_metric(metric)[0] in RUN_MEASURES else metric_range(metric, self.task_name)
+        spent = split_metric(metric)[0] in RUN_MEASURES or metric.split(":")[0] in TO_TARGET
+        return (0.0, math.inf) if spent else metric_range(metric, self.task_name)
 
     def interval(self, variant: str, metric: str) -> Interval:
         return mean_ci(self.values(variant, metric), bounds=self.range_of(metric))
@@ -223,7 +266,8 @@ class TrainReport:
                 label = self.variants.label([value_text(point[k]) for k in self.keys])
                 if label in self.variants.labels and label not in out:
                     resolved = resolve_point(self.study, point)
-                    out[label] = {"task": resolved["task"], "family": resolved["model"]["family"]}
+                    out[label] = {"task": resolved["task"], "family": resolved["model"]["family"],
+                                  "train": resolved["train"]}
         except Exception:  # noqa: BLE001 - the gate then reads "no chance level" instead of failing the report
             return {}
         return out
@@ -333,26 +377,29 @@ class TrainReport:
         comparisons, origins = [], []
         for index, exp in enumerate(self.study.expect):
             origins.append(index)
-            higher = metric_direction(exp.metric, self.task_name)
-            bounds = (0.0, 1.0) if exp.metric == FAILURE_SHARE else self.range_of(exp.metric)
-            gate = self.gate_name(exp.metric)
+            metric = self.expect_column(exp)
+            gated = exp.target.metric if exp.target is not None else metric  # the score a group must have learned
+            higher = metric_direction(metric, self.task_name)
+            bounds = (0.0, 1.0) if metric == FAILURE_SHARE else self.range_of(metric)
+            gate = self.gate_name(gated)
             pairs = self.variants.pairs(exp.better, exp.than)
             if not pairs:  # neither point was run (e.g. a profile dropped it): say so
                 a = ", ".join(f"{short_key(k)}={value_text(v)}" for k, v in exp.better.items())
                 b = ", ".join(f"{short_key(k)}={value_text(v)}" for k, v in exp.than.items())
-                comparisons.append(Comparison(exp.metric, a, b, [], [], higher, bounds, note=exp.note))
+                comparisons.append(Comparison(metric, a, b, [], [], higher, bounds, note=exp.note))
                 continue
             origins += [index] * (len(pairs) - 1)
             for a, b in pairs:
-                gates = () if gate is None else (*self.group_gates(a, gate, exp.metric),
-                                                 *self.group_gates(b, gate, exp.metric))
-                if exp.metric == FAILURE_SHARE:
+                gates = () if gate is None else (*self.group_gates(a, gate, gated), *self.group_gates(b, gate, gated))
+                if metric == FAILURE_SHARE:
                     values = self.failed_seeds(a), self.failed_seeds(b)
                 else:
-                    values = self.values(a, exp.metric), self.values(b, exp.metric)
+                    values = self.values(a, metric), self.values(b, metric)
+                unreached = tuple(t for t in (self.unreached_text(metric, a), self.unreached_text(metric, b)) if t)
                 ran = min(int((self.runs["variant"] == v).sum()) for v in (a, b))
-                comparisons.append(Comparison(exp.metric, a, b, *values, higher, bounds, gates, exp.note,
-                                              margin=exp.margin, counts=exp.metric == FAILURE_SHARE, seeds_run=ran))
+                comparisons.append(Comparison(metric, a, b, *values, higher, bounds, gates, exp.note,
+                                              margin=exp.margin, counts=metric == FAILURE_SHARE, seeds_run=ran,
+                                              unreached=unreached))
         return comparisons, origins
 
     def seeds_wanted(self) -> dict[str, int]:
@@ -389,6 +436,111 @@ class TrainReport:
         decided = (verdicts(comparisons) if plan is None
                    else sequential_verdicts(comparisons, seed_looks(plan.first, plan.max)))
         return list(zip(decided, origins))
+
+    def across_scale(self, decided: Sequence[tuple[Verdict, int]]) -> list[dict[str, Any]]:
+        """Per `expect:` entry (and per value of any other swept key it does not fix), its
+        outcome at each rung of the scale ladder and the cross-scale line (workbench.report.ladder)."""
+        scale_keys = list(self.study.scale or {})
+        rung_order = [value_text(v) for v in self.study.scale[self.study.rung_key]]
+        rows: dict[tuple[int, str], dict[str, Any]] = {}
+        for v, index in decided:
+            if v.better not in self.variants.labels:
+                continue
+            exp = self.study.expect[index]
+            values = dict(zip(self.variants.keys, self.variants.points[self.variants.labels.index(v.better)]))
+            context = ", ".join(f"{short_key(k)}={x}" for k, x in values.items()
+                                if k not in scale_keys and k not in exp.better and k not in exp.than)
+            row = rows.setdefault((index, context), {
+                "index": index, "context": context, "outcomes": {}, "labels": {},
+                "statement": f"{self.variants_text(exp.better)} is better than {self.variants_text(exp.than)} on "
+                             f"{self.expect_column(exp)}"})
+            row["outcomes"][values[self.study.rung_key]] = v.outcome
+            row["labels"][values[self.study.rung_key]] = v.label
+        for row in rows.values():
+            row["line"] = cross_scale_line([(rung, row["outcomes"][rung]) for rung in rung_order if rung in row["outcomes"]])
+        return list(rows.values())
+
+    @staticmethod
+    def variants_text(point: dict[str, Any]) -> str:
+        return ", ".join(value_text(v) for v in point.values())
+
+    def scale_section(self, decided: Sequence[tuple[Verdict, int]]) -> Section | None:
+        if not self.study.scale:
+            return None
+        rungs = [value_text(v) for v in self.study.scale[self.study.rung_key]]
+        matching = "; ".join(f"{k}: {', '.join(value_text(x) for x in values)}" for k, values in self.study.scale.items())
+        rows = []
+        for row in self.across_scale(decided):
+            rows.append([row["statement"] + (f" ({row['context']})" if row["context"] else ""),
+                         *(row["labels"].get(r, "–") for r in rungs), row["line"]])
+        return Section("Across scale", [
+            Paragraph(f"Scale ladder: {matching} (one value per rung). Every expect: entry is decided at each rung "
+                      "by the rule under Verdicts (Holm's correction covers every rung's comparison together); the "
+                      "last column says whether the verdict holds across the rungs."),
+            Table(["expectation", *(f"{short_key(self.study.rung_key)} = {r}" for r in rungs), "across scale"], rows,
+                  caption="Each expect: entry at every rung of the ladder")])
+
+    def fit_metric(self) -> str:
+        """The loss the ladder's fits read: the first expect: entry's metric when it is a loss,
+        else the evaluation loss at the training length."""
+        losses = [self.expect_column(e) for e in self.study.expect
+                  if split_metric(self.expect_column(e))[0] in ("loss", "bpc", "perplexity")]
+        return losses[0] if losses else f"loss@{self.study.task['train_length']}"
+
+    def fits_section(self) -> Section | None:
+        """Per variant (the swept keys without the ladder's), L = E + A (C/C0)^-alpha through its
+        finished runs' final loss against their counted training FLOPs, every rung and seed
+        (workbench.cost.fit), and where two variants' fitted curves cross."""
+        if not self.study.scale or "train_flops" not in self.finished:
+            return None
+        metric = self.fit_metric()
+        base_keys = [k for k in self.keys if k not in self.study.scale]
+        runs = self.finished.assign(base=Variants.of(base_keys, self.finished).label_runs(self.finished)
+                                    if base_keys else "all runs")
+        fits, rows, notes, points = {}, [], [], []
+        for base, part in runs.groupby("base", sort=False):
+            data = pd.DataFrame({"compute": pd.to_numeric(part["train_flops"], errors="coerce"),
+                                 "loss": pd.to_numeric(part.get(metric), errors="coerce"), "seed": part["seed"]})
+            try:
+                fit = fit_power_law(data)
+            except (ValueError, RuntimeError) as err:
+                notes.append(f"{base}: no fit ({err})")
+                continue
+            fits[base] = fit
+            points.append(data.assign(variant=base))
+            ci = {k: fmt_interval(getattr(fit.law, k), *fit.intervals[k]) if not math.isnan(fit.intervals[k][0])
+                  else f"{fmt(getattr(fit.law, k))} (one seed: no interval)" for k in ("E", "A", "alpha")}
+            rows.append([base, ci["E"], ci["A"], ci["alpha"], fmt(fit.law.C0), str(fit.n_points), str(fit.n_seeds)])
+        if not fits:
+            return Section("Fits", [Paragraph("; ".join(notes) or "No finished runs to fit.")])
+        items: list[Item] = [Paragraph(
+            f"{metric} against counted training FLOPs C, per variant over every rung and seed: L = E + A (C/C0)^-α "
+            "(scipy curve_fit, E, A ≥ 0), with 95% intervals from 1,000 bootstrap draws of whole seeds. C0 is the "
+            "smallest compute fitted."),
+            Table(["variant", "E [95% CI]", "A [95% CI]", "α [95% CI]", "C0 (FLOPs)", "runs", "seeds"], rows,
+                  caption=f"Saturating power laws of {metric} against training FLOPs",
+                  numeric=[False, True, True, True, True, True, True])]
+        names = list(fits)
+        for i, a in enumerate(names):
+            for b in names[i + 1:]:
+                lo = max(fits[a].compute_range[0], fits[b].compute_range[0])
+                hi = min(fits[a].compute_range[1], fits[b].compute_range[1])
+                where = power_law_crossing(fits[a].law, fits[b].law, lo, hi) if lo < hi else None
+                if where is None:
+                    ahead = a if fits[a].law.loss(hi) < fits[b].law.loss(hi) else b
+                    items.append(Paragraph(f"{a} and {b}: the fitted curves do not cross within the measured range "
+                                           f"({fmt(lo)} to {fmt(hi)} FLOPs); {ahead} is lower throughout."))
+                else:
+                    items.append(Paragraph(f"{a} and {b}: the fitted curves cross at {fmt(where)} FLOPs (measured range "
+                                           f"{fmt(lo)} to {fmt(hi)})."))
+        items += [Paragraph(n) for n in notes]
+        palette = figures.variant_palette(list(fits))
+        items.append(self.figure(
+            figures.loss_vs_compute(pd.concat(points), {b: f.law.loss for b, f in fits.items()}, palette,
+                                    self.dest / "figures" / "loss_vs_compute.png", metric=metric),
+            f"{metric} of every finished run against its counted training FLOPs (dots), with each variant's fitted "
+            "saturating power law (lines).", f"{metric} against training compute with fitted laws"))
+        return Section("Fits", [i for i in items if i is not None])
 
     def verdict_line(self, v: Verdict, index: int) -> VerdictLine:
         exp = self.study.expect[index]
@@ -467,11 +619,9 @@ class TrainReport:
         items: list[Item] = []
         task = dict(s.task)
         items.append(Paragraph(f"Task: {task.pop('name')}; " + ", ".join(f"{k}={v}" for k, v in sorted(task.items()))))
-        train = s.train.resolved(s.task["train_length"])
-        budget = (f"Budget per run: {train['steps']:,} steps of {train['batch_size']} sequences "
-                  f"(lr {train['lr']:g}, {train['schedule']} schedule, {train['warmup_steps']} warmup steps, "
-                  f"precision {train['precision']}); {self.seeds_text()}.")
-        items.append(Paragraph(budget))
+        items.append(Paragraph(self.budget_text()))
+        if s.train.budget is not None and s.train.budget.kind != "seconds":
+            items.append(self.steps_table())
         if s.tune is not None:
             items.append(Paragraph("Tuned per variant (see Tuning), replacing the values above: " + "; ".join(
                 f"{k} over {', '.join(value_text(v) for v in values)}" for k, values in s.tune.values.items())))
@@ -497,6 +647,43 @@ class TrainReport:
         return (f"adaptive seeds: {plan.first} per group, more for groups of undecided comparisons up to {plan.max} "
                 f"(looks at {', '.join(map(str, looks))} seeds, each at the alpha an O'Brien-Fleming-type spending "
                 "function adds there)")
+
+    def budget_text(self) -> str:
+        s, train = self.study, self.study.train
+        optimiser = (f"lr {train.lr:g}, {train.schedule} schedule, {train.warmup_steps} warmup steps, "
+                     f"precision {train.precision}")
+        if train.budget is None:
+            steps = train.resolved(s.task["train_length"])["steps"]
+            return f"Budget per run: {steps:,} steps of {train.batch_size} sequences ({optimiser}); {self.seeds_text()}."
+        how = {"flops": "counted training FLOPs (useful FLOPs of the forward, x3 for a training step); each variant "
+                        "trains for the steps its own cost per step buys (table below)",
+               "tokens": "real training tokens; each variant trains for the steps they buy (table below)",
+               "seconds": "training seconds (evaluation excluded); each run stops when they are spent"}[train.budget.kind]
+        per_rung = any(key.startswith("train.budget.") for key in s.scale or {})
+        return (f"Budget per run: {train.budget.text()}" + (" as train: gives it (the ladder sets each rung's own: see Across "
+                "scale)" if per_rung else "") + f" of {how}; batches of {train.batch_size} sequences ({optimiser}); "
+                f"{self.seeds_text()}.")
+
+    def steps_table(self) -> Table:
+        """Per variant: the steps its budget buys at batch 0's cost, the steps its runs took, how
+        their last step ended, and what they spent."""
+        rows = []
+        for variant in self.variants.labels:
+            train = self.resolved_points.get(variant, {}).get("train")
+            mine = self.finished[self.finished["variant"] == variant]
+
+            def mean(column: str) -> str:
+                return fmt(float(mine[column].mean())) if column in mine and mine[column].notna().any() else "–"
+
+            last = mine["last_step"].dropna().value_counts() if "last_step" in mine else pd.Series(dtype=int)
+            rows.append([variant, f"{train['steps']:,}" if train else "–", mean("steps_done"),
+                         ", ".join(f"{kind} ({n})" for kind, n in last.items()) or "–",
+                         mean("train_flops"), mean("train_tokens")])
+        return Table(["variant", "steps at batch 0's cost", "steps run (mean)", "last step (runs)",
+                      "train FLOPs spent (mean)", "train tokens (mean)"], rows,
+                     caption="Steps each variant's budget buys, and what its finished runs spent (the last step trains "
+                     "the sequences the budget still pays for: all, some (partial) or none (dropped))",
+                     numeric=[False, True, True, False, True, True])
 
     def status_table(self) -> Table:
         statuses = [Status.FINISHED, *FAILURES]
@@ -589,6 +776,9 @@ class TrainReport:
         fig_dir = self.dest / "figures"
         items: list[Item] = []
         curves = self.curves()
+        # Seeds that spent different amounts by the same step (time; FLOPs or tokens of padded batches)
+        # share no x values to average over: each run is drawn on its own.
+        per_seed = not curves.empty and bool(curves.groupby(["variant", "metric", "step"])["x"].nunique().max() > 1)
         if not curves.empty:
             panels = [(f"{split} {metric}", metric) for split, metric in self.curve_panels()]
             flat = [name for name, _ in panels if (curves["metric"] == name).any()
@@ -596,9 +786,12 @@ class TrainReport:
             items.append(self.figure(
                 figures.learning_curves(curves, self.palette, fig_dir / "learning_curves.png",
                                         panels=[name for name, _ in panels],
-                                        bounds={name: self.range_of(metric) for name, metric in panels}),
-                "Learning curves: each seed as a thin line; per variant the mean over seeds with a 95% t band, "
-                "kept inside the metric's range (all runs, including those that stopped early)."
+                                        bounds={name: self.range_of(metric) for name, metric in panels},
+                                        xlabel=AXIS_LABELS[self.study.curves_against], per_seed=per_seed),
+                f"Learning curves against {AXIS_LABELS[self.study.curves_against]}: "
+                + ("one line per run (its seeds had spent different amounts at the same step, so no mean or band)"
+                   if per_seed else "each seed as a thin line; per variant the mean over seeds with a 95% t band, "
+                   "kept inside the metric's range") + " (all runs, including those that stopped early)."
                 + self.flat_note(flat, curves), "learning curves per variant"))
         for name in dict.fromkeys(split_metric(m)[0] for m in self.metrics):
             long = self.by_length(name)
@@ -654,19 +847,21 @@ class TrainReport:
         return panels
 
     def curves(self) -> pd.DataFrame:
-        """Long rows (variant, seed, step, metric, value) of the curve panels, every run."""
+        """Long rows (variant, seed, step, metric, value, x) of the curve panels, every run; x is
+        the step or what the run had spent by then (the study's `curves_against`)."""
         curves = self.inputs.curves
         columns = ["variant", "seed", "step", "metric", "value"]
         if curves is None or curves.empty:
-            return pd.DataFrame(columns=columns)
+            return pd.DataFrame(columns=[*columns, "x"])
         parts = []
         for split, metric in self.curve_panels():
             part = curves[(curves["split"] == split) & (curves["metric"] == metric)].copy()
             part["metric"] = f"{split} {metric}"
             parts.append(part)
         joined = pd.concat(parts).merge(self.runs[["run_id", "variant", "seed"]], on="run_id", how="inner")
-        joined = joined.dropna(subset=["value"])
-        return joined.sort_values(["metric", "variant", "seed", "step"])[columns].reset_index(drop=True)
+        joined = against(pd.concat([joined, curves[curves["split"] == PROGRESS]]), self.study.curves_against)
+        joined = joined.dropna(subset=["value", "variant"])
+        return joined.sort_values(["metric", "variant", "seed", "step"])[[*columns, "x"]].reset_index(drop=True)
 
     def by_length(self, name: str) -> pd.DataFrame | None:
         cols = [m for m in self.metrics if split_metric(m)[0] == name and split_metric(m)[1] is not None]
@@ -712,11 +907,12 @@ class TrainReport:
         return Section("Environment", [Table(["", "value"], rows)])
 
     def build(self) -> Report:
-        sections = [self.setup()]
+        decided = self.verdicts()
+        sections = [self.scale_section(decided), self.setup()]
         if self.study.tune is not None:
             tuning = TuningSection(self.study, self.inputs.tuning, self.variants, self.palette, self.dest)
             sections.append(tuning.build())
-        sections += [self.learned_section(), self.leaderboards(), self.figures_section()]
+        sections += [self.learned_section(), self.leaderboards(), self.fits_section(), self.figures_section()]
         if self.inputs.pictures is not None:
             items = self.inputs.pictures(self.variants, self.finished, self.dest)
             if items:
@@ -725,7 +921,7 @@ class TrainReport:
         if self.study.notes.strip():
             sections.append(Section("Notes", [Paragraph(p.strip()) for p in self.study.notes.split("\n\n") if p.strip()]))
         sections.append(self.environment())
-        lines = [self.verdict_line(v, index) for v, index in self.verdicts()]
+        lines = [self.verdict_line(v, index) for v, index in decided]
         return Report(name=self.study.name, kind="train", question=self.study.description or "(no description)",
                       verdicts=lines, sections=[s for s in sections if s is not None], learned=self.learned_lines())
 

@@ -207,7 +207,9 @@ class SweepProgress:
         """A run began: give it a live row (a resumed run restarts its row at its step)."""
         if self.progress is None:
             return
-        row = self.progress.add_task(f"  {escape(describe)}", total=job.config["train"]["steps"], info="starting")
+        train = job.config["train"]
+        timed = (train.get("budget") or {}).get("seconds") is not None  # its step count is not known ahead
+        row = self.progress.add_task(f"  {escape(describe)}", total=None if timed else train["steps"], info="starting")
         with self.lock:
             self.running[job.run_id] = (row, job.run_dir / PROGRESS_FILE)
 

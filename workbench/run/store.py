@@ -51,12 +51,14 @@ CREATE TABLE IF NOT EXISTS runs (
     not_applicable TEXT NOT NULL,       -- JSON {eval length: reason}
     n_params INTEGER,
     steps_done INTEGER,
+    last_step TEXT,                     -- under a FLOP or token budget: whole | partial | dropped
     diverged_step INTEGER,
     error TEXT,
     wall_time_s REAL,
     train_time_s REAL,
     eval_time_s REAL,
     tokens INTEGER,
+    train_flops INTEGER,                -- counted training FLOPs spent (NULL in stores written before)
     tokens_per_s REAL,
     peak_memory_bytes INTEGER,
     peak_memory_instrument TEXT,
@@ -68,7 +70,7 @@ CREATE TABLE IF NOT EXISTS runs (
 CREATE TABLE IF NOT EXISTS curves (
     run_id TEXT NOT NULL,
     step INTEGER NOT NULL,
-    split TEXT NOT NULL,                -- train | eval
+    split TEXT NOT NULL,                -- train | eval | progress (tokens, flops, seconds spent)
     metric TEXT NOT NULL,               -- loss, lr, accuracy@64, ...
     value REAL,
     PRIMARY KEY (run_id, step, split, metric)
@@ -78,7 +80,8 @@ CREATE TABLE IF NOT EXISTS curves (
 # Run-level columns of the flat table, in order (swept keys and metrics go in between).
 LEADING = ["run_id", "index", "seed"]
 # stage: "tune" for a study's tuning runs, "final" for every other run.
-TRAILING = ["stage", "n_params", "steps_done", "tokens", "tokens_per_s", "train_time_s", "eval_time_s", "wall_time_s",
+# train_tokens: the store's `tokens` column (real training tokens), named beside train_flops.
+TRAILING = ["stage", "n_params", "steps_done", "last_step", "train_tokens", "train_flops", "tokens_per_s", "train_time_s", "eval_time_s", "wall_time_s",
             "peak_memory_bytes", "peak_memory_instrument", "diverged_step", "resumed_from_step",
             "not_applicable", "error", "attempts"]
 
@@ -157,6 +160,9 @@ class Store:
                     columns = {row[1] for row in conn.execute("PRAGMA table_info(runs)")}
                     if "position" in columns:  # a store written before the sweep index had its name
                         conn.execute('ALTER TABLE runs RENAME COLUMN position TO "index"')
+                    for column, kind in (("train_flops", "INTEGER"), ("last_step", "TEXT")):
+                        if column not in columns:  # a store written before budgets
+                            conn.execute(f"ALTER TABLE runs ADD COLUMN {column} {kind}")
                 return
             except WorkbenchError as err:
                 if "locked" not in str(err) or attempt == 49:
@@ -194,8 +200,10 @@ class Store:
                 "run_id": run.run_id, "index": run.index, "seed": run.seed, "status": str(r.status),
                 "swept": dumps(run.swept), "config": dumps(run.config), "metrics": dumps(r.metrics),
                 "not_applicable": dumps(r.not_applicable), "n_params": r.n_params, "steps_done": r.steps_done,
+                "last_step": r.last_step,
                 "diverged_step": r.diverged_step, "error": r.error, "wall_time_s": r.wall_time_s,
                 "train_time_s": r.train_time_s, "eval_time_s": r.eval_time_s, "tokens": r.tokens,
+                "train_flops": r.train_flops,
                 "tokens_per_s": r.tokens_per_s, "peak_memory_bytes": r.peak_memory_bytes,
                 "peak_memory_instrument": r.peak_memory_instrument, "resumed_from_step": r.resumed_from_step,
                 "environment": dumps(r.environment), "attempts": attempts,
@@ -221,6 +229,9 @@ class Store:
             d = dict(row)
             if "position" in d:  # a store written before the sweep index had its name, read as it is
                 d["index"] = d.pop("position")
+            d["train_tokens"] = d.pop("tokens")
+            for column in ("train_flops", "last_step"):
+                d.setdefault(column, None)  # a read-only store written before budgets
             try:
                 d.update(StoredRow.model_validate({key: json.loads(d[key]) for key in StoredRow.model_fields}))
             except (TypeError, ValueError) as err:  # invalid JSON, or JSON of the wrong shape (ValidationError)

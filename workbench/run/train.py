@@ -49,19 +49,18 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from workbench import stopping
 from workbench.errors import WorkbenchError
 from workbench.hardware import Machine, machine_load, train_needs
+from workbench.cost.budget import BUDGET_STEP_CAP, StepCost, count_tokens, sequences_within, step_cost
+from workbench.cost.measure import counted_forward
 from workbench.cost.memory import LiveTensorBytes
 from workbench.model import Transformer, attention_entropy, build_model, record_attention
 from workbench.position import PositionLimitError
 from workbench.registry import run_providers
 from workbench.results import CONFIG_FILE, FINAL_WEIGHTS, LAST_CHECKPOINT, PROGRESS_FILE, RESULT_FILE
-from workbench.results import ATTENTION_ENTROPY, RunResult, Status, write_json_atomic, write_text_atomic
+from workbench.results import ATTENTION_ENTROPY, PROGRESS, PROGRESS_MEASURES, RunResult, Status
+from workbench.results import write_json_atomic, write_text_atomic
 from workbench.run.distributed import lightning_strategy, needs_processes, rank_zero, shard, train_in_processes
 from workbench.run.tracking import TrackerRun, check_logger, close_logger, make_logger
 from workbench.weights import make_task, refuse_or_explain, save_final_weights
-
-# Status of a run, as stored.
-# Inputs whose real (non-padding) tokens count as training tokens, with their padding masks.
-INPUT_MASKS = {"tokens": "padding_mask", "src": "src_mask", "tgt": "tgt_mask"}
 
 
 def quiet_lightning() -> None:
@@ -81,15 +80,6 @@ def quiet_lightning() -> None:
 
 
 # ---- data -----------------------------------------------------------------------------------
-
-
-def count_tokens(batch: dict[str, torch.Tensor]) -> int:
-    """Real (non-padding) input tokens of a batch."""
-    total = 0
-    for key, mask_key in INPUT_MASKS.items():
-        if key in batch:
-            total += int(batch[mask_key].sum()) if mask_key in batch else batch[key].numel()
-    return total
 
 
 class StepBatches(Dataset):
@@ -180,6 +170,20 @@ def lr_factor(step: int, warmup: int, total: int, schedule: str, min_ratio: floa
     return min_ratio + (1 - min_ratio) * decay
 
 
+def budget_factor(schedule: Callable[..., float], budget: float, spent: Callable[[], float], estimate: int,
+                  step: int) -> float:
+    """The schedule under a budget: its total is the step count the spending so far reaches
+    at `budget` (re-projected at every step; `estimate` before the first), so the decay ends
+    when the budget does."""
+    so_far = spent()
+    total = max(step + 1, round(step * budget / so_far)) if step > 0 and so_far > 0 else estimate
+    return schedule(step, total=total)
+
+
+def batch_size(inputs: dict[str, torch.Tensor]) -> int:
+    return next(iter(inputs.values())).shape[0]
+
+
 def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
     """Weight decay on matrices only; norms, biases and 1-d parameters are not decayed."""
     params = [p for p in model.parameters() if p.requires_grad]
@@ -211,10 +215,23 @@ class RunModule(pl.LightningModule):
         self.train_cfg = config["train"]
         self.diverged_step: int | None = None
         self.divergence: DivergenceCheck | None = None
+        self.budget: dict[str, Any] | None = self.train_cfg.get("budget")
+        self.budget_kind = next((k for k, v in (self.budget or {}).items() if v is not None), None)
+        self.spent: Callable[[], float] = lambda: 0.0  # the recorder's spending in the budget's unit
+        self.last_step: str | None = None  # a counted budget's last step: whole, partial or dropped
+        self.flops_by_shape: dict[tuple, int] = {}  # see counted_loss
 
     def training_step(self, batch, batch_idx: int):
-        inputs, _ = batch
-        loss = self.task.loss(self.model, inputs, self.family)
+        inputs, tokens = batch  # tokens: the whole micro-batch's real tokens, every rank's share (StepBatches)
+        flops = None
+        if self.budget_kind == "flops":
+            inputs, loss, flops = self.flop_budgeted_loss(inputs)
+        else:
+            if self.budget_kind == "tokens":
+                inputs = self.fit_budget(inputs, tokens)
+            loss = None if inputs is None else self.task.loss(self.model, inputs, self.family)
+        if loss is None:  # the budget's remainder was under half a sequence: dropped
+            return None
         if self.divergence is None:
             self.divergence = DivergenceCheck(self.trainer)
         diverged_step = self.divergence.check(loss, self.global_step + 1)
@@ -223,7 +240,49 @@ class RunModule(pl.LightningModule):
             self.trainer.should_stop = True
             if diverged_step == self.global_step + 1:
                 return None  # skips the optimizer step: the weights stay those before the bad step
-        return loss
+        if inputs is not batch[0]:  # a budget's last step kept fewer sequences (budgets train in one process)
+            tokens = count_tokens(inputs)
+        # Every rank holds an equal share (train.batch_size is a multiple of the processes): the
+        # step's sequences are this rank's times their number, so FLOPs estimated from them count all.
+        return {"loss": loss, "tokens": tokens, "sequences": batch_size(inputs) * self.trainer.world_size,
+                "flops": flops}
+
+    def flop_budgeted_loss(self, inputs):
+        """(inputs, loss, training FLOPs) of a step; a step that would pass the budget is cut to
+        the sequences it has left (`fit_budget`)."""
+        loss, flops = self.counted_loss(inputs)
+        fitted = self.fit_budget(inputs, flops)
+        if fitted is None:
+            return None, None, 0
+        if fitted is not inputs:
+            loss, flops = self.counted_loss(fitted)
+        return fitted, loss, flops
+
+    def counted_loss(self, inputs) -> tuple[torch.Tensor, int]:
+        """The loss and the step's training FLOPs (forward x3), counted as the forward runs
+        (workbench.cost.measure.counted_forward). A forward's FLOPs depend on the batch's shapes
+        and masks only (which positions are real and may meet), not on the token values: a
+        batch like one counted before reuses that count, so fixed-length tasks count once."""
+        key = tuple((name, tuple(t.shape), t.cpu().numpy().tobytes() if t.dtype == torch.bool else b"")
+                    for name, t in sorted(inputs.items()))
+        if key in self.flops_by_shape:
+            return self.task.loss(self.model, inputs, self.family), self.flops_by_shape[key]
+        loss, forward = counted_forward(self.model, lambda: self.task.loss(self.model, inputs, self.family))
+        self.flops_by_shape[key] = 3 * forward
+        return loss, 3 * forward
+
+    def fit_budget(self, inputs, cost: float):
+        """`inputs`, or on the step that reaches the budget its first sequences that the budget
+        still pays for (workbench.cost.budget.sequences_within); None when none: the run stops."""
+        left = self.budget[self.budget_kind] - self.spent()
+        if cost < left:
+            return inputs
+        self.trainer.should_stop = True
+        keep = sequences_within(left, cost, batch_size(inputs))
+        self.last_step = "dropped" if keep == 0 else "whole" if keep == batch_size(inputs) else "partial"
+        if keep == 0:
+            return None
+        return inputs if keep == batch_size(inputs) else {key: value[:keep] for key, value in inputs.items()}
 
     def on_train_end(self) -> None:
         if self.divergence is not None and (step := self.divergence.flush()) is not None:
@@ -232,9 +291,13 @@ class RunModule(pl.LightningModule):
     def configure_optimizers(self):
         cfg = self.train_cfg
         optimizer = make_optimizer(cfg["optimizer"], param_groups(self.model, cfg["weight_decay"]), cfg["lr"])
-        schedule = functools.partial(lr_factor, warmup=cfg["warmup_steps"], total=cfg["steps"],
-                                     schedule=cfg["schedule"], min_ratio=cfg["min_lr_ratio"])
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+        schedule = functools.partial(lr_factor, warmup=cfg["warmup_steps"], schedule=cfg["schedule"],
+                                     min_ratio=cfg["min_lr_ratio"])
+        if self.budget_kind is None:
+            factor = functools.partial(schedule, total=cfg["steps"])
+        else:
+            factor = functools.partial(budget_factor, schedule, self.budget[self.budget_kind], self.spent, cfg["steps"])
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
 
@@ -444,11 +507,14 @@ def device_name(device: str) -> str:
 class RunRecorder(Callback):
     """Learning curves, evaluations, training time and tokens; all restored on resume."""
 
-    def __init__(self, task, family: str, train: dict[str, Any]):
+    def __init__(self, task, family: str, train: dict[str, Any], cost: StepCost):
         self.task, self.family, self.train = task, family, train
         self.curves: list[tuple[int, str, str, float]] = []  # (step, split, metric, value)
         self.last_eval: dict[str, Any] = {"step": None, "metrics": {}, "not_applicable": {}}
         self.tokens = 0
+        self.flops = 0  # counted training FLOPs spent (workbench.cost.budget)
+        self.cost = cost  # batch 0's, for the FLOPs of steps that are not counted as they run
+        self.fixed_steps = train["steps"] if not train.get("budget") else None  # else the budget stops the run
         self.prior_train_time = 0.0  # training time of earlier sessions (from the checkpoint)
         self.session_start: float | None = None
         self.start_step = 0  # the global step this session started at (> 0: resumed)
@@ -472,26 +538,41 @@ class RunRecorder(Callback):
         self.session_start = time.perf_counter()
         self.start_step = trainer.global_step
 
+    def spent(self, kind: str) -> float:
+        return {"flops": self.flops, "tokens": self.tokens, "seconds": self.train_time()}[kind]
+
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         step = trainer.global_step
-        if outputs is None:  # diverged: no optimizer step was taken
+        if not outputs:  # diverged, or a budget's dropped remainder: no optimizer step was taken
+            if pl_module.last_step == "dropped" and step and self.last_eval["step"] != step:
+                self.evaluate(trainer, pl_module, step)  # the step before was the last
             return
-        self.tokens += batch[1]  # the micro-batch's tokens (every rank's share)
-        if "loss" not in outputs:  # the step that diverged: training stops here
-            return
+        self.tokens += outputs["tokens"]  # the micro-batch's (every rank's share)
+        self.flops += (outputs["flops"] if outputs["flops"] is not None
+                       else self.cost.flops * outputs["sequences"] // self.cost.sequences)
         # Lightning divides each micro-batch's loss by their number; summed on the device (no wait)
         loss_part = outputs["loss"].detach()
         self._step_loss = loss_part if self._step_loss is None else self._step_loss + loss_part
         if not step_done(trainer, batch_idx):
             return
         step_loss, self._step_loss = self._step_loss, None
-        if step % self.train["log_every"] == 0 or step == self.train["steps"]:
+        if pl_module.budget_kind == "seconds" and self.train_time() >= pl_module.budget["seconds"]:
+            trainer.should_stop = True
+        # A budget's last step (budgets train in one process: no rank waits alone in the reduce below)
+        last = step == self.fixed_steps or (pl_module.budget_kind is not None and trainer.should_stop)
+        if step % self.train["log_every"] == 0 or last:
             lr = trainer.optimizers[0].param_groups[0]["lr"]
             loss = float(trainer.strategy.reduce(step_loss, reduce_op="mean"))  # every rank calls it
-            self.curves += [(step, "train", "loss", loss), (step, "train", "lr", lr)]
+            self.curves += [(step, "train", "loss", loss), (step, "train", "lr", lr), *self.progress(step)]
             self._log(trainer, {"train/loss": loss, "train/lr": lr}, step)
-        if (step % self.train["eval_every"] == 0 or step == self.train["steps"]) and trainer.is_global_zero:
+        if (step % self.train["eval_every"] == 0 or last) and trainer.is_global_zero:
             self.evaluate(trainer, pl_module, step)  # on rank 0 alone: the others wait at the next step
+
+    def progress(self, step: int) -> list[tuple[int, str, str, float]]:
+        """What the run has spent by `step` (split "progress"): training tokens, counted FLOPs and
+        seconds, so that curves can be drawn against any of them."""
+        return [(step, PROGRESS, name, float(value))
+                for name, value in zip(PROGRESS_MEASURES, (self.tokens, self.flops, self.train_time()))]
 
     def evaluate(self, trainer, pl_module, step: int) -> None:
         self._sync(pl_module)
@@ -502,7 +583,7 @@ class RunRecorder(Callback):
         )
         self._sync(pl_module)
         self.session_eval_time += time.perf_counter() - start
-        self.curves += [(step, "eval", name, value) for name, value in metrics.items()]
+        self.curves += [(step, "eval", name, value) for name, value in metrics.items()] + self.progress(step)
         self.last_eval = {"step": step, "metrics": metrics, "not_applicable": not_applicable}
         self._log(trainer, {f"eval/{k}": v for k, v in metrics.items()}, step)
         if self.train.get("early_stopping") and self.no_longer_improving(metrics):
@@ -531,7 +612,7 @@ class RunRecorder(Callback):
 
     def state_dict(self) -> dict[str, Any]:
         # The CPU random state too (dropout draws from it): a resumed run continues the stream.
-        return {"curves": self.curves, "last_eval": self.last_eval, "tokens": self.tokens,
+        return {"curves": self.curves, "last_eval": self.last_eval, "tokens": self.tokens, "flops": self.flops,
                 "train_time": self.train_time(), "torch_rng": torch.get_rng_state(),
                 "early_stopping": [self.best, self.evals_without_gain]}
 
@@ -539,6 +620,7 @@ class RunRecorder(Callback):
         self.curves = [tuple(c) for c in state["curves"]]
         self.last_eval = state["last_eval"]
         self.tokens = state["tokens"]
+        self.flops = state.get("flops", 0)
         self.prior_train_time = state["train_time"]
         if "torch_rng" in state:
             torch.set_rng_state(state["torch_rng"])
@@ -557,7 +639,7 @@ class ProgressFile(Callback):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         step, now = trainer.global_step, time.perf_counter()
-        if (outputs is None or not trainer.is_global_zero or not step_done(trainer, batch_idx)
+        if (not outputs or not trainer.is_global_zero or not step_done(trainer, batch_idx)
                 or (now - self.last_write < self.every_s and step < self.steps)):
             return
         self.last_write = now
@@ -665,7 +747,7 @@ class StopOnRequest(Callback):
         if trainer.world_size > 1:  # the ranks stop at the same step, or one waits for the others forever
             stop = trainer.strategy.reduce_boolean_decision(stop, all=False)
         if stop:
-            if outputs is not None and trainer.global_step < trainer.max_steps:  # nothing to keep otherwise
+            if outputs and trainer.global_step < trainer.max_steps:  # nothing to keep otherwise
                 trainer.save_checkpoint(self.path)
                 raise stopping.RunInterrupted(f"stopped at step {trainer.global_step} and checkpointed it")
             raise stopping.RunInterrupted(f"stopped at step {trainer.global_step}")
@@ -720,15 +802,20 @@ def train_here(run_id: str, config: dict[str, Any], run_dir: Path, tracker: Trac
         task = make_task(config)
         module = RunModule(config, task)
         result.n_params = module.model.num_parameters()
-        recorder = RunRecorder(task, module.family, train)
+        batch = task.train_batch(0, train["batch_size"], module.family)
+        cost = step_cost(module.model, lambda b: task.loss(module.model, b, module.family), batch)
+        recorder = RunRecorder(task, module.family, train, cost)
+        if module.budget_kind is not None:
+            module.spent = functools.partial(recorder.spent, module.budget_kind)
         checkpoint = ModelCheckpoint(dirpath=run_dir / "checkpoints", save_last=True, save_top_k=0,
                                      every_n_train_steps=train["checkpoint_every"])
         ckpt = run_dir / LAST_CHECKPOINT
         if writer:
             ckpt.with_name(ckpt.name + ".tmp").unlink(missing_ok=True)  # a save cut short by a kill
+        max_steps = train["steps"] if module.budget_kind is None else BUDGET_STEP_CAP  # a budget stops the run
         logger = make_logger(train["logger"], run_dir, config, tracker)
         trainer = pl.Trainer(
-            max_steps=train["steps"], max_epochs=-1, limit_val_batches=0, num_sanity_val_steps=0,
+            max_steps=max_steps, max_epochs=-1, limit_val_batches=0, num_sanity_val_steps=0,
             accelerator=train["accelerator"], devices=train["devices"], strategy=lightning_strategy(train),
             num_nodes=train["num_nodes"], precision=train["precision"],
             gradient_clip_val=train["grad_clip"], gradient_clip_algorithm="norm",
@@ -740,11 +827,12 @@ def train_here(run_id: str, config: dict[str, Any], run_dir: Path, tracker: Trac
             enable_progress_bar=False, enable_model_summary=False, default_root_dir=run_dir,
             use_distributed_sampler=False,  # StepBatches shares each batch between the ranks
         )
-        datamodule = TaskDataModule(task, module.family, train["batch_size"], train["steps"], train["grad_accumulation"])
+        datamodule = TaskDataModule(task, module.family, train["batch_size"], max_steps, train["grad_accumulation"])
         trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt if ckpt.exists() else None, weights_only=True)
         result.resumed_from_step = recorder.start_step or None
         result.steps_done = trainer.global_step
         result.environment["processes"] = trainer.world_size
+        result.last_step = module.last_step
         if module.diverged_step is not None:
             result.status, result.diverged_step = Status.DIVERGED, module.diverged_step
         else:
@@ -777,6 +865,7 @@ def train_here(run_id: str, config: dict[str, Any], run_dir: Path, tracker: Trac
     if recorder is not None:
         result.curves = recorder.curves
         result.tokens = recorder.tokens
+        result.train_flops = recorder.flops
         result.train_time_s = recorder.train_time()
         result.eval_time_s = recorder.session_eval_time
         result.tokens_per_s = result.tokens / result.train_time_s if result.tokens and result.train_time_s > 0 else None

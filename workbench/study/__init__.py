@@ -37,17 +37,18 @@ from pydantic.json_schema import SkipJsonSchema
 from workbench import kinds
 from workbench.errors import SpecError
 from workbench.registry import get_variant, variants
-from workbench.results import DESCRIPTIVE_METRICS, FAILURE_SHARE
+from workbench.results import DESCRIPTIVE_METRICS, FAILURE_SHARE, TO_TARGET
 from workbench.spec import VARIANT_AXES, ModelSpec, resolve_choice, spec_error_from
 from workbench.study.keys import digest, label
 from workbench.study.schema import study_json_schema
-from workbench.study.sections import (SEEDS_JSON_SCHEMA, SWEEP_JSON_SCHEMA, TUNE_JSON_SCHEMA, Expectation, SeedPlan, Sweep,
-                                      TrainConfig, Tune)
+from workbench.study.sections import (BUDGET_KINDS, SEEDS_JSON_SCHEMA, SWEEP_JSON_SCHEMA, TUNE_JSON_SCHEMA, Expectation,
+                                      SeedPlan, Sweep, TrainConfig, Tune, check_values)
 from workbench.study.yaml_file import LineMap, StudyError, apply_overrides, apply_profile, read_yaml, suggest
 
 __all__ = ["load_study", "study_json_schema", "StudyFile", "StudyBase", "TrainStudy", "STORED", "RUN_MEASURES"]
 
 SWEEPABLE_SECTIONS = ("task", "model", "train")
+SCALE_JSON_SCHEMA = {"anyOf": [{"type": "object", "additionalProperties": {"type": "array", "minItems": 2}}, {"type": "null"}]}
 # Columns every run records (besides metrics), usable in `expect` records.
 RUN_MEASURES = ("tokens_per_s", "peak_memory_bytes", "n_params", "wall_time_s", "train_time_s")
 
@@ -181,6 +182,13 @@ class TrainStudy(StudyBase):
         no reported seed was also the one a value was chosen on (no selection bias)."""
         start = max(self.every_seed) + 1
         return list(range(start, start + (self.tune.seeds if self.tune is not None else 0)))
+    scale: Annotated[dict[str, list[Any]] | None, WithJsonSchema(SCALE_JSON_SCHEMA)] = Field(
+        None, description="a scale ladder {size key: [rung values], key: [matching value per rung], ...} (e.g. "
+        "model.d_model with train.budget.flops): every sweep point runs at every rung, every expect: entry is decided "
+        "at each rung, and the report says whether it holds across them")
+    curves_against: Literal["step", "tokens", "flops", "seconds"] = Field(
+        "step", description="the x-axis of the report's learning curves: training step, training tokens, counted "
+        "training FLOPs or training seconds")
 
     @field_validator("task", mode="before")
     @classmethod
@@ -191,6 +199,10 @@ class TrainStudy(StudyBase):
 
     @model_validator(mode="after")
     def _cross_checks(self, info: ValidationInfo):
+        # A study read back from a store holds its ladder in the sweep already.
+        laddered = self.scale is not None and stored(info) and all(k in self.sweep.keys for k in self.scale)
+        if self.scale is not None and not laddered:
+            check_ladder(self)
         for key in [] if stored(info) else self.sweep.keys:
             check_key(key, self.sweep.field(key), self.task)
             check_swept_variants(key, self.sweep.field(key), self.sweep.values(key), self.model, self.sweep.keys)
@@ -198,13 +210,13 @@ class TrainStudy(StudyBase):
             self.baseline = self.sweep_point(self.baseline, "baseline")
         for i, exp in enumerate(self.expect):
             if not stored(info):
-                check_metric(exp.metric, f"expect.{i}.metric", self)
+                check_expected_metric(exp, f"expect.{i}", self)
             exp.better = self.sweep_point(exp.better, f"expect.{i}.better")
             exp.than = self.sweep_point(exp.than, f"expect.{i}.than")
         for profile, overrides in self.profiles.items():
             for key in overrides:
-                if key != "seeds" and not stored(info):  # `sweep.<key>` replaces a swept list
-                    check_key(key.removeprefix("sweep."), f"profiles.{profile}.{key}", self.task)
+                if key != "seeds" and not stored(info):  # `sweep.<key>` (`scale.<key>`) replaces a swept (rung) list
+                    check_key(key.removeprefix("sweep.").removeprefix("scale."), f"profiles.{profile}.{key}", self.task)
         if self.tune is not None:
             self.tune = check_tune(self.tune, self)
         stop = self.train.early_stopping
@@ -214,7 +226,14 @@ class TrainStudy(StudyBase):
                 raise SpecError("train.early_stopping.metric", f"{stop.metric!r} is not evaluated during training: "
                                 f"give metric@length, e.g. loss@{lengths[0]}")
             check_metric(stop.metric, "train.early_stopping.metric", self)
+        if self.scale is not None and not laddered:
+            self.sweep = ladder_sweep(self)
         return self
+
+    @property
+    def rung_key(self) -> str | None:
+        """The size key of a scale ladder (its first key), whose values name the rungs."""
+        return next(iter(self.scale)) if self.scale else None
 
     def sweep_point(self, value: Any, field: str) -> dict[str, Any]:
         """A swept value (when one key is swept) or {dotted.key: value} -> {key: value}, each
@@ -242,6 +261,8 @@ class TrainStudy(StudyBase):
                "seeds": seeds, "sweep": self.sweep.model_dump()}
         if self.tune is not None:  # absent otherwise: an untuned study keeps the hash it always had
             out["tune"] = self.tune.model_dump()
+        if self.scale is not None:  # the same: absent without a ladder
+            out["scale"] = self.scale
         return out
 
 
@@ -272,8 +293,36 @@ def check_key(key: str, field: str, task: dict[str, Any]) -> None:
     if head not in fields:
         choices = [f"{section}.{f}" for f in fields]
         raise SpecError(field, f"no such key {key!r}" + suggest(f"{section}.{head}", choices), choices)
+    if section == "train" and head == "budget" and deeper:
+        if deeper not in BUDGET_KINDS:
+            raise SpecError(field, f"no such key {key!r}", [f"train.budget.{k}" for k in BUDGET_KINDS])
+        return
     if section != "model" and deeper:
         raise SpecError(field, f"{section}.{head} has no sub-keys")
+
+
+def ladder_sweep(study: TrainStudy) -> Sweep:
+    """The study's sweep with its scale ladder as one more zip group (every sweep point at every
+    rung), made after `expect:` and `baseline` were read against the sweep alone, so that an
+    entry such as `better: swiglu` is decided at each rung."""
+    return Sweep(grid=study.sweep.grid, zip=[*study.sweep.zip, dict(study.scale)])
+
+
+def check_ladder(study: TrainStudy) -> None:
+    """A ladder gives one value per rung for each key, at least two rungs, of keys that are
+    neither swept nor tuned."""
+    rungs = {key: check_values(f"scale.{key}", values) for key, values in study.scale.items()}
+    if len(set(rungs.values())) > 1:
+        sizes = ", ".join(f"{k}: {n}" for k, n in rungs.items())
+        raise SpecError("scale", f"every key of a ladder gives one value per rung: equal lengths ({sizes})")
+    if next(iter(rungs.values())) < 2:
+        raise SpecError("scale", "a ladder needs at least two rungs")
+    for key in study.scale:
+        check_key(key, f"scale.{key}", study.task)
+        if key in study.sweep.keys:
+            raise SpecError(f"scale.{key}", f"{key} is also swept: a key is either compared (sweep) or a rung (scale)")
+    if study.tune is not None and any(key in study.tune.values for key in study.scale):
+        raise SpecError("scale", "a tuned key cannot also be a rung")
 
 
 def check_tune(tune: Tune, study: TrainStudy) -> Tune:
@@ -335,6 +384,22 @@ def check_swept_variants(key: str, field: str, values: list[Any], model: Mapping
         hint = f"; set model.{axis}: {{name: {having[0]}}} or sweep model.{axis}" if having else ""
         raise SpecError(field, f"{where}, which has no parameter {parts[2]!r}{hint}",
                         [f"model.{axis}.{p}" for p in params] or None)
+
+
+def check_expected_metric(exp: Expectation, field: str, study: TrainStudy) -> None:
+    """An `expect:` entry's metric; a *_to_target one needs a target on an evaluated metric."""
+    if exp.metric not in TO_TARGET:
+        if exp.target is not None:
+            raise SpecError(f"{field}.target", f"only {', '.join(TO_TARGET)} take a target; {exp.metric!r} is "
+                            "compared on its final value")
+        check_metric(exp.metric, f"{field}.metric", study)
+        return
+    if exp.target is None:
+        raise SpecError(f"{field}.target", f"{exp.metric} needs the score to reach: target: {{metric: metric@length, "
+                        "value: number}")
+    if exp.target.metric in RUN_MEASURES:
+        raise SpecError(f"{field}.target.metric", "a target is a score the evaluations record, not a run measure")
+    check_metric(exp.target.metric, f"{field}.target.metric", study)
 
 
 def check_metric(metric: str, field: str, study: TrainStudy) -> None:

@@ -11,6 +11,7 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from workbench.cost.budget import BUDGET_STEP_CAP, StepCost, estimated_steps
 from workbench.errors import SpecError
 from workbench.study.yaml_file import limit, suggest
 
@@ -98,6 +99,42 @@ class CallbackPath(BaseModel):
     args: dict[str, Any] = Field({}, description="keyword arguments of its constructor")
 
 
+BUDGET_KINDS = ("flops", "tokens", "seconds")
+
+
+class Budget(BaseModel):
+    """A training budget in compute (workbench.cost.budget): exactly one of its fields."""
+
+    model_config = ConfigDict(extra="forbid")
+    flops: float | None = Field(None, gt=0, allow_inf_nan=False,
+                                description="counted training FLOPs per run (useful FLOPs, x3 of the forward): each "
+                                "run derives its steps from its own cost per step")
+    tokens: int | None = Field(None, gt=0, description="real (non-padding) training tokens per run")
+    seconds: float | None = Field(None, gt=0, allow_inf_nan=False,
+                                  description="training seconds per run (evaluation excluded); needs train.eval_every")
+
+    @model_validator(mode="after")
+    def _exactly_one(self):
+        given = [k for k in BUDGET_KINDS if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise SpecError("train.budget", f"give exactly one budget, got {len(given)}"
+                            + (f" ({', '.join(given)})" if given else ""), list(BUDGET_KINDS))
+        return self
+
+    @property
+    def kind(self) -> str:
+        return next(k for k in BUDGET_KINDS if getattr(self, k) is not None)
+
+    @property
+    def amount(self) -> float:
+        return getattr(self, self.kind)
+
+    def text(self) -> str:
+        """'2e+10 FLOPs', '1,000,000 tokens', '60 s'."""
+        unit = {"flops": "FLOPs", "tokens": "tokens", "seconds": "s"}[self.kind]
+        return f"{self.amount:,} {unit}" if self.kind == "tokens" else f"{self.amount:.4g} {unit}"
+
+
 class TrainConfig(BaseModel):
     """How each run trains. Execution fields (where and how it runs) do not change a run's id."""
 
@@ -110,10 +147,10 @@ class TrainConfig(BaseModel):
     # differ from their default, so studies that never set them keep the ids and hashes they had.
     OPTIONAL: ClassVar[dict[str, Any]] = {
         "attention_entropy": False, "optimizer": AdamW().model_dump(), "grad_accumulation": 1,
-        "early_stopping": None, "callbacks": [],
+        "early_stopping": None, "callbacks": [], "budget": None,
     }
 
-    steps: int | None = Field(None, gt=0, description="optimizer steps per run (give steps or tokens)")
+    steps: int | None = Field(None, gt=0, description="optimizer steps per run (give steps, tokens or budget)")
     tokens: int | None = Field(
         None, gt=0, description="training tokens per run: steps = ceil(tokens / (batch_size * task.train_length))"
     )
@@ -142,6 +179,9 @@ class TrainConfig(BaseModel):
         "csv", description="Lightning logger of each run: csv, tensorboard (run folder's logs/), mlflow (MLFLOW_TRACKING_URI, "
         "default the run folder's mlflow.db) or wandb (offline in the run folder unless WANDB_MODE=online or WANDB_API_KEY)")
     checkpoint_every: int | None = Field(None, gt=0, description="checkpoint every N steps for resume (default: eval_every)")
+    budget: Budget | None = Field(
+        None, description="a budget in compute instead of steps: {flops: X}, {tokens: X} or {seconds: X} "
+        "(exactly one); see workbench.cost.budget")
     attention_entropy: bool = Field(
         False, description="also record attention_entropy@<train_length> at every evaluation: the mean entropy of "
         "the attention rows over the keys each can see, divided by ln(that number): 1 uniform, 0 a saturated softmax")
@@ -222,11 +262,24 @@ class TrainConfig(BaseModel):
 
     @model_validator(mode="after")
     def _one_budget(self):
-        if (self.steps is None) == (self.tokens is None):
-            raise SpecError("train.steps", "give exactly one training budget: steps or tokens")
+        if [self.steps, self.tokens, self.budget].count(None) != 2:
+            raise SpecError("train.steps", "give exactly one training budget: steps, tokens or budget")
+        if self.budget is not None and self.budget.kind == "seconds" and self.eval_every is None:
+            raise SpecError("train.eval_every", "with budget.seconds the number of steps is not known in advance: "
+                            "say how often to evaluate (train.eval_every: N steps)")
         if self.batch_size % self.grad_accumulation:
             raise SpecError("train.grad_accumulation", f"{self.grad_accumulation} micro-batches do not divide "
                             f"train.batch_size {self.batch_size} evenly")
+        # A budget cuts the step that reaches it to the sequences it still pays for, as one process
+        # spending it alone: a step split into micro-batches, or shared by ranks that would each
+        # decide on their own share, would be cut apart.
+        if self.budget is not None and self.grad_accumulation > 1:
+            raise SpecError("train.grad_accumulation", "a compute budget (train.budget) cuts the last step to what it "
+                            "still pays for, which micro-batches would split: use grad_accumulation 1 with a budget, "
+                            "or train.steps / train.tokens")
+        if self.budget is not None and world_size(self.model_dump()) != 1:
+            raise SpecError("train.devices", "a compute budget (train.budget) is spent by one process: use devices: 1 "
+                            "and num_nodes: 1 with a budget, or train.steps / train.tokens with several processes")
         return self
 
     @classmethod
@@ -236,10 +289,21 @@ class TrainConfig(BaseModel):
         return {k: v for k, v in train.items() if k not in cls.EXECUTION
                 and not (k in cls.OPTIONAL and comparable(v) == comparable(cls.OPTIONAL[k]))}
 
-    def resolved(self, train_length: int) -> dict[str, Any]:
-        """Every field filled in: steps from tokens, eval and checkpoint intervals."""
+    def resolved(self, train_length: int, cost: StepCost | None = None) -> dict[str, Any]:
+        """Every field filled in: steps from tokens (or, estimated, from a counted budget and the
+        run's `cost` per step), eval and checkpoint intervals."""
         out = self.model_dump()
-        steps = self.steps or -(-self.tokens // (self.batch_size * train_length))
+        if self.budget is None:
+            steps = self.steps or -(-self.tokens // (self.batch_size * train_length))
+        elif self.budget.kind == "seconds":
+            steps = BUDGET_STEP_CAP  # the run stops on time (workbench.run.train)
+        else:
+            if cost is None:
+                raise ValueError("a FLOP or token budget needs the run's cost per step")
+            try:
+                steps = estimated_steps(self.budget.amount, self.budget.kind, cost)
+            except ValueError as err:
+                raise SpecError(f"train.budget.{self.budget.kind}", str(err)) from None
         out["steps"] = steps
         out["eval_every"] = min(self.eval_every or max(1, steps // 10), steps)
         out["checkpoint_every"] = min(self.checkpoint_every or out["eval_every"], steps)
@@ -252,11 +316,21 @@ def comparable(value: Any) -> Any:
     return json.loads(json.dumps(value, default=str))
 
 
+class Target(BaseModel):
+    """The score a `*_to_target` expectation waits for."""
+
+    model_config = ConfigDict(extra="forbid")
+    metric: str = Field(description="metric@eval_length the evaluations are read on (e.g. bpc@64)")
+    value: float = Field(allow_inf_nan=False, description="the score to reach (at least it, or at most it when lower is better)")
+
+
 class Expectation(BaseModel):
     """A claim the report checks: `better` is expected to beat `than` on `metric`."""
 
     model_config = ConfigDict(extra="forbid")
-    metric: str = Field(description="metric[@eval_length] (e.g. accuracy@64, loss) or a run measure (tokens_per_s)")
+    metric: str = Field(description="metric[@eval_length] (e.g. accuracy@64, loss), a run measure (tokens_per_s), or "
+                        "flops_to_target / tokens_to_target / seconds_to_target with a `target` (lower is better)")
+    target: Target | None = Field(None, description="for *_to_target: {metric: metric@length, value: score}")
     better: Any = Field(description="the swept value (or {dotted.key: value}) expected to be better")
     than: Any = Field(description="the swept value (or {dotted.key: value}) it is compared against")
     claim: str | None = Field(None, description="id of the claim it tests (e.g. E6)")

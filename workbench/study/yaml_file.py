@@ -169,10 +169,12 @@ def suggest(name: str, choices: list[str] | None) -> str:
 
 def set_study_key(data: dict[str, Any], key: str, value: Any) -> None:
     """Set one override (a profile's or --set's): a dotted key of task, model or train; a
-    top-level key such as `seeds`; or `sweep.<dotted key>` for a swept list (its key keeps its dots)."""
-    if key.startswith("sweep."):
-        sweep = data.get("sweep")
-        data["sweep"] = {**(sweep if isinstance(sweep, Mapping) else {}), key.removeprefix("sweep."): value}
+    top-level key such as `seeds`; or `sweep.<dotted key>` for a swept list, `scale.<dotted key>` for a
+    ladder's list (its key keeps its dots)."""
+    section = next((name for name in ("sweep", "scale") if key.startswith(name + ".")), None)
+    if section is not None:
+        lists = data.get(section)
+        data[section] = {**(lists if isinstance(lists, Mapping) else {}), key.removeprefix(section + "."): value}
     elif "." in key:
         set_dotted(data, key, value)
     else:
