@@ -174,7 +174,7 @@ def test_ray_gpus_per_run_overrides_and_all_devices_is_refused(monkeypatch):
     assert "reserves 0.5 GPU(s) (--gpus-per-run)" in shared.place([TRAIN])
     list(shared.run([Job("one", {"train": TRAIN}, Path("one"))]))
     assert ray.reserved == {"one": 0.5}
-    with pytest.raises(WorkbenchError, match="train.devices: -1 takes every GPU a run sees"):
+    with pytest.raises(WorkbenchError, match="train.devices: -1 is not a number of GPUs"):
         RayExecutor().place([{**TRAIN, "devices": -1}])
 
 

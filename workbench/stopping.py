@@ -41,6 +41,7 @@ class RunInterrupted(WorkbenchError):
 
 _requested = threading.Event()
 _received: list[str] = []  # the signals (or other reasons) this process was asked to stop for
+_signalled: list[str] = []  # the signals its handler received
 _at_once: list[str | None] = [None]  # set: a signal ends the process at once, saying this (immediate)
 
 
@@ -69,15 +70,17 @@ def reason() -> str:
 def reset() -> None:
     """Forget an earlier stop request (a new sweep in the same process)."""
     _received.clear()
+    _signalled.clear()
     _requested.clear()
 
 
 def _handler(signum: int, frame: Any) -> None:
     name = signal.Signals(signum).name
-    if _received:  # the second signal this process received: stop now
+    if _signalled:  # the second signal this process received: stop now
         signal.signal(signum, signal.SIG_DFL)
         os.kill(os.getpid(), signum)
         return
+    _signalled.append(name)
     request_stop(name)
     if _at_once[0] is not None:  # os.write: the main thread may be inside a print to stderr
         os.write(2, f"error: stopped by {name} {_at_once[0]}\n".encode())

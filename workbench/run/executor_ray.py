@@ -87,8 +87,8 @@ class RayExecutor(Executor):
             return self.gpus
         gpus = gpus_per_run(train, self.machine())
         if gpus is None:
-            raise WorkbenchError(f"train.devices: {train['devices']!r} takes every GPU a run sees, and a Ray task "
-                                 "sees only the GPUs it reserves: set train.devices to a count, or give --gpus-per-run")
+            raise WorkbenchError(f"train.devices: {train['devices']!r} is not a number of GPUs, and a Ray task sees "
+                                 "only the GPUs it reserves: set train.devices to a count, or give --gpus-per-run")
         return gpus
 
     def place(self, trains: Sequence[dict[str, Any]]) -> str:
