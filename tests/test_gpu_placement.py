@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from rich.console import Console
+from test_hardware import STUDY  # a tiny study with a bf16 gpu profile
 
 from workbench.errors import WorkbenchError
 from workbench.hardware import Machine, gpus_per_run
@@ -186,15 +187,6 @@ def test_ray_cluster_without_gpus_trains_on_the_cpu(monkeypatch):
     assert ray.reserved == {"one": 0}
 
 
-STUDY = """\
-name: t
-task: {name: copy, train_length: 8, n_eval: 16, alphabet_size: 8}
-model: {family: decoder, d_model: 32, n_layers: 1, n_heads: 2}
-train: {steps: 20, batch_size: 8}
-seeds: [0]
-profiles:
-  gpu: {train.precision: bf16-mixed}
-"""
 
 
 class ClusterWithGpus(Executor):
