@@ -30,7 +30,7 @@ from benchmarks.vs_xtransformers import (CONFIGS, IMPLS, build_pair, decode_thro
                                          make_train_step, parameter_check, random_tokens, train_throughput,
                                          xtransformers_available)
 from workbench.errors import WorkbenchError
-from workbench.spec import parse_spec
+from workbench.model.spec import parse_spec
 
 SECTIONS = ("train", "local", "decode", "overhead")
 RESULTS = RESULTS_DIR / "vs_xtransformers.json"

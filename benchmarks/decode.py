@@ -21,7 +21,7 @@ from rich.table import Table
 
 from benchmarks import Check, write_json
 from workbench.cost.fit import fit_exponents
-from workbench.model import build_model
+from workbench.model.transformer import build_model
 from workbench.run.scaling import ScalingStudy, run_scaling
 
 ATTENTIONS = {"MHA": 8, "GQA": 2, "MQA": 1}  # name -> n_kv_heads, with 8 query heads

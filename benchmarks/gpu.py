@@ -50,7 +50,7 @@ import yaml
 from torch import nn
 
 from benchmarks import RESULTS_DIR, Check, write_json
-from workbench.attention import arange_positions
+from workbench.model.attention import arange_positions
 from benchmarks.vs_xtransformers import BASE, CONFIGS, alternate, random_tokens, xtransformers_available
 
 QUICKSTART = Path(__file__).resolve().parent.parent / "studies" / "quickstart.yaml"
@@ -231,7 +231,7 @@ def train_flops(model: nn.Module, n_heads: int, head_dim: int, batch: int, seq: 
     per pair and query head).
     Element-wise work, the loss and the optimizer count zero (the usual MFU definition).
     tests/test_benchmarks_smoke.py checks it against FlopCounterMode."""
-    from workbench.model import SelfAttention
+    from workbench.model.transformer import SelfAttention
 
     linear = sum(m.weight.numel() for m in model.modules() if isinstance(m, nn.Linear))
     layers = sum(isinstance(m, SelfAttention) for m in model.modules())
@@ -336,7 +336,7 @@ def cuda_peak_bytes(setup: Setup, call: Callable[[], Any]) -> int:
 def flex_forward_error(variant: nn.Module, q, k, v, kwargs) -> float:
     """Largest |FlexAttention - dense| / max |dense| of the forward, with the CPU standing in for
     CUDA (eager FlexAttention has no backward on the CPU): the CPU smoke run reaches that path."""
-    from workbench import attention
+    from workbench.model import attention
 
     before = attention.FLEX_DEVICES
     attention.FLEX_DEVICES = (q.device.type,)

@@ -27,10 +27,10 @@ from pathlib import Path
 
 import torch
 
-from workbench.model import build_model
+from workbench.model.transformer import build_model
 from workbench.study.sections import TrainConfig
 from workbench.run.train import lr_factor, param_groups, quiet_lightning, train_run
-from workbench.weights import make_task
+from workbench.model.weights import make_task
 
 TASK = {"name": "copy", "train_length": 16, "eval_lengths": [16], "n_eval": 64, "alphabet_size": 16,
         "min_length": 1}
@@ -89,7 +89,7 @@ import time, sys
 t0 = float(sys.argv[1])
 import torch; torch.set_num_threads({threads})
 from workbench.study import load_study
-from workbench.sweep import expand
+from workbench.study.sweep import expand
 from workbench.run.train import RunRecorder, train_run
 import tempfile, pathlib, os
 def first_step(self, trainer, module):

@@ -14,7 +14,7 @@ import time
 
 import torch
 
-from workbench.model import build_model
+from workbench.model.transformer import build_model
 from workbench.registry import variants
 
 # task -> (family, task params, model spec, steps, batch size, learning rate)

@@ -45,7 +45,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from workbench import build_model
-from workbench.spec import ModelSpec, parse_spec
+from workbench.model.spec import ModelSpec, parse_spec
 
 # The issue's four decoder-only architectures, at d_model 256, 4 layers, 4 heads, vocab 256.
 BASE = dict(family="decoder", vocab_size=256, d_model=256, n_layers=4, n_heads=4)
@@ -63,7 +63,7 @@ def xtransformers_available() -> bool:
 
 
 def d_ff_of(spec: ModelSpec) -> int:
-    """The FFN hidden width the workbench uses for this spec (see workbench/ffn.py)."""
+    """The FFN hidden width the workbench uses for this spec (see workbench/model/ffn.py)."""
     gated = spec.ffn.name in ("swiglu", "geglu")
     return spec.ffn.params.d_ff or (round(8 * spec.d_model / 3) if gated else 4 * spec.d_model)
 

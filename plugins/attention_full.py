@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from workbench import hookimpl
-from workbench.attention import AttentionVariant, flex_applies
+from workbench.model.attention import AttentionVariant, flex_applies
 
 
 class FullAttention(AttentionVariant):

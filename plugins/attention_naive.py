@@ -6,7 +6,7 @@ kernels avoid, so cost studies can measure what the fusion saves.
 """
 
 from workbench import hookimpl
-from workbench.attention import AttentionVariant
+from workbench.model.attention import AttentionVariant
 
 
 class NaiveAttention(AttentionVariant):

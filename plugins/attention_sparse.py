@@ -47,7 +47,7 @@ from pydantic import Field
 from torch import Tensor
 
 from workbench import hookimpl
-from workbench.attention import (AttentionParams, AttentionVariant, aligned_offsets, block_attention,
+from workbench.model.attention import (AttentionParams, AttentionVariant, aligned_offsets, block_attention,
                                  flex_applies, masked_softmax, repeat_kv, same_sequence,
                                  zero_unaligned_queries)
 

@@ -3,7 +3,7 @@
 from torch import nn
 
 from workbench import hookimpl
-from workbench.ffn import GatedMLP
+from workbench.model.ffn import GatedMLP
 
 
 class GEGLU(GatedMLP):

@@ -5,7 +5,7 @@ import torch
 from torch import Tensor
 
 from workbench import hookimpl
-from workbench.ffn import FeedForward
+from workbench.model.ffn import FeedForward
 
 
 class NoFFN(FeedForward):

@@ -3,7 +3,7 @@
 from torch import nn
 
 from workbench import hookimpl
-from workbench.ffn import MLP
+from workbench.model.ffn import MLP
 
 
 class ReLU(MLP):

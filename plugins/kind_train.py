@@ -32,8 +32,8 @@ from workbench.run.store import Store
 from workbench.run.tracking import prepare_trackers, tracker_run
 from workbench.study import StudyFile, TrainStudy
 from workbench.study.keys import canonical_json
-from workbench.sweep import expand, point_key, sweep_points, tuning_runs
-from workbench.tuning import PointTuning, choose, chosen_values, extensions, labels
+from workbench.study.sweep import expand, point_key, sweep_points, tuning_runs
+from workbench.study.tuning import PointTuning, choose, chosen_values, extensions, labels
 
 
 class TrainKind(StudyKind):
@@ -157,7 +157,7 @@ class TrainKind(StudyKind):
 def tune(study_file: StudyFile, tuning: list[RunConfig], store: Store, executor, summary: Summary,
          progress: SweepProgress, names: dict[str, str], tracker=None) -> list[PointTuning]:
     """Run the tuning runs; while a point's choice sits at the edge of its grid, run the next
-    candidate past that edge (workbench.tuning.extensions) and choose again."""
+    candidate past that edge (workbench.study.tuning.extensions) and choose again."""
     study = study_file.study
     known, runs = set(), tuning
     while True:

@@ -6,7 +6,7 @@ from collections.abc import Callable
 from torch import Tensor
 
 from workbench import hookimpl
-from workbench.norm import NormPlacement
+from workbench.model.norm import NormPlacement
 
 
 class PostNorm(NormPlacement):

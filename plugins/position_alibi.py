@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 
 from workbench import hookimpl
-from workbench.position import PositionScheme
+from workbench.model.position import PositionScheme
 
 
 def alibi_slopes(n_heads: int) -> list[float]:

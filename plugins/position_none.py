@@ -2,7 +2,7 @@
 still infer order from the mask."""
 
 from workbench import hookimpl
-from workbench.position import PositionScheme
+from workbench.model.position import PositionScheme
 
 
 class NoPosition(PositionScheme):

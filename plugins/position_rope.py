@@ -15,7 +15,7 @@ from torch import Tensor
 
 from workbench import hookimpl
 from workbench.errors import SpecError
-from workbench.position import PositionScheme
+from workbench.model.position import PositionScheme
 from workbench.variants import Params
 
 

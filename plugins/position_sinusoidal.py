@@ -19,7 +19,7 @@ from pydantic import Field
 from torch import Tensor
 
 from workbench import hookimpl
-from workbench.position import INIT_STD, PositionScheme
+from workbench.model.position import INIT_STD, PositionScheme
 from workbench.variants import Params
 
 

@@ -46,7 +46,8 @@ from pydantic import Field
 
 from workbench import hookimpl
 from workbench.errors import SpecError, WorkbenchError
-from workbench.tasks import VALIDATION, Example, Task, TaskParams
+from workbench.results import VALIDATION
+from workbench.tasks import Example, Task, TaskParams
 
 # Plain-file stdlib modules present in CPython 3.10 to 3.13 (~1.1 MB train, ~0.1 MB valid).
 TRAIN_FILES = (

@@ -15,8 +15,8 @@ import torch
 from torch import Tensor
 
 from workbench import build_model, hookimpl, registry
-from workbench.cache import KVCache
-from workbench.model import EncoderDecoderModel, Positions, Transformer
+from workbench.model.cache import KVCache
+from workbench.model.transformer import EncoderDecoderModel, Positions, Transformer
 from workbench.registry import variants
 
 FAMILIES = ("encoder", "decoder", "encoder_decoder")

@@ -7,23 +7,28 @@ an import placed in a function still makes the importing module depend on the ot
 from __future__ import annotations
 
 import ast
+import tomllib
 from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parents[1] / "workbench"
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "workbench"
 
-# Lowest first. A module may import its own layer and the ones below it.
+# Lowest first. A module may import its own layer and the ones below it. Each layer between the
+# two ends is one folder (a package) of workbench/; the foundation below and the interface above
+# are modules in workbench/ itself.
 LAYERS = {
-    "foundation": ["errors", "variants", "hookspecs", "registry", "results", "kinds", "stopping", "sampling",
-                   "cache", "hardware"],
-    "model": ["attention", "ffn", "norm", "position", "spec", "tasks", "model", "weights"],
-    "cost": ["cost"],  # measure, memory, fit
-    "study": ["study", "sweep", "tuning"],
-    "run": ["run"],  # runner, executor, executor_ray, train, store, scaling
-    "report": ["report"],
+    "foundation": ["errors", "variants", "hookspecs", "registry", "results", "kinds", "stopping", "hardware"],
+    "model": ["model/"],  # transformer, spec, position, attention, norm, ffn, cache, sampling, weights
+    "tasks": ["tasks/"],  # base, metrics, baselines, symbols
+    "cost": ["cost/"],  # measure, memory, fit, budget
+    "study": ["study/"],  # keys, yaml_file, sections, schema, sweep, tuning
+    "run": ["run/"],  # runner, executor, executor_ray, train, store, scaling, ...
+    "report": ["report/"],
     "interface": ["cli", "scaffold", "__init__", "__main__"],
 }
+MAX_LOOSE_MODULES = 12  # modules directly in workbench/: more, and a layer is hiding there
 
 
 def module_name(path: Path) -> str:
@@ -56,11 +61,19 @@ def graph() -> dict[str, set[str]]:
 
 def layer(module: str) -> int:
     parts = module.split(".")
-    short = parts[1] if len(parts) > 1 else "__init__"
+    if len(parts) == 1:
+        short = "__init__"
+    else:
+        short = parts[1] + "/" if (PACKAGE / parts[1]).is_dir() else parts[1]
     for index, names in enumerate(LAYERS.values()):
         if short in names:
             return index
     raise AssertionError(f"{module} is in no layer of tests/test_architecture.py: add it to LAYERS")
+
+
+def folders() -> set[str]:
+    """The packages inside workbench/ (folders with an __init__.py), as LAYERS names them."""
+    return {f"{p.parent.name}/" for p in PACKAGE.glob("*/__init__.py")}
 
 
 def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
@@ -101,6 +114,31 @@ def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
 def test_every_module_has_a_layer():
     for name in modules():
         layer(name)
+
+
+def test_the_layers_are_the_folders():
+    """Each layer between the foundation and the interface is one folder, and every folder is a layer."""
+    named = [name for names in LAYERS.values() for name in names]
+    assert len(named) == len(set(named)), "a name in two layers"
+    assert {name for name in named if name.endswith("/")} == folders()
+    for layer_name, names in LAYERS.items():
+        if layer_name not in ("foundation", "interface"):
+            assert names == [f"{layer_name}/"], f"layer {layer_name} is not its own folder: {names}"
+
+
+def test_few_modules_lie_loose_in_the_package():
+    loose = sorted(p.stem for p in PACKAGE.glob("*.py"))
+    assert len(loose) <= MAX_LOOSE_MODULES, f"{len(loose)} modules in workbench/: {loose}; move some into their layer's folder"
+    assert set(loose) == {name for names in LAYERS.values() for name in names if not name.endswith("/")}
+
+
+def test_every_folder_is_installed():
+    """pyproject.toml lists packages one by one: a folder missing there is left out of a
+    (non-editable) install, and `import workbench.<folder>` fails only for users."""
+    with open(ROOT / "pyproject.toml", "rb") as f:
+        listed = set(tomllib.load(f)["tool"]["setuptools"]["packages"])
+    found = {".".join(p.parent.relative_to(ROOT).parts) for p in PACKAGE.rglob("__init__.py")}
+    assert found - listed == set()
 
 
 def test_no_import_circle():

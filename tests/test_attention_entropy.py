@@ -1,6 +1,6 @@
 """`train.attention_entropy`: the normalised attention entropy recorded at the training length.
 
-The instrument (workbench.model.attention_entropy over record_attention) must read 1 for
+The instrument (workbench.model.transformer.attention_entropy over record_attention) must read 1 for
 uniform attention and 0 for a saturated softmax, count only real rows over their visible keys,
 and show the claim's mechanism (E5): unscaled dot products at large head_dim saturate. The
 option must leave run ids, study hashes, training and the other metrics as they were.
@@ -17,12 +17,12 @@ import torch
 
 from conftest import FAMILIES, TINY_PARAMS, build, choice, registered, tiny_spec, tokens
 from workbench.errors import WorkbenchError
-from workbench.model import CrossAttention, SelfAttention, attention_entropy, record_attention
+from workbench.model.transformer import CrossAttention, SelfAttention, attention_entropy, record_attention
 from workbench.report.train_report import metric_columns, metric_range
 from workbench.run.train import evaluate_lengths, measure_attention_entropy
 from workbench.study import TrainStudy, load_study
-from workbench.sweep import expand
-from workbench.weights import make_task
+from workbench.study.sweep import expand
+from workbench.model.weights import make_task
 
 STUDIES = Path(__file__).resolve().parent.parent / "studies"
 ATTENTION = [*registered("attention"), "unscaled"]  # every plugin, and full attention with scaled: false

@@ -10,7 +10,7 @@ import pytest
 import torch
 from conftest import build, check_greedy_decoding, incremental_logits, tiny_spec, tokens
 
-from workbench.model import SelfAttention
+from workbench.model.transformer import SelfAttention
 from workbench.registry import get_variant
 from workbench_plugins.attention_sparse import random_blocks
 from workbench_plugins.position_alibi import Alibi

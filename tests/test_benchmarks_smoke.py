@@ -28,7 +28,7 @@ def test_mapping_gives_equal_parameter_counts(name):
 @needs_xtransformers
 def test_sliding_window_maps_to_max_attend_past():
     from benchmarks.vs_xtransformers import xtransformers_kwargs
-    from workbench.spec import parse_spec
+    from workbench.model.spec import parse_spec
 
     try:
         spec = parse_spec({**CONFIGS["a: rope+swiglu+pre-rms"], "attention": {"name": "sliding_window", "window": 8}})

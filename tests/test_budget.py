@@ -10,12 +10,12 @@ import torch
 from workbench.cost.budget import StepCost, estimated_steps, sequences_within
 from workbench.cost.measure import Point, measure_point, train_step_flops
 from workbench.errors import WorkbenchError
-from workbench.model import build_model
+from workbench.model.transformer import build_model
 from workbench.run.runner import run_study
 from workbench.run.store import load_curves, load_results
 from workbench.study import load_study
 from workbench.study.sections import TrainConfig
-from workbench.sweep import expand, run_identity
+from workbench.study.sweep import expand, run_identity
 
 from conftest import tiny_spec, tokens
 

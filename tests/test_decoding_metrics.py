@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from workbench.model import build_model
+from workbench.model.transformer import build_model
 from workbench_plugins.task_text_lm import TextLM, TextParams, distinct_n, repetition_n
 
 

@@ -18,14 +18,14 @@ from test_reliability import alive, kill_group
 
 from workbench.cost.budget import count_tokens, step_cost
 from workbench.errors import WorkbenchError
-from workbench.model import build_model
+from workbench.model.transformer import build_model
 from workbench.results import LAST_CHECKPOINT, RESULT_FILE
 from workbench.run.distributed import LOG_FILE, shard
 from workbench.run.folder import WriterLock
 from workbench.run.store import Store, run_dir
 from workbench.study import load_study
-from workbench.sweep import expand
-from workbench.weights import make_task
+from workbench.study.sweep import expand
+from workbench.model.weights import make_task
 
 STUDY = """\
 name: ddp-e2e

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from workbench import build_model
-from workbench.norm import RMSNorm, _RMSNormFunction
+from workbench.model.norm import RMSNorm, _RMSNormFunction
 from workbench_plugins import position_rope
 from workbench_plugins.position_rope import apply_rotation, rotation
 

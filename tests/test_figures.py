@@ -145,7 +145,7 @@ def test_position_pictures_are_named_after_the_scheme_not_the_swept_ffn(tmp_path
     from workbench.report.pictures import ModelPictures
     from workbench.report.variants import Variants
     from workbench.study import load_study
-    from workbench.sweep import expand
+    from workbench.study.sweep import expand
 
     (tmp_path / "s.yaml").write_text(
         "name: ffns\ntask: {name: copy, train_length: 4, n_eval: 8, alphabet_size: 4}\n"

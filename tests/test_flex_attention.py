@@ -9,8 +9,8 @@ import pytest
 import torch
 from test_attention_variants import H, alibi_bias, make
 
-from workbench import attention
-from workbench.attention import block_mask_from_allowed, flex_applies
+from workbench.model import attention
+from workbench.model.attention import block_mask_from_allowed, flex_applies
 
 pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
 VARIANTS = {
@@ -90,7 +90,7 @@ def test_selection_cuda_training_shapes_only(monkeypatch):
 def test_model_positions_are_known_to_count_from_zero_without_reading_them():
     """A model's positions (no padding) are recognised as 0..n-1 from how they were made, so the
     FlexAttention check does not wait for the GPU in every layer; other tensors are read."""
-    from workbench.attention import arange_positions, counts_from_zero
+    from workbench.model.attention import arange_positions, counts_from_zero
 
     assert counts_from_zero(arange_positions(2, 6, "meta"))  # a meta tensor has no values to read
     assert counts_from_zero(torch.arange(6).expand(2, 6))

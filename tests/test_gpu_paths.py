@@ -15,9 +15,9 @@ from workbench import build_model
 from workbench.results import Status
 from workbench.run.train import train_run
 from workbench.study import load_study
-from workbench.sweep import expand
+from workbench.study.sweep import expand
 from workbench.tasks import Tally
-from workbench.weights import make_task
+from workbench.model.weights import make_task
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 

@@ -12,7 +12,7 @@ import yaml
 
 from workbench.run.train import matmul_precision
 from workbench.study import TrainStudy, load_study
-from workbench.sweep import expand, tuning_runs
+from workbench.study.sweep import expand, tuning_runs
 
 ROOT = Path(__file__).resolve().parent.parent
 SHIPPED = sorted((ROOT / "studies").glob("*.yaml"))

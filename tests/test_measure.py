@@ -196,7 +196,7 @@ def test_flex_attention_points_count_block_mask_tiles(attention, monkeypatch):
     Eager FlexAttention on the CPU stands in: the point finishes, its timed calls went through
     FlexAttention, the useful count is the allowed pairs and the executed count the block
     mask's computed 128 x 128 tiles."""
-    from workbench import attention as attention_module
+    from workbench.model import attention as attention_module
     from workbench.cost import measure
 
     monkeypatch.setattr(attention_module, "FLEX_DEVICES", ("cpu",))

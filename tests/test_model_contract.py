@@ -28,8 +28,8 @@ from conftest import (
     tokens,
     train_step,
 )
-from workbench.ffn import MLP, GatedMLP
-from workbench.model import Positions
+from workbench.model.ffn import MLP, GatedMLP
+from workbench.model.transformer import Positions
 from workbench.registry import variants
 
 MODEL_AXES = ("position", "attention", "norm", "ffn")

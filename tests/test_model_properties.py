@@ -25,8 +25,8 @@ from conftest import (
     tiny_spec,
     tokens,
 )
-from workbench.model import Positions, SelfAttention, record_attention
-from workbench.position import INIT_STD
+from workbench.model.transformer import Positions, SelfAttention, record_attention
+from workbench.model.position import INIT_STD
 
 ATTENTION = registered("attention")
 POSITIONS = registered("position")

@@ -13,7 +13,7 @@ from workbench.errors import WorkbenchError
 from workbench.run.runner import check_study
 from workbench.run.store import Store
 from workbench.study import load_study
-from workbench.sweep import expand
+from workbench.study.sweep import expand
 
 STUDY = """\
 name: t

@@ -9,12 +9,12 @@ from conftest import installed_plugin
 from test_report import save_study
 from workbench import registry
 from workbench.errors import WorkbenchError
-from workbench.position import PositionScheme
+from workbench.model.position import PositionScheme
 from workbench.report import ReportSkipWarning, write_report
 from workbench.run.runner import check_providers
 from workbench.run.store import Store
 from workbench.study import load_study
-from workbench.sweep import expand
+from workbench.study.sweep import expand
 from workbench.results import RunResult
 
 STUDY = """\

@@ -19,7 +19,7 @@ from workbench.run.folder import LOCK_FILE, WriterLock
 from workbench.run.runner import run_study
 from workbench.run.store import DB_FILE, Store, load_results
 from workbench.study import load_study
-from workbench.sweep import expand
+from workbench.study.sweep import expand
 
 STUDY = """\
 name: tiny-received

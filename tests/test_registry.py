@@ -19,7 +19,7 @@ import pytest
 from conftest import installed_plugin
 
 from workbench import hookimpl, hookspecs, registry
-from workbench.position import PositionScheme
+from workbench.model.position import PositionScheme
 from workbench.variants import AXES
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -26,8 +26,8 @@ from workbench.run.store import Store, run_dir
 from workbench.study import load_study
 from workbench.study.keys import canonical_json
 from workbench.results import FINAL_WEIGHTS, RunConfig, RunResult
-from workbench.sweep import expand
-from workbench.weights import save_final_weights
+from workbench.study.sweep import expand
+from workbench.model.weights import save_final_weights
 
 TRAIN_STUDY_QUESTION = "Does ALiBi extrapolate? <script>alert('x')</script> & more"
 TRAIN_STUDY = """

@@ -18,7 +18,7 @@ import pytest
 from workbench.run.scaling import measurement_runs
 from workbench.study import TrainStudy, load_study
 from workbench.study.keys import label
-from workbench.sweep import expand, point_key, tuning_runs
+from workbench.study.sweep import expand, point_key, tuning_runs
 
 FROZEN = Path(__file__).resolve().parent / "data" / "frozen_studies"
 EXPECTED: dict[str, dict[str, Any]] = json.loads((FROZEN / "run_ids.json").read_text())

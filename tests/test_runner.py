@@ -23,10 +23,10 @@ from workbench.errors import WorkbenchError
 from workbench.run.runner import check_study, run_study
 from workbench.run.store import DB_FILE, Store, load_curves, load_results, run_dir
 from workbench.study import load_study
-from workbench.sweep import expand
+from workbench.study.sweep import expand
 from workbench.results import LAST_CHECKPOINT, RESULT_FILE, Status
 from workbench.run.train import PeakMemory, RunModule, StepBatches, evaluate_lengths, train_run
-from workbench.weights import load_final_model, make_task
+from workbench.model.weights import load_final_model, make_task
 
 STUDY = """\
 name: tiny-e2e

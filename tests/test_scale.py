@@ -19,7 +19,7 @@ from workbench.report.ladder import cross_scale_line
 from workbench.results import RunResult
 from workbench.run.store import Store
 from workbench.study import load_study
-from workbench.sweep import expand
+from workbench.study.sweep import expand
 
 from test_report import parse, save_study
 

@@ -77,7 +77,7 @@ def test_an_adaptive_study_adds_seeds_only_to_groups_of_undecided_comparisons(tm
     from workbench.run.runner import run_study
     from workbench.run.store import load_results
     from workbench.study import load_study
-    from workbench.sweep import expand
+    from workbench.study.sweep import expand
 
     plain, adaptive = tmp_path / "plain.yaml", tmp_path / "adaptive.yaml"
     plain.write_text(ADAPTIVE.replace("SEEDS", "[0, 1]"))

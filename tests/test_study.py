@@ -17,7 +17,7 @@ from click.testing import CliRunner
 
 from workbench.cli import main
 from workbench.study import load_study
-from workbench.sweep import expand, tuning_runs
+from workbench.study.sweep import expand, tuning_runs
 
 STUDIES = Path(__file__).resolve().parent.parent / "studies"
 

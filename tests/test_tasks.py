@@ -9,8 +9,8 @@ import pytest
 import torch
 from torch import nn
 
-from workbench.model import build_model
-from workbench.position import PositionLimitError
+from workbench.model.transformer import build_model
+from workbench.model.position import PositionLimitError
 from workbench.registry import variants
 from workbench.tasks import IGNORE, Tally
 

@@ -14,7 +14,7 @@ from workbench.cli import main
 from workbench.errors import WorkbenchError
 from workbench.run.train import check_packages, make_optimizer, train_run
 from workbench.study import load_study
-from workbench.sweep import expand
+from workbench.study.sweep import expand
 
 TRAIN_LINE = "train: {steps: 20, batch_size: 8}"
 

@@ -11,7 +11,7 @@ def __getattr__(name: str):
     if name == "build_model":
         # torch loads with the model, on first use: `workbench` installs its stop handler before
         # that (a Ctrl-C during start-up is a clean stop, workbench.stopping)
-        from workbench.model import build_model
+        from workbench.model.transformer import build_model
 
         return build_model
     raise AttributeError(f"module 'workbench' has no attribute {name!r}")

@@ -45,7 +45,7 @@ PROGRESS_FILE = "progress.json"  # a running run's step and loss, for the driver
 # The split a run evaluates on: tuning runs evaluate on validation sets, every other on eval sets.
 EVAL, VALIDATION = "eval", "validation"
 
-# Normalised attention entropy at the training length (workbench.model.attention_entropy),
+# Normalised attention entropy at the training length (workbench.model.transformer.attention_entropy),
 # recorded when a study sets `train.attention_entropy: true`. Descriptive: no better direction.
 ATTENTION_ENTROPY = "attention_entropy"
 DESCRIPTIVE_METRICS = (ATTENTION_ENTROPY,)

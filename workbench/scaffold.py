@@ -32,7 +32,7 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
-from workbench.position import INIT_STD, PositionScheme
+from workbench.model.position import INIT_STD, PositionScheme
 from workbench.variants import Params
 ''', '''\
     scale: float = Field(INIT_STD, gt=0, description="multiplies the encoding added to the embeddings; the "
@@ -52,7 +52,7 @@ from workbench.variants import Params
     "attention": ('''\
 from pydantic import Field
 
-from workbench.attention import AttentionParams, AttentionVariant
+from workbench.model.attention import AttentionParams, AttentionVariant
 ''', '''\
     temperature: float = Field(1.0, gt=0, description="divides the scores before the softmax (1: standard attention)")
 ''', '''\
@@ -70,7 +70,7 @@ from collections.abc import Callable
 from pydantic import Field
 from torch import Tensor
 
-from workbench.norm import NormParams, NormPlacement
+from workbench.model.norm import NormParams, NormPlacement
 ''', '''\
     residual_scale: float = Field(1.0, gt=0, description="multiplies the sublayer's output before the residual add")
 ''', '''\
@@ -86,7 +86,7 @@ from typing import Literal
 from pydantic import Field
 from torch import Tensor, nn
 
-from workbench.ffn import FeedForward, FFNParams
+from workbench.model.ffn import FeedForward, FFNParams
 ''', '''\
     activation: Literal["relu", "gelu", "silu"] = Field("gelu", description="nonlinearity between the two layers")
 ''', '''\

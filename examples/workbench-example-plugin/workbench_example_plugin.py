@@ -14,7 +14,7 @@ from pydantic import Field
 from torch import Tensor, nn
 
 from workbench import hookimpl
-from workbench.position import PositionScheme
+from workbench.model.position import PositionScheme
 from workbench.variants import Params
 
 

@@ -45,7 +45,7 @@ import pandas as pd
 from scipy import stats
 
 from workbench.results import Status
-from workbench.spec import ModelSpec, parse_spec
+from workbench.model.spec import ModelSpec, parse_spec
 
 
 @dataclass(frozen=True)

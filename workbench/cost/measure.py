@@ -64,16 +64,16 @@ from pydantic import BaseModel, ConfigDict, Field
 from torch import Tensor, nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from workbench.attention import FLEX_BLOCK, AttentionVariant, arange_positions, flex_disabled, flex_eligible
-from workbench.cache import KVCache
-from workbench.ffn import FeedForward
+from workbench.model.attention import FLEX_BLOCK, AttentionVariant, arange_positions, flex_disabled, flex_eligible
+from workbench.model.cache import KVCache
+from workbench.model.ffn import FeedForward
 from workbench.hardware import machine_load
 from workbench.cost.memory import INSTRUMENT as TENSOR_BYTES_INSTRUMENT
 from workbench.cost.memory import peak_tensor_bytes
-from workbench.model import Block, CrossAttention, DecoderModel, Positions, SelfAttention, build_model
+from workbench.model.transformer import Block, CrossAttention, DecoderModel, Positions, SelfAttention, build_model
 from workbench.registry import get_variant, plugin_manager
 from workbench.results import Status
-from workbench.spec import ModelSpec, parse_spec
+from workbench.model.spec import ModelSpec, parse_spec
 
 Scope = Literal["attention", "layer", "block", "model"]
 Mode = Literal["forward", "train_step", "decode"]

@@ -35,7 +35,7 @@ from workbench.report.index import write_summary
 from workbench.report.pictures import ModelPictures
 from workbench.report.train_report import TrainInputs, TrainReport
 from workbench.results import flatten
-from workbench.spec import VARIANT_AXES
+from workbench.model.spec import VARIANT_AXES
 from workbench.study import RUN_MEASURES, STORED, TrainStudy, unwrap
 from workbench.study.keys import get_dotted, label
 from workbench.study.yaml_file import suggest

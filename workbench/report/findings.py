@@ -36,7 +36,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from workbench.errors import SpecError, WorkbenchError, unknown_name
 from workbench.report.document import fmt, fmt_interval, fmt_signed_interval
 from workbench.report.render import md_cell
-from workbench.spec import spec_error_from
+from workbench.model.spec import spec_error_from
 from workbench.study.keys import point_labels
 from workbench.study.yaml_file import LineMap, StudyError, read_yaml, suggest
 

@@ -29,12 +29,12 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from workbench.model import record_attention
-from workbench.position import PositionScheme
+from workbench.model.transformer import record_attention
+from workbench.model.position import PositionScheme
 from workbench.report import figures
 from workbench.report.document import Figure, Item, Paragraph, Table, fmt
 from workbench.report.variants import Variants
-from workbench.weights import load_final_model, make_task
+from workbench.model.weights import load_final_model, make_task
 
 # Referring words whose attention row is drawn when a sample contains them.
 FOCUS_TOKENS = ("它", "it")
@@ -97,7 +97,7 @@ class ModelPictures:
     """Callable given to the training report: (variants, finished runs, report folder) -> items.
 
     `run_dir` maps a run id to its folder; `load` returns (model, config) from a run folder
-    and `make_task` a task from a run config (workbench.weights' functions by default)."""
+    and `make_task` a task from a run config (workbench.model.weights' functions by default)."""
 
     def __init__(self, run_dir: Callable[[str], Path], load: Callable[[Path], tuple[Any, dict]] = load_final_model,
                  make_task: Callable[[dict], Any] = make_task):

@@ -22,10 +22,10 @@ from scipy import stats as st
 from workbench.cost import fit
 
 from workbench.run import store
-from workbench.attention import AttentionVariant
+from workbench.model.attention import AttentionVariant
 from workbench.report import merged_environment, reproduce_command, timing_caveat
 from workbench.results import Status
-from workbench.spec import parse_spec
+from workbench.model.spec import parse_spec
 from workbench.report import figures
 from workbench.report.document import (
     Code,

@@ -63,9 +63,9 @@ from workbench.report.compute_curves import AXIS_LABELS, against, to_target_by_r
 from workbench.results import ATTENTION_ENTROPY, DESCRIPTIVE_METRICS, FAILURE_SHARE, FAILURES, KEPT, PROGRESS, TO_TARGET, Status
 from workbench.study import RUN_MEASURES
 from workbench.study.keys import label, point_labels
-from workbench.sweep import point_key, resolve_point
+from workbench.study.sweep import point_key, resolve_point
 from workbench.tasks import METRIC_RANGES
-from workbench.tuning import PointTuning
+from workbench.study.tuning import PointTuning
 
 
 # Run measures shown next to each leaderboard (column in the store -> heading, formatter).

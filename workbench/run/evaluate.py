@@ -13,7 +13,7 @@ from pydantic import ValidationError
 from workbench.errors import WorkbenchError
 from workbench.results import FINAL_WEIGHTS
 from workbench.run.train import evaluate_lengths
-from workbench.weights import load_final_model, make_task
+from workbench.model.weights import load_final_model, make_task
 
 
 def evaluate_saved_run(run_dir: str | Path, lengths: list[int], batch_size: int | None = None

@@ -33,7 +33,7 @@ from workbench.errors import SpecError
 from workbench.run.executor import Executor, Job
 from workbench.cost.measure import Mode, Point, Scope, resolve_device, run_points
 from workbench.results import RunConfig, RunResult, Status
-from workbench.spec import parse_spec
+from workbench.model.spec import parse_spec
 from workbench.study import StudyBase, check_key
 from workbench.study.keys import digest, label, set_dotted
 from workbench.study.sections import SWEEP_JSON_SCHEMA, Sweep

@@ -52,15 +52,15 @@ from workbench.hardware import Machine, machine_load, train_needs
 from workbench.cost.budget import BUDGET_STEP_CAP, StepCost, count_tokens, sequences_within, step_cost
 from workbench.cost.measure import counted_forward
 from workbench.cost.memory import LiveTensorBytes
-from workbench.model import Transformer, attention_entropy, build_model, record_attention
-from workbench.position import PositionLimitError
+from workbench.model.transformer import Transformer, attention_entropy, build_model, record_attention
+from workbench.model.position import PositionLimitError
 from workbench.registry import run_providers
 from workbench.results import CONFIG_FILE, FINAL_WEIGHTS, LAST_CHECKPOINT, PROGRESS_FILE, RESULT_FILE
 from workbench.results import ATTENTION_ENTROPY, PROGRESS, PROGRESS_MEASURES, RunResult, Status
 from workbench.results import write_json_atomic, write_text_atomic
 from workbench.run.distributed import lightning_strategy, needs_processes, rank_zero, shard, train_in_processes
 from workbench.run.tracking import TrackerRun, check_logger, close_logger, make_logger
-from workbench.weights import make_task, refuse_or_explain, save_final_weights
+from workbench.model.weights import make_task, refuse_or_explain, save_final_weights
 
 
 def quiet_lightning() -> None:

@@ -1,9 +1,11 @@
-"""Study files: the study classes, their cross-field checks, and loading.
+"""Study files: the study classes, their cross-field checks, and loading; a study's runs.
 
     keys.py       dotted keys, value labels, hashing (run ids, study hashes)
     yaml_file.py  YAML with a line map, size limits, profiles and `--set`, error hints
     sections.py   the `train:`, `expect:`, `sweep:` and `tune:` sections
     schema.py     the JSON Schema of study files
+    sweep.py      a study -> its runs, each validated (run ids)
+    tuning.py     each sweep point's chosen training values (`tune:`)
 
 A study names a task, a model, a training budget and the seeds, and sweeps dotted keys:
 
@@ -16,7 +18,7 @@ path, problem and valid choices:
 
     YAML text --SafeLoader compose--> node tree (key -> line) + plain data
               --profile overrides--> data --pydantic (Study kind)--> validated study
-    `workbench.sweep.expand` then validates every run's model spec.
+    `workbench.study.sweep.expand` then validates every run's model spec.
 
 The `kind` field selects the study class through the study-kind registry (workbench.kinds);
 a new kind is a StudyBase subclass with its own section plus a StudyKind that runs and reports it.
@@ -38,7 +40,7 @@ from workbench import kinds
 from workbench.errors import SpecError
 from workbench.registry import get_variant, variants
 from workbench.results import DESCRIPTIVE_METRICS, FAILURE_SHARE, TO_TARGET
-from workbench.spec import VARIANT_AXES, ModelSpec, resolve_choice, spec_error_from
+from workbench.model.spec import VARIANT_AXES, ModelSpec, resolve_choice, spec_error_from
 from workbench.study.keys import digest, label
 from workbench.study.schema import study_json_schema
 from workbench.study.sections import (BUDGET_KINDS, SEEDS_JSON_SCHEMA, SWEEP_JSON_SCHEMA, TUNE_JSON_SCHEMA, Expectation,

@@ -7,7 +7,7 @@ from typing import Any
 
 from workbench import kinds
 from workbench.registry import variants
-from workbench.spec import VARIANT_AXES, ModelSpec
+from workbench.model.spec import VARIANT_AXES, ModelSpec
 
 
 def variant_json_schema(axis: str) -> dict[str, Any]:

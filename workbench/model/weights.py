@@ -21,7 +21,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from workbench.errors import WorkbenchError
-from workbench.model import Transformer, build_model
+from workbench.model.transformer import Transformer, build_model
 from workbench.registry import get_variant
 from workbench.results import FINAL_WEIGHTS, OLD_FINAL_WEIGHTS
 

@@ -9,7 +9,7 @@ rate, not the variant. Each point is compared at its own best value instead.
     stage 1  tuning runs  (sweep.tuning_runs) every point x every candidate x `seeds` seeds
              past every final seed (a reported seed never chose its own value): trained like
              any run, scored on validation sets that are disjoint from their training data
-             and from the evaluation sets (workbench.tasks)
+             and from the evaluation sets (workbench.tasks.base)
     choose   (choose)     per point, the candidate with the best mean metric over its tuning
              runs, in the metric's direction; a candidate with a diverged run, or without a
              finite metric, is not eligible; ties go to the candidate listed first
@@ -38,7 +38,7 @@ from workbench.registry import get_variant
 from workbench.study import TrainStudy
 from workbench.study.keys import get_dotted, label
 from workbench.results import KEPT, TUNE, Status, run_stage
-from workbench.sweep import point_key
+from workbench.study.sweep import point_key
 
 
 

@@ -1,4 +1,4 @@
-"""Tasks: the data, vocabulary and metrics a study trains and evaluates on (the fifth axis).
+"""The `Task` base: the data, vocabulary and scoring of every task a study trains and evaluates on.
 
 A task generates `Example`s (a source and a target sequence of token ids) from a seeded
 random stream, and formats them for the model family that trains on them:
@@ -29,10 +29,7 @@ picks was chosen on data disjoint from what it trained on and from what the stud
 
 from __future__ import annotations
 
-import functools
-import math
 import pathlib
-import string
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -41,35 +38,21 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from pydantic import Field, model_validator
-from scipy.stats import entropy
 from torch import Tensor
 
 from workbench.errors import SpecError, WorkbenchError
 # What a run evaluates on: the evaluation sets, or (a tuning run) the validation sets.
-from workbench.results import ATTENTION_ENTROPY, EVAL, VALIDATION
+from workbench.results import EVAL, VALIDATION
+from workbench.tasks.baselines import INPUT_IGNORING, counted_blind_scores
+from workbench.tasks.metrics import METRIC_RANGES, Tally
 from workbench.variants import Params, Variant
 
 FAMILIES = ("decoder", "encoder_decoder", "encoder")
 IGNORE = -100  # label of an encoder position that is not scored (torch's cross_entropy default)
 SPECIALS = ("<pad>", "<bos>", "<eos>", "<sep>")  # ids 0..3 in every built-in vocabulary
 
-# The baseline every task has: a predictor that ignores the input (`Task.chance`).
-INPUT_IGNORING = "input-ignoring"
-PREFIX_AWARE = "prefix-aware"  # reads the teacher-forced answer prefix, not the input
-ORDER_BLIND = "order-blind"  # knows which symbols the input holds, not their order
-BASELINE_STRINGS = 50_000  # Monte Carlo strings per baseline, drawn from a fixed seed
-BASELINE_SEED = 20_221  # so a baseline is the same number in every report
-
 # Seed streams: training and each held-out set draw from disjoint numpy SeedSequences.
 TRAIN_STREAM, EVAL_STREAM, SAMPLE_STREAM, VALID_STREAM = 0, 1, 2, 3
-
-# (lowest, highest) value of each built-in metric: reports keep intervals inside this range,
-# and the better end is the perfect score that the learned-at-all margin is measured towards.
-METRIC_RANGES: dict[str, tuple[float, float]] = {
-    "accuracy": (0.0, 1.0), "exact_match": (0.0, 1.0), "loss": (0.0, math.inf), "bleu": (0.0, 100.0),
-    "bpc": (0.0, math.inf), "perplexity": (1.0, math.inf), "distinct_2": (0.0, 1.0), "repetition_4": (0.0, 1.0),
-    "symbol_accuracy": (0.0, 1.0), ATTENTION_ENTROPY: (0.0, 1.0),
-}
 
 
 class TaskParams(Params):
@@ -86,6 +69,18 @@ class TaskParams(Params):
         return self
 
 
+class LengthRangeParams(TaskParams):
+    """Parameters of tasks whose training examples range over [min_length, train_length]."""
+
+    min_length: int = Field(1, gt=0, description="shortest training example")
+
+    @model_validator(mode="after")
+    def _range(self):
+        if self.min_length > self.train_length:
+            raise ValueError(f"min_length {self.min_length} exceeds train_length {self.train_length}")
+        return self
+
+
 @dataclass(frozen=True)
 class Example:
     """One generated example before family formatting (token ids, no specials)."""
@@ -93,41 +88,6 @@ class Example:
     source: tuple[int, ...]
     target: tuple[int, ...]
     meta: dict[str, Any] = field(default_factory=dict, compare=False)
-
-
-@dataclass
-class Tally:
-    """Sums over an evaluation set, so metrics weight every token / row equally. The sums stay
-    on the model's device until `scores` (one wait for a GPU per evaluation, not one per sum
-    and batch)."""
-
-    eos_id: int | None = None  # symbol_accuracy leaves out targets equal to it
-    _nll: list[Tensor] = field(default_factory=list)  # per batch: summed NLL (nats) over target tokens
-    _counts: list[Tensor] = field(default_factory=list)  # per batch: COUNTS, in that order
-
-    # target tokens; of them right under teacher forcing; targets other than <eos>; of them
-    # right; rows with a target; of them rows whose every target token is right
-    COUNTS = ("tokens", "correct", "symbols", "symbols_correct", "rows", "exact")
-
-    def add(self, logits: Tensor, targets: Tensor, mask: Tensor) -> None:
-        nll = F.cross_entropy(logits.transpose(1, 2).float(), targets.clamp(min=0), reduction="none")
-        right = (logits.argmax(-1) == targets) | ~mask
-        symbols = mask & (targets != self.eos_id) if self.eos_id is not None else mask
-        scored_rows = mask.any(-1)
-        self._nll.append((nll * mask).sum())
-        self._counts.append(torch.stack([mask.sum(), (right & mask).sum(), symbols.sum(), (right & symbols).sum(),
-                                         scored_rows.sum(), (right.all(-1) & scored_rows).sum()]))
-
-    def scores(self) -> dict[str, float]:
-        nll = sum(float(x) for x in torch.stack(self._nll).cpu()) if self._nll else 0.0
-        counts = dict(zip(self.COUNTS, torch.stack(self._counts).sum(0).tolist() if self._counts else [0] * 6))
-        ratio = lambda a, b: a / b if b else math.nan  # noqa: E731
-        return {
-            "loss": ratio(nll, counts["tokens"]),
-            "accuracy": ratio(counts["correct"], counts["tokens"]),
-            "exact_match": ratio(counts["exact"], counts["rows"]),
-            "symbol_accuracy": ratio(counts["symbols_correct"], counts["symbols"]),
-        }
 
 
 def length_window(length: int, train_length: int, min_length: int, training: bool) -> tuple[int, int]:
@@ -420,17 +380,7 @@ class Task(Variant):
         held-out set itself (a plug-in estimate: slightly optimistic for accuracy, slightly low
         for loss, so the gate errs towards "did not learn"); tasks with a closed form override it.
         """
-        rows = self.scored_targets(self.eval_examples(length), family)
-        by_position: dict[int, dict[int, int]] = {}
-        for row in rows:
-            for k, token in enumerate(row):
-                counts = by_position.setdefault(k, {})
-                counts[token] = counts.get(token, 0) + 1
-        wholes: dict[tuple[int, ...], int] = {}
-        for row in rows:
-            wholes[tuple(row)] = wholes.get(tuple(row), 0) + 1
-        positions = [(sum(c.values()), np.array(list(c.values()), dtype=float)) for c in by_position.values()]
-        scores = blind_scores(positions, max(wholes.values()) / len(rows))
+        scores = counted_blind_scores(self.scored_targets(self.eval_examples(length), family))
         return {name: scores[name] for name in [*self.metrics, "loss"] if name in scores}
 
     def baselines(self, family: str, length: int) -> dict[str, dict[str, float]]:
@@ -497,150 +447,3 @@ class Task(Variant):
                 for key, value in batch.items() if key in ("tokens", "src", "tgt")
             }
         return out
-
-
-def blind_scores(positions: Sequence[tuple[float, np.ndarray]], exact_match: float) -> dict[str, float]:
-    """accuracy and loss of a predictor that outputs, at each scored position, the target's
-    distribution there: `positions` holds (weight, probabilities or counts) per position
-    (weight: scored tokens there); `exact_match` is its chance to get a whole row right."""
-    weights = np.array([w for w, _ in positions], dtype=float)
-    top = np.array([p.max() / p.sum() for _, p in positions])
-    entropies = np.array([entropy(p) for _, p in positions])
-    return {"accuracy": float(weights @ top / weights.sum()), "exact_match": float(exact_match),
-            "loss": float(weights @ entropies / weights.sum())}
-
-
-# ---- copy / reverse / sort ------------------------------------------------------------------
-
-
-def symbol_names(n: int) -> list[str]:
-    """Readable names for an alphabet: a..z, A..Z, 0..9, then s62, s63, ..."""
-    base = string.ascii_lowercase + string.ascii_uppercase + string.digits
-    return [base[i] if i < len(base) else f"s{i}" for i in range(n)]
-
-
-class LengthRangeParams(TaskParams):
-    """Parameters of tasks whose training examples range over [min_length, train_length]."""
-
-    min_length: int = Field(1, gt=0, description="shortest training example")
-
-    @model_validator(mode="after")
-    def _range(self):
-        if self.min_length > self.train_length:
-            raise ValueError(f"min_length {self.min_length} exceeds train_length {self.train_length}")
-        return self
-
-
-class SymbolParams(LengthRangeParams):
-    train_length: int = Field(16, gt=0, description="longest training string; eval strings have exactly each eval length")
-    min_length: int = Field(1, gt=0, description="shortest training string")
-    alphabet_size: int = Field(16, ge=2, le=1024, description="distinct symbols")
-
-
-class SymbolTask(Task):
-    """Base of copy / reverse / sort: the target is a fixed function of a random symbol string.
-
-    Families: decoder (string <sep> answer), encoder_decoder, and encoder with per-token
-    labels (label i = answer[i]) for reverse and sort, which need reads across the whole
-    string, as a bidirectional encoder has. Copy has no encoder form: a tied-embedding
-    encoder solves the identity map before any training.
-
-    `symbol_accuracy` scores the answer's symbols only: the <eos> that decoder and
-    encoder-decoder rows also predict is left out, so every family is scored on the same
-    tokens (an encoder's per-token labels hold no <eos>, and its `accuracy` equals this one).
-    """
-
-    Params = SymbolParams
-    metrics: ClassVar[dict[str, bool]] = {**Task.metrics, "symbol_accuracy": True}
-
-    def __init__(self, params: SymbolParams, **kw):
-        super().__init__(params, **kw)
-        self._set_vocab(symbol_names(params.alphabet_size))
-        self.first_symbol = len(SPECIALS)
-
-    def transform(self, symbols: list[int]) -> list[int]:
-        raise NotImplementedError
-
-    def example(self, rng, length, training):
-        n = int(rng.integers(self.params.min_length, length + 1)) if training else length
-        symbols = (rng.integers(0, self.params.alphabet_size, n) + self.first_symbol).tolist()
-        return Example(tuple(symbols), tuple(self.transform(symbols)))
-
-    def chance(self, family, length):
-        """The blind predictor of `symbol_chance` on the answer's symbols, plus the <eos> a
-        family also scores, which is always right (and left out of symbol_accuracy)."""
-        symbols, exact = self.symbol_chance(length)
-        scores = blind_scores(symbols + [(1.0, np.ones(1))] * self.always_predictable(family), exact)
-        return scores | {"symbol_accuracy": blind_scores(symbols, exact)["accuracy"]}
-
-    def symbol_chance(self, length: int) -> tuple[list[tuple[float, np.ndarray]], float]:
-        """Closed form: an evaluation string holds `length` symbols drawn uniformly from the
-        alphabet (A), so a blind predictor gets each answer symbol right with probability 1/A
-        (loss ln A) and the whole string with A^-length. Returns the per-position target
-        distributions (as `blind_scores` takes them) and the whole-row chance."""
-        a = self.params.alphabet_size
-        return [(1.0, np.full(a, 1.0 / a))] * length, float(a) ** -length
-
-    # ---- baselines beyond chance --------------------------------------------------------------
-
-    order_blind: ClassVar[bool] = False  # the task is about order: knowing the symbols is not enough
-
-    def baselines(self, family, length):
-        """Input-ignoring (chance); prefix-aware where the model reads the answer's prefix
-        (decoder, encoder-decoder); order-blind for tasks about order (copy, reverse)."""
-        out = super().baselines(family, length)
-        if family != "encoder":
-            out[PREFIX_AWARE] = symbol_baseline(type(self), PREFIX_AWARE, self.params.alphabet_size, length,
-                                                self.always_predictable(family))
-        if self.order_blind:
-            crossed_off = family != "encoder"  # an encoder's labels come without the answer's prefix
-            out[ORDER_BLIND] = symbol_baseline(type(self), ORDER_BLIND if crossed_off else f"{ORDER_BLIND} (encoder)",
-                                               self.params.alphabet_size, length, self.always_predictable(family))
-        return out
-
-    def prefix_probs(self, answers: np.ndarray) -> np.ndarray:
-        """[S, n, A]: the distribution a predictor that reads only the answer's prefix (and
-        knows the length) puts on each answer symbol. The symbols are independent draws, so
-        the prefix tells nothing: uniform. Tasks whose answer has structure override it."""
-        s, n = answers.shape
-        return np.full((s, n, self.params.alphabet_size), 1.0 / self.params.alphabet_size)
-
-    @staticmethod
-    def order_blind_probs(sources: np.ndarray, answers: np.ndarray, alphabet: int, crossed_off: bool) -> np.ndarray:
-        """[S, n, A]: a predictor that knows the input's symbols but not their order puts on
-        each answer position the share of each symbol among those not yet emitted (crossed
-        off as the teacher-forced prefix shows them); without a prefix (encoder), the share
-        among all of them."""
-        total = np.eye(alphabet)[sources].sum(1)  # [S, A]
-        if not crossed_off:
-            return np.repeat((total / sources.shape[1])[:, None], answers.shape[1], 1)
-        emitted = np.cumsum(np.eye(alphabet)[answers], 1) - np.eye(alphabet)[answers]  # [S, n, A] before k
-        remaining = total[:, None] - emitted
-        return remaining / remaining.sum(-1, keepdims=True)
-
-
-@functools.cache
-def symbol_baseline(cls: type[SymbolTask], name: str, alphabet: int, length: int, eos: int) -> dict[str, float]:
-    """Scores of one baseline of a symbol task by Monte Carlo over BASELINE_STRINGS strings
-    of `length` symbols (fixed seed, cached): accuracy is the expected share right (the
-    probability of the predictor's best guess at each position), loss its cross-entropy on
-    the true symbol, exact match the share of strings whose every best guess is right;
-    `eos` scored tokens per row (the <eos>) are always right."""
-    rng = np.random.default_rng(BASELINE_SEED)
-    task = cls(cls.Params.model_validate({"train_length": length, "alphabet_size": alphabet}), seed=0)
-    best, nll, exact, rows = 0.0, 0.0, 0, 0
-    for start in range(0, BASELINE_STRINGS, 5000):  # in chunks: [S, n, A] stays small at long lengths
-        sources = rng.integers(0, alphabet, (min(5000, BASELINE_STRINGS - start), length))
-        answers = np.array([task.transform(list(row)) for row in sources])
-        if name == PREFIX_AWARE:
-            probs = task.prefix_probs(answers)
-        else:
-            probs = SymbolTask.order_blind_probs(sources, answers, alphabet, crossed_off=name == ORDER_BLIND)
-        truth = np.take_along_axis(probs, answers[..., None], -1)[..., 0]  # [S, n]
-        best += float(probs.max(-1).sum())
-        nll -= float(np.log(np.maximum(truth, 1e-300)).sum())
-        exact += int((probs.argmax(-1) == answers).all(-1).sum())
-        rows += len(sources)
-    symbols = rows * length
-    return {"accuracy": (best + rows * eos) / (symbols + rows * eos), "symbol_accuracy": best / symbols,
-            "exact_match": exact / rows, "loss": nll / (symbols + rows * eos)}

@@ -22,12 +22,12 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from workbench.attention import arange_positions
-from workbench.cache import KVCache, LayerCache
-from workbench.position import INIT_STD
+from workbench.model.attention import arange_positions
+from workbench.model.cache import KVCache, LayerCache
+from workbench.model.position import INIT_STD
 from workbench.registry import get_variant
-from workbench.sampling import GenerationConfig, next_token
-from workbench.spec import ModelSpec, parse_spec
+from workbench.model.sampling import GenerationConfig, next_token
+from workbench.model.spec import ModelSpec, parse_spec
 
 
 @dataclass

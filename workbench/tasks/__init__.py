@@ -1,0 +1,33 @@
+"""Tasks, the fifth axis: the data, vocabulary and metrics a study trains and evaluates on.
+
+    base.py       the `Task` base: seeded examples, family formatting, loss, evaluation
+    metrics.py    each metric's range, and the sums an evaluation adds up (`Tally`)
+    baselines.py  predictors that cannot solve a task, scored as a model is
+    symbols.py    the symbol tasks' base (copy, reverse, sort) and their baselines
+
+A task plugin imports what it needs from here (`from workbench.tasks import Task`).
+"""
+
+from workbench.tasks.base import (
+    FAMILIES,
+    IGNORE,
+    SPECIALS,
+    Example,
+    LengthRangeParams,
+    Task,
+    TaskParams,
+    draw_within,
+    length_window,
+    pad,
+    real,
+    rng_for,
+)
+from workbench.tasks.baselines import INPUT_IGNORING, ORDER_BLIND, PREFIX_AWARE, blind_scores
+from workbench.tasks.metrics import METRIC_RANGES, Tally
+from workbench.tasks.symbols import SymbolParams, SymbolTask, symbol_names
+
+__all__ = [
+    "FAMILIES", "IGNORE", "INPUT_IGNORING", "METRIC_RANGES", "ORDER_BLIND", "PREFIX_AWARE", "SPECIALS", "Example",
+    "LengthRangeParams", "SymbolParams", "SymbolTask", "Tally", "Task", "TaskParams", "blind_scores", "draw_within",
+    "length_window", "pad", "real", "rng_for", "symbol_names",
+]

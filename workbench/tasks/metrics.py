@@ -1,0 +1,56 @@
+"""What a task's evaluation scores: each metric's range, and the sums a teacher-forced
+evaluation adds up (`Task.evaluate`)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from workbench.results import ATTENTION_ENTROPY
+
+# (lowest, highest) value of each built-in metric: reports keep intervals inside this range,
+# and the better end is the perfect score that the learned-at-all margin is measured towards.
+METRIC_RANGES: dict[str, tuple[float, float]] = {
+    "accuracy": (0.0, 1.0), "exact_match": (0.0, 1.0), "loss": (0.0, math.inf), "bleu": (0.0, 100.0),
+    "bpc": (0.0, math.inf), "perplexity": (1.0, math.inf), "distinct_2": (0.0, 1.0), "repetition_4": (0.0, 1.0),
+    "symbol_accuracy": (0.0, 1.0), ATTENTION_ENTROPY: (0.0, 1.0),
+}
+
+
+@dataclass
+class Tally:
+    """Sums over an evaluation set, so metrics weight every token / row equally. The sums stay
+    on the model's device until `scores` (one wait for a GPU per evaluation, not one per sum
+    and batch)."""
+
+    eos_id: int | None = None  # symbol_accuracy leaves out targets equal to it
+    _nll: list[Tensor] = field(default_factory=list)  # per batch: summed NLL (nats) over target tokens
+    _counts: list[Tensor] = field(default_factory=list)  # per batch: COUNTS, in that order
+
+    # target tokens; of them right under teacher forcing; targets other than <eos>; of them
+    # right; rows with a target; of them rows whose every target token is right
+    COUNTS = ("tokens", "correct", "symbols", "symbols_correct", "rows", "exact")
+
+    def add(self, logits: Tensor, targets: Tensor, mask: Tensor) -> None:
+        nll = F.cross_entropy(logits.transpose(1, 2).float(), targets.clamp(min=0), reduction="none")
+        right = (logits.argmax(-1) == targets) | ~mask
+        symbols = mask & (targets != self.eos_id) if self.eos_id is not None else mask
+        scored_rows = mask.any(-1)
+        self._nll.append((nll * mask).sum())
+        self._counts.append(torch.stack([mask.sum(), (right & mask).sum(), symbols.sum(), (right & symbols).sum(),
+                                         scored_rows.sum(), (right.all(-1) & scored_rows).sum()]))
+
+    def scores(self) -> dict[str, float]:
+        nll = sum(float(x) for x in torch.stack(self._nll).cpu()) if self._nll else 0.0
+        counts = dict(zip(self.COUNTS, torch.stack(self._counts).sum(0).tolist() if self._counts else [0] * 6))
+        ratio = lambda a, b: a / b if b else math.nan  # noqa: E731
+        return {
+            "loss": ratio(nll, counts["tokens"]),
+            "accuracy": ratio(counts["correct"], counts["tokens"]),
+            "exact_match": ratio(counts["exact"], counts["rows"]),
+            "symbol_accuracy": ratio(counts["symbols_correct"], counts["symbols"]),
+        }
