@@ -44,7 +44,7 @@ class TrainKind(StudyKind):
         s = study_file.study
         runs = expand(study_file)
         tuning = tuning_runs(study_file)  # with `tune:`, the final runs exist once each point has chosen
-        from workbench.run.train import check_packages  # Lightning loads with a train study, not the plugins
+        from workbench.run.environment import check_packages  # Lightning loads with a train study, not the plugins
 
         for train in train_sections([*runs, *tuning]):
             check_packages(train)
@@ -213,7 +213,7 @@ def check_devices(study_file: StudyFile, runs: list[RunConfig], machine: Machine
     """Every training setting can run on `machine`, this one or a cluster's (precision,
     accelerator, devices, nodes, logger)."""
     # Lightning loads only when a train study is validated or run, not with the plugins.
-    from workbench.run.train import check_device
+    from workbench.run.environment import check_device
 
     for train in train_sections(runs):
         check_device(train, study_file.source_of, machine)

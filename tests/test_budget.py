@@ -8,7 +8,9 @@ import pytest
 import torch
 
 from workbench.cost.budget import StepCost, estimated_steps, sequences_within
-from workbench.cost.measure import Point, measure_point, train_step_flops
+from workbench.cost.flops import train_step_flops
+from workbench.cost.measure import measure_point
+from workbench.cost.workload import Point
 from workbench.errors import WorkbenchError
 from workbench.model import build_model
 from workbench.run.runner import run_study

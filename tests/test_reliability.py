@@ -23,7 +23,9 @@ from workbench.run.store import DB_FILE, Store, load_results, run_dir
 from workbench.study import load_study
 from workbench.sweep import expand
 from workbench.results import FINAL_WEIGHTS, LAST_CHECKPOINT, RESULT_FILE, Status
-from workbench.run.train import RunModule, StepBatches, train_run
+from workbench.run.batches import StepBatches
+from workbench.run.run_module import RunModule
+from workbench.run.train import train_run
 from workbench.weights import load_final_model
 
 STUDY = """\

@@ -296,7 +296,7 @@ class TrainConfig(BaseModel):
         if self.budget is None:
             steps = self.steps or -(-self.tokens // (self.batch_size * train_length))
         elif self.budget.kind == "seconds":
-            steps = BUDGET_STEP_CAP  # the run stops on time (workbench.run.train)
+            steps = BUDGET_STEP_CAP  # the run stops on time (workbench.run.recording)
         else:
             if cost is None:
                 raise ValueError("a FLOP or token budget needs the run's cost per step")
