@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from workbench.model import build_model
-from workbench.study.sections import TrainConfig
+from workbench.study.train_section import TrainConfig
 from workbench.run.run_module import lr_factor, param_groups
 from workbench.run.train import quiet_lightning, train_run
 from workbench.weights import make_task

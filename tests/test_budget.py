@@ -16,7 +16,7 @@ from workbench.model import build_model
 from workbench.run.runner import run_study
 from workbench.run.store import load_curves, load_results
 from workbench.study import load_study
-from workbench.study.sections import TrainConfig
+from workbench.study.train_section import TrainConfig
 from workbench.sweep import expand, run_identity
 
 from conftest import tiny_spec, tokens

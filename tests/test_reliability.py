@@ -455,7 +455,7 @@ def test_impossible_training_settings_are_refused(tmp_path, line, message):
 def test_the_strategy_names_are_lightnings():
     from pytorch_lightning.strategies import StrategyRegistry
 
-    from workbench.study.sections import LIGHTNING_STRATEGIES
+    from workbench.study.train_section import LIGHTNING_STRATEGIES
 
     firsts = {name.split("_")[0] for name in StrategyRegistry.available_strategies()}
     assert set(LIGHTNING_STRATEGIES) - {"auto"} <= firsts

@@ -58,7 +58,7 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, 
 
 
 def make_optimizer(spec: dict[str, Any], groups: list[dict[str, Any]], lr: float) -> torch.optim.Optimizer:
-    """The optimizer `train.optimizer` names, with its validated arguments (workbench.study.sections)."""
+    """The optimizer `train.optimizer` names, with its validated arguments (workbench.study.train_section)."""
     args = {k: v for k, v in spec.items() if k != "name"}
     if "betas" in args:
         args["betas"] = tuple(args["betas"])
