@@ -133,7 +133,8 @@ class TrainKind(StudyKind):
         from workbench.report import ReportSkipWarning, merged_environment, missing_variants, reproduce_command
         from workbench.report import timing_caveat
         from workbench.report.pictures import ModelPictures
-        from workbench.report.train_report import TrainInputs, TrainReport
+        from workbench.report.train_report import TrainReport
+        from workbench.report.train_runs import TrainInputs
 
         runs = store.load_results(out_dir)
         missing = missing_variants(store.load_run_configs(out_dir))
@@ -180,7 +181,9 @@ def add_seeds(study_file: StudyFile, chosen: dict[str, dict[str, Any]] | None, s
     """Adaptive seeds: after each round, give the groups of comparisons still undecided the
     seeds of the next look (workbench.report.stats.seed_looks), until every comparison is
     decided or its groups reached the plan's maximum."""
-    from workbench.report.train_report import TrainInputs, TrainReport  # the report layer loads only here
+    # The report layer loads only here.
+    from workbench.report.train_report import TrainReport
+    from workbench.report.train_runs import TrainInputs
     from workbench.run.store import load_results
 
     study = study_file.study

@@ -25,7 +25,6 @@ from workbench.cost.memory import INSTRUMENT as TENSOR_BYTES_INSTRUMENT
 from workbench.cost.memory import peak_tensor_bytes
 
 
-
 def _storage_key(t: Tensor) -> tuple[str, int]:
     return str(t.device), t.untyped_storage().data_ptr()
 

@@ -58,7 +58,6 @@ class Point(BaseModel):
     )
 
 
-
 @dataclass
 class Workload:
     """A built module and a zero-argument call that runs the measured computation once."""
