@@ -390,7 +390,8 @@ def scaling_points(setup: Setup) -> dict[str, Any]:
     step (ALiBi with full attention, and the sliding window) at the first attention length, each
     point in a fresh measuring process on CUDA (workbench.cost.measure.run_points): time, the
     two FLOP accountings (FlexAttention's by its block mask's tiles) and peak memory."""
-    from workbench.cost.measure import Point, run_points
+    from workbench.cost.measure import run_points
+    from workbench.cost.workload import Point
 
     s = setup.sizes
     model = {"vocab_size": 256, "d_model": s.attention_heads * 64, "n_heads": s.attention_heads, "n_layers": 1}

@@ -28,8 +28,9 @@ from pathlib import Path
 import torch
 
 from workbench.model.transformer import build_model
-from workbench.study.sections import TrainConfig
-from workbench.run.train import lr_factor, param_groups, quiet_lightning, train_run
+from workbench.study.train_section import TrainConfig
+from workbench.run.run_module import lr_factor, param_groups
+from workbench.run.train import quiet_lightning, train_run
 from workbench.model.weights import make_task
 
 TASK = {"name": "copy", "train_length": 16, "eval_lengths": [16], "n_eval": 64, "alphabet_size": 16,
@@ -90,7 +91,8 @@ t0 = float(sys.argv[1])
 import torch; torch.set_num_threads({threads})
 from workbench.study import load_study
 from workbench.study.sweep import expand
-from workbench.run.train import RunRecorder, train_run
+from workbench.run.recording import RunRecorder
+from workbench.run.train import train_run
 import tempfile, pathlib, os
 def first_step(self, trainer, module):
     print(time.time() - t0, flush=True); os._exit(0)

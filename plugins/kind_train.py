@@ -44,7 +44,7 @@ class TrainKind(StudyKind):
         s = study_file.study
         runs = expand(study_file)
         tuning = tuning_runs(study_file)  # with `tune:`, the final runs exist once each point has chosen
-        from workbench.run.train import check_packages  # Lightning loads with a train study, not the plugins
+        from workbench.run.environment import check_packages  # Lightning loads with a train study, not the plugins
 
         for train in train_sections([*runs, *tuning]):
             check_packages(train)
@@ -133,7 +133,8 @@ class TrainKind(StudyKind):
         from workbench.report import ReportSkipWarning, merged_environment, missing_variants, reproduce_command
         from workbench.report import timing_caveat
         from workbench.report.pictures import ModelPictures
-        from workbench.report.train_report import TrainInputs, TrainReport
+        from workbench.report.train_report import TrainReport
+        from workbench.report.train_runs import TrainInputs
 
         runs = store.load_results(out_dir)
         missing = missing_variants(store.load_run_configs(out_dir))
@@ -180,7 +181,9 @@ def add_seeds(study_file: StudyFile, chosen: dict[str, dict[str, Any]] | None, s
     """Adaptive seeds: after each round, give the groups of comparisons still undecided the
     seeds of the next look (workbench.report.stats.seed_looks), until every comparison is
     decided or its groups reached the plan's maximum."""
-    from workbench.report.train_report import TrainInputs, TrainReport  # the report layer loads only here
+    # The report layer loads only here.
+    from workbench.report.train_report import TrainReport
+    from workbench.report.train_runs import TrainInputs
     from workbench.run.store import load_results
 
     study = study_file.study
@@ -213,7 +216,7 @@ def check_devices(study_file: StudyFile, runs: list[RunConfig], machine: Machine
     """Every training setting can run on `machine`, this one or a cluster's (precision,
     accelerator, devices, nodes, logger)."""
     # Lightning loads only when a train study is validated or run, not with the plugins.
-    from workbench.run.train import check_device
+    from workbench.run.environment import check_device
 
     for train in train_sections(runs):
         check_device(train, study_file.source_of, machine)

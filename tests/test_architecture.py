@@ -22,9 +22,9 @@ LAYERS = {
     "foundation": ["errors", "variants", "hookspecs", "registry", "results", "kinds", "stopping", "hardware"],
     "model": ["model/"],  # transformer, spec, position, attention, norm, ffn, cache, sampling, weights
     "tasks": ["tasks/"],  # base, metrics, baselines, symbols
-    "cost": ["cost/"],  # measure, memory, fit, budget
-    "study": ["study/"],  # keys, yaml_file, sections, schema, sweep, tuning
-    "run": ["run/"],  # runner, executor, executor_ray, train, store, scaling, ...
+    "cost": ["cost/"],  # measure, workload, timing, flops, memory, memory_figures, budget, fit
+    "study": ["study/"],  # keys, yaml_file, train_section, sections, schema, sweep, tuning
+    "run": ["run/"],  # runner, executor, executor_ray, train (with batches, run_module, recording, ...), store, scaling
     "report": ["report/"],
     "interface": ["cli", "scaffold", "__init__", "__main__"],
 }
@@ -132,6 +132,15 @@ def test_few_modules_lie_loose_in_the_package():
     assert set(loose) == {name for names in LAYERS.values() for name in names if not name.endswith("/")}
 
 
+MAX_MODULE_LINES = 500  # longer, and a module no longer reads top to bottom in one sitting
+
+
+def test_no_module_is_a_long_scroll():
+    long = {str(p.relative_to(ROOT)): n for p in [*PACKAGE.rglob("*.py"), *(ROOT / "plugins").rglob("*.py")]
+            if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_MODULE_LINES}
+    assert long == {}, f"over {MAX_MODULE_LINES} lines: {long}; split them along their jobs"
+
+
 def test_every_folder_is_installed():
     """pyproject.toml lists packages one by one: a folder missing there is left out of a
     (non-editable) install, and `import workbench.<folder>` fails only for users."""
@@ -164,7 +173,8 @@ def test_the_checker_sees_a_circle():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 
-@pytest.mark.parametrize("module", ["workbench.report.train_report", "workbench.run.store", "workbench.run.runner"])
+@pytest.mark.parametrize("module", ["workbench.report.train_report", "workbench.report.train_runs",
+                                    "workbench.run.store", "workbench.run.runner"])
 def test_readers_of_the_record_do_not_import_the_training_module(module):
     assert "workbench.run.train" not in graph()[module]
 

@@ -18,8 +18,8 @@ import torch
 from conftest import FAMILIES, TINY_PARAMS, build, choice, registered, tiny_spec, tokens
 from workbench.errors import WorkbenchError
 from workbench.model.transformer import CrossAttention, SelfAttention, attention_entropy, record_attention
-from workbench.report.train_report import metric_columns, metric_range
-from workbench.run.train import evaluate_lengths, measure_attention_entropy
+from workbench.report.train_runs import metric_columns, metric_range
+from workbench.run.evaluate import evaluate_lengths, measure_attention_entropy
 from workbench.study import TrainStudy, load_study
 from workbench.study.sweep import expand
 from workbench.model.weights import make_task
@@ -156,7 +156,7 @@ def test_batches_cut_into_pieces_give_the_same_mean(monkeypatch):
     model = build(tiny_spec("decoder", vocab_size=len(task.vocab)))
     batches = task.eval_batches(6, 16, "decoder")
     whole = measure_attention_entropy(task, model, "decoder", batches)
-    monkeypatch.setattr("workbench.run.train.ENTROPY_WEIGHTS_PER_FORWARD", 1)  # one sequence at a time
+    monkeypatch.setattr("workbench.run.evaluate.ENTROPY_WEIGHTS_PER_FORWARD", 1)  # one sequence at a time
     assert measure_attention_entropy(task, model, "decoder", batches) == pytest.approx(whole, rel=1e-9)
 
 

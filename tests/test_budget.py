@@ -8,13 +8,15 @@ import pytest
 import torch
 
 from workbench.cost.budget import StepCost, estimated_steps, sequences_within
-from workbench.cost.measure import Point, measure_point, train_step_flops
+from workbench.cost.flops import train_step_flops
+from workbench.cost.measure import measure_point
+from workbench.cost.workload import Point
 from workbench.errors import WorkbenchError
 from workbench.model.transformer import build_model
 from workbench.run.runner import run_study
 from workbench.run.store import load_curves, load_results
 from workbench.study import load_study
-from workbench.study.sections import TrainConfig
+from workbench.study.train_section import TrainConfig
 from workbench.study.sweep import expand, run_identity
 
 from conftest import tiny_spec, tokens

@@ -80,7 +80,7 @@ def test_a_run_into_another_folder_leaves_the_checkouts_report_alone(tmp_path, m
 
 
 def test_run_exits_3_when_a_run_failed_unless_failures_are_allowed(tmp_path, monkeypatch):
-    from workbench.run.train import RunModule
+    from workbench.run.run_module import RunModule
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "tiny.yaml").write_text(TINY_STUDY)

@@ -82,7 +82,7 @@ def test_selection_cuda_training_shapes_only(monkeypatch):
     assert not flex_applies(q[:, :, :1], pos[:, -1:], pos, None)  # a decoding step reads a cache
     small_heads = torch.zeros(2, H, 8, attention.FLEX_MIN_HEAD_DIM // 2)
     assert not flex_applies(small_heads, pos, pos, None)  # the kernel refuses head_dim < 16: own path
-    with attention.flex_disabled():  # while torch's FLOP counter runs (workbench.cost.measure)
+    with attention.flex_disabled():  # while torch's FLOP counter runs (workbench.cost.flops)
         assert not flex_applies(q, pos, pos, None)
     assert flex_applies(q, pos, pos, None)
 

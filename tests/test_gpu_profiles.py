@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from workbench.run.train import matmul_precision
+from workbench.run.environment import matmul_precision
 from workbench.study import TrainStudy, load_study
 from workbench.study.sweep import expand, tuning_runs
 

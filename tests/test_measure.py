@@ -5,8 +5,11 @@ import torch
 import torch.nn.functional as F
 
 from workbench.cost.fit import analytic_crossover, loglog_slope, measured_crossover
-from workbench.cost.measure import (Point, allowed_pairs, count_flops, cpu_flash_pairs, measure_point, peak_memory,
-                               run_points, saved_tensor_bytes, time_call)
+from workbench.cost.flops import allowed_pairs, count_flops, cpu_flash_pairs
+from workbench.cost.measure import measure_point, run_points
+from workbench.cost.memory_figures import peak_memory, saved_tensor_bytes
+from workbench.cost.timing import time_call
+from workbench.cost.workload import Point
 from workbench.cost.memory import LiveTensorBytes, peak_tensor_bytes
 from workbench.registry import get_variant
 

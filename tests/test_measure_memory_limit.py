@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from workbench.cost import measure
-from workbench.cost.measure import Point, limit_memory
+from workbench.cost.measure import limit_memory
+from workbench.cost.workload import Point
 
 TINY = {"vocab_size": 32, "d_model": 16, "n_heads": 4, "n_layers": 2, "position": "none"}
 GPU_MEMORY = 80 * 2**30

@@ -23,7 +23,9 @@ from workbench.run.store import DB_FILE, Store, load_results, run_dir
 from workbench.study import load_study
 from workbench.study.sweep import expand
 from workbench.results import FINAL_WEIGHTS, LAST_CHECKPOINT, RESULT_FILE, Status
-from workbench.run.train import RunModule, StepBatches, train_run
+from workbench.run.batches import StepBatches
+from workbench.run.run_module import RunModule
+from workbench.run.train import train_run
 from workbench.model.weights import load_final_model
 
 STUDY = """\
@@ -453,7 +455,7 @@ def test_impossible_training_settings_are_refused(tmp_path, line, message):
 def test_the_strategy_names_are_lightnings():
     from pytorch_lightning.strategies import StrategyRegistry
 
-    from workbench.study.sections import LIGHTNING_STRATEGIES
+    from workbench.study.train_section import LIGHTNING_STRATEGIES
 
     firsts = {name.split("_")[0] for name in StrategyRegistry.available_strategies()}
     assert set(LIGHTNING_STRATEGIES) - {"auto"} <= firsts

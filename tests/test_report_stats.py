@@ -13,8 +13,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st_h
 from scipy import stats
 
-from workbench.report.stats import (Comparison, Share, difference, holm, learned_criterion, learned_gate, mean_ci, verdict,
-                                    verdicts, welch_diff)
+from workbench.report.intervals import Share, difference, holm, mean_ci, welch_diff
+from workbench.report.learned_gate import learned_criterion, learned_gate
+from workbench.report.stats import Comparison, verdict, verdicts
 from workbench.report.variants import Variants
 
 

@@ -25,7 +25,11 @@ from workbench.run.store import DB_FILE, Store, load_curves, load_results, run_d
 from workbench.study import load_study
 from workbench.study.sweep import expand
 from workbench.results import LAST_CHECKPOINT, RESULT_FILE, Status
-from workbench.run.train import PeakMemory, RunModule, StepBatches, evaluate_lengths, train_run
+from workbench.run.batches import StepBatches
+from workbench.run.evaluate import evaluate_lengths
+from workbench.run.recording import PeakMemory
+from workbench.run.run_module import RunModule
+from workbench.run.train import train_run
 from workbench.model.weights import load_final_model, make_task
 
 STUDY = """\

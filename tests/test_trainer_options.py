@@ -12,7 +12,9 @@ from pytorch_lightning.callbacks import Callback
 from test_attention_entropy import PINNED, PINNED_HASH, PINNED_RUNS
 from workbench.cli import main
 from workbench.errors import WorkbenchError
-from workbench.run.train import check_packages, make_optimizer, train_run
+from workbench.run.environment import check_packages
+from workbench.run.run_module import make_optimizer
+from workbench.run.train import train_run
 from workbench.study import load_study
 from workbench.study.sweep import expand
 

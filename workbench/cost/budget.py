@@ -1,13 +1,13 @@
 """Training budgets in compute: what a run may spend, and what each step costs.
 
     train.budget: {flops: X}    counted training FLOPs: every step's forward is counted as it
-                                runs (useful FLOPs, workbench.cost.measure.counted_forward),
+                                runs (useful FLOPs, workbench.cost.flops.counted_forward),
                                 x3 for forward + backward, so a model that costs more per
                                 token trains for fewer steps
     train.budget: {tokens: X}   real (non-padding) input tokens
     train.budget: {seconds: X}  training seconds (evaluation excluded)
 
-The budget stops the run (workbench.run.train): steps are added until one would pass it.
+The budget stops the run (workbench.run.run_module): steps are added until one would pass it.
 That last step trains on the first sequences the budget still pays for, the nearest whole
 number (FLOPs and tokens are linear in the number of sequences): all of them ("whole"),
 fewer ("partial"), or none when the remainder is under half a sequence ("dropped"). So a
@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
-from workbench.cost.measure import train_step_flops
+from workbench.cost.flops import train_step_flops
 
 # A budgeted run's step count is not fixed in advance (the budget stops it): its one epoch of
 # batches is this long.

@@ -22,7 +22,7 @@ Attention passes the rest when 4 n^2 d > n * (projections + FFN per token), i.e.
 For multi-head attention (h_kv hd = d) with a 4x FFN (d_ff = 4d): 8 n d^2 + 16 n d^2 =
 24 n d^2 against 4 n^2 d, so n* = 6 d.
 
-Two accountings (workbench.cost.measure). The formula above is the *executed* work of a kernel
+Two accountings (workbench.cost.flops). The formula above is the *executed* work of a kernel
 that computes the whole n x n score matrix (the naive kernel, causal or not). The *useful*
 work of a causal layer counts only the n (n + 1) / 2 allowed pairs, 2 n (n + 1) d FLOPs:
 
@@ -183,7 +183,7 @@ def _ffn_width(spec: ModelSpec) -> tuple[int, bool]:
 
 def measured_crossover(rows: pd.DataFrame | Sequence[dict[str, Any]], accounting: Accounting = "executed") -> Crossover:
     """Crossover from the FLOPs of forward rows: attention (useful or executed, see
-    workbench.cost.measure) against projections + FFN."""
+    workbench.cost.flops) against projections + FFN."""
     df = pd.DataFrame(rows)
     df = df[df["status"].isin(MEASURED) & (df["mode"] == "forward")].sort_values("length")
     column = ACCOUNTING_COLUMNS[accounting]

@@ -305,7 +305,7 @@ def arange_positions(B: int, n: int, device: torch.device | str) -> Tensor:
 @contextlib.contextmanager
 def flex_disabled() -> Iterator[None]:
     """Within the block every variant keeps its own path (FLOP counting: torch's FlopCounterMode
-    has no rule for the FlexAttention operator; workbench.cost.measure counts its tiles instead)."""
+    has no rule for the FlexAttention operator; workbench.cost.flops counts its tiles instead)."""
     global _flex_disabled
     before, _flex_disabled = _flex_disabled, True
     try:

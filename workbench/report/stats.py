@@ -1,25 +1,14 @@
-"""Statistics of a report: means with 95% intervals over seeds, differences between groups,
-the learned-at-all gate, and verdicts for a study's `expect:` entries. Every number comes
-from scipy.stats (t intervals and tests); `RULE` states the verdict rule in the words the
-reports print under Verdicts, and `verdicts()` is that rule, step by step.
-
-Intervals. A group's mean has the two-sided t interval over its seeds (seeds are few, 2-5,
-so the normal approximation would be too narrow). A difference between two groups is
-*paired* over seeds when both finished the same seeds (the same seed gives the same data
-stream and initialisation draw, so seed-to-seed variation cancels), otherwise Welch's
-(unequal variances). Bounded metrics (accuracy in [0, 1], BLEU in [0, 100], ...) get the t
-interval intersected with their range: the true mean lies inside the range, so cutting
-away the impossible part leaves the coverage as it was, and no interval of an accuracy
-reads 1.19. A bootstrap was the alternative: with 3 seeds its percentile interval is far
-too narrow, and a logit transform is undefined at 0 and 1, where exact match often sits.
-A group whose seeds all scored the same has no spread: it is flagged (`Interval.constant`)
-instead of being shown as a zero-width, precise-looking interval.
+"""Verdicts for a study's `expect:` entries: `RULE` states the verdict rule in the words the
+reports print under Verdicts, and `verdicts()` is that rule, step by step, on the intervals of
+workbench.report.intervals and the learned-at-all gate of workbench.report.learned_gate. An
+inconclusive verdict says what its seeds detect and would need (the power of the t test);
+adaptive seeds decide look by look, each at the alpha an O'Brien-Fleming-type spending
+function adds there.
 """
 
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
@@ -29,12 +18,10 @@ from scipy import stats as st
 from scipy.optimize import brentq
 
 from workbench.report.document import fmt
+from workbench.report.intervals import (ALPHA, LEVEL, UNBOUNDED, Interval, Share, difference, finite, holm, mean_ci,
+                                        share_difference)
+from workbench.report.learned_gate import MARGIN, Learned
 
-LEVEL = 0.95
-ALPHA = 1 - LEVEL
-# A group learned when its score at the training length is better than chance by at least
-# this share of the distance from chance to the perfect score (1 for accuracy, 0 for loss).
-MARGIN = 0.1
 NOT_TESTED = "not tested"
 NOT_REACHED = "not reached"  # a *_to_target comparison where a finished run never reached the target
 
@@ -65,248 +52,12 @@ RULE = (
 # Metric base names (before '@length') where smaller is better; everything else (accuracy,
 # bleu, exact match, ...) is higher-is-better.
 LOWER_IS_BETTER = ("loss", "perplexity", "ppl", "nll", "error", "cer", "wer", "time", "latency", "memory", "bytes")
-UNBOUNDED = (-math.inf, math.inf)
 
 
 def higher_is_better(metric: str) -> bool:
     """accuracy@128 -> True, val_loss -> False: by the metric's base name."""
     base = metric.split("@")[0].lower()
     return not any(word in base for word in LOWER_IS_BETTER)
-
-
-@dataclass(frozen=True)
-class Interval:
-    """A mean (or a difference of means) with its t interval; lo/hi are NaN without one."""
-
-    mean: float
-    lo: float
-    hi: float
-    n: int  # values (seeds) behind it; for a difference, the smaller group
-    constant: bool = False  # n >= 2 values, all equal: no spread, so no interval
-    method: str = ""  # for a difference: "paired" or "Welch"
-    p: float = math.nan  # for a difference: two-sided p-value of "no difference"
-    level: float = LEVEL
-
-
-def finite(values: Sequence[float] | np.ndarray | pd.Series) -> np.ndarray:
-    x = np.asarray(values, dtype=float)
-    return x[np.isfinite(x)]
-
-
-def clipped(mean: float, lo: float, hi: float, bounds: tuple[float, float]) -> tuple[float, float]:
-    return max(lo, bounds[0]), min(hi, bounds[1])
-
-
-def no_spread(x: np.ndarray) -> bool:
-    """Two or more values that are all equal (to rounding: t would be numerical noise)."""
-    return len(x) >= 2 and float(np.ptp(x)) <= 1e-12 * max(1.0, float(np.abs(x).max()))
-
-
-def mean_ci(values: Sequence[float] | np.ndarray | pd.Series, level: float = LEVEL,
-            bounds: tuple[float, float] = UNBOUNDED) -> Interval:
-    """Mean and two-sided t interval of finite values (NaNs, e.g. from failed runs, are
-    skipped), kept inside `bounds`. One value, or values without spread, have no interval."""
-    x = finite(values)
-    n = len(x)
-    if n == 0:
-        return Interval(math.nan, math.nan, math.nan, 0)
-    mean = float(x.mean())
-    if n < 2 or no_spread(x):
-        return Interval(mean, math.nan, math.nan, n, constant=no_spread(x), level=level)
-    ci = st.ttest_1samp(x, 0.0).confidence_interval(level)
-    return Interval(mean, *clipped(mean, float(ci.low), float(ci.high), bounds), n, level=level)
-
-
-def difference_bounds(bounds: tuple[float, float]) -> tuple[float, float]:
-    """Range of a difference of two values in `bounds` (e.g. [-1, 1] for accuracies)."""
-    return bounds[0] - bounds[1], bounds[1] - bounds[0]
-
-
-def welch_diff(a, b, level: float = LEVEL, bounds: tuple[float, float] = UNBOUNDED) -> Interval:
-    """mean(a) - mean(b) with Welch's t interval and test (scipy.stats.ttest_ind)."""
-    x, y = finite(a), finite(b)
-    if len(x) == 0 or len(y) == 0:
-        return Interval(math.nan, math.nan, math.nan, 0, method="Welch")
-    diff = float(x.mean() - y.mean())
-    n = min(len(x), len(y))
-    if len(x) < 2 or len(y) < 2:
-        return Interval(diff, math.nan, math.nan, n, method="Welch")
-    if no_spread(x) and no_spread(y):  # zero standard error: no interval, no test
-        return Interval(diff, math.nan, math.nan, n, constant=True, method="Welch")
-    with warnings.catch_warnings():  # a group without spread: scipy warns about its zero variance,
-        warnings.simplefilter("ignore", RuntimeWarning)  # which is exact, and so is the interval
-        test = st.ttest_ind(x, y, equal_var=False)
-        ci = test.confidence_interval(level)
-    return Interval(diff, *clipped(diff, float(ci.low), float(ci.high), difference_bounds(bounds)), n,
-                    method="Welch", p=float(test.pvalue), level=level)
-
-
-def paired_diff(a: pd.Series, b: pd.Series, level: float = LEVEL, bounds: tuple[float, float] = UNBOUNDED) -> Interval:
-    """mean(a - b) over seeds (the Series' index) with the paired t interval and test
-    (scipy.stats.ttest_rel); both must hold the same seeds."""
-    d = finite(a.sort_index().to_numpy() - b.sort_index().to_numpy())
-    diff = float(d.mean())
-    if len(d) < 2:
-        return Interval(diff, math.nan, math.nan, len(d), method="paired")
-    if no_spread(d):
-        return Interval(diff, math.nan, math.nan, len(d), constant=True, method="paired")
-    test = st.ttest_rel(a.sort_index().to_numpy(), b.sort_index().to_numpy())
-    ci = test.confidence_interval(level)
-    return Interval(diff, *clipped(diff, float(ci.low), float(ci.high), difference_bounds(bounds)), len(d),
-                    method="paired", p=float(test.pvalue), level=level)
-
-
-def same_seeds(a: pd.Series, b: pd.Series) -> bool:
-    return len(a) >= 2 and set(a.index) == set(b.index) and len(set(a.index)) == len(a)
-
-
-def difference(a, b, level: float = LEVEL, bounds: tuple[float, float] = UNBOUNDED) -> Interval:
-    """a - b: paired over seeds when both are Series over the same seeds (index = seed),
-    Welch otherwise. NaN values (failed runs) are dropped first."""
-    if isinstance(a, pd.Series) and isinstance(b, pd.Series):
-        a, b = a.dropna(), b.dropna()
-        if same_seeds(a, b):
-            return paired_diff(a, b, level, bounds)
-    return welch_diff(a, b, level, bounds)
-
-
-def holm(pvalues: Sequence[float]) -> list[float]:
-    """Holm-adjusted p-values (step-down; Holm 1979): the i-th smallest of m is multiplied by
-    m - i + 1 (i from 1), then made non-decreasing in that order and capped at 1."""
-    order = np.argsort(pvalues, kind="stable")
-    m = len(pvalues)
-    adjusted, running = [0.0] * m, 0.0
-    for i, j in enumerate(order):
-        running = max(running, min(1.0, (m - i) * float(pvalues[j])))
-        adjusted[j] = running
-    return adjusted
-
-
-# ---- the learned-at-all gate ----------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Learned:
-    """One group's score at one length against the task's baselines (predictors that cannot
-    solve the task); the gate measures it against the strongest of them."""
-
-    group: str
-    metric: str  # e.g. accuracy@12
-    score: float  # mean over finished seeds (NaN: none)
-    chance: float  # the strongest baseline's score (NaN: unknown)
-    needed: float  # the score the margin asks for
-    higher: bool
-    perfect: float = math.nan  # the metric's best possible value (1 for accuracy, 0 for loss)
-    baseline: str = "chance"  # the strongest baseline's name
-    baselines: tuple[tuple[str, float], ...] = ()  # every baseline's score, as the task declares them
-    untested: str = ""  # why the group cannot be tested at all (e.g. no tuning candidate learned)
-
-    @property
-    def learned(self) -> bool:
-        if self.untested or math.isnan(self.score) or math.isnan(self.needed):
-            return False
-        return self.score >= self.needed if self.higher else self.score <= self.needed
-
-    @property
-    def text(self) -> str:
-        if self.untested:
-            return f"{self.group}: {self.untested}"
-        if math.isnan(self.chance):
-            return f"{self.group}: no chance level of {self.metric}"
-        if math.isnan(self.score):
-            return f"{self.group}: no finished run reports {self.metric}"
-        sign = "≥" if self.higher else "≤"
-        return (f"{self.group}: {self.metric} {fmt(self.score)} vs {self.baseline} {fmt(self.chance)} "
-                f"(learned: {sign} {fmt(self.needed)})")
-
-
-def learned_gate(group: str, metric: str, score: float, chance: float | dict[str, float], perfect: float,
-                 higher: bool, untested: str = "") -> Learned:
-    """The margin rule: learned when `score` closes at least MARGIN of the gap from the
-    strongest baseline to `perfect` (the metric's best possible value). `chance` is one
-    score (the input-ignoring baseline) or every baseline's score by name."""
-    baselines = chance if isinstance(chance, dict) else {"chance": chance}
-    known = {name: v for name, v in baselines.items() if math.isfinite(v)}
-    if known:
-        name = (max if higher else min)(known, key=known.get)
-        strongest = known[name]
-    else:
-        name, strongest = next(iter(baselines), "chance"), math.nan
-    needed = strongest + MARGIN * (perfect - strongest) if math.isfinite(perfect) else math.nan
-    return Learned(group, metric, score, strongest, needed, higher, perfect, name, tuple(baselines.items()), untested)
-
-
-def score_text(g: Learned) -> str:
-    if math.isnan(g.chance):
-        return "no chance level"
-    return "no finished run" if math.isnan(g.score) else fmt(g.score)
-
-
-def learned_criterion(name: str, gates: Sequence[Learned]) -> str:
-    """One line for a report's header: the learned rule for metric `name` (the threshold each
-    group must reach at its training length) and which groups met it, e.g.
-    'Learned (accuracy@12 ≥ 0.499, 10% of the way from order-blind 0.443 to 1): all 4 groups met it'."""
-    known = [g for g in gates if not (math.isnan(g.chance) or math.isnan(g.needed))]
-    if not known:
-        return (f"Learned: no chance level of {name} is known for this task, so no group can be shown to have "
-                "learned it (verdicts on it read 'not tested')")
-    thresholds: dict[tuple, list[str]] = {}
-    for g in known:
-        thresholds.setdefault((g.metric, g.baseline, g.chance, g.needed, g.higher, g.perfect), []).append(g.group)
-
-    def threshold(metric: str, needed: float, higher: bool) -> str:
-        return f"{metric} {'≥' if higher else '≤'} {fmt(needed)}"
-
-    if len(thresholds) == 1:
-        (metric, baseline, chance, needed, higher, perfect), _ = next(iter(thresholds.items()))
-        rule = (f"{threshold(metric, needed, higher)}, {MARGIN:.0%} of the way from {baseline} {fmt(chance)} "
-                f"to {fmt(perfect)}")
-    else:  # the baseline (or the training length) differs between groups, e.g. by family
-        rule = f"{MARGIN:.0%} of the way from the strongest baseline to a perfect score: " + "; ".join(
-            f"{threshold(metric, needed, higher)} for {' and '.join(groups)} ({baseline} {fmt(chance)})"
-            for (metric, baseline, chance, needed, higher, _), groups in thresholds.items())
-    missed = [g for g in gates if not g.learned]
-    n = len(gates)
-    if not missed:
-        outcome = {1: "the group met it", 2: "both groups met it"}.get(n, f"all {n} groups met it")
-    else:
-        why = "; ".join(f"{g.group} ({score_text(g)})" for g in missed)  # labels may hold commas
-        outcome = (f"no group met it ({why})" if len(missed) == n
-                   else f"{n - len(missed)} of {n} groups met it; not met: {why}")
-    return f"Learned ({rule}): {outcome}"
-
-
-# ---- failures as outcomes ---------------------------------------------------------------------
-
-
-
-@dataclass(frozen=True)
-class Share:
-    """k of n seeds, with the exact (Clopper-Pearson) 95% interval of the share."""
-
-    k: int
-    n: int
-
-    @property
-    def interval(self) -> Interval:
-        if self.n == 0:
-            return Interval(math.nan, math.nan, math.nan, 0)
-        ci = st.binomtest(self.k, self.n).proportion_ci(LEVEL, method="exact")
-        return Interval(self.k / self.n, float(ci.low), float(ci.high), self.n)
-
-    @property
-    def text(self) -> str:
-        iv = self.interval
-        return "–" if self.n == 0 else f"{self.k}/{self.n} = {fmt(iv.mean)} [{fmt(iv.lo)}, {fmt(iv.hi)}]"
-
-
-def share_difference(a: Share, b: Share) -> Interval:
-    """a - b of two shares with the two-sided p of Fisher's exact test (no interval: the
-    groups' own Clopper-Pearson intervals are shown beside it)."""
-    if a.n == 0 or b.n == 0:
-        return Interval(math.nan, math.nan, math.nan, 0, method="Fisher's exact")
-    p = st.fisher_exact([[a.k, a.n - a.k], [b.k, b.n - b.k]]).pvalue
-    return Interval(a.k / a.n - b.k / b.n, math.nan, math.nan, min(a.n, b.n), method="Fisher's exact", p=float(p))
 
 
 # ---- planning seeds ---------------------------------------------------------------------------

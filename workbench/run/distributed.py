@@ -39,7 +39,7 @@ import torch
 from workbench import stopping
 from workbench.hardware import device_count
 from workbench.results import CONFIG_FILE, RESULT_FILE, RunResult, Status
-from workbench.study.sections import world_size
+from workbench.study.train_section import world_size
 
 LOG_FILE = "distributed.log"  # the ranks' stdout and stderr
 POLL_S = 0.5

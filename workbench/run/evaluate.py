@@ -1,9 +1,14 @@
-"""`workbench eval RUN_DIR --lengths ...`: a finished run's saved model at new evaluation lengths,
+"""A model on its task's held-out sets at every evaluation length: during training
+(`evaluate_lengths`, called by workbench.run.recording) and after it.
+
+`workbench eval RUN_DIR --lengths ...`: a finished run's saved model at new evaluation lengths,
 without training. The held-out sets are drawn exactly as the run drew its own (its task, its
 seed), so a length the run already evaluated gives the numbers it recorded; nothing is written."""
 
 from __future__ import annotations
 
+import contextlib
+import math
 from pathlib import Path
 from typing import Any
 
@@ -11,8 +16,9 @@ import torch
 from pydantic import ValidationError
 
 from workbench.errors import WorkbenchError
-from workbench.results import FINAL_WEIGHTS
-from workbench.run.train import evaluate_lengths
+from workbench.model.transformer import attention_entropy, record_attention
+from workbench.model.position import PositionLimitError
+from workbench.results import ATTENTION_ENTROPY, FINAL_WEIGHTS
 from workbench.model.weights import load_final_model, make_task
 
 
@@ -35,3 +41,67 @@ def evaluate_saved_run(run_dir: str | Path, lengths: list[int], batch_size: int 
         metrics, not_applicable = evaluate_lengths(task, model, config["model"]["family"],
                                                    batch_size or config["train"]["eval_batch_size"], {})
     return metrics, not_applicable, config
+
+
+def evaluate_lengths(task, model, family: str, batch_size: int, cache: dict[int, list],
+                     context=None, entropy: bool = False) -> tuple[dict[str, float], dict[str, str]]:
+    """Every metric at every eval length (`accuracy@64`); a length the position scheme cannot
+    represent is recorded as not applicable, with the reason. With `entropy`, also
+    `attention_entropy@<train_length>` (see `measure_attention_entropy`), on the evaluation set
+    at train_length; when eval_lengths leave that length out, the set drawn there is not held
+    out from training (a descriptive measure of the attention, not a score)."""
+    metrics: dict[str, float] = {}
+    not_applicable: dict[str, str] = {}
+    context = context or contextlib.nullcontext
+    for length in task.eval_lengths:
+        try:
+            with context():
+                scores = task.evaluate(model, eval_batches(task, length, batch_size, family, cache), family)
+        except PositionLimitError as err:
+            not_applicable[str(length)] = f"not applicable: {err}"
+            continue
+        metrics.update({f"{name}@{length}": float(value) for name, value in scores.items()})
+    if entropy:
+        length = task.params.train_length
+        with context():
+            value = measure_attention_entropy(task, model, family, eval_batches(task, length, batch_size, family, cache))
+        metrics[f"{ATTENTION_ENTROPY}@{length}"] = value
+    return metrics, not_applicable
+
+
+def eval_batches(task, length: int, batch_size: int, family: str, cache: dict[int, list]) -> list:
+    """The held-out batches at one length, made once per run."""
+    if length not in cache:
+        cache[length] = task.eval_batches(length, batch_size, family)
+    return cache[length]
+
+
+# Attention weights held at once by the entropy pass: [rows, h, nq, nk] per attention layer.
+ENTROPY_WEIGHTS_PER_FORWARD = 2**24
+
+
+@torch.no_grad()
+def measure_attention_entropy(task, model, family: str, batches: list[dict[str, torch.Tensor]]) -> float:
+    """Mean normalised attention entropy (workbench.model.transformer.attention_entropy) over every row of
+    the held-out batches: 1 = uniform over the visible keys, 0 = a saturated softmax; NaN when
+    no row sees two keys. A separate teacher-forced pass through the explicit-weights path, so
+    the other metrics are computed exactly as without it; batches are cut into pieces small
+    enough that the recorded weights stay under ENTROPY_WEIGHTS_PER_FORWARD per layer."""
+    spec = model.spec
+    was_training = model.training
+    model.eval()
+    total, rows = 0.0, 0
+    try:
+        for batch in batches:
+            widest = max(v.shape[-1] for v in batch.values() if v.dim() == 2)
+            step = max(1, ENTROPY_WEIGHTS_PER_FORWARD // (spec.n_heads * widest * widest))
+            size = next(iter(batch.values())).shape[0]
+            for start in range(0, size, step):
+                piece = {k: v[start: start + step] for k, v in batch.items()}
+                with record_attention(model) as recorded:
+                    task.scored(model, piece, family)
+                piece_total, piece_rows = attention_entropy(recorded)
+                total, rows = total + piece_total, rows + piece_rows
+    finally:
+        model.train(was_training)
+    return total / rows if rows else math.nan

@@ -31,7 +31,8 @@ from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, model_validat
 from workbench import stopping
 from workbench.errors import SpecError
 from workbench.run.executor import Executor, Job
-from workbench.cost.measure import Mode, Point, Scope, resolve_device, run_points
+from workbench.cost.measure import resolve_device, run_points
+from workbench.cost.workload import Mode, Point, Scope
 from workbench.results import RunConfig, RunResult, Status
 from workbench.model.spec import parse_spec
 from workbench.study import StudyBase, check_key

@@ -43,8 +43,9 @@ from workbench.results import DESCRIPTIVE_METRICS, FAILURE_SHARE, TO_TARGET
 from workbench.model.spec import VARIANT_AXES, ModelSpec, resolve_choice, spec_error_from
 from workbench.study.keys import digest, label
 from workbench.study.schema import study_json_schema
-from workbench.study.sections import (BUDGET_KINDS, SEEDS_JSON_SCHEMA, SWEEP_JSON_SCHEMA, TUNE_JSON_SCHEMA, Expectation,
-                                      SeedPlan, Sweep, TrainConfig, Tune, check_values)
+from workbench.study.sections import (SEEDS_JSON_SCHEMA, SWEEP_JSON_SCHEMA, TUNE_JSON_SCHEMA, Expectation, SeedPlan,
+                                      Sweep, Tune, check_values)
+from workbench.study.train_section import BUDGET_KINDS, TrainConfig
 from workbench.study.yaml_file import LineMap, StudyError, apply_overrides, apply_profile, read_yaml, suggest
 
 __all__ = ["load_study", "study_json_schema", "StudyFile", "StudyBase", "TrainStudy", "STORED", "RUN_MEASURES"]

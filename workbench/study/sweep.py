@@ -33,7 +33,7 @@ from workbench.model.spec import parse_spec
 from workbench.results import VALIDATION, RunConfig
 from workbench.study import StudyFile, TrainStudy, task_section, unwrap
 from workbench.study.keys import canonical_json, digest, label, set_dotted
-from workbench.study.sections import TrainConfig
+from workbench.study.train_section import TrainConfig
 from workbench.study.yaml_file import StudyError, limit
 from pydantic import ValidationError
 

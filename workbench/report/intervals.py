@@ -1,0 +1,173 @@
+"""Means with 95% intervals over seeds, differences between groups, and shares of seeds (failures
+as outcomes). Every number comes from scipy.stats (t intervals and tests, exact binomial and
+Fisher tests).
+
+Intervals. A group's mean has the two-sided t interval over its seeds (seeds are few, 2-5,
+so the normal approximation would be too narrow). A difference between two groups is
+*paired* over seeds when both finished the same seeds (the same seed gives the same data
+stream and initialisation draw, so seed-to-seed variation cancels), otherwise Welch's
+(unequal variances). Bounded metrics (accuracy in [0, 1], BLEU in [0, 100], ...) get the t
+interval intersected with their range: the true mean lies inside the range, so cutting
+away the impossible part leaves the coverage as it was, and no interval of an accuracy
+reads 1.19. A bootstrap was the alternative: with 3 seeds its percentile interval is far
+too narrow, and a logit transform is undefined at 0 and 1, where exact match often sits.
+A group whose seeds all scored the same has no spread: it is flagged (`Interval.constant`)
+instead of being shown as a zero-width, precise-looking interval.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+from scipy import stats as st
+
+from workbench.report.document import fmt
+
+LEVEL = 0.95
+ALPHA = 1 - LEVEL
+UNBOUNDED = (-math.inf, math.inf)
+
+
+@dataclass(frozen=True)
+class Interval:
+    """A mean (or a difference of means) with its t interval; lo/hi are NaN without one."""
+
+    mean: float
+    lo: float
+    hi: float
+    n: int  # values (seeds) behind it; for a difference, the smaller group
+    constant: bool = False  # n >= 2 values, all equal: no spread, so no interval
+    method: str = ""  # for a difference: "paired" or "Welch"
+    p: float = math.nan  # for a difference: two-sided p-value of "no difference"
+    level: float = LEVEL
+
+
+def finite(values: Sequence[float] | np.ndarray | pd.Series) -> np.ndarray:
+    x = np.asarray(values, dtype=float)
+    return x[np.isfinite(x)]
+
+
+def clipped(mean: float, lo: float, hi: float, bounds: tuple[float, float]) -> tuple[float, float]:
+    return max(lo, bounds[0]), min(hi, bounds[1])
+
+
+def no_spread(x: np.ndarray) -> bool:
+    """Two or more values that are all equal (to rounding: t would be numerical noise)."""
+    return len(x) >= 2 and float(np.ptp(x)) <= 1e-12 * max(1.0, float(np.abs(x).max()))
+
+
+def mean_ci(values: Sequence[float] | np.ndarray | pd.Series, level: float = LEVEL,
+            bounds: tuple[float, float] = UNBOUNDED) -> Interval:
+    """Mean and two-sided t interval of finite values (NaNs, e.g. from failed runs, are
+    skipped), kept inside `bounds`. One value, or values without spread, have no interval."""
+    x = finite(values)
+    n = len(x)
+    if n == 0:
+        return Interval(math.nan, math.nan, math.nan, 0)
+    mean = float(x.mean())
+    if n < 2 or no_spread(x):
+        return Interval(mean, math.nan, math.nan, n, constant=no_spread(x), level=level)
+    ci = st.ttest_1samp(x, 0.0).confidence_interval(level)
+    return Interval(mean, *clipped(mean, float(ci.low), float(ci.high), bounds), n, level=level)
+
+
+def difference_bounds(bounds: tuple[float, float]) -> tuple[float, float]:
+    """Range of a difference of two values in `bounds` (e.g. [-1, 1] for accuracies)."""
+    return bounds[0] - bounds[1], bounds[1] - bounds[0]
+
+
+def welch_diff(a, b, level: float = LEVEL, bounds: tuple[float, float] = UNBOUNDED) -> Interval:
+    """mean(a) - mean(b) with Welch's t interval and test (scipy.stats.ttest_ind)."""
+    x, y = finite(a), finite(b)
+    if len(x) == 0 or len(y) == 0:
+        return Interval(math.nan, math.nan, math.nan, 0, method="Welch")
+    diff = float(x.mean() - y.mean())
+    n = min(len(x), len(y))
+    if len(x) < 2 or len(y) < 2:
+        return Interval(diff, math.nan, math.nan, n, method="Welch")
+    if no_spread(x) and no_spread(y):  # zero standard error: no interval, no test
+        return Interval(diff, math.nan, math.nan, n, constant=True, method="Welch")
+    with warnings.catch_warnings():  # a group without spread: scipy warns about its zero variance,
+        warnings.simplefilter("ignore", RuntimeWarning)  # which is exact, and so is the interval
+        test = st.ttest_ind(x, y, equal_var=False)
+        ci = test.confidence_interval(level)
+    return Interval(diff, *clipped(diff, float(ci.low), float(ci.high), difference_bounds(bounds)), n,
+                    method="Welch", p=float(test.pvalue), level=level)
+
+
+def paired_diff(a: pd.Series, b: pd.Series, level: float = LEVEL, bounds: tuple[float, float] = UNBOUNDED) -> Interval:
+    """mean(a - b) over seeds (the Series' index) with the paired t interval and test
+    (scipy.stats.ttest_rel); both must hold the same seeds."""
+    d = finite(a.sort_index().to_numpy() - b.sort_index().to_numpy())
+    diff = float(d.mean())
+    if len(d) < 2:
+        return Interval(diff, math.nan, math.nan, len(d), method="paired")
+    if no_spread(d):
+        return Interval(diff, math.nan, math.nan, len(d), constant=True, method="paired")
+    test = st.ttest_rel(a.sort_index().to_numpy(), b.sort_index().to_numpy())
+    ci = test.confidence_interval(level)
+    return Interval(diff, *clipped(diff, float(ci.low), float(ci.high), difference_bounds(bounds)), len(d),
+                    method="paired", p=float(test.pvalue), level=level)
+
+
+def same_seeds(a: pd.Series, b: pd.Series) -> bool:
+    return len(a) >= 2 and set(a.index) == set(b.index) and len(set(a.index)) == len(a)
+
+
+def difference(a, b, level: float = LEVEL, bounds: tuple[float, float] = UNBOUNDED) -> Interval:
+    """a - b: paired over seeds when both are Series over the same seeds (index = seed),
+    Welch otherwise. NaN values (failed runs) are dropped first."""
+    if isinstance(a, pd.Series) and isinstance(b, pd.Series):
+        a, b = a.dropna(), b.dropna()
+        if same_seeds(a, b):
+            return paired_diff(a, b, level, bounds)
+    return welch_diff(a, b, level, bounds)
+
+
+def holm(pvalues: Sequence[float]) -> list[float]:
+    """Holm-adjusted p-values (step-down; Holm 1979): the i-th smallest of m is multiplied by
+    m - i + 1 (i from 1), then made non-decreasing in that order and capped at 1."""
+    order = np.argsort(pvalues, kind="stable")
+    m = len(pvalues)
+    adjusted, running = [0.0] * m, 0.0
+    for i, j in enumerate(order):
+        running = max(running, min(1.0, (m - i) * float(pvalues[j])))
+        adjusted[j] = running
+    return adjusted
+
+
+# ---- failures as outcomes ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Share:
+    """k of n seeds, with the exact (Clopper-Pearson) 95% interval of the share."""
+
+    k: int
+    n: int
+
+    @property
+    def interval(self) -> Interval:
+        if self.n == 0:
+            return Interval(math.nan, math.nan, math.nan, 0)
+        ci = st.binomtest(self.k, self.n).proportion_ci(LEVEL, method="exact")
+        return Interval(self.k / self.n, float(ci.low), float(ci.high), self.n)
+
+    @property
+    def text(self) -> str:
+        iv = self.interval
+        return "–" if self.n == 0 else f"{self.k}/{self.n} = {fmt(iv.mean)} [{fmt(iv.lo)}, {fmt(iv.hi)}]"
+
+
+def share_difference(a: Share, b: Share) -> Interval:
+    """a - b of two shares with the two-sided p of Fisher's exact test (no interval: the
+    groups' own Clopper-Pearson intervals are shown beside it)."""
+    if a.n == 0 or b.n == 0:
+        return Interval(math.nan, math.nan, math.nan, 0, method="Fisher's exact")
+    p = st.fisher_exact([[a.k, a.n - a.k], [b.k, b.n - b.k]]).pvalue
+    return Interval(a.k / a.n - b.k / b.n, math.nan, math.nan, min(a.n, b.n), method="Fisher's exact", p=float(p))

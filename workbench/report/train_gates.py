@@ -1,0 +1,187 @@
+"""Did each variant learn at all? The chance levels of its task's baselines at the training
+length, the learned-at-all gate (workbench.report.learned_gate), the share of seeds that
+failed, and the report's Learned section."""
+
+from __future__ import annotations
+
+import math
+from functools import cached_property
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from workbench.registry import get_variant
+from workbench.report.document import Item, Paragraph, Section, Table, fmt
+from workbench.report.intervals import Share
+from workbench.report.learned_gate import MARGIN, Learned, learned_criterion, learned_gate
+from workbench.report.variants import short_key, value_text
+from workbench.results import FAILURE_SHARE, KEPT, Status
+from workbench.study import RUN_MEASURES
+from workbench.study.sweep import resolve_point
+from workbench.report.train_runs import TrainRuns, interval_text, metric_direction, split_metric
+
+
+class LearnedGates(TrainRuns):
+    """Each variant's baselines and learned-at-all gates, and the Learned section."""
+
+    @cached_property
+    def resolved_points(self) -> dict[str, dict[str, Any]]:
+        """Each variant's resolved task section and model family, as its runs were configured
+        ({} when the study no longer resolves here, e.g. a plugin is gone)."""
+        out = {}
+        try:
+            for point in self.study.sweep.points():
+                label = self.variants.label([value_text(point[k]) for k in self.keys])
+                if label in self.variants.labels and label not in out:
+                    resolved = resolve_point(self.study, point)
+                    out[label] = {"task": resolved["task"], "family": resolved["model"]["family"],
+                                  "train": resolved["train"]}
+        except Exception:  # noqa: BLE001 - the gate then reads "no chance level" instead of failing the report
+            return {}
+        return out
+
+    def baseline_levels(self, variant: str, length: int) -> dict[str, dict[str, float]]:
+        """The task's baselines (name -> metric -> score, `Task.baselines`) for this variant's
+        family at one evaluation length, as the mean over the study's seeds (a held-out set
+        depends on the seed); {} when the task cannot be built here."""
+        key = (variant, length)
+        if key not in self._baselines:
+            self._baselines[key] = {}
+            point = self.resolved_points.get(variant)
+            if point is not None:
+                spec = dict(point["task"])
+                try:
+                    cls = get_variant("task", spec.pop("name"))
+                    levels = [cls(cls.Params.model_validate(spec), seed=seed).baselines(point["family"], length)
+                              for seed in self.study.seeds]
+                except Exception:  # noqa: BLE001 - e.g. a task no longer installed, a corpus file gone
+                    levels = []
+                if levels:
+                    self._baselines[key] = {name: {metric: float(np.mean([lv[name][metric] for lv in levels]))
+                                                for metric in scores} for name, scores in levels[0].items()}
+        return self._baselines[key]
+
+    def train_length(self, variant: str) -> int:
+        """The variant's training length (a study may sweep task.train_length)."""
+        task = self.resolved_points.get(variant, {}).get("task", self.study.task)
+        return int(task["train_length"])
+
+    def gate_name(self, metric: str) -> str | None:
+        """The metric that decides whether a group learned, for a verdict on `metric`: the same
+        metric when it has a baseline, else the task's first metric that has one (loss last);
+        None for cost measures and failure shares, which need no gate."""
+        name = split_metric(metric)[0]
+        if name in RUN_MEASURES or name == FAILURE_SHARE:
+            return None
+        first = self.variants.labels[0] if self.variants.labels else None
+        levels = self.baseline_levels(first, self.train_length(first)) if first is not None else {}
+        known = {m for scores in levels.values() for m in scores}
+        return next((c for c in (name, *self.task_metrics, "loss") if c in known), name)
+
+    def learned(self, variant: str, name: str, length: int | None = None) -> Learned:
+        """Whether `variant` learned: its mean `name` at `length` (default: its training
+        length) against the task's baselines there."""
+        length = self.train_length(variant) if length is None else length
+        gate = f"{name}@{length}"
+        higher = metric_direction(gate, self.task_name)
+        lo, hi = self.range_of(gate)
+        baselines = {b: scores[name] for b, scores in self.baseline_levels(variant, length).items() if name in scores}
+        return learned_gate(variant, gate, self.interval(variant, gate).mean, baselines or {"chance": math.nan},
+                            hi if higher else lo, higher, self.untuned.get(variant, ""))
+
+    @cached_property
+    def untuned(self) -> dict[str, str]:
+        """Tuned variants none of whose candidates learned (its mean tuning metric against the
+        task's baselines, as the gate reads it): such a variant cannot be tested."""
+        if self.study.tune is None:
+            return {}
+        metric = self.study.tune.metric
+        name, length = split_metric(metric)
+        higher = metric_direction(metric, self.task_name)
+        lo, hi = self.range_of(metric)
+        keys = " and ".join(short_key(k).replace("_", " ") for k in self.study.tune.keys)
+        what = "learning rate" if self.study.tune.keys == ["train.lr"] else f"value of {keys}"
+        out = {}
+        for tuned in self.inputs.tuning:
+            variant = self.variants.label([value_text(tuned.swept.get(k)) for k in self.keys])
+            baselines = {b: scores[name] for b, scores in self.baseline_levels(variant, length).items() if name in scores}
+            if variant not in self.variants.labels or not baselines or not tuned.done:
+                continue
+            if not any(learned_gate(variant, metric, c.mean, baselines, hi if higher else lo, higher).learned
+                       for c in tuned.candidates if c.eligible):
+                out[variant] = f"no {what} in the grid trained this variant"
+        return out
+
+    def group_gates(self, variant: str, name: str, metric: str) -> tuple[Learned, ...]:
+        """The gates of one group for a verdict on `metric`: at the training length, and at
+        the compared length when that differs and the runs evaluated `name` there."""
+        gates = [self.learned(variant, name)]
+        length = split_metric(metric)[1]
+        if length is not None and length != self.train_length(variant) and f"{name}@{length}" in self.runs:
+            gates.append(self.learned(variant, name, length))
+        return tuple(gates)
+
+    def failed_seeds(self, variant: str) -> pd.Series:
+        """Per seed that ended (finished or diverged): 1 when it diverged or did not learn (its
+        own score at the training length misses the group's gate), else 0."""
+        mine = self.runs[(self.runs["variant"] == variant) & self.runs["status"].isin(KEPT)]
+        names = list(self.gates)
+        failed = mine["status"] == Status.DIVERGED
+        if names:
+            gate = self.learned(variant, names[0])
+            if math.isfinite(gate.needed) and gate.metric in mine:
+                scores = mine[gate.metric].astype(float)
+                missed = scores < gate.needed if gate.higher else scores > gate.needed
+                failed = failed | missed.fillna(True)
+        return pd.Series(failed.astype(float).to_numpy(), index=mine["seed"].to_numpy())
+
+    def failure_share(self, variant: str) -> Share:
+        failed = self.failed_seeds(variant)
+        return Share(int(failed.sum()), len(failed))
+
+    @cached_property
+    def gates(self) -> dict[str, list[Learned]]:
+        """Per gated metric (of the headline metrics), every variant's learned-at-all check, in
+        sweep order: what the header's Learned lines and the Learned section show."""
+        names = list(dict.fromkeys(g for g in map(self.gate_name, self.headline) if g is not None))
+        return {name: [self.learned(variant, name) for variant in self.variants.labels] for name in names}
+
+    def learned_lines(self) -> list[str]:
+        """The header's Learned lines: one per gated metric."""
+        if not self.variants.labels:
+            return []
+        if not self.gates:
+            return ["Learned: no criterion applies: every verdict compares cost measures (time, memory, "
+                    "throughput), which need no gate"]
+        return [learned_criterion(name, gates) for name, gates in self.gates.items()]
+
+    def learned_section(self) -> Section | None:
+        """Per variant, its score at the training length beside every baseline of the task, the
+        threshold, whether it learned, and its share of seeds that diverged or did not learn."""
+        if not self.gates or not self.variants.labels:
+            return None
+        items: list[Item] = [Paragraph(
+            "Baselines: predictors that cannot solve the task, each derived from the task's own generator "
+            "(`Task.baselines`, exactly or by Monte Carlo with a fixed seed): input-ignoring (knows the layout, "
+            "not a token), prefix-aware (also reads the answer's own teacher-forced prefix), order-blind (knows "
+            "which symbols the input holds, not their order), as the task declares them. A group learned when "
+            "its mean over finished seeds at the training length (and, for a verdict at another length, there "
+            f"too) is better than the strongest baseline by at least {MARGIN:.0%} of the distance from it to a "
+            "perfect score. Failed seeds: those that diverged or whose own score missed the threshold, with an "
+            "exact (Clopper-Pearson) 95% interval of their share.")]
+        for name, gates in self.gates.items():
+            names = list(dict.fromkeys(b for g in gates for b, _ in g.baselines))
+            rows = []
+            for variant, g in zip(self.variants.labels, gates):
+                scores = dict(g.baselines)
+                rows.append([variant, g.metric, interval_text(self.interval(variant, g.metric)),
+                             *(fmt(scores.get(b, math.nan)) for b in names), fmt(g.needed),
+                             "yes" if g.learned else f"no ({g.untested})" if g.untested else "no",
+                             self.failure_share(variant).text])
+            better = "≥" if metric_direction(name, self.task_name) else "≤"
+            items.append(Table(["variant", "at the training length", f"{name} mean [95% CI]", *names,
+                                f"learned: {better}", "learned", "failed seeds [95% CI]"], rows,
+                               caption=f"{name}: score at the training length against the task's baselines",
+                               numeric=[False, False, True, *([True] * len(names)), True, False, True]))
+        return Section("Learned at the training length", items)

@@ -1,0 +1,198 @@
+"""The runs of one training study as its report reads them: the final runs, labelled by
+variant and in sweep order, each `expect:` entry's column, and what every section asks of
+them (a variant's values and interval, the headline metrics, a metric's direction and range).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from workbench.registry import get_variant
+from workbench.report import figures
+from workbench.report.document import Item, fmt, fmt_interval
+from workbench.report.intervals import UNBOUNDED, Interval, mean_ci
+from workbench.report.stats import higher_is_better
+from workbench.report.tuning import split_stages
+from workbench.report.variants import Variants
+from workbench.report.compute_curves import to_target_by_run
+from workbench.results import DESCRIPTIVE_METRICS, FAILURE_SHARE, TO_TARGET, Status
+from workbench.study import RUN_MEASURES
+from workbench.tasks import METRIC_RANGES
+from workbench.study.tuning import PointTuning
+
+MEASURE_HIGHER = {"tokens_per_s": True}  # every other run measure: lower is better
+
+
+@dataclass
+class TrainInputs:
+    """Everything a training report is computed from (all read from the store)."""
+
+    study: Any  # workbench.study.TrainStudy
+    runs: pd.DataFrame  # one row per run (store.load_results)
+    curves: pd.DataFrame  # long rows: run_id, step, metric, value
+    environment: dict[str, str]
+    command: str  # the command that reproduces the runs
+    pictures: Callable[[Variants, pd.DataFrame, Path], list[Item]] | None = None
+    tuning: Sequence[PointTuning] = ()  # with `tune:`: each sweep point's candidates and choice
+    timing_caveat: str | None = None  # workbench.report.timing_caveat of the runs: timings from a shared machine
+
+
+def metric_direction(metric: str, task_name: str) -> bool:
+    """True when higher is better: the task declares its metrics' directions, loss is lower;
+    what a run spent to reach a target (flops_to_target) is lower."""
+    if metric.split(":")[0] in TO_TARGET:
+        return False
+    base = metric.split("@")[0]
+    if base in RUN_MEASURES:
+        return MEASURE_HIGHER.get(base, False)
+    if base in ("loss", FAILURE_SHARE):
+        return False
+    try:
+        declared = get_variant("task", task_name).metrics
+    except Exception:  # noqa: BLE001 - a task no longer installed: fall back to the name
+        declared = {}
+    return declared.get(base, higher_is_better(base))
+
+
+def metric_range(metric: str, task_name: str) -> tuple[float, float]:
+    """(lowest, highest) possible value of a metric, as its task declares (unbounded if unknown)."""
+    base = metric.split("@")[0]
+    try:
+        ranges = get_variant("task", task_name).ranges
+    except Exception:  # noqa: BLE001 - a task no longer installed: the built-in ranges
+        ranges = METRIC_RANGES
+    return ranges.get(base, UNBOUNDED)
+
+
+def metric_columns(runs: pd.DataFrame, task_cls_metrics: Sequence[str]) -> list[str]:
+    """Final-metric columns (`accuracy@64`, `loss@64`, `bleu`), task metrics first, by length,
+    then descriptive measures (attention_entropy@16) when the runs recorded them."""
+    names = [*task_cls_metrics, "loss", *DESCRIPTIVE_METRICS]
+    found = []
+    for col in runs.columns:
+        m = re.fullmatch(r"(\w+)(?:@(\d+))?", str(col))
+        if m and m.group(1) in names:
+            found.append((names.index(m.group(1)), int(m.group(2) or 0), col))
+    return [col for *_, col in sorted(found)]
+
+
+def interval_text(iv: Interval) -> str:
+    """'0.912 [0.899, 0.925]'; seeds without spread are flagged instead of given a zero-width interval."""
+    if iv.constant:
+        return f"{fmt(iv.mean)} (all {iv.n} seeds equal)"
+    return fmt_interval(iv.mean, iv.lo, iv.hi)
+
+
+def split_metric(col: str) -> tuple[str, int | None]:
+    """accuracy@64 -> (accuracy, 64); 'flops_to_target: bpc@32 ≤ 2.5' -> (flops_to_target, None)."""
+    if col.split(":")[0] in TO_TARGET:
+        return col.split(":")[0], None
+    name, _, length = col.partition("@")
+    return name, int(length) if length else None
+
+
+class TrainRuns:
+    """The final runs of one training study, labelled by variant, with what every section of its
+    report reads from them; figures go to `dest/figures/`."""
+
+    def __init__(self, inputs: TrainInputs, dest: Path):
+        self.inputs, self.dest = inputs, dest
+        self.study = inputs.study
+        self.task_name = self.study.task["name"]
+        self.keys = list(self.study.sweep.keys)
+        swept = {k: self.study.sweep.values(k) for k in self.keys}
+        runs = inputs.runs.copy()
+        self.variants = Variants.of(self.keys, runs, swept)
+        runs["variant"] = self.variants.label_runs(runs)
+        order = ["index", "seed"] if "index" in runs else ["variant", "seed"]
+        runs = runs.sort_values(order, key=self._variant_order).reset_index(drop=True)
+        self.unreached: dict[str, set[str]] = {}  # to-target column -> finished runs that never reached it
+        for exp in self.study.expect:
+            if exp.target is not None:
+                runs[self.expect_column(exp)] = self.to_target(exp, runs)
+        self.runs, self.tuning_runs = split_stages(runs)  # tables and verdicts: final runs only
+        self.finished = self.runs[self.runs["status"] == Status.FINISHED]
+        self.palette = figures.variant_palette(self.variants.labels)
+        self.palette = {v: self.palette[v] for v in self.variants.labels}  # sweep order for legends
+        try:
+            task_metrics = list(get_variant("task", self.task_name).metrics)
+        except Exception:  # noqa: BLE001
+            task_metrics = []
+        self.task_metrics = task_metrics
+        self._baselines: dict[tuple[str, int], dict[str, dict[str, float]]] = {}
+        self.metrics = metric_columns(self.runs, task_metrics)
+        self.primary = task_metrics[0] if task_metrics else "loss"
+
+    def expect_column(self, exp) -> str:
+        """The runs-table column an `expect:` entry compares: its metric, or for a *_to_target
+        entry 'flops_to_target: bpc@32 ≤ 2.5' (computed from the curves)."""
+        if exp.target is None:
+            return exp.metric
+        sign = "≥" if metric_direction(exp.target.metric, self.task_name) else "≤"
+        return f"{exp.metric}: {exp.target.metric} {sign} {exp.target.value:g}"
+
+    def to_target(self, exp, runs: pd.DataFrame) -> pd.Series:
+        """Each run's `exp.metric` (e.g. flops_to_target) for its target, NaN where not reached
+        (those finished runs are remembered for the verdict) or where no spending was recorded."""
+        column = self.expect_column(exp)
+        curves = self.inputs.curves
+        if curves is None or curves.empty:
+            return pd.Series(math.nan, index=runs.index)
+        higher = metric_direction(exp.target.metric, self.task_name)
+        values = to_target_by_run(curves, exp.metric, exp.target.metric, exp.target.value, higher)
+        finished = set(runs.loc[runs["status"] == Status.FINISHED, "run_id"])
+        self.unreached[column] = {run for run, v in values.items() if run in finished and math.isnan(v)}
+        return runs["run_id"].map(values).astype(float)
+
+    def unreached_text(self, column: str, variant: str) -> str | None:
+        """'gelu: 2 of 3 finished seeds never reached bpc@32 ≤ 2.5', or None when all reached."""
+        mine = self.finished[self.finished["variant"] == variant]
+        missed = mine["run_id"].isin(self.unreached.get(column, set())).sum()
+        if not missed:
+            return None
+        return f"{variant}: {missed} of {len(mine)} finished seeds never reached {column.split(': ', 1)[1]}"
+
+    def _variant_order(self, col: pd.Series) -> pd.Series:
+        if col.name == "variant":
+            return col.map({v: i for i, v in enumerate(self.variants.labels)})
+        return col
+
+    # ---- headline metrics and baseline -------------------------------------------------------
+
+    @property
+    def headline(self) -> list[str]:
+        """Expectation metrics, then the task's first metric at each evaluation length."""
+        wanted = [self.expect_column(e) for e in self.study.expect]
+        wanted += [m for m in self.metrics if split_metric(m)[0] == self.primary]
+        out = []
+        for m in wanted:
+            if m in self.runs.columns and m not in out:
+                out.append(m)
+        return out or self.metrics[:1]
+
+    def baseline_of(self, variant: str) -> str | None:
+        if self.study.baseline is None:
+            return None
+        return self.variants.counterpart(variant, self.study.baseline)
+
+    def values(self, variant: str, metric: str) -> pd.Series:
+        """Finished runs' values of `metric`, indexed by seed (failed metrics dropped)."""
+        mine = self.finished[self.finished["variant"] == variant]
+        if metric not in mine:
+            return pd.Series([], dtype=float)
+        return pd.Series(mine[metric].to_numpy(dtype=float), index=mine["seed"].to_numpy()).dropna()
+
+    def range_of(self, metric: str) -> tuple[float, float]:
+        # Run measures (time, memory, throughput, parameters) are never negative.
+        spent = split_metric(metric)[0] in RUN_MEASURES or metric.split(":")[0] in TO_TARGET
+        return (0.0, math.inf) if spent else metric_range(metric, self.task_name)
+
+    def interval(self, variant: str, metric: str) -> Interval:
+        return mean_ci(self.values(variant, metric), bounds=self.range_of(metric))

@@ -1,0 +1,170 @@
+"""The verdicts of a training study's report: each `expect:` entry's comparisons, decided by
+workbench.report.stats (look by look with adaptive seeds), each as a verdict line, and the
+Across scale section of a scale ladder."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import asdict
+from functools import cached_property
+from typing import Any
+
+from workbench.report.document import Paragraph, Section, Table, VerdictLine, fmt, fmt_signed_interval
+from workbench.report.intervals import Interval
+from workbench.report.learned_gate import Learned
+from workbench.report.stats import INCONCLUSIVE, Comparison, Verdict, seed_looks, sequential_verdicts, verdicts
+from workbench.report.variants import short_key, value_text
+from workbench.report.ladder import cross_scale_line
+from workbench.results import FAILURE_SHARE
+from workbench.study.keys import label, point_labels
+from workbench.study.sweep import point_key
+from workbench.report.train_runs import interval_text, metric_direction
+from workbench.report.train_gates import LearnedGates
+
+
+def gate_record(g: Learned) -> dict[str, Any]:
+    """A group's learned-at-all check as plain JSON (summary.json)."""
+    return {**asdict(g), "learned": g.learned}
+
+
+def group_record(group: str, iv: Interval) -> dict[str, Any]:
+    """A compared group's mean with its interval as plain JSON (summary.json)."""
+    return {"group": group, "mean": iv.mean, "lo": iv.lo, "hi": iv.hi, "n": iv.n, "constant": iv.constant}
+
+
+class TrainVerdicts(LearnedGates):
+    """The `expect:` comparisons, their verdicts and verdict lines, and the Across scale section."""
+
+    def comparisons(self) -> tuple[list[Comparison], list[int]]:
+        """Each `expect:` pair to decide, with the index of the entry it comes from (an entry
+        whose points differ in an unswept-by-it key gives one comparison per pair)."""
+        comparisons, origins = [], []
+        for index, exp in enumerate(self.study.expect):
+            origins.append(index)
+            metric = self.expect_column(exp)
+            gated = exp.target.metric if exp.target is not None else metric  # the score a group must have learned
+            higher = metric_direction(metric, self.task_name)
+            bounds = (0.0, 1.0) if metric == FAILURE_SHARE else self.range_of(metric)
+            gate = self.gate_name(gated)
+            pairs = self.variants.pairs(exp.better, exp.than)
+            if not pairs:  # neither point was run (e.g. a profile dropped it): say so
+                a = ", ".join(f"{short_key(k)}={value_text(v)}" for k, v in exp.better.items())
+                b = ", ".join(f"{short_key(k)}={value_text(v)}" for k, v in exp.than.items())
+                comparisons.append(Comparison(metric, a, b, [], [], higher, bounds, note=exp.note))
+                continue
+            origins += [index] * (len(pairs) - 1)
+            for a, b in pairs:
+                gates = () if gate is None else (*self.group_gates(a, gate, gated), *self.group_gates(b, gate, gated))
+                if metric == FAILURE_SHARE:
+                    values = self.failed_seeds(a), self.failed_seeds(b)
+                else:
+                    values = self.values(a, metric), self.values(b, metric)
+                unreached = tuple(t for t in (self.unreached_text(metric, a), self.unreached_text(metric, b)) if t)
+                ran = min(int((self.runs["variant"] == v).sum()) for v in (a, b))
+                comparisons.append(Comparison(metric, a, b, *values, higher, bounds, gates, exp.note,
+                                              margin=exp.margin, counts=metric == FAILURE_SHARE, seeds_run=ran,
+                                              unreached=unreached))
+        return comparisons, origins
+
+    def seeds_wanted(self) -> dict[str, int]:
+        """Adaptive seeds: point_key -> the seeds its group should have by the next look, for
+        the groups of every comparison still inconclusive below the plan's maximum."""
+        plan = self.study.seed_plan
+        looks = seed_looks(plan.first, plan.max)
+        comparisons, _ = self.comparisons()
+        wanted: dict[str, int] = {}
+        for c, v in zip(comparisons, sequential_verdicts(comparisons, looks)):
+            following = next((n for n in looks if n > c.seeds_run), None)
+            if v.outcome != INCONCLUSIVE or following is None:
+                continue
+            for group in (c.better, c.than):
+                key = self.point_keys.get(group)
+                if key is not None:
+                    wanted[key] = max(wanted.get(key, 0), following)
+        return wanted
+
+    @cached_property
+    def point_keys(self) -> dict[str, str]:
+        """Variant label -> its sweep point's key (as `sweep.point_key` writes it)."""
+        out = {}
+        for point in self.study.sweep.points():
+            labels = {k: label(v) for k, v in point.items()}
+            out[self.variants.label([value_text(point[k]) for k in self.keys])] = point_key(labels, self.keys)
+        return out
+
+    def verdicts(self) -> list[tuple[Verdict, int]]:
+        """Each verdict with the index of the `expect:` entry it decides; an adaptive study's
+        comparisons are decided look by look (stats.sequential_verdicts)."""
+        comparisons, origins = self.comparisons()
+        plan = self.study.seed_plan
+        decided = (verdicts(comparisons) if plan is None
+                   else sequential_verdicts(comparisons, seed_looks(plan.first, plan.max)))
+        return list(zip(decided, origins))
+
+    def across_scale(self, decided: Sequence[tuple[Verdict, int]]) -> list[dict[str, Any]]:
+        """Per `expect:` entry (and per value of any other swept key it does not fix), its
+        outcome at each rung of the scale ladder and the cross-scale line (workbench.report.ladder)."""
+        scale_keys = list(self.study.scale or {})
+        rung_order = [value_text(v) for v in self.study.scale[self.study.rung_key]]
+        rows: dict[tuple[int, str], dict[str, Any]] = {}
+        for v, index in decided:
+            if v.better not in self.variants.labels:
+                continue
+            exp = self.study.expect[index]
+            values = dict(zip(self.variants.keys, self.variants.points[self.variants.labels.index(v.better)]))
+            context = ", ".join(f"{short_key(k)}={x}" for k, x in values.items()
+                                if k not in scale_keys and k not in exp.better and k not in exp.than)
+            row = rows.setdefault((index, context), {
+                "index": index, "context": context, "outcomes": {}, "labels": {},
+                "statement": f"{self.variants_text(exp.better)} is better than {self.variants_text(exp.than)} on "
+                             f"{self.expect_column(exp)}"})
+            row["outcomes"][values[self.study.rung_key]] = v.outcome
+            row["labels"][values[self.study.rung_key]] = v.label
+        for row in rows.values():
+            row["line"] = cross_scale_line([(rung, row["outcomes"][rung]) for rung in rung_order if rung in row["outcomes"]])
+        return list(rows.values())
+
+    @staticmethod
+    def variants_text(point: dict[str, Any]) -> str:
+        return ", ".join(value_text(v) for v in point.values())
+
+    def scale_section(self, decided: Sequence[tuple[Verdict, int]]) -> Section | None:
+        if not self.study.scale:
+            return None
+        rungs = [value_text(v) for v in self.study.scale[self.study.rung_key]]
+        matching = "; ".join(f"{k}: {', '.join(value_text(x) for x in values)}" for k, values in self.study.scale.items())
+        rows = []
+        for row in self.across_scale(decided):
+            rows.append([row["statement"] + (f" ({row['context']})" if row["context"] else ""),
+                         *(row["labels"].get(r, "–") for r in rungs), row["line"]])
+        return Section("Across scale", [
+            Paragraph(f"Scale ladder: {matching} (one value per rung). Every expect: entry is decided at each rung "
+                      "by the rule under Verdicts (Holm's correction covers every rung's comparison together); the "
+                      "last column says whether the verdict holds across the rungs."),
+            Table(["expectation", *(f"{short_key(self.study.rung_key)} = {r}" for r in rungs), "across scale"], rows,
+                  caption="Each expect: entry at every rung of the ladder")])
+
+    def verdict_line(self, v: Verdict, index: int) -> VerdictLine:
+        exp = self.study.expect[index]
+        def group(name: str, iv: Interval) -> str:
+            return f"{name}: {interval_text(iv)}" + ("" if iv.constant else f" ({iv.n} seeds)")
+
+        d = v.diff
+        detail = f"{group(v.better, v.better_ci)}; {group(v.than, v.than_ci)}"
+        if not math.isnan(d.mean):
+            level = f"{d.level:.1%}".replace(".0%", "%")
+            how = f"{level} {d.method} t interval" if not math.isnan(d.lo) else f"{d.method}, no interval"
+            holm = f", Holm-adjusted p {fmt(v.p_holm)}" if not math.isnan(v.p_holm) else ""
+            shown = fmt(d.mean) if math.isnan(d.lo) else fmt_signed_interval(d.mean, d.lo, d.hi)
+            detail += f"; difference {shown} ({how}{holm})"
+        if v.gates:
+            detail += ". Learned: " + "; ".join(g.text if g.untested else f"{g.text} {'yes' if g.learned else 'no'}"
+                                                for g in v.gates)
+        return VerdictLine(statement=v.statement, outcome=v.outcome, label=v.label, detail=detail, note=exp.note,
+                           gates=[gate_record(g) for g in v.gates],
+                           difference={"mean": d.mean, "lo": d.lo, "hi": d.hi, "level": d.level, "method": d.method,
+                                       "p": d.p, "p_holm": v.p_holm},
+                           groups=[group_record(name, iv) for name, iv in ((v.better, v.better_ci), (v.than, v.than_ci))],
+                           expect={"index": index, "metric": exp.metric, "better": point_labels(exp.better),
+                                   "than": point_labels(exp.than)})

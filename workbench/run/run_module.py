@@ -1,0 +1,165 @@
+"""The LightningModule of one run, and its optimizer and learning-rate schedule.
+
+    RunModule   build_model(spec) + task.loss; the optimizer train.optimizer names (AdamW by
+                default); warmup + decay (LambdaLR), which under a compute budget ends when the
+                budget does; the step that reaches a budget trains only the sequences it still
+                pays for; a NaN/inf loss stops training and marks the run diverged
+                (workbench.run.divergence).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable
+from typing import Any
+
+import pytorch_lightning as pl
+import torch
+
+from workbench.cost.budget import count_tokens, sequences_within
+from workbench.cost.flops import counted_forward
+from workbench.model.transformer import Transformer, build_model
+from workbench.run.divergence import DivergenceCheck
+
+
+def lr_factor(step: int, warmup: int, total: int, schedule: str, min_ratio: float) -> float:
+    """Multiplier of the peak lr at `step`: linear warmup, then cosine / linear / no decay."""
+    if step < warmup:
+        return (step + 1) / warmup
+    if schedule == "constant":
+        return 1.0
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    decay = 0.5 * (1 + math.cos(math.pi * progress)) if schedule == "cosine" else 1 - progress
+    return min_ratio + (1 - min_ratio) * decay
+
+
+def budget_factor(schedule: Callable[..., float], budget: float, spent: Callable[[], float], estimate: int,
+                  step: int) -> float:
+    """The schedule under a budget: its total is the step count the spending so far reaches
+    at `budget` (re-projected at every step; `estimate` before the first), so the decay ends
+    when the budget does."""
+    so_far = spent()
+    total = max(step + 1, round(step * budget / so_far)) if step > 0 and so_far > 0 else estimate
+    return schedule(step, total=total)
+
+
+def batch_size(inputs: dict[str, torch.Tensor]) -> int:
+    return next(iter(inputs.values())).shape[0]
+
+
+def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
+    """Weight decay on matrices only; norms, biases and 1-d parameters are not decayed."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    return [
+        {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
+        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+    ]
+
+
+def make_optimizer(spec: dict[str, Any], groups: list[dict[str, Any]], lr: float) -> torch.optim.Optimizer:
+    """The optimizer `train.optimizer` names, with its validated arguments (workbench.study.train_section)."""
+    args = {k: v for k, v in spec.items() if k != "name"}
+    if "betas" in args:
+        args["betas"] = tuple(args["betas"])
+    if spec["name"] == "lion":
+        from lion_pytorch import Lion  # an optional package (the `lion` extra), checked before any run
+
+        return Lion(groups, lr=lr, **args)
+    cls = {"adamw": torch.optim.AdamW, "adam": torch.optim.Adam, "sgd": torch.optim.SGD}[spec["name"]]
+    return cls(groups, lr=lr, **args)
+
+
+class RunModule(pl.LightningModule):
+    def __init__(self, config: dict[str, Any], task):
+        super().__init__()
+        self.model: Transformer = build_model(config["model"])
+        self.task = task
+        self.family = config["model"]["family"]
+        self.train_cfg = config["train"]
+        self.diverged_step: int | None = None
+        self.divergence: DivergenceCheck | None = None
+        self.budget: dict[str, Any] | None = self.train_cfg.get("budget")
+        self.budget_kind = next((k for k, v in (self.budget or {}).items() if v is not None), None)
+        self.spent: Callable[[], float] = lambda: 0.0  # the recorder's spending in the budget's unit
+        self.last_step: str | None = None  # a counted budget's last step: whole, partial or dropped
+        self.flops_by_shape: dict[tuple, int] = {}  # see counted_loss
+
+    def training_step(self, batch, batch_idx: int):
+        inputs, tokens = batch  # tokens: the whole micro-batch's real tokens, every rank's share (StepBatches)
+        flops = None
+        if self.budget_kind == "flops":
+            inputs, loss, flops = self.flop_budgeted_loss(inputs)
+        else:
+            if self.budget_kind == "tokens":
+                inputs = self.fit_budget(inputs, tokens)
+            loss = None if inputs is None else self.task.loss(self.model, inputs, self.family)
+        if loss is None:  # the budget's remainder was under half a sequence: dropped
+            return None
+        if self.divergence is None:
+            self.divergence = DivergenceCheck(self.trainer)
+        diverged_step = self.divergence.check(loss, self.global_step + 1)
+        if diverged_step is not None:
+            self.diverged_step = diverged_step
+            self.trainer.should_stop = True
+            if diverged_step == self.global_step + 1:
+                return None  # skips the optimizer step: the weights stay those before the bad step
+        if inputs is not batch[0]:  # a budget's last step kept fewer sequences (budgets train in one process)
+            tokens = count_tokens(inputs)
+        # Every rank holds an equal share (train.batch_size is a multiple of the processes): the
+        # step's sequences are this rank's times their number, so FLOPs estimated from them count all.
+        return {"loss": loss, "tokens": tokens, "sequences": batch_size(inputs) * self.trainer.world_size,
+                "flops": flops}
+
+    def flop_budgeted_loss(self, inputs):
+        """(inputs, loss, training FLOPs) of a step; a step that would pass the budget is cut to
+        the sequences it has left (`fit_budget`)."""
+        loss, flops = self.counted_loss(inputs)
+        fitted = self.fit_budget(inputs, flops)
+        if fitted is None:
+            return None, None, 0
+        if fitted is not inputs:
+            loss, flops = self.counted_loss(fitted)
+        return fitted, loss, flops
+
+    def counted_loss(self, inputs) -> tuple[torch.Tensor, int]:
+        """The loss and the step's training FLOPs (forward x3), counted as the forward runs
+        (workbench.cost.flops.counted_forward). A forward's FLOPs depend on the batch's shapes
+        and masks only (which positions are real and may meet), not on the token values: a
+        batch like one counted before reuses that count, so fixed-length tasks count once."""
+        key = tuple((name, tuple(t.shape), t.cpu().numpy().tobytes() if t.dtype == torch.bool else b"")
+                    for name, t in sorted(inputs.items()))
+        if key in self.flops_by_shape:
+            return self.task.loss(self.model, inputs, self.family), self.flops_by_shape[key]
+        loss, forward = counted_forward(self.model, lambda: self.task.loss(self.model, inputs, self.family))
+        self.flops_by_shape[key] = 3 * forward
+        return loss, 3 * forward
+
+    def fit_budget(self, inputs, cost: float):
+        """`inputs`, or on the step that reaches the budget its first sequences that the budget
+        still pays for (workbench.cost.budget.sequences_within); None when none: the run stops."""
+        left = self.budget[self.budget_kind] - self.spent()
+        if cost < left:
+            return inputs
+        self.trainer.should_stop = True
+        keep = sequences_within(left, cost, batch_size(inputs))
+        self.last_step = "dropped" if keep == 0 else "whole" if keep == batch_size(inputs) else "partial"
+        if keep == 0:
+            return None
+        return inputs if keep == batch_size(inputs) else {key: value[:keep] for key, value in inputs.items()}
+
+    def on_train_end(self) -> None:
+        if self.divergence is not None and (step := self.divergence.flush()) is not None:
+            self.diverged_step = step
+
+    def configure_optimizers(self):
+        cfg = self.train_cfg
+        optimizer = make_optimizer(cfg["optimizer"], param_groups(self.model, cfg["weight_decay"]), cfg["lr"])
+        schedule = functools.partial(lr_factor, warmup=cfg["warmup_steps"], schedule=cfg["schedule"],
+                                     min_ratio=cfg["min_lr_ratio"])
+        if self.budget_kind is None:
+            factor = functools.partial(schedule, total=cfg["steps"])
+        else:
+            factor = functools.partial(budget_factor, schedule, self.budget[self.budget_kind], self.spent, cfg["steps"])
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
