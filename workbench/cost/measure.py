@@ -67,7 +67,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from workbench.attention import FLEX_BLOCK, AttentionVariant, arange_positions, flex_disabled, flex_eligible
 from workbench.cache import KVCache
 from workbench.ffn import FeedForward
-from workbench.hardware import machine_load
+from workbench.hardware import cpu_seconds, machine_load
 from workbench.cost.memory import INSTRUMENT as TENSOR_BYTES_INSTRUMENT
 from workbench.cost.memory import peak_tensor_bytes
 from workbench.model import Block, CrossAttention, DecoderModel, Positions, SelfAttention, build_model
@@ -700,9 +700,10 @@ def run_points(points: Iterable[Point], *, time_budget_s: float = 600.0, isolate
     """
     rows = []
     for point in points:
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), cpu_seconds()
         figures = _run_isolated(point, time_budget_s, startup_timeout_s) if isolate else measure_point_safely(point)
         row = {**point_columns(point), **figures, "wall_s": time.perf_counter() - started,
+               "cpu_s": cpu_seconds() - cpu_started,
                **environment_columns(point)}
         rows.append(row)
         if on_row is not None:

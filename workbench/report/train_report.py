@@ -22,6 +22,7 @@ import yaml
 
 from workbench.registry import get_variant
 from workbench.report import figures
+from workbench.report.convergence import settling, settling_section
 from workbench.report.document import (
     Code,
     Figure,
@@ -901,6 +902,14 @@ class TrainReport:
                       "the step whose loss was not finite)."),
             Table(["variant", "seed", "status", "step", "message"], rows, numeric=[False, True, False, True, False])])
 
+    def settling_section(self) -> Section | None:
+        """Whether the budget sufficed: the verdict metrics over the last 20% of the steps."""
+        curves = self.inputs.curves
+        if curves is None or curves.empty:
+            return None
+        metrics = list(dict.fromkeys(exp.metric for exp in self.study.expect if exp.target is None))
+        return settling_section(settling(curves, self.finished, metrics))
+
     def environment(self) -> Section:
         env = self.inputs.environment
         rows = [[k, str(env[k])] for k in sorted(env)]
@@ -912,7 +921,8 @@ class TrainReport:
         if self.study.tune is not None:
             tuning = TuningSection(self.study, self.inputs.tuning, self.variants, self.palette, self.dest)
             sections.append(tuning.build())
-        sections += [self.learned_section(), self.leaderboards(), self.fits_section(), self.figures_section()]
+        sections += [self.learned_section(), self.leaderboards(), self.settling_section(), self.fits_section(),
+                     self.figures_section()]
         if self.inputs.pictures is not None:
             items = self.inputs.pictures(self.variants, self.finished, self.dest)
             if items:

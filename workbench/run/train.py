@@ -48,7 +48,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from workbench import stopping
 from workbench.errors import WorkbenchError
-from workbench.hardware import Machine, machine_load, train_needs
+from workbench.hardware import Machine, cpu_seconds, machine_load, train_needs
 from workbench.cost.budget import BUDGET_STEP_CAP, StepCost, count_tokens, sequences_within, step_cost
 from workbench.cost.measure import counted_forward
 from workbench.cost.memory import LiveTensorBytes
@@ -776,7 +776,7 @@ def train_here(run_id: str, config: dict[str, Any], run_dir: Path, tracker: Trac
     """train_run in this process: every rank of a multi-process run runs it; rank 0 alone
     writes the run folder's files."""
     quiet_lightning()
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), cpu_seconds()
     writer = rank_zero()
     try:
         if writer:
@@ -871,6 +871,7 @@ def train_here(run_id: str, config: dict[str, Any], run_dir: Path, tracker: Trac
         result.tokens_per_s = result.tokens / result.train_time_s if result.tokens and result.train_time_s > 0 else None
     result.peak_memory_bytes = memory.peak_bytes()
     result.wall_time_s = time.perf_counter() - start
+    result.cpu_time_s = cpu_seconds() - cpu_start
     result.environment.update(machine_load())
     if not writer:
         return result
