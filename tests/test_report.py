@@ -8,6 +8,7 @@ The HTML is checked by parsing, and in headless Chromium when it is installed.
 
 from __future__ import annotations
 
+import html as html_lib
 import json
 import re
 import shutil
@@ -134,7 +135,7 @@ def train_report(tmp_path_factory):
         curves += [(3, "eval", "loss@6", 1 - acc)] if finished else []
         store.record(run, RunResult(
             run_id=run.run_id, status="finished" if finished else "oom", steps_done=3 if finished else 1,
-            metrics=metrics, curves=curves, n_params=5000, wall_time_s=10.0 + run.seed,
+            metrics=metrics, curves=curves, n_params=5000, wall_time_s=10.0 + run.seed, cpu_time_s=15.0 + run.seed,
             error=None if finished else "CUDA out of memory. Tried to allocate <2 GiB>",
             tokens=1200, tokens_per_s=120.0, peak_memory_bytes=(5 + run.seed) * 2**20,
             peak_memory_instrument="process_peak_rss", environment={"torch": torch.__version__, "device": "cpu"}))
@@ -190,6 +191,11 @@ def test_training_report_files_and_verdicts(train_report):
     assert f"workbench run {root / 'study.yaml'} --out {out}" in text
     assert "Constructed results for the report tests." in text
     assert "torch" in [row[0] for t in page.tables for row in t]
+
+    # What the study cost: wall and CPU time (seeds 0-2 spent 15-17 CPU seconds, three positions), as in the index.
+    run_time = html_lib.unescape(re.search(r"<h2[^>]*>Run time</h2>\s*<p>([^<]+)", html).group(1))
+    assert re.match(r"[\d.]+ s wall, 2.4 min CPU, 9 runs\. Wall: from the first run's start", run_time), run_time
+    assert json.loads((index.parent / "summary.json").read_text())["run_cpu_s"] == 144
 
 
 def test_training_report_figures(train_report):

@@ -8,7 +8,7 @@ from click.testing import CliRunner
 
 from workbench.cli import main
 from workbench.report.document import Report, VerdictLine
-from workbench.report.index import build_index, run_span_s, scaling_findings, summary
+from workbench.report.index import build_index, run_cpu_s, run_span_s, scaling_findings, summary
 
 STUDY = """\
 # Claims E1-E3 (and P9): a header comment names them.
@@ -27,12 +27,13 @@ def write_study(folder, name):
 
 
 def test_summary_counts_runs_and_spans_the_sweep():
-    runs = [{"status": "finished", "recorded_at": "2026-01-01T10:00:10+00:00", "wall_time_s": 10.0},
-            {"status": "diverged", "recorded_at": "2026-01-01T10:01:00+00:00", "wall_time_s": 30.0}]
+    runs = [{"status": "finished", "recorded_at": "2026-01-01T10:00:10+00:00", "wall_time_s": 10.0, "cpu_time_s": 19.0},
+            {"status": "diverged", "recorded_at": "2026-01-01T10:01:00+00:00", "wall_time_s": 30.0, "cpu_time_s": 41.0}]
     assert run_span_s(runs) == 60.0  # 10:00:00 (first start) to 10:01:00 (last end)
+    assert run_cpu_s(runs) == 60.0 and run_cpu_s([{"cpu_time_s": None}]) is None
     verdict = VerdictLine("rope is better than none on accuracy@4", "holds", "holds", "detail", "note")
     s = summary(Report("x", "train", "q?", [verdict], []), runs)
-    assert s["statuses"] == {"diverged": 1, "finished": 1} and s["run_span_s"] == 60
+    assert s["statuses"] == {"diverged": 1, "finished": 1} and s["run_span_s"] == 60 and s["run_cpu_s"] == 60
     assert s["verdicts"] == [{"statement": verdict.statement, "outcome": "holds", "label": "holds", "note": "note",
                               "difference": {}, "learned": [], "groups": [], "expect": {}}]
 
@@ -46,14 +47,14 @@ def test_index_rows_read_summaries_and_mark_studies_not_run(tmp_path):
     (reports / "ran" / "report.md").write_text("# ran\n")
     (reports / "ran" / "summary.json").write_text(json.dumps({
         "name": "ran", "kind": "train", "question": "Does it hold?", "runs": 4,
-        "statuses": {"finished": 3, "diverged": 1}, "run_span_s": 150,
+        "statuses": {"finished": 3, "diverged": 1}, "run_span_s": 150, "run_cpu_s": 270,
         "verdicts": [{"statement": "rope is better than none on accuracy@4", "outcome": "does not hold",
                       "label": "does not hold", "note": ""}]}))
     text = build_index(studies, reports)
     ran = next(line for line in text.splitlines() if line.startswith("| [ran]"))
     assert "(ran/report.md)" in ran and "E1, E2, E3, E6, P9" in ran
     assert "**does not hold**: rope is better than none on accuracy@4" in ran
-    assert "2.5 min, 4 runs (1 diverged)" in ran
+    assert "2.5 min wall, 4.5 min CPU, 4 runs (1 diverged)" in ran
     pending = next(line for line in text.splitlines() if line.startswith("| pending"))
     assert "| not run |" in pending
     result = CliRunner().invoke(main, ["report-index", "--studies", str(studies), "--reports", str(reports)])

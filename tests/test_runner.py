@@ -87,12 +87,13 @@ def test_flat_results_table_and_a_diverging_sibling(sweep_out):
     assert list(table["train.lr"]) == [3.0e-3, 1.0e6]
     assert list(table["status"]) == ["finished", "diverged"]
     for column in ("run_id", "seed", "accuracy@6", "exact_match@6", "loss@6", "accuracy@9", "loss@9",
-                   "n_params", "tokens_per_s", "peak_memory_bytes", "peak_memory_instrument", "wall_time_s"):
+                   "n_params", "tokens_per_s", "peak_memory_bytes", "peak_memory_instrument", "wall_time_s", "cpu_time_s"):
         assert column in table.columns, column
     ok, bad = table.iloc[0], table.iloc[1]
     assert 0 <= ok["accuracy@6"] <= 1 and ok["loss@6"] > 0 and ok["tokens_per_s"] > 0
     assert ok["peak_memory_bytes"] > 0 and ok["peak_memory_instrument"] == "train_step_live_tensor_bytes"
     assert ok["steps_done"] == 20 and ok["n_params"] > 0
+    assert 0 < ok["cpu_time_s"] < 50 * ok["wall_time_s"]  # this process's CPU seconds, not the machine's
     # the diverged run stopped at the step whose loss was not finite, with no final metrics
     assert 1 <= bad["diverged_step"] < 20 and bad["steps_done"] < 20 and math.isnan(bad["accuracy@6"])
 

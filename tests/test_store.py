@@ -15,7 +15,7 @@ def fake(writer: int, i: int, status: str = "finished"):
                           swept={"model.position": f"p{writer}"}, config={"seed": i, "writer": writer})
     result = SimpleNamespace(
         status=status, metrics={"accuracy@8": i / 100, "loss@8": 1.0, "accuracy@16": 0.5}, not_applicable={},
-        n_params=10, steps_done=5, diverged_step=None, error=None, wall_time_s=1.0, train_time_s=0.5, eval_time_s=0.1, tokens=100, train_flops=None, last_step=None,
+        n_params=10, steps_done=5, diverged_step=None, error=None, wall_time_s=1.0, cpu_time_s=0.9, train_time_s=0.5, eval_time_s=0.1, tokens=100, train_flops=None, last_step=None,
         tokens_per_s=200.0, peak_memory_bytes=1, peak_memory_instrument="process_peak_rss", resumed_from_step=None,
         environment={}, curves=[(s, "train", "loss", 1.0 / s) for s in range(1, 6)] + [(5, "eval", "loss@8", float("nan"))],
     )

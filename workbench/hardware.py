@@ -17,6 +17,7 @@ without a named cluster) are `unservable`: `validate` refuses them too.
 from __future__ import annotations
 
 import os
+import resource
 from dataclasses import dataclass
 from typing import Any
 
@@ -159,6 +160,13 @@ def scaling_needs(device: str, machine: Machine) -> list[Need]:
         return [Need("scaling.device", device, "a CUDA GPU",
                      f"measures on a CUDA GPU; PyTorch sees none on {machine.name}", "use device: auto or cpu")]
     return []
+
+
+def cpu_seconds() -> float:
+    """CPU time (user + system) of this process and of its children that have ended: a run's or
+    a measurement's cost in CPU, which a busy machine does not inflate as it does wall time."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
 def machine_load() -> dict[str, Any]:

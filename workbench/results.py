@@ -103,6 +103,7 @@ class RunResult:
     diverged_step: int | None = None
     error: str | None = None
     wall_time_s: float = 0.0
+    cpu_time_s: float | None = None  # CPU time of the run's process(es) (workbench.hardware.cpu_seconds); None: not recorded
     train_time_s: float = 0.0  # training steps only (evaluation excluded), over every attempt
     eval_time_s: float = 0.0  # evaluation, this attempt
     tokens: int = 0
@@ -143,6 +144,7 @@ class StoredResult(BaseModel):
     diverged_step: int | None = None
     error: str | None = None
     wall_time_s: float = 0.0
+    cpu_time_s: float | None = None
     train_time_s: float = 0.0
     eval_time_s: float = 0.0
     tokens: int = 0

@@ -43,7 +43,7 @@ from workbench.cost.memory_figures import peak_memory, process_peak_rss_delta, r
 from workbench.cost.memory_figures import saved_tensor_bytes
 from workbench.cost.timing import time_call
 from workbench.cost.workload import Point, build_workload, parameters_of
-from workbench.hardware import machine_load
+from workbench.hardware import cpu_seconds, machine_load
 from workbench.registry import get_variant, plugin_manager
 from workbench.results import Status
 from workbench.model.spec import parse_spec
@@ -154,9 +154,10 @@ def run_points(points: Iterable[Point], *, time_budget_s: float = 600.0, isolate
     """
     rows = []
     for point in points:
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), cpu_seconds()
         figures = _run_isolated(point, time_budget_s, startup_timeout_s) if isolate else measure_point_safely(point)
         row = {**point_columns(point), **figures, "wall_s": time.perf_counter() - started,
+               "cpu_s": cpu_seconds() - cpu_started,
                **environment_columns(point)}
         rows.append(row)
         if on_row is not None:

@@ -35,8 +35,8 @@ from workbench.run.folder import refuse_links
 from workbench.errors import WorkbenchError, WorkbenchWarning
 from workbench.kinds import get_kind
 from workbench import registry  # not `variants`: that name is also the submodule report.variants
-from workbench.report.document import Report
-from workbench.report.index import write_summary
+from workbench.report.document import Paragraph, Report, Section
+from workbench.report.index import run_cpu_s, run_span_s, run_time_text, write_summary
 from workbench.report.render import render_html, render_markdown
 from workbench.study import STORED, study_kinds
 
@@ -205,8 +205,22 @@ def process_alive(pid: int) -> bool:
 
 def build_report(out_dir: Path, info: dict[str, Any], study, dest: Path, pictures: bool) -> None:
     report, results = get_kind(study.kind).report(out_dir, info, study, dest, pictures)
+    runs = store.Store(out_dir, create=False).runs()
+    report.sections.append(run_time_section(runs))
     write_files(report, results, dest)
-    write_summary(dest, report, store.Store(out_dir, create=False).runs())
+    write_summary(dest, report, runs)
+
+
+def run_time_section(runs: Sequence[Mapping[str, Any]]) -> Section:
+    """How long the study took and what it cost: the index's run-time column, explained."""
+    span, cpu = run_span_s(runs), run_cpu_s(runs)
+    recorded = sum(r.get("cpu_time_s") is not None for r in runs)
+    text = (f"{run_time_text(span, cpu, len(runs))}. Wall: from the first run's start to the last run's end (tuning "
+            "runs included; a sweep resumed later includes its pause). CPU: user and system time of each run's "
+            f"processes, summed over the {recorded} of {len(runs)} runs that recorded it; next to the wall time it "
+            "shows how much of the machine the study used (about the number of cores when runs trained side by "
+            "side, less when they waited for other work).")
+    return Section("Run time", [Paragraph(text)])
 
 
 __all__ = ["write_report", "Report"]

@@ -6,14 +6,15 @@ status counts, and each failed, diverged or out-of-memory run appears with its m
 the step it reached.
 
 TrainReport puts the report's parts together: the runs (workbench.report.train_runs), the
-learned-at-all gates (train_gates), the verdicts (train_verdicts), the tables (train_tables)
-and the figures (train_figures).
+learned-at-all gates (train_gates), the verdicts (train_verdicts), the tables (train_tables),
+the figures (train_figures) and whether the budget sufficed (convergence).
 """
 
 from __future__ import annotations
 
 import pandas as pd
 
+from workbench.report.convergence import settling, settling_section
 from workbench.report.document import Paragraph, Report, Section
 from workbench.report.tuning import TuningSection
 from workbench.report.train_verdicts import TrainVerdicts
@@ -30,7 +31,8 @@ class TrainReport(TrainVerdicts, TrainTables, TrainFigures):
         if self.study.tune is not None:
             tuning = TuningSection(self.study, self.inputs.tuning, self.variants, self.palette, self.dest)
             sections.append(tuning.build())
-        sections += [self.learned_section(), self.leaderboards(), self.fits_section(), self.figures_section()]
+        sections += [self.learned_section(), self.leaderboards(), self.settling_section(), self.fits_section(),
+                     self.figures_section()]
         if self.inputs.pictures is not None:
             items = self.inputs.pictures(self.variants, self.finished, self.dest)
             if items:
@@ -42,6 +44,14 @@ class TrainReport(TrainVerdicts, TrainTables, TrainFigures):
         lines = [self.verdict_line(v, index) for v, index in decided]
         return Report(name=self.study.name, kind="train", question=self.study.description or "(no description)",
                       verdicts=lines, sections=[s for s in sections if s is not None], learned=self.learned_lines())
+
+    def settling_section(self) -> Section | None:
+        """Whether the budget sufficed: the verdict metrics over the last 20% of the steps."""
+        curves = self.inputs.curves
+        if curves is None or curves.empty:
+            return None
+        metrics = list(dict.fromkeys(exp.metric for exp in self.study.expect if exp.target is None))
+        return settling_section(settling(curves, self.finished, metrics))
 
     def results_csv(self) -> pd.DataFrame:
         """Every run, one row each, in sweep order (tuning runs last), with its variant label first."""

@@ -55,6 +55,7 @@ CREATE TABLE IF NOT EXISTS runs (
     diverged_step INTEGER,
     error TEXT,
     wall_time_s REAL,
+    cpu_time_s REAL,                    -- CPU time of the run's processes (NULL: not recorded)
     train_time_s REAL,
     eval_time_s REAL,
     tokens INTEGER,
@@ -81,7 +82,7 @@ CREATE TABLE IF NOT EXISTS curves (
 LEADING = ["run_id", "index", "seed"]
 # stage: "tune" for a study's tuning runs, "final" for every other run.
 # train_tokens: the store's `tokens` column (real training tokens), named beside train_flops.
-TRAILING = ["stage", "n_params", "steps_done", "last_step", "train_tokens", "train_flops", "tokens_per_s", "train_time_s", "eval_time_s", "wall_time_s",
+TRAILING = ["stage", "n_params", "steps_done", "last_step", "train_tokens", "train_flops", "tokens_per_s", "train_time_s", "eval_time_s", "wall_time_s", "cpu_time_s",
             "peak_memory_bytes", "peak_memory_instrument", "diverged_step", "resumed_from_step",
             "not_applicable", "error", "attempts"]
 
@@ -160,8 +161,8 @@ class Store:
                     columns = {row[1] for row in conn.execute("PRAGMA table_info(runs)")}
                     if "position" in columns:  # a store written before the sweep index had its name
                         conn.execute('ALTER TABLE runs RENAME COLUMN position TO "index"')
-                    for column, kind in (("train_flops", "INTEGER"), ("last_step", "TEXT")):
-                        if column not in columns:  # a store written before budgets
+                    for column, kind in (("train_flops", "INTEGER"), ("last_step", "TEXT"), ("cpu_time_s", "REAL")):
+                        if column not in columns:  # a store written before budgets (or CPU times)
                             conn.execute(f"ALTER TABLE runs ADD COLUMN {column} {kind}")
                 return
             except WorkbenchError as err:
@@ -201,7 +202,7 @@ class Store:
                 "swept": dumps(run.swept), "config": dumps(run.config), "metrics": dumps(r.metrics),
                 "not_applicable": dumps(r.not_applicable), "n_params": r.n_params, "steps_done": r.steps_done,
                 "last_step": r.last_step,
-                "diverged_step": r.diverged_step, "error": r.error, "wall_time_s": r.wall_time_s,
+                "diverged_step": r.diverged_step, "error": r.error, "wall_time_s": r.wall_time_s, "cpu_time_s": r.cpu_time_s,
                 "train_time_s": r.train_time_s, "eval_time_s": r.eval_time_s, "tokens": r.tokens,
                 "train_flops": r.train_flops,
                 "tokens_per_s": r.tokens_per_s, "peak_memory_bytes": r.peak_memory_bytes,
@@ -230,8 +231,8 @@ class Store:
             if "position" in d:  # a store written before the sweep index had its name, read as it is
                 d["index"] = d.pop("position")
             d["train_tokens"] = d.pop("tokens")
-            for column in ("train_flops", "last_step"):
-                d.setdefault(column, None)  # a read-only store written before budgets
+            for column in ("train_flops", "last_step", "cpu_time_s"):
+                d.setdefault(column, None)  # a read-only store written before budgets (or CPU times)
             try:
                 d.update(StoredRow.model_validate({key: json.loads(d[key]) for key in StoredRow.model_fields}))
             except (TypeError, ValueError) as err:  # invalid JSON, or JSON of the wrong shape (ValidationError)

@@ -37,7 +37,7 @@ from pytorch_lightning.utilities.exceptions import SIGTERMException
 
 from workbench import stopping
 from workbench.errors import WorkbenchError
-from workbench.hardware import machine_load
+from workbench.hardware import cpu_seconds, machine_load
 from workbench.cost.budget import BUDGET_STEP_CAP, step_cost
 from workbench.registry import run_providers
 from workbench.results import CONFIG_FILE, FINAL_WEIGHTS, LAST_CHECKPOINT, RESULT_FILE, RunResult, Status
@@ -131,7 +131,7 @@ def train_here(run_id: str, config: dict[str, Any], run_dir: Path, tracker: Trac
     """train_run in this process: every rank of a multi-process run runs it; rank 0 alone
     writes the run folder's files."""
     quiet_lightning()
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), cpu_seconds()
     writer = rank_zero()
     try:
         if writer:
@@ -226,6 +226,7 @@ def train_here(run_id: str, config: dict[str, Any], run_dir: Path, tracker: Trac
         result.tokens_per_s = result.tokens / result.train_time_s if result.tokens and result.train_time_s > 0 else None
     result.peak_memory_bytes = memory.peak_bytes()
     result.wall_time_s = time.perf_counter() - start
+    result.cpu_time_s = cpu_seconds() - cpu_start
     result.environment.update(machine_load())
     if not writer:
         return result
