@@ -125,6 +125,34 @@ def embedding_gradients(model, task, batch) -> dict[str, float]:
             "g_head_common": float((F.normalize(g_head, dim=-1) @ common.detach()).mean())}
 
 
+@torch.no_grad()
+def offset_readout(model, batch) -> dict[str, float]:
+    """What the stream carries about where to read: at each answer position i (predicting the
+    symbol stored 2(i - n) - 1 tokens back, for a source of n symbols), the held-out R^2 of a
+    linear least-squares readout of that offset from the hidden state after each block (what
+    the next block's queries can use). Fitted on half the rows, scored on the other half."""
+    tokens, mask = batch["tokens"], batch["padding_mask"]
+    captured = []
+    handles = [b.register_forward_hook(lambda m, i, out: captured.append(out)) for b in model.decoder.blocks]
+    model(tokens, mask)
+    for h in handles:
+        h.remove()
+    n = (tokens == 3).nonzero()[:, 1] - 1  # the <sep> sits at index n + 1
+    i = torch.arange(tokens.shape[1])[None, :]
+    answer = (i > n[:, None]) & (i <= 2 * n[:, None])  # positions predicting a source symbol
+    offset = (2 * (i - n[:, None]) - 1).float()
+    half = torch.zeros_like(answer)
+    half[: len(tokens) // 2] = True
+    stats = {}
+    for layer, hidden in enumerate(captured):
+        x = torch.cat([hidden, torch.ones_like(hidden[..., :1])], -1)
+        fit, test = answer & half, answer & ~half
+        w = torch.linalg.lstsq(x[fit], offset[fit][:, None]).solution
+        residual = offset[test] - (x[test] @ w)[:, 0]
+        stats[f"R2_{layer}"] = float(1 - residual.var() / offset[test].var())
+    return stats
+
+
 def train(args) -> list[tuple[int, float, dict[str, float]]]:
     torch.manual_seed(args.seed)
     task = make_task(args.seed)
@@ -134,7 +162,7 @@ def train(args) -> list[tuple[int, float, dict[str, float]]]:
     decay = [p for p in model.parameters() if p.dim() >= 2]
     other = [p for p in model.parameters() if p.dim() < 2]
     optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01}, {"params": other, "weight_decay": 0.0}],
-                                  lr=args.lr)
+                                  lr=args.lr, betas=(0.9, 0.95), eps=1e-8)  # the runner's AdamW
 
     def factor(step: int) -> float:
         if step < args.warmup:
@@ -143,7 +171,7 @@ def train(args) -> list[tuple[int, float, dict[str, float]]]:
         return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
 
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
-    probe_batch = task.train_batch(10**6, 64, "decoder")
+    probe_batch = task.train_batch(10**6, 256, "decoder")
     if args.fan_in_init:  # PyTorch-like scale: every block matrix N(0, 1/fan_in), branches O(1) at init
         for block in model.decoder.blocks:
             for m in block.modules():
@@ -159,6 +187,7 @@ def train(args) -> list[tuple[int, float, dict[str, float]]]:
             model.eval()
             stats = diagnostics(model, task, probe_batch)
             stats.update(embedding_gradients(model, task, probe_batch))
+            stats.update(offset_readout(model, probe_batch))
             model.train()
             acc = accuracy(model, task)
             history.append((step, acc, stats))
