@@ -13,10 +13,20 @@ steps it prints held-out teacher-forced accuracy and diagnostics measured on one
   attn     per layer: mean attention entropy over real queries, as a share of the uniform
            (causal) entropy (1 = uniform)
   branch   per sublayer: RMS of the branch output / RMS of the residual it is added to
-  grad     per block: gradient norm of its parameters (before clipping)
+  g_in, g_head   RMS of the loss gradient on the symbol rows of E through the input path and
+           through the tied head (g_head_common: their mean cosine with the mean symbol row)
+  R2_<l>   held-out R^2 of a linear readout, from the stream after block l, of how far back the
+           symbol to emit sits (what the next block's RoPE queries must find)
+  and on the line below, the training loss and each block's gradient norm (before clipping).
 
-    python -m benchmarks.post_norm_probe --norm post --position rope            # stays at chance
-    python -m benchmarks.post_norm_probe --norm post --position rope --untied   # learns
+    python -m benchmarks.post_norm_probe                    # Post-Norm, RoPE, tied: stalls
+    python -m benchmarks.post_norm_probe --untied           # learns
+    python -m benchmarks.post_norm_probe --fan-in-init      # tied, block matrices N(0, 1/fan_in): learns
+    python -m benchmarks.post_norm_probe --head-detached    # the head sends E no gradient: stalls
+    python -m benchmarks.post_norm_probe --embedding-norm   # BERT's embedding LayerNorm: stalls
+    python -m benchmarks.post_norm_probe --norm pre         # Pre-Norm, tied: learns
+
+Findings and figures: the notes of studies/norm-placement.yaml.
 """
 
 from __future__ import annotations
@@ -50,45 +60,35 @@ def symbol_ids(task) -> torch.Tensor:
 @torch.no_grad()
 def diagnostics(model, task, batch) -> dict[str, float]:
     tokens, mask = batch["tokens"], batch["padding_mask"]
-    stats: dict[str, float] = {}
-    branches: list[float] = []
-    hooks = []
+    real = mask.bool()
+    residuals: list[torch.Tensor] = []  # the stream each sublayer's output is added to
+    outputs: list[torch.Tensor] = []  # each sublayer's output (its residual branch)
+    handles = []
     for block in model.decoder.blocks:
-        for placement in (block.attn_norm, block.ffn_norm):
-            def wrap(placement=placement):
-                original = placement.forward
-
-                def forward(x, sublayer):
-                    def measured(h):
-                        out = sublayer(h)
-                        real = mask.bool()
-                        branches.append(float(out[real].pow(2).mean().sqrt() / x[real].pow(2).mean().sqrt()))
-                        return out
-                    return original(x, measured)
-                placement.forward = forward
-                return original
-            hooks.append((placement, wrap()))
+        for placement, sublayer in ((block.attn_norm, block.attn), (block.ffn_norm, block.ffn)):
+            handles.append(placement.register_forward_pre_hook(lambda m, args: residuals.append(args[0])))
+            handles.append(sublayer.register_forward_hook(lambda m, args, out: outputs.append(out)))
     with record_attention(model) as recorded:
         logits = model(tokens, mask)[:, :-1]
-    for placement, original in hooks:
-        placement.forward = original
+    for handle in handles:
+        handle.remove()
+    stats: dict[str, float] = {}
     targets, scored = task.scored_ids(batch, "decoder")
     stats["self"] = float((logits.argmax(-1) == tokens[:, :-1])[scored].float().mean())
     emb = model.embedding.weight[symbol_ids(task)]
     unit = F.normalize(emb, dim=-1)
-    cos = unit @ unit.T
     k = len(emb)
-    stats["cos"] = float((cos.sum() - k) / (k * (k - 1)))
+    stats["cos"] = float(((unit @ unit.T).sum() - k) / (k * (k - 1)))
     stats["emb"] = float(emb.pow(2).mean().sqrt())
     for i, (name, weights) in enumerate(recorded.items()):
         w = weights[0]  # [B, h, n, n]
         visible = recorded.visible[name][0].expand_as(w)
-        ent = -(w.clamp_min(1e-12).log() * w).sum(-1)  # [B, h, n]
+        entropy = -(w.clamp_min(1e-12).log() * w).sum(-1)  # [B, h, n]
         uniform = visible.sum(-1).clamp_min(1).float().log()
-        real = mask.bool()[:, None, :].expand_as(ent) & (uniform > 0)
-        stats[f"attn{i}"] = float(ent[real].sum() / uniform[real].sum())
-    for i, b in enumerate(branches):
-        stats[f"branch{i}"] = b
+        counted = real[:, None, :].expand_as(entropy) & (uniform > 0)
+        stats[f"attn{i}"] = float(entropy[counted].sum() / uniform[counted].sum())
+    for i, (x, out) in enumerate(zip(residuals, outputs, strict=True)):
+        stats[f"branch{i}"] = float(out[real].pow(2).mean().sqrt() / x[real].pow(2).mean().sqrt())
     return stats
 
 
@@ -104,13 +104,17 @@ class DetachedHead(torch.nn.Module):
 
 
 def embedding_gradients(model, task, batch) -> dict[str, float]:
-    """RMS of the loss gradient on the symbol rows of E through the input path (g_in) and
-    through the tied head (g_head), and the mean cosine of each row's head gradient with the
+    """RMS of the loss gradient on the symbol rows of E through the input path (g_in) and,
+    when the head is tied, through the head (g_head), and the mean cosine of each row's head gradient with the
     mean symbol row (g_head_common: 1 = the head pushes every symbol the same way)."""
     E = model.embedding.weight
-    if not isinstance(model.head, torch.nn.Linear) or model.head.weight is not E:
-        return {}
     rows = symbol_ids(task)
+    if not isinstance(model.head, torch.nn.Linear) or model.head.weight is not E:  # untied or detached
+        model.zero_grad(set_to_none=True)
+        task.loss(model, batch, "decoder").backward()
+        g_in = E.grad[rows]
+        model.zero_grad(set_to_none=True)
+        return {"g_in": float(g_in.pow(2).mean().sqrt())}
     head_copy = torch.nn.Parameter(E.detach().clone())
     model.head.weight = head_copy
     try:
@@ -129,7 +133,7 @@ def embedding_gradients(model, task, batch) -> dict[str, float]:
 def offset_readout(model, batch) -> dict[str, float]:
     """What the stream carries about where to read: at each answer position i (predicting the
     symbol stored 2(i - n) - 1 tokens back, for a source of n symbols), the held-out R^2 of a
-    linear least-squares readout of that offset from the hidden state after each block (what
+    linear (ridge) readout of that offset from the hidden state after each block (what
     the next block's queries can use). Fitted on half the rows, scored on the other half."""
     tokens, mask = batch["tokens"], batch["padding_mask"]
     captured = []
@@ -147,7 +151,10 @@ def offset_readout(model, batch) -> dict[str, float]:
     for layer, hidden in enumerate(captured):
         x = torch.cat([hidden, torch.ones_like(hidden[..., :1])], -1)
         fit, test = answer & half, answer & ~half
-        w = torch.linalg.lstsq(x[fit], offset[fit][:, None]).solution
+        a = x[fit]
+        gram = a.T @ a
+        ridge = 1e-3 * gram.diagonal().mean() * torch.eye(len(gram))  # ignore directions of ~no variance
+        w = torch.linalg.solve(gram + ridge, a.T @ offset[fit][:, None])
         residual = offset[test] - (x[test] @ w)[:, 0]
         stats[f"R2_{layer}"] = float(1 - residual.var() / offset[test].var())
     return stats
