@@ -8,6 +8,7 @@ steps it prints held-out teacher-forced accuracy and diagnostics measured on one
   acc      teacher-forced accuracy on the task's 256 held-out strings (length 12)
   self     share of scored positions whose argmax is the current input token (the tied head's
            "echo": with a Post-Norm stream that is mostly the token itself, E^T LN(e_t) peaks at t)
+  logit    RMS of the logits (centred per position) at scored positions: the head's scale
   cos      mean pairwise cosine of the 10 symbol embeddings (1 = collapsed to one direction)
   emb      RMS of the symbol embedding rows
   attn     per layer: mean attention entropy over real queries, as a share of the uniform
@@ -75,6 +76,8 @@ def diagnostics(model, task, batch) -> dict[str, float]:
     stats: dict[str, float] = {}
     targets, scored = task.scored_ids(batch, "decoder")
     stats["self"] = float((logits.argmax(-1) == tokens[:, :-1])[scored].float().mean())
+    centred = logits[scored] - logits[scored].mean(-1, keepdim=True)
+    stats["logit"] = float(centred.pow(2).mean().sqrt())
     emb = model.embedding.weight[symbol_ids(task)]
     unit = F.normalize(emb, dim=-1)
     k = len(emb)
