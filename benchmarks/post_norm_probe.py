@@ -13,6 +13,7 @@ steps it prints held-out teacher-forced accuracy and diagnostics measured on one
   emb      RMS of the symbol embedding rows
   attn     per layer: mean attention entropy over real queries, as a share of the uniform
            (causal) entropy (1 = uniform)
+  hit      per layer: attention weight on the symbol to emit at answer positions (the best head)
   branch   per sublayer: RMS of the branch output / RMS of the residual it is added to
   g_in, g_head   RMS of the loss gradient on the symbol rows of E through the input path and
            through the tied head (g_head_common: their mean cosine with the mean symbol row)
@@ -83,8 +84,14 @@ def diagnostics(model, task, batch) -> dict[str, float]:
     k = len(emb)
     stats["cos"] = float(((unit @ unit.T).sum() - k) / (k * (k - 1)))
     stats["emb"] = float(emb.pow(2).mean().sqrt())
+    n_src = (tokens == 3).nonzero()[:, 1] - 1  # the <sep> sits at index n + 1
+    i = torch.arange(tokens.shape[1])[None, :]
+    answer = (i > n_src[:, None]) & (i <= 2 * n_src[:, None])  # positions predicting a source symbol
+    source = (2 * n_src[:, None] + 1 - i).clamp(0, tokens.shape[1] - 1)  # where that symbol sits
     for i, (name, weights) in enumerate(recorded.items()):
         w = weights[0]  # [B, h, n, n]
+        on_source = w.gather(-1, source[:, None, :, None].expand(-1, w.shape[1], -1, 1))[..., 0]  # [B, h, n]
+        stats[f"hit{i}"] = float(on_source.amax(1)[answer].mean())
         visible = recorded.visible[name][0].expand_as(w)
         entropy = -(w.clamp_min(1e-12).log() * w).sum(-1)  # [B, h, n]
         uniform = visible.sum(-1).clamp_min(1).float().log()
