@@ -39,7 +39,8 @@ import math
 import torch
 import torch.nn.functional as F
 
-from workbench.model import build_model, record_attention
+from workbench import build_model
+from workbench.model import record_attention
 from workbench.registry import variants
 
 TASK = {"train_length": 12, "min_length": 4, "n_eval": 256, "alphabet_size": 10}
