@@ -40,7 +40,7 @@ import torch
 import torch.nn.functional as F
 
 from workbench import build_model
-from workbench.model import record_attention
+from workbench.model.transformer import record_attention
 from workbench.registry import variants
 
 TASK = {"train_length": 12, "min_length": 4, "n_eval": 256, "alphabet_size": 10}
