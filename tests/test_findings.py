@@ -202,3 +202,27 @@ def test_groups_whose_seeds_all_scored_the_same_say_so():
     text = verdict_text(verdict)
     assert "1 (all 3 seeds equal) vs 0.9 [0.8, 1]" in text
     assert "1 seed" not in text and "95%" not in text
+
+
+LADDER = """\
+name: ladder
+description: Does an FFN help at every width?
+task: {name: copy, train_length: 4}
+train: {steps: 1}
+sweep: {model.ffn: [none, gelu]}
+scale: {model.d_model: [16, 32]}
+expect:
+  - {metric: accuracy@4, better: gelu, than: none}
+"""
+
+
+def test_a_finding_names_a_ladder_study_entry_as_the_study_writes_it(tmp_path):
+    """The ladder's size key is a rung, not a compared key: `better: gelu` names the entry, as in the study."""
+    (tmp_path / "ladder.yaml").write_text(LADDER)
+    study = load_study(tmp_path / "ladder.yaml").study
+    path = tmp_path / FINDINGS_FILE
+    path.parent.mkdir()
+    path.write_text("findings:\n" + finding("{metric: accuracy@4, better: gelu, than: none}").replace(
+        "study: positions", "study: ladder"))
+    row, = load_findings(path, {"ladder": study})
+    assert (row.better, row.than) == ({"model.ffn": "gelu"}, {"model.ffn": "none"})

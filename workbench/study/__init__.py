@@ -240,16 +240,18 @@ class TrainStudy(StudyBase):
 
     def sweep_point(self, value: Any, field: str) -> dict[str, Any]:
         """A swept value (when one key is swept) or {dotted.key: value} -> {key: value}, each
-        value checked against the key's swept values (a variant by name equals {name: ...})."""
+        value checked against the key's swept values (a variant by name equals {name: ...}). A
+        ladder's keys are rungs, not compared: a bare value names the one other swept key."""
         keys = self.sweep.keys
+        compared = [k for k in keys if k not in (self.scale or {})]
         if not keys:
             raise SpecError(field, "the study sweeps nothing, so there is nothing to compare")
         if isinstance(value, Mapping) and value and all(k in keys for k in value):
             point = dict(value)
-        elif len(keys) == 1:
-            point = {keys[0]: value}
+        elif len(compared) == 1:
+            point = {compared[0]: value}
         else:
-            raise SpecError(field, "several keys are swept: give {dotted.key: value}", keys)
+            raise SpecError(field, "several keys are swept: give {dotted.key: value}", compared)
         for key, v in point.items():
             options = [label(x) for x in self.sweep.values(key)]
             if label(v) not in options:
