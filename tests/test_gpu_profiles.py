@@ -17,7 +17,7 @@ from workbench.study.sweep import expand, tuning_runs
 ROOT = Path(__file__).resolve().parent.parent
 SHIPPED = sorted((ROOT / "studies").glob("*.yaml"))
 # Studies about numerics: their gpu profile keeps full float32, with a comment saying why.
-FULL_FLOAT32 = {"attention-scaling-factor"}
+FULL_FLOAT32 = {"attention-scaling-factor", "attention-scaling-lr"}
 
 
 @pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.stem)

@@ -218,7 +218,8 @@ class TrainStudy(StudyBase):
             exp.than = self.sweep_point(exp.than, f"expect.{i}.than")
         for profile, overrides in self.profiles.items():
             for key in overrides:
-                if key != "seeds" and not stored(info):  # `sweep.<key>` (`scale.<key>`) replaces a swept (rung) list
+                # `sweep.<key>` (`scale.<key>`) replaces a swept (rung) list; `tune.<key>` is checked with tune:
+                if key != "seeds" and not key.startswith("tune.") and not stored(info):
                     check_key(key.removeprefix("sweep.").removeprefix("scale."), f"profiles.{profile}.{key}", self.task)
         if self.tune is not None:
             self.tune = check_tune(self.tune, self)
