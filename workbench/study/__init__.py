@@ -2,7 +2,8 @@
 
     keys.py       dotted keys, value labels, hashing (run ids, study hashes)
     yaml_file.py  YAML with a line map, size limits, profiles and `--set`, error hints
-    sections.py   the `train:`, `expect:`, `sweep:` and `tune:` sections
+    train_section.py  the `train:` section (optimiser, budget, devices)
+    sections.py   the `expect:`, `seeds:`, `sweep:` and `tune:` sections
     schema.py     the JSON Schema of study files
     sweep.py      a study -> its runs, each validated (run ids)
     tuning.py     each sweep point's chosen training values (`tune:`)
