@@ -93,6 +93,9 @@ def test_agreement_follows_the_verdict_and_the_papers_direction():
         "agrees", "does not agree", "not comparable", "not comparable", "not comparable"]
     assert [agreement(o, opposite) for o in ("holds", "does not hold", "inconclusive")] == [
         "does not agree", "agrees", "not comparable"]
+    # a difference ruled out by the entry's margin contradicts a paper that states one, either way round
+    assert agreement("equivalent", same) == agreement("equivalent", opposite) == "does not agree"
+    assert agreement("ceiling: the task does not separate them", same) == "not comparable"
     assert agreement("holds", unfit) == "not comparable"
 
 

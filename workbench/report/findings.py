@@ -17,7 +17,8 @@ The studies folder's `findings/published.yaml` lists findings of papers, each ti
 
 Agreement is computed from the verdict in `reports/<study>/summary.json`: holds -> agrees,
 does not hold -> does not agree (the other way round with `paper_expects: opposite`);
-inconclusive, not tested, no verdict yet, or `comparable: false` -> not comparable. The file
+equivalent -> does not agree (a finding states a difference; the entry's margin rules one out);
+inconclusive, not tested, ceiling, no verdict yet, or `comparable: false` -> not comparable. The file
 is checked against the study files (every study and `expect:` entry must exist); a row that
 does not agree and has no `why` stops the index with an error naming it.
 """
@@ -157,9 +158,13 @@ def entry_text(metric: str, better: Mapping[str, Any], than: Mapping[str, Any]) 
 
 def agreement(outcome: str | None, finding: Finding) -> str:
     """holds -> agrees, does not hold -> does not agree (reversed for `paper_expects: opposite`);
-    anything else, or `comparable: false` -> not comparable."""
-    if not finding.comparable or outcome not in ("holds", "does not hold"):
+    equivalent -> does not agree either way: a finding states a difference in one direction,
+    and the interval inside the entry's margin rules out one of interest. Anything else, or
+    `comparable: false` -> not comparable."""
+    if not finding.comparable or outcome not in ("holds", "does not hold", "equivalent"):
         return NOT_COMPARABLE
+    if outcome == "equivalent":
+        return DISAGREES
     return AGREES if (outcome == "holds") == (finding.paper_expects == "same") else DISAGREES
 
 
@@ -255,8 +260,9 @@ def findings_section(path: Path, studies: Mapping[str, Any], reports_dir: Path) 
         f"One row per finding in `{path.as_posix()}`, beside the verdict of the study's `expect:` entry that",
         "tests it: each group's mean over seeds with its 95% t interval, the difference with its (Holm-widened)",
         "interval, and the verdict. Agreement is computed: holds -> agrees, does not hold -> does not agree",
-        "(reversed where our entry states the opposite of the paper's claim); inconclusive, not tested or not",
-        "run -> not comparable.",
+        "(reversed where our entry states the opposite of the paper's claim); equivalent (the difference lies",
+        "inside the entry's margin) -> does not agree, since the paper states a difference; inconclusive, not",
+        "tested, ceiling or not run -> not comparable.",
         "",
         "| " + " | ".join(header) + " |",
         "|" + "|".join("---" for _ in header) + "|",
