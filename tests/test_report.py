@@ -27,6 +27,7 @@ from workbench.run.store import Store, run_dir
 from workbench.study import load_study
 from workbench.study.keys import canonical_json
 from workbench.results import FINAL_WEIGHTS, RunConfig, RunResult
+from workbench.run.provenance import git_commit, short_commit
 from workbench.study.sweep import expand
 from workbench.model.weights import save_final_weights
 
@@ -116,6 +117,9 @@ def parse(html: str) -> Page:
     return page
 
 
+TRAINED_AT = {0: "0123456789abcdef0123", 1: "0123456789abcdef0123", 2: "fedcba9876543210fedc+dirty"}
+
+
 @pytest.fixture(scope="module")
 def train_report(tmp_path_factory):
     root = tmp_path_factory.mktemp("train")
@@ -138,7 +142,8 @@ def train_report(tmp_path_factory):
             metrics=metrics, curves=curves, n_params=5000, wall_time_s=10.0 + run.seed, cpu_time_s=15.0 + run.seed,
             error=None if finished else "CUDA out of memory. Tried to allocate <2 GiB>",
             tokens=1200, tokens_per_s=120.0, peak_memory_bytes=(5 + run.seed) * 2**20,
-            peak_memory_instrument="process_peak_rss", environment={"torch": torch.__version__, "device": "cpu"}))
+            peak_memory_instrument="process_peak_rss",
+            environment={"torch": torch.__version__, "device": "cpu", "git_commit": TRAINED_AT[run.seed]}))
         if finished:
             folder = run_dir(out, run.run_id)
             folder.mkdir(parents=True)
@@ -196,6 +201,10 @@ def test_training_report_files_and_verdicts(train_report):
     run_time = html_lib.unescape(re.search(r"<h2[^>]*>Run time</h2>\s*<p>([^<]+)", html).group(1))
     assert re.match(r"[\d.]+ s wall, 2.4 min CPU, 9 runs\. Wall: from the first run's start", run_time), run_time
     assert json.loads((index.parent / "summary.json").read_text())["run_cpu_s"] == 144
+    # Which source built the report (this checkout) and which trained the runs (two commits here).
+    source = re.search(r"<p>(Source: [^<]+)</p>", html).group(1)
+    assert source == (f"Source: report built at commit {short_commit(git_commit())}; runs trained at commit "
+                      "0123456789ab (6 runs), fedcba987654+dirty (3 runs)."), source
 
 
 def test_training_report_figures(train_report):

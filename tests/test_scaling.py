@@ -8,7 +8,8 @@ from workbench.errors import WorkbenchError
 from workbench.cost.fit import fit_exponents
 from workbench.run.runner import run_study
 from workbench.run.scaling import ScalingStudy, measurements, run_scaling
-from workbench.run.store import load_results
+from workbench.run.provenance import git_commit
+from workbench.run.store import Store, load_results
 from workbench.study import load_study
 
 STUDY = """\
@@ -86,6 +87,8 @@ def test_results_go_to_the_store_and_a_rerun_keeps_them(tmp_path):
     assert set(frame["peak_memory_instrument"]) == {"torch_dispatch_live_tensor_bytes"}
     assert (frame["peak_memory_bytes"] > 0).all() and "process_peak_rss_delta_bytes" in frame
     assert set(frame["model.attention"]) == {"full", "sliding_window(window=8)"}
+    # every measurement records the source commit that took it, as a training run does
+    assert {r["environment"]["git_commit"] for r in Store(out, create=False).runs()} == {git_commit()}
     fits = fit_exponents(frame, by=("model.attention",), metrics=("flops",), top=3)
     by_variant = fits.set_index("model.attention")["exponent"]
     # analytic attention FLOPs: n(n+1)/2 pairs for full; a window of 8 grows linearly

@@ -44,6 +44,7 @@ from workbench.cost.memory_figures import saved_tensor_bytes
 from workbench.cost.timing import time_call
 from workbench.cost.workload import Point, build_workload, parameters_of
 from workbench.hardware import cpu_seconds, machine_load
+from workbench.run.provenance import git_commit
 from workbench.registry import get_variant, plugin_manager
 from workbench.results import Status
 from workbench.model.spec import parse_spec
@@ -233,7 +234,7 @@ def environment_columns(point: Point) -> dict[str, Any]:
     return {
         "device": point.device, "threads": point.threads or torch.get_num_threads(),
         "machine": f"{platform.machine()} {os.cpu_count()} cpus",
-        "torch_version": torch.__version__, **machine_load(),
+        "torch_version": torch.__version__, "git_commit": git_commit(), **machine_load(),
     }
 
 

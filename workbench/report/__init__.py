@@ -22,6 +22,7 @@ import os
 import re
 import shlex
 import shutil
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
@@ -32,6 +33,7 @@ import pandas as pd
 from workbench import stopping
 from workbench.run import store
 from workbench.run.folder import refuse_links
+from workbench.run.provenance import git_commit, short_commit
 from workbench.errors import WorkbenchError, WorkbenchWarning
 from workbench.kinds import get_kind
 from workbench import registry  # not `variants`: that name is also the submodule report.variants
@@ -220,7 +222,15 @@ def run_time_section(runs: Sequence[Mapping[str, Any]]) -> Section:
             f"processes, summed over the {recorded} of {len(runs)} runs that recorded it; next to the wall time it "
             "shows how much of the machine the study used (about the number of cores when runs trained side by "
             "side, less when they waited for other work).")
-    return Section("Run time", [Paragraph(text)])
+    return Section("Run time", [Paragraph(text), Paragraph(provenance_text(runs))])
+
+
+def provenance_text(runs: Sequence[Mapping[str, Any]]) -> str:
+    """Which source built this report and which trained its runs ("+dirty": a tree with
+    uncommitted edits), so a reader can tell a report rebuilt from a clean tree by the final code."""
+    trained = Counter(short_commit((r.get("environment") or {}).get("git_commit")) for r in runs)
+    listed = ", ".join(f"{commit} ({count} runs)" for commit, count in sorted(trained.items()))
+    return f"Source: report built at commit {short_commit(git_commit())}; runs trained at commit {listed}."
 
 
 __all__ = ["write_report", "Report"]

@@ -9,10 +9,8 @@ import importlib
 import importlib.util
 import inspect
 import platform
-import subprocess
 from collections.abc import Callable
 from importlib.metadata import PackageNotFoundError, version
-from pathlib import Path
 from typing import Any
 
 import pytorch_lightning as pl
@@ -21,6 +19,7 @@ from pytorch_lightning.callbacks import Callback
 
 from workbench.errors import WorkbenchError
 from workbench.hardware import Machine, train_needs
+from workbench.run.provenance import git_commit
 from workbench.run.tracking import check_logger
 
 
@@ -41,20 +40,6 @@ def environment(device: str) -> dict[str, Any]:
         "workbench": project,
         "git_commit": git_commit(),
     }
-
-
-def git_commit() -> str | None:
-    """The commit of the workbench source tree, when it is a git checkout ("+dirty" if edited)."""
-    root = Path(__file__).resolve().parent.parent
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=5)
-        if commit.returncode:
-            return None
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
-                               capture_output=True, text=True, timeout=5)
-        return commit.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
-    except (OSError, subprocess.SubprocessError):
-        return None
 
 
 def resolve_accelerator(train: dict[str, Any]) -> str:

@@ -168,13 +168,14 @@ def run_result(run_id: str, row: dict[str, Any]):
     """A measured row as the store's RunResult: figures and their labels as metrics, peak
     memory in the store's own peak-memory columns."""
     skip = {"status", "error", "peak_bytes", "peak_instrument", "wall_s", "cpu_s", "variant", "seed",
-            "device", "threads", "machine", "torch_version", "load_1m", "cores", *COORDINATES}
+            "device", "threads", "machine", "torch_version", "git_commit", "load_1m", "cores", *COORDINATES}
     metrics = {k: v for k, v in row.items() if k not in skip and v is not None}
     return RunResult(
         run_id=run_id, status=row["status"], metrics=metrics, error=row.get("error"),
         wall_time_s=row["wall_s"], cpu_time_s=row.get("cpu_s"), peak_memory_bytes=row.get("peak_bytes"),
         peak_memory_instrument=row.get("peak_instrument"),
-        environment={k: row.get(k) for k in ("device", "threads", "machine", "torch_version", "load_1m", "cores")},
+        environment={k: row.get(k) for k in ("device", "threads", "machine", "torch_version", "git_commit", "load_1m",
+                                                  "cores")},
     )
 
 
