@@ -59,7 +59,7 @@ def save_final_weights(model: torch.nn.Module, config: dict[str, Any], step: int
 class SkipInitialisers(TorchFunctionMode):
     """torch.nn.init's functions return their tensor untouched. For models built on the meta
     device, which holds no values to fill: torch's meta `normal_` loads its compiler first (about
-    1.5 s of CPU, once per process), and a report only wants the parameter count there."""
+    a second of CPU, once per process), and a report only wants the parameter count there."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         if getattr(func, "__module__", None) == torch.nn.init.__name__:
