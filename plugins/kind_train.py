@@ -44,7 +44,7 @@ class TrainKind(StudyKind):
         s = study_file.study
         runs = expand(study_file)
         tuning = tuning_runs(study_file)  # with `tune:`, the final runs exist once each point has chosen
-        from workbench.run.environment import check_packages  # Lightning loads with a train study, not the plugins
+        from workbench.run.environment import check_packages  # Lightning loads only for train.callbacks
 
         for train in train_sections([*runs, *tuning]):
             check_packages(train)
@@ -215,7 +215,7 @@ def train_sections(runs: list[RunConfig]) -> list[dict[str, Any]]:
 def check_devices(study_file: StudyFile, runs: list[RunConfig], machine: Machine) -> None:
     """Every training setting can run on `machine`, this one or a cluster's (precision,
     accelerator, devices, nodes, logger)."""
-    # Lightning loads only when a train study is validated or run, not with the plugins.
+    # Lightning loads only for train.callbacks: a sweep's driver process does not train.
     from workbench.run.environment import check_device
 
     for train in train_sections(runs):

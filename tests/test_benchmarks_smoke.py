@@ -1,6 +1,8 @@
 """Smoke tests of the benchmark harness (benchmarks/): the x-transformers mapping builds the
 same architecture (equal parameter counts), the timing and FLOP counting run. Tiny sizes: ~10 s."""
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -115,3 +117,17 @@ def test_gpu_check_flop_formula_matches_the_flop_counter(name):
         F.cross_entropy(logits.reshape(-1, 256), tokens[:, 1:].reshape(-1)).backward()
 
     assert train_flops(model, 4, 32 // 4, batch, seq) == mfu.count_flops(step)
+
+
+def test_quickstart_compare_names_each_number_that_differs_by_a_bit():
+    from benchmarks.quickstart import differences
+
+    run = {"curves": {(50, "train", "loss"): 2.5, (250, "eval", "accuracy@12"): 0.5}, "metrics": {"loss@12": 0.25}}
+    nudged = {"curves": {**run["curves"], (50, "train", "loss"): math.nextafter(2.5, 3)},
+              "metrics": {}}
+    assert differences({"a": run}, {"a": run}) == []
+    assert differences({"a": run}, {"a": nudged, "b": run}) == [
+        "run b: only in one store",
+        "run a curves (50, 'train', 'loss'): 2.5 != 2.5000000000000004",
+        "run a metrics loss@12: 0.25 != None",
+    ]

@@ -29,7 +29,8 @@ from conftest import (
     train_step,
 )
 from workbench.model.ffn import MLP, GatedMLP
-from workbench.model.transformer import Positions
+from workbench.model.transformer import Positions, build_model
+from workbench.model.weights import SkipInitialisers
 from workbench.registry import variants
 
 MODEL_AXES = ("position", "attention", "norm", "ffn")
@@ -176,6 +177,17 @@ def test_decoder_parameter_count_is_the_sum_of_its_parts():
     norms = 2 * d  # RMSNorm: a weight, no bias
     expected = V * d + max_len * d + L * (attention + ffn + norms) + d  # final norm
     assert model.num_parameters() == expected
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("axis,name", AXIS_VARIANTS, ids=[f"{a}={n}" for a, n in AXIS_VARIANTS])
+def test_meta_device_count_without_initialisers_equals_the_built_model(axis, name, family):
+    # load_final_model's guard against a stored config that asks for a huge model counts this way
+    spec = tiny_spec(family, **{axis: choice(axis, name)})
+    with torch.device("meta"), SkipInitialisers():
+        counted = build_model(spec)
+    assert all(p.is_meta for p in counted.parameters())
+    assert counted.num_parameters() == build(spec).num_parameters()
 
 
 @pytest.mark.parametrize("family", FAMILIES)

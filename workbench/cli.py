@@ -176,7 +176,6 @@ def run_command(study: str, out: str | None, jobs: int, fresh: bool, profile: st
     # writes by then (the lock, --fresh, the study's record) is transactional or a fresh start.
     with stopping.immediate(stopping.BEFORE_START if OWN_PROCESS else None):
         from workbench.kinds import get_kind
-        from workbench.report import write_report
         from workbench.run.runner import run_study
         from workbench.study import load_study
 
@@ -197,6 +196,8 @@ def run_command(study: str, out: str | None, jobs: int, fresh: bool, profile: st
     # the report is built in a scratch folder and swapped in: a stop while it builds loses nothing
     with stopping.immediate(f"{done}; the report was not written (`workbench report {summary.out_dir}` "
                             "writes it)" if OWN_PROCESS else None):
+        from workbench.report import write_report  # after the sweep: the workers start without waiting for it
+
         index = write_report(summary.out_dir, reports_dir or default_reports_dir(summary.out_dir, summary.study))
     stopping.check(f"stopped by {stopping.reason()} {done}; the report was written ({index})")
     click.echo(f"report: {index} (and {index.parent / 'report.md'})")

@@ -19,6 +19,7 @@ import safetensors
 import safetensors.torch
 import torch
 from pydantic import BaseModel, ConfigDict, ValidationError
+from torch.overrides import TorchFunctionMode
 
 from workbench.errors import WorkbenchError
 from workbench.model.transformer import Transformer, build_model
@@ -55,6 +56,17 @@ def save_final_weights(model: torch.nn.Module, config: dict[str, Any], step: int
     os.replace(tmp, path)
 
 
+class SkipInitialisers(TorchFunctionMode):
+    """torch.nn.init's functions return their tensor untouched. For models built on the meta
+    device, which holds no values to fill: torch's meta `normal_` loads its compiler first (about
+    a second of CPU, once per process), and a report only wants the parameter count there."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if getattr(func, "__module__", None) == torch.nn.init.__name__:
+            return args[0] if args else kwargs["tensor"]
+        return func(*args, **(kwargs or {}))
+
+
 def load_final_model(run_dir: str | Path) -> tuple[Transformer, dict[str, Any]]:
     """The trained model of a finished run (eval mode) and its resolved run config.
     Raises FileNotFoundError without final weights and DamagedFile for a file that is not
@@ -80,7 +92,7 @@ def load_final_model(run_dir: str | Path) -> tuple[Transformer, dict[str, Any]]:
                 problem = err.errors()[0]
                 raise ValueError(f"its stored config: {'.'.join(map(str, problem['loc']))}: {problem['msg']}") from None
             stored = sum(math.prod(f.get_slice(name).get_shape()) for name in f.keys())
-        with torch.device("meta"):  # counted before anything is allocated
+        with torch.device("meta"), SkipInitialisers():  # counted before anything is allocated
             wanted = build_model(config["model"]).num_parameters()
         if wanted > stored:
             raise ValueError(f"its stored config asks for a model of {wanted:.3g} parameters, the file holds {stored:.3g}")

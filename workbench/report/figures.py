@@ -420,7 +420,9 @@ def heatmaps(panels: Sequence[tuple[str, np.ndarray]], path: Path, *, x_tokens: 
     rows = math.ceil(n / cols)
     longest = max(len(x_tokens), len(y_tokens))
     size = min(4.2, max(2.6, 0.38 * longest + 1.2))  # one readable cell per token, up to a point
-    fig, axes = plt.subplots(rows, cols, figsize=(size * cols + 1.0, size * rows), layout="constrained", squeeze=False)
+    # Laid out once, when saved: sns.heatmap draws the whole figure after each panel, and with
+    # constrained layout on, every one of those draws would lay out every panel again.
+    fig, axes = plt.subplots(rows, cols, figsize=(size * cols + 1.0, size * rows), layout="none", squeeze=False)
     x_labels, _ = tick_labels(x_tokens)
     y_labels, _ = tick_labels(y_tokens)
     for ax, (name, matrix) in zip(axes.flat, panels):
@@ -433,6 +435,7 @@ def heatmaps(panels: Sequence[tuple[str, np.ndarray]], path: Path, *, x_tokens: 
         ax.tick_params(axis="y", labelrotation=0)
     for ax in list(axes.flat)[n:]:
         ax.set_visible(False)
+    fig.set_layout_engine("constrained")  # before the colorbars, which it places
     if vmin is None or vmax is None:  # each panel has its own scale: each gets its own colorbar
         for ax in list(axes.flat)[:n]:
             fig.colorbar(ax.collections[0], ax=ax, label=colorbar_label, shrink=0.8)

@@ -11,21 +11,24 @@ import inspect
 import platform
 from collections.abc import Callable
 from importlib.metadata import PackageNotFoundError, version
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pytorch_lightning as pl
 import torch
-from pytorch_lightning.callbacks import Callback
 
 from workbench.errors import WorkbenchError
 from workbench.hardware import Machine, train_needs
 from workbench.run.provenance import git_commit
 from workbench.run.tracking import check_logger
 
+if TYPE_CHECKING:
+    from pytorch_lightning.callbacks import Callback
+
 
 @functools.cache
 def environment(device: str) -> dict[str, Any]:
     """Versions and device a run trained with (the same for every run of a process)."""
+    import pytorch_lightning as pl  # loaded by the training process already; the driver never needs it
+
     try:
         project = version("transformer-workbench")
     except PackageNotFoundError:
@@ -87,6 +90,8 @@ def check_packages(train: dict[str, Any]) -> None:
 def import_callback(path: str, field: str) -> type[Callback]:
     """The Lightning callback class at an import path the study wrote (`package.module.Class` or
     `package.module:Class`). Importing runs that module's code, as `pip install` of it would."""
+    from pytorch_lightning.callbacks import Callback  # only a study with callbacks needs Lightning here
+
     module_name, _, name = path.replace(":", ".").rpartition(".")
     try:
         module = importlib.import_module(module_name)

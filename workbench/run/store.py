@@ -25,14 +25,16 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pandas as pd
 from pydantic import ValidationError
 
 from workbench.errors import WorkbenchError
 from workbench.results import StoredRow, run_stage
 from workbench.run.folder import check_run_id
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 DB_FILE = "results.db"
 RUNS_DIR = "runs"  # out_dir/runs/<run_id>/: checkpoints, logs, final.safetensors, result.json
@@ -288,6 +290,8 @@ def load_results(out_dir: str | Path) -> pd.DataFrame:
     """One flat row per run: run_id, index (in the sweep), seed, the swept keys, status, final metrics
     (`accuracy@64`, `loss@64`, ...; NaN where not applicable or not finished), then stage
     (tune | final) and cost columns. Sorted in sweep order."""
+    import pandas as pd  # here: every worker process loads this module (the kind plugins) and reads no frame
+
     runs = Store(out_dir, create=False).runs()
     swept = list(dict.fromkeys(k for r in runs for k in r["swept"]))
     metrics = sorted({k for r in runs for k in r["metrics"]}, key=metric_order)
@@ -317,6 +321,8 @@ def metric_order(name: str) -> tuple[int, str]:
 
 def load_curves(out_dir: str | Path, run_id: str | None = None) -> pd.DataFrame:
     """Learning curves: columns run_id, step, split (train | eval), metric, value."""
+    import pandas as pd
+
     store = Store(out_dir, create=False)
     query = "SELECT run_id, step, split, metric, value FROM curves"
     params: tuple = ()

@@ -117,14 +117,11 @@ def rng_for(*stream: int) -> np.random.Generator:
 def pad(rows: Sequence[Sequence[int]], value: int, left: bool = False) -> Tensor:
     """Ragged rows -> [B, max_len] long tensor."""
     width = max((len(r) for r in rows), default=0)
-    out = torch.full((len(rows), width), value, dtype=torch.long)
-    for i, r in enumerate(rows):
-        if len(r):
-            if left:
-                out[i, width - len(r):] = torch.as_tensor(r, dtype=torch.long)
-            else:
-                out[i, : len(r)] = torch.as_tensor(r, dtype=torch.long)
-    return out
+    filler = [value] * width
+    # Padded in Python and converted once: a tensor per row costs more than the row (every
+    # training step pads its batch).
+    padded = [[*filler[len(r):], *r] if left else [*r, *filler[len(r):]] for r in rows]
+    return torch.tensor(padded, dtype=torch.long).reshape(len(rows), width)
 
 
 def real(rows: Sequence[Sequence[int]], left: bool = False) -> Tensor:
