@@ -35,7 +35,8 @@ def test_flat_rising_and_unchecked_groups():
     assert found["coarse"].seeds == 0 and math.isnan(found["coarse"].change)
     assert found["coarse"].outcome.startswith("not checked")
     section = settling_section(list(found.values()))
-    assert "2 of 3 group and metric pairs are flat or unchecked; still changing: rising on accuracy@12 (+0.2)" in \
+    assert "2 of 3 group and metric pairs are flat, at the ceiling or unchecked; still changing: rising on " \
+        "accuracy@12 (+0.2)" in \
         section.items[0].text
     assert [row[-1] for row in section.items[1].rows] == ["flat", "still changing",
                                                           "not checked (no evaluation in the first 80% of the steps)"]
@@ -47,3 +48,18 @@ def test_a_run_longer_than_another_is_compared_at_its_own_80_percent():
     (only,) = settling(curves, runs, ["accuracy@12"])
     assert only.step_before == 600  # 400 (80% of 500) and 800 (80% of 1000)
     assert only.change == pytest.approx(0.05)  # +0.1 and 0.0
+
+
+def test_a_group_at_the_best_value_on_every_seed_is_at_the_ceiling_not_still_changing():
+    # Seen in families (2026-12-01): every seed ends at 1.0, a last rise of 1e-4 and a spread of 0
+    # read "still changing"; more steps cannot improve a perfect score.
+    runs = pd.DataFrame({"run_id": ["p0", "p1", "q0", "q1"], "variant": ["perfect"] * 2 + ["almost"] * 2})
+    curves = curves_of({"p0": [(800, 0.9998), (1000, 1.0)], "p1": [(800, 1.0), (1000, 1.0)],
+                        "q0": [(800, 0.9), (1000, 0.9999)], "q1": [(800, 0.9), (1000, 0.9999)]})
+    found = {s.variant: s for s in settling(curves, runs, ["accuracy@12"], best={"accuracy@12": 1.0})}
+    assert found["perfect"].outcome == "at the ceiling (every seed at the best value)"
+    assert found["almost"].outcome == "still changing"  # 0.9999 is not the best value: still rising
+    unbounded = {s.variant: s for s in settling(curves, runs, ["accuracy@12"])}
+    assert unbounded["perfect"].outcome == "still changing"  # without a declared best value, no ceiling
+    section = settling_section(list(found.values()))
+    assert "1 of 2 group and metric pairs are flat, at the ceiling or unchecked" in section.items[0].text

@@ -12,11 +12,14 @@ the figures (train_figures) and whether the budget sufficed (convergence).
 
 from __future__ import annotations
 
+import math
+
 import pandas as pd
 
 from workbench.report.convergence import settling, settling_section
 from workbench.report.document import Paragraph, Report, Section
 from workbench.report.tuning import TuningSection
+from workbench.report.train_runs import metric_direction, metric_range
 from workbench.report.train_verdicts import TrainVerdicts
 from workbench.report.train_tables import TrainTables
 from workbench.report.train_figures import TrainFigures
@@ -51,7 +54,9 @@ class TrainReport(TrainVerdicts, TrainTables, TrainFigures):
         if curves is None or curves.empty:
             return None
         metrics = list(dict.fromkeys(exp.metric for exp in self.study.expect if exp.target is None))
-        return settling_section(settling(curves, self.finished, metrics))
+        best = {m: metric_range(m, self.task_name)[1 if metric_direction(m, self.task_name) else 0] for m in metrics}
+        return settling_section(settling(curves, self.finished, metrics,
+                                         {m: b for m, b in best.items() if math.isfinite(b)}))
 
     def results_csv(self) -> pd.DataFrame:
         """Every run, one row each, in sweep order (tuning runs last), with its variant label first."""
