@@ -26,8 +26,7 @@ from workbench.report import write_report
 from workbench.run.store import Store, run_dir
 from workbench.study import load_study
 from workbench.study.keys import canonical_json
-from workbench.results import FINAL_WEIGHTS, RunConfig, RunResult
-from workbench.run.provenance import git_commit, short_commit
+from workbench.results import FINAL_WEIGHTS, RunConfig, RunResult, git_commit, short_commit
 from workbench.study.sweep import expand
 from workbench.model.weights import save_final_weights
 

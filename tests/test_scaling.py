@@ -8,7 +8,7 @@ from workbench.errors import WorkbenchError
 from workbench.cost.fit import fit_exponents
 from workbench.run.runner import run_study
 from workbench.run.scaling import ScalingStudy, measurements, run_scaling
-from workbench.run.provenance import git_commit
+from workbench.results import git_commit
 from workbench.run.store import Store, load_results
 from workbench.study import load_study
 

@@ -7,12 +7,16 @@
 
 A run folder holds CONFIG_FILE, LAST_CHECKPOINT (resume), logs/, FINAL_WEIGHTS (for reports),
 PROGRESS_FILE (step and loss while it trains) and RESULT_FILE.
+
+Every record also names its source: `git_commit`, the commit of the workbench tree that trained
+or measured it (in its environment), which every report states beside the one that built it.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import subprocess
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -190,3 +194,30 @@ def flatten(value: Any, prefix: str = "") -> dict[str, Any]:
             out.update(flatten(item, f"{prefix}.{key}" if prefix else str(key)))
         return out
     return {prefix: value}
+
+
+# ---- source ----------------------------------------------------------------------------------
+
+SHORT = 12  # hex digits of a commit a report prints
+
+
+def git_commit() -> str | None:
+    """The commit of the workbench source tree, when it is a git checkout ("+dirty" if edited)."""
+    root = Path(__file__).resolve().parent.parent
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=5)
+        if commit.returncode:
+            return None
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                               capture_output=True, text=True, timeout=5)
+        return commit.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def short_commit(commit: str | None) -> str:
+    """A commit as a report prints it: 12 hex digits, "+dirty" kept; "not recorded" for None."""
+    if not commit:
+        return "not recorded"
+    head, _, dirty = commit.partition("+")
+    return head[:SHORT] + (f"+{dirty}" if dirty else "")

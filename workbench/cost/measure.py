@@ -44,9 +44,8 @@ from workbench.cost.memory_figures import saved_tensor_bytes
 from workbench.cost.timing import time_call
 from workbench.cost.workload import Point, build_workload, parameters_of
 from workbench.hardware import cpu_seconds, machine_load
-from workbench.run.provenance import git_commit
 from workbench.registry import get_variant, plugin_manager
-from workbench.results import Status
+from workbench.results import Status, git_commit
 from workbench.model.spec import parse_spec
 
 

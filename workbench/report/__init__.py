@@ -33,7 +33,7 @@ import pandas as pd
 from workbench import stopping
 from workbench.run import store
 from workbench.run.folder import refuse_links
-from workbench.run.provenance import git_commit, short_commit
+from workbench.results import git_commit, short_commit
 from workbench.errors import WorkbenchError, WorkbenchWarning
 from workbench.kinds import get_kind
 from workbench import registry  # not `variants`: that name is also the submodule report.variants

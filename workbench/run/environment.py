@@ -17,7 +17,7 @@ import torch
 
 from workbench.errors import WorkbenchError
 from workbench.hardware import Machine, train_needs
-from workbench.run.provenance import git_commit
+from workbench.results import git_commit
 from workbench.run.tracking import check_logger
 
 if TYPE_CHECKING:
