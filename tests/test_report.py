@@ -439,3 +439,23 @@ def test_timings_from_a_shared_machine_carry_one_caveat_line():
     busy = [record(10, 9.5), record(20, 9.5, load=3.4)]
     assert "the load exceeded the 2 cores at the end of 1 of 2 runs" in timing_caveat(busy)
     assert timing_caveat(busy, overlap=False).startswith("Caveat: these timings come from a shared machine")
+
+
+def test_the_source_commit_is_dirty_for_edited_code_not_for_rebuilt_reports(tmp_path):
+    def git(*args):
+        subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True)
+
+    (tmp_path / "reports").mkdir()
+    (tmp_path / "code.py").write_text("x = 1\n")
+    (tmp_path / "reports" / "report.md").write_text("old\n")
+    git("init", "-q")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "init", "--allow-empty")
+    git("add", ".")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "files")
+    clean = git_commit(tmp_path)
+    assert clean is not None and len(clean) == 40 and short_commit(clean) == clean[:12]
+    (tmp_path / "reports" / "report.md").write_text("rebuilt\n")
+    assert git_commit(tmp_path) == clean  # a rebuilt report is output, not source
+    (tmp_path / "code.py").write_text("x = 2\n")
+    assert git_commit(tmp_path) == clean + "+dirty"
+    assert short_commit(clean + "+dirty") == clean[:12] + "+dirty" and short_commit(None) == "not recorded"

@@ -201,15 +201,19 @@ def flatten(value: Any, prefix: str = "") -> dict[str, Any]:
 SHORT = 12  # hex digits of a commit a report prints
 
 
-def git_commit() -> str | None:
-    """The commit of the workbench source tree, when it is a git checkout ("+dirty" if edited)."""
-    root = Path(__file__).resolve().parent.parent
+SOURCE_ROOT = Path(__file__).resolve().parent.parent
+
+
+def git_commit(root: Path = SOURCE_ROOT) -> str | None:
+    """The commit of the workbench source tree, when it is a git checkout; "+dirty" when a tracked
+    file outside `reports/` was edited (reports are what the tree produces, not its source: a
+    report rebuilt beside others not yet committed is still built by clean code)."""
     try:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=5)
         if commit.returncode:
             return None
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
-                               capture_output=True, text=True, timeout=5)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)reports"],
+                               cwd=root, capture_output=True, text=True, timeout=5)
         return commit.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
     except (OSError, subprocess.SubprocessError):
         return None
