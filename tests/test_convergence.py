@@ -56,10 +56,13 @@ def test_a_group_at_the_best_value_on_every_seed_is_at_the_ceiling_not_still_cha
     runs = pd.DataFrame({"run_id": ["p0", "p1", "q0", "q1"], "variant": ["perfect"] * 2 + ["almost"] * 2})
     curves = curves_of({"p0": [(800, 0.9998), (1000, 1.0)], "p1": [(800, 1.0), (1000, 1.0)],
                         "q0": [(800, 0.9), (1000, 0.9999)], "q1": [(800, 0.9), (1000, 0.9999)]})
-    found = {s.variant: s for s in settling(curves, runs, ["accuracy@12"], best={"accuracy@12": 1.0})}
+    found = {s.variant: s for s in settling(curves, runs, ["accuracy@12"], scales={"accuracy@12": (True, (0.0, 1.0))})}
     assert found["perfect"].outcome == "at the ceiling (every seed at the best value)"
     assert found["almost"].outcome == "still changing"  # 0.9999 is not the best value: still rising
     unbounded = {s.variant: s for s in settling(curves, runs, ["accuracy@12"])}
     assert unbounded["perfect"].outcome == "still changing"  # without a declared best value, no ceiling
+    open_ended = {s.variant: s for s in settling(curves, runs, ["accuracy@12"],
+                                                 scales={"accuracy@12": (True, (0.0, math.inf))})}
+    assert open_ended["perfect"].outcome == "still changing"  # an unbounded metric has no ceiling
     section = settling_section(list(found.values()))
     assert "1 of 2 group and metric pairs are flat, at the ceiling or unchecked" in section.items[0].text

@@ -226,8 +226,9 @@ def run_time_section(runs: Sequence[Mapping[str, Any]]) -> Section:
 
 
 def provenance_text(runs: Sequence[Mapping[str, Any]]) -> str:
-    """Which source built this report and which trained its runs ("+dirty": a tree with
-    uncommitted edits), so a reader can tell a report rebuilt from a clean tree by the final code."""
+    """Which source built this report and which trained its runs ("+dirty": code edited but not
+    committed; workbench.results.git_commit), so a reader can tell a report rebuilt from a clean
+    tree by the final code."""
     trained = Counter(short_commit((r.get("environment") or {}).get("git_commit")) for r in runs)
     listed = ", ".join(f"{commit} ({count} runs)" for commit, count in sorted(trained.items()))
     return f"Source: report built at commit {short_commit(git_commit())}; runs trained at commit {listed}."

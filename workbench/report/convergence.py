@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from workbench.report.document import Paragraph, Section, Table, fmt
+from workbench.report.stats import perfect_on_every_seed
 
 SHARE_BEFORE_END = 0.8  # "the last 20% of steps" (issue 23)
 CEILING = "at the ceiling (every seed at the best value)"
@@ -50,10 +51,11 @@ class Settling:
 
 
 def settling(curves: pd.DataFrame, runs: pd.DataFrame, metrics: Sequence[str],
-             best: Mapping[str, float] | None = None) -> list[Settling]:
+             scales: Mapping[str, tuple[bool, tuple[float, float]]] | None = None) -> list[Settling]:
     """`curves`: long rows (run_id, step, split, metric, value); `runs`: finished final runs
-    with run_id and variant; `best`: each metric's best possible value, where it has one. One
-    Settling per variant and metric that the curves record."""
+    with run_id and variant; `scales`: each metric's (higher is better, (lowest, highest)), which
+    tells a ceiling as the verdicts' own ceiling rule does. One Settling per variant and metric
+    that the curves record."""
     evals = curves[curves["split"] == "eval"] if not curves.empty else curves
     out = []
     for metric in metrics:
@@ -76,7 +78,7 @@ def settling(curves: pd.DataFrame, runs: pd.DataFrame, metrics: Sequence[str],
             if not finals:
                 continue
             spread = float(pd.Series(finals).std(ddof=1)) if len(finals) > 1 else math.nan
-            at_best = (best or {}).get(metric) is not None and all(f == best[metric] for f in finals)
+            at_best = metric in (scales or {}) and perfect_on_every_seed(finals, *scales[metric])
             out.append(Settling(str(variant), metric, len(changes),
                                 float(pd.Series(before).mean()) if before else math.nan,
                                 float(pd.Series(changes).mean()) if changes else math.nan, spread, at_best))

@@ -12,8 +12,6 @@ the figures (train_figures) and whether the budget sufficed (convergence).
 
 from __future__ import annotations
 
-import math
-
 import pandas as pd
 
 from workbench.report.convergence import settling, settling_section
@@ -54,9 +52,8 @@ class TrainReport(TrainVerdicts, TrainTables, TrainFigures):
         if curves is None or curves.empty:
             return None
         metrics = list(dict.fromkeys(exp.metric for exp in self.study.expect if exp.target is None))
-        best = {m: metric_range(m, self.task_name)[1 if metric_direction(m, self.task_name) else 0] for m in metrics}
-        return settling_section(settling(curves, self.finished, metrics,
-                                         {m: b for m, b in best.items() if math.isfinite(b)}))
+        scales = {m: (metric_direction(m, self.task_name), metric_range(m, self.task_name)) for m in metrics}
+        return settling_section(settling(curves, self.finished, metrics, scales))
 
     def results_csv(self) -> pd.DataFrame:
         """Every run, one row each, in sweep order (tuning runs last), with its variant label first."""
