@@ -414,11 +414,11 @@ def tick_labels(tokens: Sequence[str]) -> tuple[list[str], bool]:
 def heatmaps(panels: Sequence[tuple[str, np.ndarray]], path: Path, *, x_tokens: Sequence[str], y_tokens: Sequence[str],
              xlabel: str, ylabel: str, title: str, cmap: str = "viridis", vmin: float | None = 0.0,
              vmax: float | None = 1.0, colorbar_label: str = "attention weight") -> Path:
-    """A row of annotated heatmaps (one per head or layer) sharing token axes.
+    """A row of heatmaps with token tick labels (one per head or layer) sharing token axes.
 
     Drawn with `imshow`, not `sns.heatmap`: seaborn draws the whole figure after each panel to
-    check whether tick labels overlap, so a figure of n panels was drawn n + 1 times (half the
-    report's time in the quickstart); the labels here are set, and rotated, explicitly."""
+    check whether tick labels overlap, so a figure of n panels was drawn n + 1 times; the labels
+    here are set, and rotated, explicitly."""
     n = len(panels)
     cols = min(n, 4)
     rows = math.ceil(n / cols)
