@@ -179,24 +179,22 @@ def tune(study_file: StudyFile, tuning: list[RunConfig], store: Store, executor,
 def add_seeds(study_file: StudyFile, chosen: dict[str, dict[str, Any]] | None, store: Store, executor,
               summary: Summary, progress: SweepProgress, names: dict[str, str], tracker=None) -> None:
     """Adaptive seeds: after each round, give the groups of comparisons still undecided the
-    seeds of the next look (workbench.report.stats.seed_looks), until every comparison is
-    decided or its groups reached the plan's maximum."""
+    seeds of the next look, until every comparison has ended or its groups reached the plan's
+    maximum (workbench.report.sequential: the loop and the rule the report reads back)."""
     # The report layer loads only here.
-    from workbench.report.train_report import TrainReport
+    from workbench.report.sequential import grow_seeds
     from workbench.report.train_runs import TrainInputs
+    from workbench.report.train_verdicts import TrainVerdicts
     from workbench.run.store import load_results
 
     study = study_file.study
-    counts: dict[str, int] = {}
-    while True:
-        tunings = choose(study, store.runs())
+
+    def wanted() -> dict[str, int]:
         inputs = TrainInputs(study=study, runs=load_results(store.out_dir), curves=None, environment={},
-                             command="", tuning=tunings)
-        wanted = TrainReport(inputs, store.out_dir).seeds_wanted()
-        grown = {key: n for key, n in wanted.items() if n > counts.get(key, len(study.seeds))}
-        if not grown:
-            return
-        counts.update(grown)
+                             command="", tuning=choose(study, store.runs()))
+        return TrainVerdicts(inputs, store.out_dir).seeds_wanted()
+
+    def run(counts: dict[str, int], grown: dict[str, int]) -> None:
         statuses = store.statuses()
         pending = [run for run in expand(study_file, chosen, counts) if statuses.get(run.run_id) not in KEPT]
         progress.print(f"seeds    {len(grown)} groups in undecided comparisons get more seeds "
@@ -205,6 +203,8 @@ def add_seeds(study_file: StudyFile, chosen: dict[str, dict[str, Any]] | None, s
         summary.total += len(pending)
         progress.grow(len(pending))
         execute_runs(pending, "runs", store, executor, summary, progress, tracker=tracker)
+
+    grow_seeds(wanted, run, len(study.seeds))
 
 
 def train_sections(runs: list[RunConfig]) -> list[dict[str, Any]]:

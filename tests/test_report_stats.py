@@ -14,7 +14,7 @@ from hypothesis import strategies as st_h
 from scipy import stats
 
 from workbench.report.intervals import Share, difference, holm, mean_ci, welch_diff
-from workbench.report.learned_gate import learned_criterion, learned_gate
+from workbench.report.learned_gate import GateState, learned_criterion, make_gate, threshold
 from workbench.report.stats import Comparison, verdict, verdicts
 from workbench.report.variants import Variants
 
@@ -149,40 +149,85 @@ def test_seeds_that_all_scored_the_same_are_flagged():
     assert not mean_ci([0.125, 0.13]).constant
 
 
-def test_a_verdict_is_decided_by_the_gate_when_only_one_group_learned():
-    a, b = by_seed([0.90, 0.91, 0.95]), by_seed([0.10, 0.11, 0.10])
-    gates = (learned_gate("A", "accuracy@8", 0.92, 0.1, 1.0, True),
-             learned_gate("B", "accuracy@8", 0.103, 0.1, 1.0, True))
-    assert gates[0].needed == pytest.approx(0.19) and gates[0].learned and not gates[1].learned
-    v = verdicts([Comparison("accuracy@16", "A", "B", a, b, higher=True, bounds=(0.0, 1.0), gates=gates)])[0]
+def gate(group, metric, scores, chance, higher=True, perfect=1.0):
+    return make_gate(group, metric, by_seed(scores), chance if isinstance(chance, dict) else {"chance": chance},
+                     perfect, higher, (0.0, 1.0) if higher else (0.0, math.inf))
+
+
+def test_the_gate_qualifies_a_decided_difference_and_never_decides_alone():
+    a, b = [0.90, 0.91, 0.95], [0.10, 0.11, 0.10]
+    gates = (gate("A", "accuracy@8", a, 0.1), gate("B", "accuracy@8", b, 0.1))
+    assert gates[0].limit.needed == pytest.approx(0.19)
+    assert [g.at().state for g in gates] == [GateState.LEARNED, GateState.NOT_LEARNED]
+    v = verdicts([Comparison("accuracy@8", "A", "B", by_seed(a), by_seed(b), higher=True, bounds=(0.0, 1.0),
+                             gates=gates)])[0]
     assert (v.outcome, v.label) == ("holds", "holds (only A learned)")
-    assert "B: accuracy@8 0.103 vs chance 0.1" in v.reason
-    v = verdicts([Comparison("accuracy@16", "B", "A", b, a, higher=True, bounds=(0.0, 1.0), gates=gates)])[0]
+    assert "B: accuracy@8 0.103" in "; ".join(g.text for g in v.gates) and "did not learn" in v.gates[1].text
+    v = verdicts([Comparison("accuracy@8", "B", "A", by_seed(b), by_seed(a), higher=True, bounds=(0.0, 1.0),
+                             gates=gates[::-1])])[0]
     assert (v.outcome, v.label) == ("does not hold", "does not hold (only A learned)")
-    neither = (gates[1], learned_gate("C", "accuracy@8", 0.1, 0.1, 1.0, True))
-    v = verdicts([Comparison("accuracy@16", "B", "C", b, b, higher=True, bounds=(0.0, 1.0), gates=neither)])[0]
+    # The audit's case: one mean above the threshold (0.5845), the other below, the difference not
+    # decided: the old gate read "holds (only A learned)"; now it is inconclusive, and so undecided.
+    a, b = [0.70, 0.55, 0.72], [0.50, 0.62, 0.51]
+    gates = (gate("A", "accuracy@8", a, {"order-blind": 0.538333}), gate("B", "accuracy@8", b, {"order-blind": 0.538333}))
+    assert gates[0].limit.needed == pytest.approx(0.5845, abs=1e-4)
+    assert np.mean(a) > 0.5845 > np.mean(b) and [g.at().state for g in gates] == [GateState.UNDETERMINED] * 2
+    v = verdicts([Comparison("accuracy@8", "A", "B", by_seed(a), by_seed(b), higher=True, bounds=(0.0, 1.0),
+                             gates=gates)])[0]
+    assert v.outcome == "inconclusive" and not v.only
+    # a decided difference beside an undetermined gate says so
+    a, b = [0.95, 0.96, 0.97], [0.50, 0.72, 0.53]
+    gates = (gate("A", "accuracy@8", a, 0.5), gate("B", "accuracy@8", b, 0.5))
+    v = verdicts([Comparison("accuracy@8", "A", "B", by_seed(a), by_seed(b), higher=True, bounds=(0.0, 1.0),
+                             gates=gates)])[0]
+    assert v.label == "holds (whether B learned is undetermined)"
+
+
+def test_not_tested_needs_data_showing_that_neither_group_learned():
+    low, high = [0.10, 0.11, 0.10], [0.10, 0.12, 0.11]
+    neither = (gate("B", "accuracy@8", low, 0.1), gate("C", "accuracy@8", high, 0.1))
+    v = verdicts([Comparison("accuracy@8", "B", "C", by_seed(low), by_seed(high), higher=True, bounds=(0.0, 1.0),
+                             gates=neither)])[0]
     assert v.outcome == "not tested"
-    assert v.label.startswith("not tested (neither group learned: B: accuracy@8 0.103") and "C: accuracy@8 0.1" in v.label
-    # lower is better: a loss must fall 10% of the way from chance to 0
+    assert v.label.startswith("not tested (neither group learned: B: accuracy@8 0.103") and "C: accuracy@8 0.11" in v.label
+    # one of them undetermined (its interval reaches the threshold 0.19): not "not tested"
+    spread = [0.05, 0.30, 0.10]
+    v = verdicts([Comparison("accuracy@8", "B", "C", by_seed(low), by_seed(spread), higher=True, bounds=(0.0, 1.0),
+                             gates=(neither[0], gate("C", "accuracy@8", spread, 0.1)))])[0]
+    assert v.outcome == "inconclusive"
+    # lower is better: a loss must fall 10% of the way from chance to 0, its interval too
     ln4 = math.log(4)
-    assert learned_gate("A", "loss@8", 1.2, ln4, 0.0, False).learned
-    assert not learned_gate("A", "loss@8", 1.3, ln4, 0.0, False).learned
+    assert gate("A", "loss@8", [1.20, 1.19, 1.21], ln4, higher=False, perfect=0.0).at().learned
+    assert gate("A", "loss@8", [1.30, 1.31, 1.29], ln4, higher=False, perfect=0.0).at().not_learned
+    assert gate("A", "loss@8", [1.0, 1.5, 1.2], ln4, higher=False, perfect=0.0).at().state is GateState.UNDETERMINED
+    assert gate("A", "loss@8", [1.0], ln4, higher=False, perfect=0.0).at().state is GateState.UNDETERMINED
+
+
+def test_identical_groups_end_as_identical():
+    same = by_seed([0.4, 0.5, 0.6])
+    v = verdicts([Comparison("accuracy@8", "A", "B", same, same.copy(), higher=True, bounds=(0.0, 1.0))])[0]
+    assert v.outcome == "identical" and v.outcome.final and not v.outcome.decides
+    assert v.label == "identical (both groups gave the same accuracy@8 on every seed)"
 
 
 def test_the_gate_measures_against_the_strongest_baseline():
-    gate = learned_gate("A", "accuracy@12", 0.45, {"input-ignoring": 0.169, "order-blind": 0.443}, 1.0, True)
-    assert (gate.baseline, gate.chance, gate.needed) == ("order-blind", 0.443, pytest.approx(0.4987))
-    assert not gate.learned and "vs order-blind 0.443" in gate.text
-    loss = learned_gate("A", "loss@12", 1.5, {"input-ignoring": 2.1, "order-blind": 1.2}, 0.0, False)
+    g = gate("A", "accuracy@12", [0.45, 0.46, 0.44], {"input-ignoring": 0.169, "order-blind": 0.443}).at()
+    assert (g.baseline, g.chance, g.needed) == ("order-blind", 0.443, pytest.approx(0.4987))
+    assert g.not_learned and "vs order-blind 0.443" in g.text
+    loss = gate("A", "loss@12", [1.5, 1.6], {"input-ignoring": 2.1, "order-blind": 1.2}, higher=False, perfect=0.0).at()
     assert loss.baseline == "order-blind" and not loss.learned
+    # a task may name the baselines that gate; the others are only shown
+    limit = threshold({"unigram": 4.66, "bigram": 3.75, "trigram": 3.10}, 0.0, False, gating=("bigram",))
+    assert (limit.baseline, limit.chance) == ("bigram", 3.75) and len(limit.baselines) == 3
 
 
 def test_a_gate_at_the_compared_length_counts_as_well_as_the_training_length():
-    a, b = by_seed([0.30, 0.31, 0.33]), by_seed([0.20, 0.21, 0.20])
-    gates = (learned_gate("A", "accuracy@16", 0.9, 0.17, 1.0, True), learned_gate("A", "accuracy@32", 0.31, 0.17, 1.0, True),
-             learned_gate("B", "accuracy@16", 0.9, 0.17, 1.0, True), learned_gate("B", "accuracy@32", 0.20, 0.17, 1.0, True))
-    v = verdicts([Comparison("accuracy@32", "A", "B", a, b, higher=True, bounds=(0.0, 1.0), gates=gates)])[0]
-    assert v.label == "holds (only A learned)" and "B: accuracy@32 0.2" in v.reason
+    a, b = [0.30, 0.31, 0.33], [0.20, 0.21, 0.20]
+    gates = (gate("A", "accuracy@16", [0.9, 0.91, 0.92], 0.17), gate("A", "accuracy@32", a, 0.17),
+             gate("B", "accuracy@16", [0.9, 0.91, 0.92], 0.17), gate("B", "accuracy@32", b, 0.17))
+    v = verdicts([Comparison("accuracy@32", "A", "B", by_seed(a), by_seed(b), higher=True, bounds=(0.0, 1.0),
+                             gates=gates)])[0]
+    assert v.label == "holds (only A learned)" and "B: accuracy@32 0.203" in v.gates[3].text
 
 
 def test_pairs_compare_like_with_like_across_other_swept_keys():
@@ -197,21 +242,25 @@ def test_pairs_compare_like_with_like_across_other_swept_keys():
     assert variants.counterpart("position=alibi, n_layers=6", {"model.position": "rope"}) == "position=rope, n_layers=6"
 
 
-def test_learned_criterion_line_states_threshold_and_who_missed_it():
-    gate = lambda group, score, chance=0.2: learned_gate(group, "accuracy@12", score, chance, 1.0, True)  # noqa: E731
-    assert learned_criterion("accuracy", [gate("a", 0.9), gate("b", 0.3)]) == (
-        "Learned (accuracy@12 ≥ 0.28, 10% of the way from chance 0.2 to 1): both groups met it")
-    assert learned_criterion("accuracy", [gate("a", 0.9), gate("b", 0.25), gate("c", math.nan)]) == (
-        "Learned (accuracy@12 ≥ 0.28, 10% of the way from chance 0.2 to 1): 1 of 3 groups met it; "
-        "not met: b (0.25); c (no finished run)")
+def test_learned_criterion_line_states_threshold_and_where_each_group_stands():
+    def g(group, scores, chance=0.2):
+        return gate(group, "accuracy@12", scores, chance).at()
+
+    rule = "accuracy@12 ≥ 0.28, 10% of the way from chance 0.2 to 1; learned when the 95% interval of the mean lies past it"
+    assert learned_criterion("accuracy", [g("a", [0.9, 0.91, 0.92]), g("b", [0.3, 0.31, 0.305])]) == (
+        f"Learned ({rule}): both groups learned")
+    assert learned_criterion("accuracy", [g("a", [0.9, 0.91, 0.92]), g("b", [0.25, 0.26, 0.255]), g("c", []), g("d", [0.2, 0.4, 0.3])]) == (
+        f"Learned ({rule}): 1 of 4 groups learned; did not learn: b (0.255); undetermined: c (no finished run); d (0.3)")
     # Chance differs by group (e.g. by family): one threshold per chance level.
-    assert learned_criterion("accuracy", [gate("enc", 0.15, 0.1), gate("dec", 0.3), gate("ed", 0.5)]) == (
+    assert learned_criterion("accuracy", [g("enc", [0.15, 0.16, 0.155], 0.1), g("dec", [0.3, 0.31, 0.305]), g("ed", [0.5, 0.51, 0.52])]) == (
         "Learned (10% of the way from the strongest baseline to a perfect score: accuracy@12 ≥ 0.19 for enc (chance 0.1); "
-        "accuracy@12 ≥ 0.28 for dec and ed (chance 0.2)): 2 of 3 groups met it; not met: enc (0.15)")
-    loss = learned_gate("x", "loss@8", 1.0, 2.0, 0.0, False)
+        "accuracy@12 ≥ 0.28 for dec and ed (chance 0.2); learned when the 95% interval of the mean lies past it): "
+        "2 of 3 groups learned; did not learn: enc (0.155)")
+    loss = gate("x", "loss@8", [1.0, 1.01, 1.02], 2.0, higher=False, perfect=0.0).at()
     assert learned_criterion("loss", [loss]) == (
-        "Learned (loss@8 ≤ 1.8, 10% of the way from chance 2 to 0): the group met it")
-    unknown = learned_gate("x", "accuracy@8", 0.9, math.nan, 1.0, True)
+        "Learned (loss@8 ≤ 1.8, 10% of the way from chance 2 to 0; learned when the 95% interval of the mean lies "
+        "past it): the group learned")
+    unknown = gate("x", "accuracy@8", [0.9, 0.91], math.nan).at()
     assert learned_criterion("accuracy", [unknown]).startswith("Learned: no chance level of accuracy is known")
 
 
@@ -235,8 +284,11 @@ def test_both_groups_at_the_perfect_score_on_every_seed_is_a_ceiling():
     assert (v.outcome, v.label) == ("ceiling", "ceiling: the task does not separate them")
     loss = verdict(by_seed([0.0, 0.0]), by_seed([0.0, 0.0]), "loss@8", "A", "B", higher=False, bounds=(0.0, math.inf))
     assert loss.outcome == "ceiling"
-    # equal seeds below the best value are not a ceiling: no spread, no interval
+    # equal seeds below the best value are not a ceiling: the same values are identical groups, the same
+    # nonzero difference on every seed has no spread, so no interval
     assert verdict(by_seed([0.9, 0.9]), by_seed([0.9, 0.9]), "accuracy@8", "A", "B", higher=True,
+                   bounds=(0.0, 1.0)).outcome == "identical"
+    assert verdict(by_seed([0.9, 0.8]), by_seed([0.8, 0.7]), "accuracy@8", "A", "B", higher=True,
                    bounds=(0.0, 1.0)).label.startswith("inconclusive (every seed gave the same difference")
 
 
@@ -259,7 +311,7 @@ def test_an_inconclusive_verdict_states_its_detectable_difference_and_the_seeds_
 def test_holms_family_is_every_expect_entry_even_those_not_tested():
     a, b = by_seed([0.90, 0.91, 0.95]), by_seed([0.50, 0.52, 0.51])
     tested = Comparison("accuracy@8", "A", "B", a, b, higher=True, bounds=(0.0, 1.0))
-    untested_gates = (learned_gate("C", "accuracy@8", 0.1, 0.1, 1.0, True), learned_gate("D", "accuracy@8", 0.1, 0.1, 1.0, True))
+    untested_gates = (gate("C", "accuracy@8", [0.1, 0.11, 0.1], 0.1), gate("D", "accuracy@8", [0.1, 0.1, 0.11], 0.1))
     untested = Comparison("accuracy@8", "C", "D", a, b, higher=True, bounds=(0.0, 1.0), gates=untested_gates)
     alone = verdicts([tested])[0]
     with_untested = verdicts([tested, untested])
@@ -282,3 +334,20 @@ def test_failure_shares_compare_with_fishers_exact_test_and_clopper_pearson_inte
                                counts=True)])[0]
     assert few.label.startswith("inconclusive (Fisher's exact p = 0.1")
     assert Share(0, 3).text == "0/3 = 0 [0, 0.708]"
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_the_t_intervals_and_p_values_are_scipys(seed):
+    from workbench.report.intervals import paired_diff, welch_diff
+
+    rng = np.random.default_rng(seed)
+    x, y = rng.normal(0.5, 0.1, 3 + seed), rng.normal(0.45, 0.2, 3 + seed)
+    for level in (0.95, 0.99997):
+        ci = stats.ttest_1samp(x, 0.0).confidence_interval(level)
+        assert (mean_ci(x, level).lo, mean_ci(x, level).hi) == pytest.approx((ci.low, ci.high), rel=1e-10)
+        test = stats.ttest_rel(x, y)
+        iv = paired_diff(pd.Series(x), pd.Series(y), level)
+        assert (iv.lo, iv.hi, iv.p) == pytest.approx((*test.confidence_interval(level), test.pvalue), rel=1e-10)
+        test = stats.ttest_ind(x, y[:-1], equal_var=False)
+        iv = welch_diff(x, y[:-1], level)
+        assert (iv.lo, iv.hi, iv.p) == pytest.approx((*test.confidence_interval(level), test.pvalue), rel=1e-10)

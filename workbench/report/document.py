@@ -69,7 +69,7 @@ class VerdictLine:
     """One `expect:` entry's outcome, formatted for the top of the report."""
 
     statement: str  # "alibi is better than sinusoidal on accuracy@128"
-    outcome: str  # "holds" | "does not hold" | "inconclusive" | "not tested"
+    outcome: str  # an Outcome's words (workbench.report.outcomes)
     label: str  # outcome with its reason for inconclusive and not tested ones
     detail: str  # the two intervals, the difference and the learned-at-all check
     note: str = ""
@@ -77,6 +77,7 @@ class VerdictLine:
     difference: dict = field(default_factory=dict)  # mean, lo, hi, level, method, p_holm
     groups: list[dict] = field(default_factory=list)  # the two groups' means with their intervals
     expect: dict = field(default_factory=dict)  # the `expect:` entry decided: index, metric, better, than
+    look: dict | None = None  # adaptive seeds: the look it was read at (look, of, seeds); None: fixed seeds
 
 
 @dataclass

@@ -1,6 +1,8 @@
 """Means with 95% intervals over seeds, differences between groups, and shares of seeds (failures
-as outcomes). Every number comes from scipy.stats (t intervals and tests, exact binomial and
-Fisher tests).
+as outcomes). The t intervals and tests are those of scipy.stats (ttest_1samp, ttest_rel,
+ttest_ind with unequal variances), computed from scipy's t distribution directly
+(tests/test_report_stats.py checks them against scipy.stats); exact binomial and Fisher tests
+come from scipy.stats.
 
 Intervals. A group's mean has the two-sided t interval over its seeds (seeds are few, 2-5,
 so the normal approximation would be too narrow). A difference between two groups is
@@ -17,13 +19,14 @@ instead of being shown as a zero-width, precise-looking interval.
 
 from __future__ import annotations
 
+import functools
 import math
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
+from scipy import special
 from scipy import stats as st
 
 from workbench.report.document import fmt
@@ -47,9 +50,27 @@ class Interval:
     level: float = LEVEL
 
 
+def level_text(level: float) -> str:
+    """A confidence level as a percentage with the digits its alpha needs: 95%, 97.5%, 99.997%."""
+    for digits in range(8):
+        text = f"{level * 100:.{digits}f}"
+        if abs(float(text) - level * 100) <= 0.05 * (1 - level) * 100:
+            return f"{text}%"
+    return f"{level:.10%}"
+
+
 def finite(values: Sequence[float] | np.ndarray | pd.Series) -> np.ndarray:
-    x = np.asarray(values, dtype=float)
+    x = values.to_numpy(dtype=float) if isinstance(values, pd.Series) else np.asarray(values, dtype=float)
     return x[np.isfinite(x)]
+
+
+def first_seeds(values: pd.Series, seeds: int) -> pd.Series:
+    """The values of the first `seeds` seed ids (the index) of `values`: an earlier look."""
+    if len(values) <= seeds:
+        return values
+    if values.index.is_monotonic_increasing and values.index.is_unique:
+        return values.iloc[:seeds]
+    return values[values.index.isin(sorted(set(values.index))[:seeds])]
 
 
 def clipped(mean: float, lo: float, hi: float, bounds: tuple[float, float]) -> tuple[float, float]:
@@ -61,19 +82,40 @@ def no_spread(x: np.ndarray) -> bool:
     return len(x) >= 2 and float(np.ptp(x)) <= 1e-12 * max(1.0, float(np.abs(x).max()))
 
 
+def t_interval(estimate: float, se: float, df: float, level: float) -> tuple[float, float]:
+    """estimate ± t_{1 - (1 - level)/2, df} * se: the interval scipy's t tests give, from its
+    inverse t distribution directly (the verdicts of an adaptive study compute thousands)."""
+    half = float(special.stdtrit(df, 1 - (1 - level) / 2)) * se
+    return estimate - half, estimate + half
+
+
+def t_pvalue(t: float, df: float) -> float:
+    """Two-sided p-value of a t statistic (as scipy.stats.ttest_* report it)."""
+    return float(2 * special.stdtr(df, -abs(t)))
+
+
+# The numeric cores below take tuples and are cached: an adaptive study's looks read the same
+# seeds again at every round (and the null simulation of tests/test_sequential.py runs thousands).
+
+
 def mean_ci(values: Sequence[float] | np.ndarray | pd.Series, level: float = LEVEL,
             bounds: tuple[float, float] = UNBOUNDED) -> Interval:
     """Mean and two-sided t interval of finite values (NaNs, e.g. from failed runs, are
     skipped), kept inside `bounds`. One value, or values without spread, have no interval."""
-    x = finite(values)
+    return _mean_ci(tuple(finite(values).tolist()), level, bounds)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _mean_ci(values: tuple[float, ...], level: float, bounds: tuple[float, float]) -> Interval:
+    x = np.array(values)
     n = len(x)
     if n == 0:
         return Interval(math.nan, math.nan, math.nan, 0)
     mean = float(x.mean())
     if n < 2 or no_spread(x):
         return Interval(mean, math.nan, math.nan, n, constant=no_spread(x), level=level)
-    ci = st.ttest_1samp(x, 0.0).confidence_interval(level)
-    return Interval(mean, *clipped(mean, float(ci.low), float(ci.high), bounds), n, level=level)
+    lo, hi = t_interval(mean, float(x.std(ddof=1)) / math.sqrt(n), n - 1, level)
+    return Interval(mean, *clipped(mean, lo, hi, bounds), n, level=level)
 
 
 def difference_bounds(bounds: tuple[float, float]) -> tuple[float, float]:
@@ -82,8 +124,14 @@ def difference_bounds(bounds: tuple[float, float]) -> tuple[float, float]:
 
 
 def welch_diff(a, b, level: float = LEVEL, bounds: tuple[float, float] = UNBOUNDED) -> Interval:
-    """mean(a) - mean(b) with Welch's t interval and test (scipy.stats.ttest_ind)."""
-    x, y = finite(a), finite(b)
+    """mean(a) - mean(b) with Welch's t interval and test (the Welch-Satterthwaite degrees of
+    freedom, as scipy.stats.ttest_ind(equal_var=False))."""
+    return _welch_diff(tuple(finite(a).tolist()), tuple(finite(b).tolist()), level, bounds)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _welch_diff(a: tuple[float, ...], b: tuple[float, ...], level: float, bounds: tuple[float, float]) -> Interval:
+    x, y = np.array(a), np.array(b)
     if len(x) == 0 or len(y) == 0:
         return Interval(math.nan, math.nan, math.nan, 0, method="Welch")
     diff = float(x.mean() - y.mean())
@@ -92,38 +140,45 @@ def welch_diff(a, b, level: float = LEVEL, bounds: tuple[float, float] = UNBOUND
         return Interval(diff, math.nan, math.nan, n, method="Welch")
     if no_spread(x) and no_spread(y):  # zero standard error: no interval, no test
         return Interval(diff, math.nan, math.nan, n, constant=True, method="Welch")
-    with warnings.catch_warnings():  # a group without spread: scipy warns about its zero variance,
-        warnings.simplefilter("ignore", RuntimeWarning)  # which is exact, and so is the interval
-        test = st.ttest_ind(x, y, equal_var=False)
-        ci = test.confidence_interval(level)
-    return Interval(diff, *clipped(diff, float(ci.low), float(ci.high), difference_bounds(bounds)), n,
-                    method="Welch", p=float(test.pvalue), level=level)
+    vx, vy = x.var(ddof=1) / len(x), y.var(ddof=1) / len(y)  # a group without spread adds 0, exactly
+    se = math.sqrt(vx + vy)
+    df = (vx + vy) ** 2 / (vx ** 2 / (len(x) - 1) + vy ** 2 / (len(y) - 1))
+    lo, hi = t_interval(diff, se, df, level)
+    return Interval(diff, *clipped(diff, lo, hi, difference_bounds(bounds)), n,
+                    method="Welch", p=t_pvalue(diff / se, df), level=level)
 
 
 def paired_diff(a: pd.Series, b: pd.Series, level: float = LEVEL, bounds: tuple[float, float] = UNBOUNDED) -> Interval:
-    """mean(a - b) over seeds (the Series' index) with the paired t interval and test
-    (scipy.stats.ttest_rel); both must hold the same seeds."""
-    d = finite(a.sort_index().to_numpy() - b.sort_index().to_numpy())
-    diff = float(d.mean())
+    """mean(a - b) over seeds (the Series' index) with the paired t interval and test (as
+    scipy.stats.ttest_rel); both must hold the same seeds."""
+    if not (a.index.is_monotonic_increasing and b.index.is_monotonic_increasing):
+        a, b = a.sort_index(), b.sort_index()
+    return _paired_diff(tuple(finite(a.to_numpy() - b.to_numpy()).tolist()), level, bounds)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _paired_diff(differences: tuple[float, ...], level: float, bounds: tuple[float, float]) -> Interval:
+    d = np.array(differences)
+    diff = float(d.mean()) if len(d) else math.nan
     if len(d) < 2:
         return Interval(diff, math.nan, math.nan, len(d), method="paired")
     if no_spread(d):
         return Interval(diff, math.nan, math.nan, len(d), constant=True, method="paired")
-    test = st.ttest_rel(a.sort_index().to_numpy(), b.sort_index().to_numpy())
-    ci = test.confidence_interval(level)
-    return Interval(diff, *clipped(diff, float(ci.low), float(ci.high), difference_bounds(bounds)), len(d),
-                    method="paired", p=float(test.pvalue), level=level)
+    se = float(d.std(ddof=1)) / math.sqrt(len(d))
+    lo, hi = t_interval(diff, se, len(d) - 1, level)
+    return Interval(diff, *clipped(diff, lo, hi, difference_bounds(bounds)), len(d),
+                    method="paired", p=t_pvalue(diff / se, len(d) - 1), level=level)
 
 
 def same_seeds(a: pd.Series, b: pd.Series) -> bool:
-    return len(a) >= 2 and set(a.index) == set(b.index) and len(set(a.index)) == len(a)
+    return len(a) >= 2 and len(a) == len(b) and a.index.is_unique and bool(a.index.sort_values().equals(b.index.sort_values()))
 
 
 def difference(a, b, level: float = LEVEL, bounds: tuple[float, float] = UNBOUNDED) -> Interval:
     """a - b: paired over seeds when both are Series over the same seeds (index = seed),
     Welch otherwise. NaN values (failed runs) are dropped first."""
     if isinstance(a, pd.Series) and isinstance(b, pd.Series):
-        a, b = a.dropna(), b.dropna()
+        a, b = (v if np.isfinite(v.to_numpy(dtype=float)).all() else v.dropna() for v in (a, b))
         if same_seeds(a, b):
             return paired_diff(a, b, level, bounds)
     return welch_diff(a, b, level, bounds)

@@ -5,7 +5,7 @@ rung, and one line says what the rungs show together:
     holds at 2 of 3 rungs (decided only at 64 and 128)
     decided only at 128 (holds)        one rung decided
     flips between 64 and 128           two neighbouring decided rungs disagree
-    decided at no rung                 every rung inconclusive, ceiling, not tested or not reached
+    decided at no rung                 no rung decided by a test (inconclusive, ceiling, identical, not tested, not reached)
 
 Rungs are in the ladder's order (smallest first as written); "neighbouring" skips undecided
 rungs, so a flip names the two decided rungs it lies between.
@@ -15,9 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from workbench.report.stats import DOES_NOT_HOLD, EQUIVALENT, HOLDS
-
-DECIDED = (HOLDS, DOES_NOT_HOLD, EQUIVALENT)
+from workbench.report.outcomes import DECIDED
 
 
 def joined(names: Sequence[str]) -> str:

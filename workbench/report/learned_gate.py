@@ -1,69 +1,167 @@
-"""The learned-at-all gate: did a group learn at all? Its mean score against the task's
-baselines (predictors that cannot solve the task), by a margin towards a perfect score; a
-verdict compares only groups that learned (workbench.report.stats)."""
+"""The learned-at-all gate: did a group learn at all? Its per-seed scores against a threshold
+set by the task's baselines (predictors that cannot solve the task), a margin of the way
+towards a perfect score.
+
+"Learned" is a statement about a mean over a few seeds, so it carries that mean's
+uncertainty. At a given level (an adaptive study's look level; 95% elsewhere) a group
+
+- *learned* when the t interval of its mean lies entirely on the better side of the threshold,
+- *did not learn* when it lies entirely on the other side,
+- is *undetermined* otherwise (also with one finished seed: no interval).
+
+This is the interval form of a one-sided t test of the mean against the threshold, each side
+at half the level's alpha, as in a test of non-inferiority against a fixed bound (the same
+duality as Schuirmann's two one-sided tests, which `stats` uses for equivalence). A group whose
+seeds all scored the same has no spread; it counts as that value exactly (an exact score, e.g.
+accuracy 1.0 on every seed, rather than an estimate).
+
+The gate never decides a comparison on its own (workbench.report.stats): it qualifies a
+decided difference ("only A learned"), says "not tested" only when the data show that neither
+group learned, and, undetermined, sends an adaptive study to more seeds.
+"""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, replace
+from enum import StrEnum
+
+import pandas as pd
 
 from workbench.report.document import fmt
+from workbench.report.intervals import LEVEL, first_seeds, level_text, mean_ci
 
-# A group learned when its score at the training length is better than chance by at least
-# this share of the distance from chance to the perfect score (1 for accuracy, 0 for loss).
+# A group learned when its score at the training length is better than the strongest baseline by
+# at least this share of the distance from that baseline to the perfect score (1 for accuracy,
+# 0 for loss).
 MARGIN = 0.1
 
 
+class GateState(StrEnum):
+    LEARNED = "learned"
+    NOT_LEARNED = "did not learn"
+    UNDETERMINED = "undetermined"
+
+
 @dataclass(frozen=True)
-class Learned:
-    """One group's score at one length against the task's baselines (predictors that cannot
-    solve the task); the gate measures it against the strongest of them."""
+class Threshold:
+    """The score a group must beat: the strongest baseline moved MARGIN of the way to perfect."""
 
-    group: str
-    metric: str  # e.g. accuracy@12
-    score: float  # mean over finished seeds (NaN: none)
-    chance: float  # the strongest baseline's score (NaN: unknown)
-    needed: float  # the score the margin asks for
-    higher: bool
-    perfect: float = math.nan  # the metric's best possible value (1 for accuracy, 0 for loss)
-    baseline: str = "chance"  # the strongest baseline's name
-    baselines: tuple[tuple[str, float], ...] = ()  # every baseline's score, as the task declares them
-    untested: str = ""  # why the group cannot be tested at all (e.g. no tuning candidate learned)
-
-    @property
-    def learned(self) -> bool:
-        if self.untested or math.isnan(self.score) or math.isnan(self.needed):
-            return False
-        return self.score >= self.needed if self.higher else self.score <= self.needed
-
-    @property
-    def text(self) -> str:
-        if self.untested:
-            return f"{self.group}: {self.untested}"
-        if math.isnan(self.chance):
-            return f"{self.group}: no chance level of {self.metric}"
-        if math.isnan(self.score):
-            return f"{self.group}: no finished run reports {self.metric}"
-        sign = "≥" if self.higher else "≤"
-        return (f"{self.group}: {self.metric} {fmt(self.score)} vs {self.baseline} {fmt(self.chance)} "
-                f"(learned: {sign} {fmt(self.needed)})")
+    baseline: str  # the strongest baseline's name
+    chance: float  # its score (NaN: unknown)
+    needed: float  # the threshold (NaN: unknown)
+    baselines: tuple[tuple[str, float], ...] = ()  # every baseline the task declares, by name
 
 
-def learned_gate(group: str, metric: str, score: float, chance: float | dict[str, float], perfect: float,
-                 higher: bool, untested: str = "") -> Learned:
-    """The margin rule: learned when `score` closes at least MARGIN of the gap from the
-    strongest baseline to `perfect` (the metric's best possible value). `chance` is one
-    score (the input-ignoring baseline) or every baseline's score by name."""
-    baselines = chance if isinstance(chance, dict) else {"chance": chance}
-    known = {name: v for name, v in baselines.items() if math.isfinite(v)}
+def threshold(baselines: dict[str, float], perfect: float, higher: bool,
+              gating: Collection[str] | None = None) -> Threshold:
+    """The strongest of `baselines` (by the metric's direction; only those named in `gating`
+    when the task names them, `Task.gate_baselines`) and the margin rule's threshold. Every
+    baseline is kept for display."""
+    known = {name: v for name, v in baselines.items() if math.isfinite(v) and (gating is None or name in gating)}
     if known:
         name = (max if higher else min)(known, key=known.get)
         strongest = known[name]
     else:
         name, strongest = next(iter(baselines), "chance"), math.nan
     needed = strongest + MARGIN * (perfect - strongest) if math.isfinite(perfect) else math.nan
-    return Learned(group, metric, score, strongest, needed, higher, perfect, name, tuple(baselines.items()), untested)
+    return Threshold(name, strongest, needed, tuple(baselines.items()))
+
+
+def beats(score: float, needed: float, higher: bool) -> bool:
+    return score >= needed if higher else score <= needed
+
+
+@dataclass(frozen=True)
+class Learned:
+    """One group's gate at one length and level: its mean with the interval, the threshold, and
+    what the interval says of it."""
+
+    group: str
+    metric: str  # e.g. accuracy@12
+    score: float  # mean over finished seeds (NaN: none)
+    lo: float  # the interval of the mean at `level` (NaN: none)
+    hi: float
+    n: int  # finished seeds behind the mean
+    level: float
+    chance: float  # the strongest baseline's score (NaN: unknown)
+    needed: float  # the threshold
+    higher: bool
+    perfect: float = math.nan
+    baseline: str = "chance"
+    baselines: tuple[tuple[str, float], ...] = ()
+    untested: str = ""  # a qualifier shown beside the gate, e.g. no tuning candidate learned
+
+    @property
+    def state(self) -> GateState:
+        if math.isnan(self.score) or math.isnan(self.needed):
+            return GateState.UNDETERMINED
+        lo, hi = (self.score, self.score) if math.isnan(self.lo) and self.n >= 2 else (self.lo, self.hi)
+        if math.isnan(lo):  # one seed: no interval
+            return GateState.UNDETERMINED
+        worst, best = (lo, hi) if self.higher else (hi, lo)
+        if beats(worst, self.needed, self.higher):
+            return GateState.LEARNED
+        if not beats(best, self.needed, self.higher):
+            return GateState.NOT_LEARNED
+        return GateState.UNDETERMINED
+
+    @property
+    def learned(self) -> bool:
+        return self.state is GateState.LEARNED
+
+    @property
+    def not_learned(self) -> bool:
+        return self.state is GateState.NOT_LEARNED
+
+    @property
+    def text(self) -> str:
+        """e.g. 'none: accuracy@12 0.426 [0.41, 0.44] (95%) vs order-blind 0.443 (learned: ≥ 0.499): did not learn'."""
+        if math.isnan(self.chance):
+            return f"{self.group}: no chance level of {self.metric}"
+        if math.isnan(self.score):
+            return f"{self.group}: no finished run reports {self.metric}"
+        sign = "≥" if self.higher else "≤"
+        spread = (f" [{fmt(self.lo)}, {fmt(self.hi)}] ({level_text(self.level)})" if not math.isnan(self.lo)
+                  else f" (all {self.n} seeds equal)" if self.n >= 2 else " (1 seed)")
+        untested = f"; {self.untested}" if self.untested else ""
+        return (f"{self.group}: {self.metric} {fmt(self.score)}{spread} vs {self.baseline} {fmt(self.chance)} "
+                f"(learned: {sign} {fmt(self.needed)}): {self.state}{untested}")
+
+
+@dataclass(frozen=True)
+class Gate:
+    """What one group must show at one length to have learned: its per-seed scores (index: seed)
+    and the threshold. `at(level)` reads it at a level; `truncated(n)` keeps an earlier look's
+    seeds."""
+
+    group: str
+    metric: str
+    scores: pd.Series
+    limit: Threshold
+    higher: bool
+    perfect: float = math.nan
+    bounds: tuple[float, float] = (-math.inf, math.inf)
+    untested: str = ""
+
+    def truncated(self, seeds: int) -> Gate:
+        return replace(self, scores=first_seeds(self.scores, seeds))
+
+    def at(self, level: float = LEVEL) -> Learned:
+        iv = mean_ci(self.scores, level=level, bounds=self.bounds)
+        t = self.limit
+        return Learned(self.group, self.metric, iv.mean, iv.lo, iv.hi, iv.n, level, t.chance, t.needed, self.higher,
+                       self.perfect, t.baseline, t.baselines, self.untested)
+
+
+def make_gate(group: str, metric: str, scores: pd.Series | Sequence[float], baselines: dict[str, float],
+              perfect: float, higher: bool, bounds: tuple[float, float] = (-math.inf, math.inf),
+              untested: str = "", gating: Collection[str] | None = None) -> Gate:
+    """The gate of `group` on `metric` against the strongest of `baselines` (name -> score)."""
+    series = scores if isinstance(scores, pd.Series) else pd.Series(list(scores), dtype=float)
+    limit = threshold(baselines or {"chance": math.nan}, perfect, higher, gating)
+    return Gate(group, metric, series.astype(float), limit, higher, perfect, bounds, untested)
 
 
 def score_text(g: Learned) -> str:
@@ -74,33 +172,39 @@ def score_text(g: Learned) -> str:
 
 def learned_criterion(name: str, gates: Sequence[Learned]) -> str:
     """One line for a report's header: the learned rule for metric `name` (the threshold each
-    group must reach at its training length) and which groups met it, e.g.
-    'Learned (accuracy@12 ≥ 0.499, 10% of the way from order-blind 0.443 to 1): all 4 groups met it'."""
+    group must reach at its training length) and where each group stands, e.g.
+    'Learned (accuracy@12 ≥ 0.499, 10% of the way from order-blind 0.443 to 1; 95% interval of
+    the mean above it): all 4 groups learned'."""
     known = [g for g in gates if not (math.isnan(g.chance) or math.isnan(g.needed))]
     if not known:
         return (f"Learned: no chance level of {name} is known for this task, so no group can be shown to have "
-                "learned it (verdicts on it read 'not tested')")
+                "learned it (verdicts on it still test the difference; none can read 'only A learned')")
     thresholds: dict[tuple, list[str]] = {}
     for g in known:
         thresholds.setdefault((g.metric, g.baseline, g.chance, g.needed, g.higher, g.perfect), []).append(g.group)
 
-    def threshold(metric: str, needed: float, higher: bool) -> str:
+    def limit(metric: str, needed: float, higher: bool) -> str:
         return f"{metric} {'≥' if higher else '≤'} {fmt(needed)}"
 
+    level = level_text(known[0].level)
     if len(thresholds) == 1:
         (metric, baseline, chance, needed, higher, perfect), _ = next(iter(thresholds.items()))
-        rule = (f"{threshold(metric, needed, higher)}, {MARGIN:.0%} of the way from {baseline} {fmt(chance)} "
+        rule = (f"{limit(metric, needed, higher)}, {MARGIN:.0%} of the way from {baseline} {fmt(chance)} "
                 f"to {fmt(perfect)}")
     else:  # the baseline (or the training length) differs between groups, e.g. by family
         rule = f"{MARGIN:.0%} of the way from the strongest baseline to a perfect score: " + "; ".join(
-            f"{threshold(metric, needed, higher)} for {' and '.join(groups)} ({baseline} {fmt(chance)})"
+            f"{limit(metric, needed, higher)} for {' and '.join(groups)} ({baseline} {fmt(chance)})"
             for (metric, baseline, chance, needed, higher, _), groups in thresholds.items())
-    missed = [g for g in gates if not g.learned]
+    rule += f"; learned when the {level} interval of the mean lies past it"
     n = len(gates)
-    if not missed:
-        outcome = {1: "the group met it", 2: "both groups met it"}.get(n, f"all {n} groups met it")
+    by_state = {state: [g for g in gates if g.state is state] for state in GateState}
+    if len(by_state[GateState.LEARNED]) == n:
+        outcome = {1: "the group learned", 2: "both groups learned"}.get(n, f"all {n} groups learned")
     else:
-        why = "; ".join(f"{g.group} ({score_text(g)})" for g in missed)  # labels may hold commas
-        outcome = (f"no group met it ({why})" if len(missed) == n
-                   else f"{n - len(missed)} of {n} groups met it; not met: {why}")
+        parts = [f"{len(by_state[GateState.LEARNED])} of {n} groups learned"]
+        for state in (GateState.NOT_LEARNED, GateState.UNDETERMINED):
+            if by_state[state]:
+                parts.append(f"{state}: " + "; ".join(f"{g.group} ({score_text(g)})" for g in by_state[state]))
+        outcome = "; ".join(parts)
     return f"Learned ({rule}): {outcome}"
+

@@ -1,9 +1,9 @@
 """Verdicts for a study's `expect:` entries: `RULE` states the verdict rule in the words the
 reports print under Verdicts, and `verdicts()` is that rule, step by step, on the intervals of
-workbench.report.intervals and the learned-at-all gate of workbench.report.learned_gate. An
-inconclusive verdict says what its seeds detect and would need (the power of the t test);
-adaptive seeds decide look by look, each at the alpha an O'Brien-Fleming-type spending
-function adds there.
+workbench.report.intervals and the learned-at-all gates of workbench.report.learned_gate. Every
+claim decision ("holds", "does not hold", "equivalent") rests on a test of the difference at the
+look's and Holm's level; the gates only qualify it. An inconclusive verdict says what its seeds
+detect and would need (the power of the t test). Adaptive seeds: workbench.report.sequential.
 """
 
 from __future__ import annotations
@@ -18,35 +18,33 @@ from scipy import stats as st
 from scipy.optimize import brentq
 
 from workbench.report.document import fmt
-from workbench.report.intervals import (ALPHA, LEVEL, UNBOUNDED, Interval, Share, difference, finite, holm, mean_ci,
-                                        share_difference)
-from workbench.report.learned_gate import MARGIN, Learned
-
-NOT_TESTED = "not tested"
-NOT_REACHED = "not reached"  # a *_to_target comparison where a finished run never reached the target
+from workbench.report.intervals import (ALPHA, LEVEL, UNBOUNDED, Interval, Share, difference, finite, first_seeds,
+                                        holm, level_text, mean_ci, share_difference)
+from workbench.report.learned_gate import MARGIN, Gate, GateState, Learned
+from workbench.report.outcomes import CEILING_LABEL, Outcome
 
 RULE = (
-    f"Rule: a verdict compares two groups (one sweep point each, its finished seeds). First, did each learn? At "
-    f"the training length, and at the compared length when that differs, a group's mean score must beat the "
-    f"strongest of the task's baselines (predictors that cannot solve it: one that ignores the input, one that "
-    f"reads only the answer's own prefix, one that knows the input's symbols but not their order, as the task "
-    f"declares) by at least {MARGIN:.0%} of the distance from that baseline to a perfect score. Only the expected-"
-    f"better group learned: 'holds (only A learned)'; only the other: 'does not hold (only B learned)'; neither: "
-    f"'{NOT_TESTED}', naming both; a tuned group none of whose candidates learned is '{NOT_TESTED}'. Cost measures "
-    f"need no gate. Both groups at the metric's best value on every seed: 'ceiling: the task does not separate "
-    f"them'. Otherwise the difference of the means gets a t interval, paired over seeds when both groups finished "
-    f"the same seeds, Welch's otherwise (failure shares: Fisher's exact test). Holm's correction covers every "
-    f"`expect:` comparison of the study, fixed before the run (one that ends before a test counts with p = 1): "
-    f"taken in order of p-value, the i-th of m uses a {LEVEL:.0%} interval widened to level 1 - {ALPHA:g}/(m - i + "
-    f"1), and is decided only while every comparison before it was. With a `margin:`, 'equivalent' when the "
-    f"1 - 2*{ALPHA:g}/m interval lies inside ±margin (two one-sided tests). 'holds' when the interval lies "
-    f"entirely on the expected side of 0, 'does not hold' when entirely on the other side, 'inconclusive' when it "
-    f"contains 0 (with the smallest difference the seeds detect at 80% power, and the seeds the observed one "
-    f"would need), when a group has fewer than 2 finished seeds, or when every seed gave the same difference. "
-    f"Adaptive seeds: each look tests at the alpha an O'Brien-Fleming-type spending function (Lan & DeMets "
-    f"1983) adds at that look, and a comparison keeps the first look that decides it. A comparison of what "
-    f"runs spent to reach a stated score (flops_to_target, lower is better) reads '{NOT_REACHED}' when a "
-    f"finished run of either group never reached it."
+    f"Rule: a verdict compares two groups (one sweep point each, its finished seeds) and is decided only by a "
+    f"test of the difference of their means: a t interval, paired over seeds when both groups finished the same "
+    f"seeds, Welch's otherwise (failure shares: Fisher's exact test). Holm's correction covers every `expect:` "
+    f"comparison of the study, fixed before the run (one that ends before a test counts with p = 1): taken in "
+    f"order of p-value, the i-th of m uses the interval at level 1 - {ALPHA:g}/(m - i + 1), and is decided only "
+    f"while every comparison before it was. 'holds' when that interval lies entirely on the expected side of 0, "
+    f"'does not hold' when entirely on the other side; with a `margin:`, 'equivalent' when the 1 - 2*{ALPHA:g}/m "
+    f"interval lies inside ±margin (two one-sided tests); otherwise 'inconclusive', with the smallest difference "
+    f"the seeds detect at 80% power and the seeds the observed one would need. Beside it, did each group learn? "
+    f"A group learned when the {LEVEL:.0%} interval of its mean score (the look's level with adaptive seeds) lies "
+    f"past a threshold: the strongest of the task's baselines (predictors that cannot solve it) moved "
+    f"{MARGIN:.0%} of the way to a perfect score, at the training length and at the compared length; it did not "
+    f"learn when the interval lies short of it, and is undetermined otherwise. The gates never decide: a decided "
+    f"difference whose winner learned and whose other group did not reads 'holds (only A learned)'; "
+    f"'{Outcome.NOT_TESTED}' only when the data show that neither group learned. Both groups at the metric's best "
+    f"value on every seed: 'ceiling: the task does not separate them'; the same value in both groups on every "
+    f"seed: '{Outcome.IDENTICAL}'. Cost measures need no gate. Adaptive seeds: each look tests at the alpha an "
+    f"O'Brien-Fleming-type spending function (Lan & DeMets 1983) adds at that look, gates and intervals included, "
+    f"and a comparison keeps the first look that ends it; an inconclusive comparison's groups get the next "
+    f"look's seeds. A comparison of what runs spent to reach a stated score (flops_to_target, lower is better) "
+    f"reads '{Outcome.NOT_REACHED}' when a finished run of either group never reached it."
 )
 
 # Metric base names (before '@length') where smaller is better; everything else (accuracy,
@@ -125,9 +123,9 @@ def plan_text(c: Comparison, diff: Interval) -> str:
 
 # ---- verdicts ---------------------------------------------------------------------------------
 
-HOLDS, DOES_NOT_HOLD, INCONCLUSIVE, EQUIVALENT, CEILING = "holds", "does not hold", "inconclusive", "equivalent", "ceiling"
-DECIDED = (HOLDS, DOES_NOT_HOLD, EQUIVALENT)  # what a test (rather than a gate) can conclude
-CEILING_LABEL = "ceiling: the task does not separate them"
+HOLDS, DOES_NOT_HOLD, INCONCLUSIVE, EQUIVALENT, CEILING, IDENTICAL, NOT_TESTED, NOT_REACHED = (
+    Outcome.HOLDS, Outcome.DOES_NOT_HOLD, Outcome.INCONCLUSIVE, Outcome.EQUIVALENT, Outcome.CEILING,
+    Outcome.IDENTICAL, Outcome.NOT_TESTED, Outcome.NOT_REACHED)
 
 
 @dataclass(frozen=True)
@@ -141,7 +139,7 @@ class Comparison:
     than_values: pd.Series | Sequence[float]
     higher: bool
     bounds: tuple[float, float] = UNBOUNDED
-    gates: tuple[Learned, ...] = ()  # both groups at the training length (and the compared one); () = no gate
+    gates: tuple[Gate, ...] = ()  # both groups at the training length (and the compared one); () = no gate
     note: str = ""
     margin: float | None = None  # the smallest difference of interest: within ±margin is "equivalent"
     counts: bool = False  # values are 0/1 per seed (1: the seed failed): compare the shares of failed seeds
@@ -154,16 +152,12 @@ class Comparison:
             return None
         return tuple(Share(int(finite(v).sum()), len(finite(v))) for v in (self.better_values, self.than_values))
 
-    def learned(self, group: str) -> bool:
-        return all(g.learned for g in self.gates if g.group == group)
-
     def truncated(self, seeds: int) -> Comparison:
-        """The comparison on the first `seeds` seeds (by id) of each group: an earlier look."""
+        """The comparison on the first `seeds` seeds (by id) of each group, gates included: an earlier look."""
         def first(values):
-            if not isinstance(values, pd.Series):
-                return values
-            return values[values.index.isin(sorted(set(values.index))[:seeds])] if len(values) else values
-        return replace(self, better_values=first(self.better_values), than_values=first(self.than_values))
+            return first_seeds(values, seeds) if isinstance(values, pd.Series) else values
+        return replace(self, better_values=first(self.better_values), than_values=first(self.than_values),
+                       gates=tuple(g.truncated(seeds) for g in self.gates))
 
 
 @dataclass(frozen=True)
@@ -173,14 +167,18 @@ class Verdict:
     metric: str
     better: str
     than: str
-    outcome: str  # holds | does not hold | equivalent | ceiling | inconclusive | not tested | not reached
+    outcome: Outcome
     reason: str  # why, in words: shown in the label's parentheses where the outcome needs one
-    better_ci: Interval
+    better_ci: Interval  # each group's mean at the level its gates were read at
     than_ci: Interval
     diff: Interval  # better - than, at the (Holm-widened) level it was decided at
     p_holm: float = math.nan
-    gates: tuple[Learned, ...] = ()
-    only: str = ""  # the one group that learned, when the other did not
+    gates: tuple[Learned, ...] = ()  # read at the verdict's look
+    only: str = ""  # the one group that learned, when the other did not (a decided difference only)
+    undetermined: tuple[str, ...] = ()  # groups whose gate neither passed nor failed, beside a decided difference
+    look: int = 0  # adaptive seeds: the look (1-based) the verdict is read at; 0: a fixed set of seeds
+    looks: int = 0
+    seeds: int = 0  # seeds per group at that look
 
     @property
     def label(self) -> str:
@@ -188,7 +186,9 @@ class Verdict:
             return CEILING_LABEL
         if self.only:
             return f"{self.outcome} (only {self.only} learned)"
-        return f"{self.outcome} ({self.reason})" if self.outcome in (INCONCLUSIVE, NOT_TESTED, NOT_REACHED) else self.outcome
+        if self.undetermined and self.outcome.decides:
+            return f"{self.outcome} (whether {' and '.join(self.undetermined)} learned is undetermined)"
+        return f"{self.outcome} ({self.reason})" if self.outcome.explained else str(self.outcome)
 
     @property
     def statement(self) -> str:
@@ -201,65 +201,79 @@ def perfect_on_every_seed(values, higher: bool, bounds: tuple[float, float]) -> 
     return len(x) > 0 and math.isfinite(perfect) and bool(np.all(x == perfect))
 
 
-def gate_verdict(c: Comparison, make) -> Verdict | None:
-    """The outcome the learned gate decides alone, or None when both groups learned."""
-    untested = [g for g in c.gates if g.untested]
-    if untested:
-        return make(NOT_TESTED, "; ".join(g.text for g in untested))
-    a, b = c.learned(c.better), c.learned(c.than)
-    if a and b:
+def group_state(gates: Sequence[Learned], group: str) -> GateState | None:
+    """A group learned when every gate of it did, did not when any did not; None: no gate."""
+    states = [g.state for g in gates if g.group == group]
+    if not states:
         return None
-    if a:
-        return replace(make(HOLDS, "did not learn: " + gate_texts(c, c.than)), only=c.better)
-    if b:
-        return replace(make(DOES_NOT_HOLD, "did not learn: " + gate_texts(c, c.better)), only=c.than)
-    return make(NOT_TESTED, "neither group learned: " + gate_texts(c, c.better) + "; " + gate_texts(c, c.than))
+    if GateState.NOT_LEARNED in states:
+        return GateState.NOT_LEARNED
+    return GateState.LEARNED if all(s is GateState.LEARNED for s in states) else GateState.UNDETERMINED
 
 
-def gate_texts(c: Comparison, group: str) -> str:
-    return "; ".join(g.text for g in c.gates if g.group == group and not g.learned)
+def gate_texts(gates: Sequence[Learned], group: str) -> str:
+    return "; ".join(g.text for g in gates if g.group == group and not g.learned)
+
+
+def qualified(v: Verdict, c: Comparison) -> Verdict:
+    """A decided difference with what the gates say beside it: 'only A learned' when the winner
+    learned and the other did not; the groups whose gate is undetermined."""
+    states = {group: group_state(v.gates, group) for group in (c.better, c.than)}
+    if None in states.values():
+        return v
+    winner, loser = (c.better, c.than) if v.outcome == HOLDS else (c.than, c.better)
+    if (v.outcome in (HOLDS, DOES_NOT_HOLD) and states[winner] is GateState.LEARNED
+            and states[loser] is GateState.NOT_LEARNED):
+        return replace(v, only=winner)
+    return replace(v, undetermined=tuple(g for g, s in states.items() if s is GateState.UNDETERMINED))
 
 
 CONTAINS_ZERO = "the interval of the difference contains 0"
 
 
 def verdicts(comparisons: Sequence[Comparison], alpha: float = ALPHA, plan: bool = True) -> list[Verdict]:
-    """Apply RULE to a study's comparisons. Holm's family is every comparison: one that ends
-    before a test (not reached, not tested, one group only, ceiling) counts in m with p = 1. `plan`: an
-    inconclusive verdict states what its seeds detect and what it would need (`plan_text`)."""
+    """Apply RULE to a study's comparisons at family level `alpha` (an adaptive study's look
+    alpha). Gates and group intervals are read at 1 - alpha. Holm's family is every comparison:
+    one that ends before a test (not reached, not tested, ceiling, identical, too few seeds)
+    counts in m with p = 1. `plan`: an inconclusive verdict states what its seeds detect and what
+    it would need (`plan_text`)."""
     m = len(comparisons)
     out: list[Verdict | None] = []
-    tested: dict[int, tuple[Comparison, Interval, Interval]] = {}
+    tested: dict[int, tuple[Comparison, Interval, Interval, tuple[Learned, ...]]] = {}
     pvalues = [1.0] * m
     for i, c in enumerate(comparisons):
+        gates = tuple(g.at(1 - alpha) for g in c.gates)
         if c.shares is not None:
             a, b = (s.interval for s in c.shares)
             diff = share_difference(*c.shares)
         else:
-            a, b = (mean_ci(v, bounds=c.bounds) for v in (c.better_values, c.than_values))
+            a, b = (mean_ci(v, level=1 - alpha, bounds=c.bounds) for v in (c.better_values, c.than_values))
             diff = difference(c.better_values, c.than_values, bounds=c.bounds)
 
-        def make(outcome: str, reason: str, c=c, a=a, b=b, diff=diff) -> Verdict:
-            return Verdict(c.metric, c.better, c.than, outcome, reason, a, b, diff, gates=c.gates)
+        def make(outcome: Outcome, reason: str, c=c, a=a, b=b, diff=diff, gates=gates) -> Verdict:
+            return Verdict(c.metric, c.better, c.than, outcome, reason, a, b, diff, gates=gates)
 
         empty = [name for name, iv in ((c.better, a), (c.than, b)) if iv.n == 0]
         few = [name for name, iv in ((c.better, a), (c.than, b)) if iv.n == 1]
-        decided_by_gate = gate_verdict(c, make)
+        neither = gates and all(group_state(gates, g) is GateState.NOT_LEARNED for g in (c.better, c.than))
         if c.unreached:
             out.append(make(NOT_REACHED, "; ".join(c.unreached)))
-        elif decided_by_gate is not None:
-            out.append(decided_by_gate)
         elif empty:
             out.append(make(INCONCLUSIVE, f"no finished run of {empty[0]} reports {c.metric}"))
         elif c.shares is None and all(perfect_on_every_seed(v, c.higher, c.bounds)
                                       for v in (c.better_values, c.than_values)):
             out.append(make(CEILING, "both groups scored the metric's best value on every seed"))
+        elif diff.constant and diff.mean == 0:
+            out.append(make(IDENTICAL, f"both groups gave the same {c.metric} on every seed"))
+        elif neither:
+            out.append(make(NOT_TESTED, "neither group learned: " + gate_texts(gates, c.better) + "; "
+                            + gate_texts(gates, c.than)))
         elif few and c.shares is None:
             out.append(make(INCONCLUSIVE, f"{few[0]} has 1 finished seed; an interval needs 2"))
         elif diff.constant:
             out.append(make(INCONCLUSIVE, "every seed gave the same difference: no spread, no interval"))
         else:
-            tested[i] = (c, a, b)
+            tested[i] = (c, a, b, gates)
             pvalues[i] = diff.p
             out.append(None)
     adjusted = holm(pvalues)
@@ -267,23 +281,23 @@ def verdicts(comparisons: Sequence[Comparison], alpha: float = ALPHA, plan: bool
     for rank, k in enumerate(order):
         if k not in tested:
             continue
-        c, a, b = tested[k]
+        c, a, b, gates = tested[k]
         level = 1 - alpha / (m - rank)
         if c.shares is not None:
             diff = share_difference(*c.shares)
         else:
             diff = difference(c.better_values, c.than_values, level=level, bounds=c.bounds)  # p: before Holm
 
-        def make(outcome: str, reason: str, c=c, a=a, b=b, diff=diff, p=adjusted[k]) -> Verdict:
-            return Verdict(c.metric, c.better, c.than, outcome, reason, a, b, diff, p_holm=p, gates=c.gates)
+        def make(outcome: Outcome, reason: str, c=c, a=a, b=b, diff=diff, p=adjusted[k], gates=gates) -> Verdict:
+            return Verdict(c.metric, c.better, c.than, outcome, reason, a, b, diff, p_holm=p, gates=gates)
 
         if c.margin and c.shares is None:
             # Two one-sided tests at Bonferroni's alpha/m each (Schuirmann 1987): equivalent when
             # the 1 - 2 alpha/m interval lies inside ±margin.
             tost = difference(c.better_values, c.than_values, level=1 - 2 * alpha / m, bounds=c.bounds)
             if -c.margin < tost.lo and tost.hi < c.margin:
-                out[k] = replace(make(EQUIVALENT, f"the {tost.level:.1%} interval lies within ±{fmt(c.margin)}"),
-                                 diff=tost)
+                out[k] = qualified(replace(make(EQUIVALENT, f"the {level_text(tost.level)} interval lies within "
+                                                            f"±{fmt(c.margin)}"), diff=tost), c)
                 continue
         if adjusted[k] > alpha:
             stopped = not math.isnan(diff.lo) and (diff.lo > 0 or diff.hi < 0)  # an earlier one did not separate
@@ -293,56 +307,8 @@ def verdicts(comparisons: Sequence[Comparison], alpha: float = ALPHA, plan: bool
             continue
         above = diff.mean > 0
         where = f"the difference lies entirely {'above' if above else 'below'} 0"
-        out[k] = make(HOLDS if above == c.higher else DOES_NOT_HOLD, where)
+        out[k] = qualified(make(HOLDS if above == c.higher else DOES_NOT_HOLD, where), c)
     return [v for v in out if v is not None]
-
-
-# ---- adaptive seeds: repeated looks with alpha spending ----------------------------------------
-
-
-def seed_looks(first: int, most: int) -> list[int]:
-    """Seeds per group at each look of an adaptive study: `first`, then twice as many each
-    round, ending at `most`; e.g. 3, 6, 12, 20. Few looks keep the alpha each one gets large."""
-    looks = [first]
-    while looks[-1] < most:
-        looks.append(min(most, 2 * looks[-1]))
-    return looks
-
-
-def spent(fraction: float, alpha: float = ALPHA) -> float:
-    """Alpha spent by information fraction t: the O'Brien-Fleming-type spending function of
-    Lan & DeMets (1983), 2 - 2 Phi(z_{1 - alpha/2} / sqrt(t))."""
-    return 0.0 if fraction <= 0 else float(2 - 2 * st.norm.cdf(st.norm.ppf(1 - alpha / 2) / math.sqrt(fraction)))
-
-
-def look_alphas(looks: Sequence[int], alpha: float = ALPHA) -> list[float]:
-    """The alpha each look tests at: what the spending function adds since the previous look.
-    They sum to alpha, so by the union bound the chance of any false decision over all looks
-    stays at most alpha, whatever the correlation between looks."""
-    fractions = [n / looks[-1] for n in looks]
-    return [spent(t, alpha) - spent(prev, alpha) for prev, t in zip([0.0, *fractions], fractions)]
-
-
-def sequential_verdicts(comparisons: Sequence[Comparison], looks: Sequence[int]) -> list[Verdict]:
-    """Verdicts of an adaptive study: at each look (its first n seeds, for the comparisons
-    whose groups ran them) RULE runs at that look's spent alpha; a comparison keeps the first
-    look that decides it, otherwise its last look's verdict."""
-    alphas = look_alphas(looks)
-    final: list[Verdict | None] = [None] * len(comparisons)
-    last: list[Comparison] = list(comparisons)  # each comparison as its deciding (or last) look saw it
-    for j, (n, alpha) in enumerate(zip(looks, alphas)):
-        available = [j == 0 or c.seeds_run >= n for c in comparisons]
-        at_look = [c.truncated(n) if ok else replace(c, better_values=pd.Series(dtype=float),
-                                                      than_values=pd.Series(dtype=float))
-                   for c, ok in zip(comparisons, available)]
-        for i, v in enumerate(verdicts(at_look, alpha, plan=False)):
-            if not available[i] or (final[i] is not None and final[i].outcome in DECIDED):
-                continue
-            if v.outcome in DECIDED:
-                v = replace(v, reason=f"{v.reason}; look {j + 1} of {len(looks)} ({n} seeds, alpha {fmt(alpha)})")
-            final[i], last[i] = v, at_look[i]
-    return [replace(v, reason=v.reason + plan_text(c, v.diff)) if v.reason == CONTAINS_ZERO else v
-            for v, c in zip(final, last) if v is not None]
 
 
 def verdict(better_values, than_values, metric: str, better: str, than: str, higher: bool | None = None,

@@ -13,8 +13,8 @@ import pandas as pd
 
 from workbench.registry import get_variant
 from workbench.report.document import Item, Paragraph, Section, Table, fmt
-from workbench.report.intervals import Share
-from workbench.report.learned_gate import MARGIN, Learned, learned_criterion, learned_gate
+from workbench.report.intervals import LEVEL, Share
+from workbench.report.learned_gate import MARGIN, Gate, Learned, beats, learned_criterion, make_gate, threshold
 from workbench.report.variants import short_key, value_text
 from workbench.results import FAILURE_SHARE, KEPT, Status
 from workbench.study import RUN_MEASURES
@@ -79,21 +79,33 @@ class LearnedGates(TrainRuns):
         known = {m for scores in levels.values() for m in scores}
         return next((c for c in (name, *self.task_metrics, "loss") if c in known), name)
 
-    def learned(self, variant: str, name: str, length: int | None = None) -> Learned:
-        """Whether `variant` learned: its mean `name` at `length` (default: its training
-        length) against the task's baselines there."""
+    @cached_property
+    def gating_baselines(self):
+        """The baselines the task names for its gate (`Task.gate_baselines`; None: all)."""
+        try:
+            return getattr(get_variant("task", self.task_name), "gate_baselines", None)
+        except Exception:  # noqa: BLE001 - a task no longer installed: every baseline gates
+            return None
+
+    def gate(self, variant: str, name: str, length: int | None = None) -> Gate:
+        """`variant`'s gate on `name` at `length` (default: its training length): its per-seed
+        scores there against the task's baselines there."""
         length = self.train_length(variant) if length is None else length
-        gate = f"{name}@{length}"
-        higher = metric_direction(gate, self.task_name)
-        lo, hi = self.range_of(gate)
+        metric = f"{name}@{length}"
+        higher = metric_direction(metric, self.task_name)
+        lo, hi = self.range_of(metric)
         baselines = {b: scores[name] for b, scores in self.baseline_levels(variant, length).items() if name in scores}
-        return learned_gate(variant, gate, self.interval(variant, gate).mean, baselines or {"chance": math.nan},
-                            hi if higher else lo, higher, self.untuned.get(variant, ""))
+        return make_gate(variant, metric, self.values(variant, metric), baselines, hi if higher else lo, higher,
+                         (lo, hi), self.untuned.get(variant, ""), self.gating_baselines)
+
+    def learned(self, variant: str, name: str, length: int | None = None) -> Learned:
+        """Whether `variant` learned, over all its finished seeds at the report's 95% level."""
+        return self.gate(variant, name, length).at(LEVEL)
 
     @cached_property
     def untuned(self) -> dict[str, str]:
-        """Tuned variants none of whose candidates learned (its mean tuning metric against the
-        task's baselines, as the gate reads it): such a variant cannot be tested."""
+        """Tuned variants none of whose candidates' mean tuning metric passed the gate's threshold
+        (a qualifier shown beside the gate: the final runs' own scores decide what it says)."""
         if self.study.tune is None:
             return {}
         metric = self.study.tune.metric
@@ -108,18 +120,18 @@ class LearnedGates(TrainRuns):
             baselines = {b: scores[name] for b, scores in self.baseline_levels(variant, length).items() if name in scores}
             if variant not in self.variants.labels or not baselines or not tuned.done:
                 continue
-            if not any(learned_gate(variant, metric, c.mean, baselines, hi if higher else lo, higher).learned
-                       for c in tuned.candidates if c.eligible):
-                out[variant] = f"no {what} in the grid trained this variant"
+            limit = threshold(baselines, hi if higher else lo, higher, self.gating_baselines)
+            if not any(beats(c.mean, limit.needed, higher) for c in tuned.candidates if c.eligible):
+                out[variant] = f"no {what} in the grid passed the threshold in tuning"
         return out
 
-    def group_gates(self, variant: str, name: str, metric: str) -> tuple[Learned, ...]:
+    def group_gates(self, variant: str, name: str, metric: str) -> tuple[Gate, ...]:
         """The gates of one group for a verdict on `metric`: at the training length, and at
         the compared length when that differs and the runs evaluated `name` there."""
-        gates = [self.learned(variant, name)]
+        gates = [self.gate(variant, name)]
         length = split_metric(metric)[1]
         if length is not None and length != self.train_length(variant) and f"{name}@{length}" in self.runs:
-            gates.append(self.learned(variant, name, length))
+            gates.append(self.gate(variant, name, length))
         return tuple(gates)
 
     def failed_seeds(self, variant: str) -> pd.Series:
@@ -165,11 +177,12 @@ class LearnedGates(TrainRuns):
             "Baselines: predictors that cannot solve the task, each derived from the task's own generator "
             "(`Task.baselines`, exactly or by Monte Carlo with a fixed seed): input-ignoring (knows the layout, "
             "not a token), prefix-aware (also reads the answer's own teacher-forced prefix), order-blind (knows "
-            "which symbols the input holds, not their order), as the task declares them. A group learned when "
-            "its mean over finished seeds at the training length (and, for a verdict at another length, there "
-            f"too) is better than the strongest baseline by at least {MARGIN:.0%} of the distance from it to a "
-            "perfect score. Failed seeds: those that diverged or whose own score missed the threshold, with an "
-            "exact (Clopper-Pearson) 95% interval of their share.")]
+            "which symbols the input holds, not their order), as the task declares them. The threshold is the "
+            f"strongest baseline (of those the task names for its gate) moved {MARGIN:.0%} of the way to a "
+            "perfect score. Over all finished seeds, a group learned when the 95% interval of its mean lies past "
+            "the threshold, did not learn when it lies short of it, and is undetermined otherwise (a verdict reads "
+            "its gates at its own look and level). Failed seeds: those that diverged or whose own score missed "
+            "the threshold, with an exact (Clopper-Pearson) 95% interval of their share.")]
         for name, gates in self.gates.items():
             names = list(dict.fromkeys(b for g in gates for b, _ in g.baselines))
             rows = []
@@ -177,7 +190,7 @@ class LearnedGates(TrainRuns):
                 scores = dict(g.baselines)
                 rows.append([variant, g.metric, interval_text(self.interval(variant, g.metric)),
                              *(fmt(scores.get(b, math.nan)) for b in names), fmt(g.needed),
-                             "yes" if g.learned else f"no ({g.untested})" if g.untested else "no",
+                             f"{g.state} ({g.untested})" if g.untested else str(g.state),
                              self.failure_share(variant).text])
             better = "≥" if metric_direction(name, self.task_name) else "≤"
             items.append(Table(["variant", "at the training length", f"{name} mean [95% CI]", *names,

@@ -13,7 +13,7 @@ import yaml
 from workbench.report.document import (Code, Item, Paragraph, Section, Table, fmt, fmt_bytes, fmt_seconds,
                                        fmt_signed_interval)
 from workbench.report.intervals import difference
-from workbench.report.stats import seed_looks
+from workbench.report.sequential import seed_looks
 from workbench.report.variants import value_text
 from workbench.results import DESCRIPTIVE_METRICS, FAILURES, Status
 from workbench.report.train_runs import interval_text, metric_direction, split_metric

@@ -13,7 +13,8 @@ from typing import Any
 from workbench.report.document import Paragraph, Section, Table, VerdictLine, fmt, fmt_signed_interval
 from workbench.report.intervals import Interval
 from workbench.report.learned_gate import Learned
-from workbench.report.stats import INCONCLUSIVE, Comparison, Verdict, seed_looks, sequential_verdicts, verdicts
+from workbench.report.sequential import seed_looks, seeds_for_next_look, sequential_verdicts
+from workbench.report.stats import Comparison, Verdict, verdicts
 from workbench.report.variants import short_key, value_text
 from workbench.report.ladder import cross_scale_line
 from workbench.results import FAILURE_SHARE
@@ -24,8 +25,8 @@ from workbench.report.train_gates import LearnedGates
 
 
 def gate_record(g: Learned) -> dict[str, Any]:
-    """A group's learned-at-all check as plain JSON (summary.json)."""
-    return {**asdict(g), "learned": g.learned}
+    """A group's learned-at-all check as plain JSON (summary.json), at the verdict's look."""
+    return {**asdict(g), "learned": g.learned, "state": str(g.state)}
 
 
 def group_record(group: str, iv: Interval) -> dict[str, Any]:
@@ -69,20 +70,14 @@ class TrainVerdicts(LearnedGates):
 
     def seeds_wanted(self) -> dict[str, int]:
         """Adaptive seeds: point_key -> the seeds its group should have by the next look, for
-        the groups of every comparison still inconclusive below the plan's maximum."""
+        the groups of every comparison still inconclusive below the plan's maximum
+        (workbench.report.sequential.seeds_for_next_look)."""
         plan = self.study.seed_plan
         looks = seed_looks(plan.first, plan.max)
         comparisons, _ = self.comparisons()
-        wanted: dict[str, int] = {}
-        for c, v in zip(comparisons, sequential_verdicts(comparisons, looks)):
-            following = next((n for n in looks if n > c.seeds_run), None)
-            if v.outcome != INCONCLUSIVE or following is None:
-                continue
-            for group in (c.better, c.than):
-                key = self.point_keys.get(group)
-                if key is not None:
-                    wanted[key] = max(wanted.get(key, 0), following)
-        return wanted
+        decided = sequential_verdicts(comparisons, looks, plan=False)
+        return {self.point_keys[group]: n for group, n in seeds_for_next_look(comparisons, decided, looks).items()
+                if group in self.point_keys}
 
     @cached_property
     def point_keys(self) -> dict[str, str]:
@@ -95,7 +90,7 @@ class TrainVerdicts(LearnedGates):
 
     def verdicts(self) -> list[tuple[Verdict, int]]:
         """Each verdict with the index of the `expect:` entry it decides; an adaptive study's
-        comparisons are decided look by look (stats.sequential_verdicts)."""
+        comparisons are decided look by look (workbench.report.sequential)."""
         comparisons, origins = self.comparisons()
         plan = self.study.seed_plan
         decided = (verdicts(comparisons) if plan is None
@@ -159,12 +154,14 @@ class TrainVerdicts(LearnedGates):
             shown = fmt(d.mean) if math.isnan(d.lo) else fmt_signed_interval(d.mean, d.lo, d.hi)
             detail += f"; difference {shown} ({how}{holm})"
         if v.gates:
-            detail += ". Learned: " + "; ".join(g.text if g.untested else f"{g.text} {'yes' if g.learned else 'no'}"
-                                                for g in v.gates)
+            detail += ". Learned: " + "; ".join(g.text for g in v.gates)
+        if v.look:
+            detail += f". Read at look {v.look} of {v.looks} ({v.seeds} seeds per group)"
         return VerdictLine(statement=v.statement, outcome=v.outcome, label=v.label, detail=detail, note=exp.note,
                            gates=[gate_record(g) for g in v.gates],
                            difference={"mean": d.mean, "lo": d.lo, "hi": d.hi, "level": d.level, "method": d.method,
                                        "p": d.p, "p_holm": v.p_holm},
+                           look={"look": v.look, "of": v.looks, "seeds": v.seeds} if v.look else None,
                            groups=[group_record(name, iv) for name, iv in ((v.better, v.better_ci), (v.than, v.than_ci))],
                            expect={"index": index, "metric": exp.metric, "better": point_labels(exp.better),
                                    "than": point_labels(exp.than)})

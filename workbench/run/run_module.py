@@ -21,6 +21,9 @@ from workbench.cost.budget import count_tokens, sequences_within
 from workbench.cost.flops import counted_forward
 from workbench.model.transformer import Transformer, build_model
 from workbench.run.divergence import DivergenceCheck
+from workbench.tasks.base import rng_for
+
+INIT_STREAM = 7  # seeds torch for `train.init_stream`: a numpy stream apart from the tasks' data streams
 
 
 def lr_factor(step: int, warmup: int, total: int, schedule: str, min_ratio: float) -> float:
@@ -73,6 +76,9 @@ def make_optimizer(spec: dict[str, Any], groups: list[dict[str, Any]], lr: float
 class RunModule(pl.LightningModule):
     def __init__(self, config: dict[str, Any], task):
         super().__init__()
+        init_stream = config["train"].get("init_stream", 0)
+        if init_stream:  # the same seed's data (the task's own numpy streams), other initial weights
+            torch.manual_seed(int(rng_for(config["seed"], INIT_STREAM, init_stream).integers(2**63)))
         self.model: Transformer = build_model(config["model"])
         self.task = task
         self.family = config["model"]["family"]

@@ -39,7 +39,7 @@ class Expectation(BaseModel):
 
 class SeedPlan(BaseModel):
     """`seeds: {first: 3, max: 20}`: every group runs `first` seeds; groups in comparisons
-    still undecided get more, in rounds, up to `max` (workbench.report.stats.seed_looks)."""
+    still undecided get more, in rounds, up to `max` (workbench.report.sequential.seed_looks)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     first: int = Field(ge=2, description="seeds every group runs (seed ids 0 .. first-1)")

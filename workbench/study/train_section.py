@@ -146,7 +146,7 @@ class TrainConfig(BaseModel):
     # differ from their default, so studies that never set them keep the ids and hashes they had.
     OPTIONAL: ClassVar[dict[str, Any]] = {
         "attention_entropy": False, "optimizer": AdamW().model_dump(), "grad_accumulation": 1,
-        "early_stopping": None, "callbacks": [], "budget": None,
+        "early_stopping": None, "callbacks": [], "budget": None, "init_stream": 0,
     }
 
     steps: int | None = Field(None, gt=0, description="optimizer steps per run (give steps, tokens or budget)")
@@ -163,6 +163,10 @@ class TrainConfig(BaseModel):
     eval_every: int | None = Field(None, gt=0, description="evaluate every N steps (default steps // 10); always at the end")
     eval_batch_size: int = Field(128, gt=0, description="sequences per evaluation batch")
     log_every: int = Field(10, gt=0, description="record the training loss every N steps")
+    init_stream: int = Field(
+        0, ge=0, le=2**31 - 1,
+        description="another stream of random initial weights (and dropout) for the same seed, data unchanged: sweep "
+                    "[0, 1] with an expect: entry between them for an A/A noise check; 0 is the seed's own stream")
     precision: Literal["32", "bf16-mixed", "16-mixed"] = Field(
         "32", description="'32' anywhere; 'bf16-mixed' on GPUs with bfloat16 (Ampere+); '16-mixed' on GPUs"
     )
