@@ -78,6 +78,7 @@ class VerdictLine:
     groups: list[dict] = field(default_factory=list)  # the two groups' means with their intervals
     expect: dict = field(default_factory=dict)  # the `expect:` entry decided: index, metric, better, than
     look: dict | None = None  # adaptive seeds: the look it was read at (look, of, seeds); None: fixed seeds
+    post_hoc: str = ""  # its margin was registered after the study's first result (workbench.report.registration)
 
 
 @dataclass

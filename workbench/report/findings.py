@@ -29,6 +29,7 @@ import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
 
@@ -38,12 +39,14 @@ from workbench.errors import SpecError, WorkbenchError, unknown_name
 from workbench.report.document import fmt, fmt_interval, fmt_signed_interval
 from workbench.report.render import md_cell
 from workbench.model.spec import spec_error_from
+from workbench.report.registration import minute, post_hoc
 from workbench.study.keys import point_labels
 from workbench.study.yaml_file import LineMap, StudyError, read_yaml, suggest
 
 FINDINGS_FILE = Path("findings") / "published.yaml"  # in the studies folder (outside its *.yaml glob)
 SUMMARY_FILE = "summary.json"  # what each report writes for the index (workbench.report.index.summary)
 AGREES, DISAGREES, NOT_COMPARABLE = "agrees", "does not agree", "not comparable"
+POST_HOC = "post hoc: not counted"
 
 
 class Paper(BaseModel):
@@ -73,6 +76,14 @@ class Finding(BaseModel):
     paper_expects: Literal["same", "opposite"] = Field(
         "same", description="opposite: the expect: entry states the reverse of the paper's claim")
     comparable: bool = Field(True, description="false: our setup cannot test their claim (say why)")
+    kind: Literal["difference", "direction", "equivalence"] = Field(
+        description="what the paper claims: a difference of interest in one direction, a direction only (one is "
+                    "at least as good), or an equivalence (the two are comparable); agreement follows it")
+    registered: datetime = Field(description="when this row was written (UTC; the commit that introduced it): "
+                                             "after its study's first result, the row is post hoc")
+    post_hoc: bool | None = Field(
+        None, description="for a report that records no first-result time (issued before it was recorded): "
+                          "whether the row was written after that study's results, from the project's history")
     why: str = Field("", description="one line; required whenever the row does not read 'agrees'")
 
 
@@ -157,15 +168,34 @@ def entry_text(metric: str, better: Mapping[str, Any], than: Mapping[str, Any]) 
 
 
 def agreement(outcome: str | None, finding: Finding) -> str:
-    """holds -> agrees, does not hold -> does not agree (reversed for `paper_expects: opposite`);
-    equivalent -> does not agree either way: a finding states a difference in one direction,
-    and the interval inside the entry's margin rules out one of interest. Anything else, or
-    `comparable: false` -> not comparable."""
-    if not finding.comparable or outcome not in ("holds", "does not hold", "equivalent"):
+    """Our verdict against the paper's claim, by the claim's kind (`paper_expects: opposite`
+    reverses a direction):
+    - difference: holds -> agrees, does not hold -> does not agree, equivalent -> does not agree
+      (the interval inside the margin rules out a difference of interest);
+    - direction: holds -> agrees, does not hold -> does not agree, equivalent -> not comparable
+      (a difference inside the margin has no direction to check);
+    - equivalence: equivalent -> agrees, holds or does not hold -> does not agree (a difference).
+    Anything else (inconclusive, not tested, ceiling, identical, no verdict), or `comparable:
+    false` -> not comparable."""
+    decided = ("holds", "does not hold", "equivalent")
+    if not finding.comparable or outcome not in decided:
         return NOT_COMPARABLE
+    if finding.kind == "equivalence":
+        return AGREES if outcome == "equivalent" else DISAGREES
     if outcome == "equivalent":
-        return DISAGREES
+        return DISAGREES if finding.kind == "difference" else NOT_COMPARABLE
     return AGREES if (outcome == "holds") == (finding.paper_expects == "same") else DISAGREES
+
+
+def row_post_hoc(finding: Finding, summary: Mapping[str, Any] | None) -> str:
+    """Why the row is post hoc ('' when registered before its study's first result): from the
+    report's first-result time, or, for a report without one, the row's own `post_hoc`."""
+    first = (summary or {}).get("first_result")
+    if first is not None:
+        return post_hoc(finding.registered, first)
+    if finding.post_hoc:
+        return f"registered {minute(finding.registered)}, after that study's results (from the project's history)"
+    return ""
 
 
 def number(value: Any) -> float:
@@ -219,6 +249,7 @@ def table_row(row: Row, reports_dir: Path) -> tuple[list[str], str | None]:
     study = f"[{f.study}]({f.study}/report.md)" if (folder / "report.md").exists() else md_cell(f.study)
     summary_path = folder / SUMMARY_FILE
     verdicts: list[Mapping[str, Any]] = []
+    summary: Mapping[str, Any] = {}
     auto_why = ""
     if not summary_path.exists():
         auto_why = f"not run: no {summary_path.as_posix()}"
@@ -231,9 +262,12 @@ def table_row(row: Row, reports_dir: Path) -> tuple[list[str], str | None]:
                         if old else f"no verdict on this expect: entry in {summary_path.as_posix()}: rerun the study")
     ours = [verdict_text(v) for v in verdicts] or [f"{entry_text(row.metric, row.better, row.than)}: no verdict"]
     agreements = list(dict.fromkeys(agreement(v["outcome"], f) for v in verdicts)) or [NOT_COMPARABLE]
+    late = row_post_hoc(f, summary if summary_path.exists() else None)
+    if late:  # shown, not counted
+        agreements = [f"{POST_HOC} ({'; '.join(agreements)}; {late})"]
     why = auto_why or f.why.strip()  # without a verdict, that is the reason, whatever the file says
     problem = None
-    if not why and agreements != [AGREES]:
+    if not why and agreements != [AGREES] and not late:
         problem = (f"{row.field}.why: missing: the row ({f.paper.authors} {f.paper.year} vs {f.study}) reads "
                    f"'{'; '.join(agreements)}' (verdict: {', '.join(v['outcome'] for v in verdicts)}), "
                    "so it needs one line on why")
@@ -259,10 +293,11 @@ def findings_section(path: Path, studies: Mapping[str, Any], reports_dir: Path) 
         "",
         f"One row per finding in `{path.as_posix()}`, beside the verdict of the study's `expect:` entry that",
         "tests it: each group's mean over seeds with its 95% t interval, the difference with its (Holm-widened)",
-        "interval, and the verdict. Agreement is computed: holds -> agrees, does not hold -> does not agree",
-        "(reversed where our entry states the opposite of the paper's claim); equivalent (the difference lies",
-        "inside the entry's margin) -> does not agree, since the paper states a difference; inconclusive, not",
-        "tested, ceiling or not run -> not comparable.",
+        "interval, and the verdict. Agreement is computed from the kind of the paper's claim: a difference",
+        "(holds -> agrees, does not hold or equivalent -> does not agree), a direction (holds -> agrees, does",
+        "not hold -> does not agree, equivalent -> not comparable), an equivalence (equivalent -> agrees, holds",
+        "or does not hold -> does not agree); inconclusive, not tested, ceiling, identical or not run -> not",
+        "comparable. A row registered after its study's first result is post hoc: shown, not counted.",
         "",
         "| " + " | ".join(header) + " |",
         "|" + "|".join("---" for _ in header) + "|",

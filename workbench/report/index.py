@@ -28,6 +28,8 @@ import pandas as pd
 from workbench.cost import fit
 from workbench.report.document import Report, fmt_seconds
 from workbench.report.findings import FINDINGS_FILE, SUMMARY_FILE, findings_section
+from workbench.report.outcomes import VERDICT_RULE
+from workbench.report.registration import minute
 from workbench.results import Status
 from workbench.study import load_study
 
@@ -74,9 +76,12 @@ def summary(report: Report, runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "name": report.name,
         "kind": report.kind,
         "question": report.question,
+        "rule": VERDICT_RULE,
+        "first_result": min((r["recorded_at"] for r in runs if r.get("recorded_at")), default=None),
         "verdicts": [{"statement": v.statement, "outcome": v.outcome, "label": v.label, "note": v.note,
                       "difference": json_numbers(v.difference), "learned": [json_numbers(g) for g in v.gates],
-                      "groups": [json_numbers(g) for g in v.groups], "expect": v.expect}
+                      "groups": [json_numbers(g) for g in v.groups], "expect": v.expect, "look": v.look,
+                      "post_hoc": v.post_hoc}
                      for v in report.verdicts],
         "learned_criterion": report.learned,
         "runs": len(runs),
@@ -84,6 +89,25 @@ def summary(report: Report, runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "run_span_s": None if span is None else round(span),
         "run_cpu_s": None if cpu is None else round(cpu),
     }
+
+
+def issued_label(verdict: dict[str, Any], summary: dict[str, Any], study) -> str:
+    """A verdict's label as the index shows it. One issued before the current rule and decided by
+    the learned gate alone ('holds (only A learned)', 'not tested') says so; so does a margin the
+    study file declares post hoc where the report records no first-result time (a report that
+    records it states a post-hoc margin in the label itself)."""
+    label = verdict["label"]
+    index = (verdict.get("expect") or {}).get("index")
+    entries = getattr(study, "expect", [])
+    exp = entries[index] if index is not None and index < len(entries) else None
+    if exp is not None and exp.margin and exp.post_hoc and summary.get("first_result") is None:
+        when = f" {minute(exp.registered)}" if exp.registered else ""
+        label += f" [post hoc margin: registered{when}, after the study's results (from the project's history)]"
+    if summary.get("rule") == VERDICT_RULE:
+        return label
+    gate_only = verdict["outcome"] == "not tested" or (
+        verdict["outcome"] in ("holds", "does not hold") and " learned)" in label)
+    return f"{label} [earlier rule: decided by the learned gate alone; not re-issued]" if gate_only else label
 
 
 def json_numbers(record: dict[str, Any]) -> dict[str, Any]:
@@ -162,7 +186,7 @@ def study_row(study_path: Path, study, reports_dir: Path) -> list[str]:
         return [name, claims, question, "not run", "–", f"`{study_path.as_posix()}`"]
     s = json.loads(summary_path.read_text(encoding="utf-8"))
     if s["verdicts"]:
-        findings = [f"**{v['label']}**: {v['statement']}" for v in s["verdicts"]]
+        findings = [f"**{issued_label(v, s, study)}**: {v['statement']}" for v in s["verdicts"]]
         if any("learned" not in v for v in s["verdicts"]):  # a summary written before the gate existed
             findings.insert(0, "_decided before the learned-at-all gate and paired/Holm statistics: "
                                "rerun the study to re-decide_")

@@ -39,4 +39,7 @@ class Outcome(StrEnum):
 
 
 DECIDED = tuple(o for o in Outcome if o.decides)
+# The verdict rule a summary.json was issued under: since this one, the learned gate qualifies a
+# decided difference and never decides alone (an index marks reports issued before it).
+VERDICT_RULE = "2026-12-01: every decision by a test of the difference; gates qualify"
 CEILING_LABEL = "ceiling: the task does not separate them"

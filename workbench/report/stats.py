@@ -145,6 +145,7 @@ class Comparison:
     counts: bool = False  # values are 0/1 per seed (1: the seed failed): compare the shares of failed seeds
     seeds_run: int = 0  # seeds both groups ran (any outcome): the looks an adaptive study has data for
     unreached: tuple[str, ...] = ()  # *_to_target: per group with finished runs short of the target, in words
+    recorded: pd.Series | None = None  # per seed, when the later of the two groups' runs was recorded (ISO, UTC)
 
     @property
     def shares(self) -> tuple[Share, Share] | None:
@@ -157,7 +158,12 @@ class Comparison:
         def first(values):
             return first_seeds(values, seeds) if isinstance(values, pd.Series) else values
         return replace(self, better_values=first(self.better_values), than_values=first(self.than_values),
-                       gates=tuple(g.truncated(seeds) for g in self.gates))
+                       gates=tuple(g.truncated(seeds) for g in self.gates), recorded=first(self.recorded))
+
+    @property
+    def data_complete(self) -> str:
+        """When the last run behind this comparison was recorded: the date of its decision."""
+        return "" if self.recorded is None or not len(self.recorded) else str(max(self.recorded))
 
 
 @dataclass(frozen=True)
@@ -179,6 +185,7 @@ class Verdict:
     look: int = 0  # adaptive seeds: the look (1-based) the verdict is read at; 0: a fixed set of seeds
     looks: int = 0
     seeds: int = 0  # seeds per group at that look
+    decided_at: str = ""  # when the last run it reads was recorded (ISO, UTC)
 
     @property
     def label(self) -> str:
@@ -251,7 +258,8 @@ def verdicts(comparisons: Sequence[Comparison], alpha: float = ALPHA, plan: bool
             diff = difference(c.better_values, c.than_values, bounds=c.bounds)
 
         def make(outcome: Outcome, reason: str, c=c, a=a, b=b, diff=diff, gates=gates) -> Verdict:
-            return Verdict(c.metric, c.better, c.than, outcome, reason, a, b, diff, gates=gates)
+            return Verdict(c.metric, c.better, c.than, outcome, reason, a, b, diff, gates=gates,
+                           decided_at=c.data_complete)
 
         empty = [name for name, iv in ((c.better, a), (c.than, b)) if iv.n == 0]
         few = [name for name, iv in ((c.better, a), (c.than, b)) if iv.n == 1]
@@ -289,7 +297,8 @@ def verdicts(comparisons: Sequence[Comparison], alpha: float = ALPHA, plan: bool
             diff = difference(c.better_values, c.than_values, level=level, bounds=c.bounds)  # p: before Holm
 
         def make(outcome: Outcome, reason: str, c=c, a=a, b=b, diff=diff, p=adjusted[k], gates=gates) -> Verdict:
-            return Verdict(c.metric, c.better, c.than, outcome, reason, a, b, diff, p_holm=p, gates=gates)
+            return Verdict(c.metric, c.better, c.than, outcome, reason, a, b, diff, p_holm=p, gates=gates,
+                           decided_at=c.data_complete)
 
         if c.margin and c.shares is None:
             # Two one-sided tests at Bonferroni's alpha/m each (Schuirmann 1987): equivalent when

@@ -10,6 +10,8 @@ from dataclasses import asdict
 from functools import cached_property
 from typing import Any
 
+import pandas as pd
+
 from workbench.report.document import Paragraph, Section, Table, VerdictLine, fmt, fmt_signed_interval
 from workbench.report.intervals import Interval
 from workbench.report.learned_gate import Learned
@@ -17,6 +19,7 @@ from workbench.report.sequential import seed_looks, seeds_for_next_look, sequent
 from workbench.report.stats import Comparison, Verdict, verdicts
 from workbench.report.variants import short_key, value_text
 from workbench.report.ladder import cross_scale_line
+from workbench.report.registration import post_hoc
 from workbench.results import FAILURE_SHARE
 from workbench.study.keys import label, point_labels
 from workbench.study.sweep import point_key
@@ -65,8 +68,22 @@ class TrainVerdicts(LearnedGates):
                 ran = min(int((self.runs["variant"] == v).sum()) for v in (a, b))
                 comparisons.append(Comparison(metric, a, b, *values, higher, bounds, gates, exp.note,
                                               margin=exp.margin, counts=metric == FAILURE_SHARE, seeds_run=ran,
-                                              unreached=unreached))
+                                              unreached=unreached, recorded=self.recorded(a, b)))
         return comparisons, origins
+
+    @cached_property
+    def first_result(self) -> str | None:
+        """When the study's first run (tuning included) was recorded; None in stores without times."""
+        times = self.inputs.runs.get("recorded_at")
+        return None if times is None or times.dropna().empty else str(times.dropna().min())
+
+    def recorded(self, a: str, b: str) -> pd.Series | None:
+        """Per seed both groups ran, the later of their runs' recording times (ISO, UTC)."""
+        if "recorded_at" not in self.runs:
+            return None
+        times = [self.runs[self.runs["variant"] == v].groupby("seed")["recorded_at"].max() for v in (a, b)]
+        both = pd.concat(times, axis=1).dropna()
+        return both.max(axis=1).sort_index()
 
     def seeds_wanted(self) -> dict[str, int]:
         """Adaptive seeds: point_key -> the seeds its group should have by the next look, for
@@ -157,11 +174,17 @@ class TrainVerdicts(LearnedGates):
             detail += ". Learned: " + "; ".join(g.text for g in v.gates)
         if v.look:
             detail += f". Read at look {v.look} of {v.looks} ({v.seeds} seeds per group)"
-        return VerdictLine(statement=v.statement, outcome=v.outcome, label=v.label, detail=detail, note=exp.note,
+        if v.decided_at:
+            detail += f"; its last run was recorded {v.decided_at[:16].replace('T', ' ')} UTC"
+        late = post_hoc(exp.registered, self.first_result) if exp.margin else ""
+        label = f"{v.label} [post hoc margin: {late}]" if late else v.label
+        return VerdictLine(statement=v.statement, outcome=v.outcome, label=label, detail=detail, note=exp.note,
+                           post_hoc=late,
                            gates=[gate_record(g) for g in v.gates],
                            difference={"mean": d.mean, "lo": d.lo, "hi": d.hi, "level": d.level, "method": d.method,
                                        "p": d.p, "p_holm": v.p_holm},
-                           look={"look": v.look, "of": v.looks, "seeds": v.seeds} if v.look else None,
+                           look={"look": v.look, "of": v.looks, "seeds": v.seeds, "decided_at": v.decided_at}
+                           if v.look else None,
                            groups=[group_record(name, iv) for name, iv in ((v.better, v.better_ci), (v.than, v.than_ci))],
                            expect={"index": index, "metric": exp.metric, "better": point_labels(exp.better),
                                    "than": point_labels(exp.than)})

@@ -86,7 +86,7 @@ LEADING = ["run_id", "index", "seed"]
 # train_tokens: the store's `tokens` column (real training tokens), named beside train_flops.
 TRAILING = ["stage", "n_params", "steps_done", "last_step", "train_tokens", "train_flops", "tokens_per_s", "train_time_s", "eval_time_s", "wall_time_s", "cpu_time_s",
             "peak_memory_bytes", "peak_memory_instrument", "diverged_step", "resumed_from_step",
-            "not_applicable", "error", "attempts"]
+            "not_applicable", "error", "attempts", "recorded_at"]
 
 
 @contextmanager

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from datetime import datetime
 from collections.abc import Mapping
 from typing import Any
 
@@ -35,6 +36,12 @@ class Expectation(BaseModel):
     margin: float | None = Field(None, gt=0, description="smallest difference of interest: an interval inside "
                                  "±margin reads 'equivalent' (two one-sided tests)")
     note: str = Field("", description="free text shown with the verdict")
+    registered: datetime | None = Field(
+        None, description="when the margin was written (UTC, e.g. 2026-12-01 09:30; the commit that introduced it): "
+                          "after the study's first result, the verdict reads 'post hoc'")
+    post_hoc: bool | None = Field(
+        None, description="for a report that records no first-result time (issued before it was recorded): "
+                          "whether the margin was written after the study's results, from the project's history")
 
 
 class SeedPlan(BaseModel):
