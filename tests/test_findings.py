@@ -44,7 +44,13 @@ def finding(expect: str, extra: str = "") -> str:
           result: "their number"
           study: positions
           expect: {expect}
-        """) + textwrap.indent(textwrap.dedent(extra), "  "), "  ")
+        """) + textwrap.indent(textwrap.dedent(extra).rstrip("\n") + "\n" if extra else "", "  ") + DEFAULTS(extra), "  ")
+
+
+def DEFAULTS(extra: str) -> str:  # noqa: N802 - the fields every row needs, unless the test sets them
+    kind = "" if "kind:" in extra else "  kind: difference\n"
+    registered = "" if "registered:" in extra else '  registered: "2026-01-01 00:00"\n'
+    return kind + registered
 
 
 def verdict(better: str, than: str, metric: str, outcome: str, means=(0.9, 0.5)) -> VerdictLine:
@@ -68,9 +74,13 @@ def folders(tmp_path):
     verdicts = [verdict("alibi", "none", "accuracy@8", "holds"),
                 verdict("rope", "none", "accuracy@8", "does not hold", means=(0.3, 0.5)),
                 verdict("rope", "alibi", "accuracy@4", "inconclusive")]
-    s = summary(Report("positions", "train", "q?", verdicts, []), [{"status": "finished"}])
+    s = summary(Report("positions", "train", "q?", verdicts, []),
+                [{"status": "finished", "recorded_at": FIRST_RESULT}])
     (reports / "positions" / "summary.json").write_text(json.dumps(s))
     return studies, reports
+
+
+FIRST_RESULT = "2026-06-01T12:00:00+00:00"
 
 
 def write_findings(studies: Path, *rows: str) -> Path:
@@ -97,6 +107,34 @@ def test_agreement_follows_the_verdict_and_the_papers_direction():
     assert agreement("equivalent", same) == agreement("equivalent", opposite) == "does not agree"
     assert agreement("ceiling: the task does not separate them", same) == "not comparable"
     assert agreement("holds", unfit) == "not comparable"
+    # the claim's kind decides what an equivalence says: a direction has none to check inside the
+    # margin; an equivalence claim agrees with it and disagrees with a decided difference
+    direction, = load_findings_from_text("kind: direction")
+    equivalence, = load_findings_from_text("kind: equivalence\nwhy: x")
+    assert agreement("equivalent", direction) == "not comparable" and agreement("holds", direction) == "agrees"
+    assert [agreement(o, equivalence) for o in ("equivalent", "holds", "does not hold", "inconclusive")] == [
+        "agrees", "does not agree", "does not agree", "not comparable"]
+
+
+def test_a_row_registered_after_its_studys_first_result_is_shown_but_not_counted(folders):
+    studies, reports = folders
+    write_findings(
+        studies,
+        finding("{metric: accuracy@8, better: alibi, than: none}", 'registered: "2026-06-02 09:00"\n'),
+        finding("{metric: accuracy@8, better: alibi, than: none}", 'registered: "2026-05-30 09:00"\n'),
+    )
+    late, early = findings_rows(build_index(studies, reports))
+    assert late[4] == ("post hoc: not counted (agrees; registered 2026-06-02 09:00 UTC, after the study's first "
+                       "result (2026-06-01 12:00 UTC))")
+    assert early[4] == "agrees"
+    # a report that records no first-result time: the row's own post_hoc, from the project's history
+    s = json.loads((reports / "positions" / "summary.json").read_text())
+    del s["first_result"]
+    (reports / "positions" / "summary.json").write_text(json.dumps(s))
+    write_findings(studies, finding("{metric: accuracy@8, better: alibi, than: none}", "post_hoc: true\n"))
+    row, = findings_rows(build_index(studies, reports))
+    assert row[4].startswith("post hoc: not counted (agrees; registered 2026-01-01 00:00 UTC, after that study's "
+                             "results")
 
 
 def load_findings_from_text(extra: str):
@@ -139,7 +177,7 @@ def test_a_row_that_does_not_agree_without_why_is_an_error_naming_it(folders):
     with pytest.raises(WorkbenchError) as err:
         build_index(studies, reports)
     message = str(err.value)
-    assert message.startswith(f"{path}:8: findings.1.why: missing: the row (Doe et al. 2024 vs positions) reads "
+    assert message.startswith(f"{path}:10: findings.1.why: missing: the row (Doe et al. 2024 vs positions) reads "
                               "'does not agree' (verdict: does not hold)")
     result = CliRunner().invoke(main, ["report-index", "--studies", str(studies), "--reports", str(reports)])
     assert result.exit_code != 0 and "findings.1.why: missing" in result.output + (result.stderr or "")

@@ -208,14 +208,17 @@ def run_command(study: str, out: str | None, jobs: int, fresh: bool, profile: st
 
 
 def default_reports_dir(out_dir: str | Path, study_name: str | None) -> Path:
-    """The checkout's reports/ for a study's own default output folder runs/<study name>/ only;
-    any other folder keeps its report with its results, in OUT/reports/ (so a trial run under
-    another name never overwrites the study's report in reports/)."""
+    """The checkout's reports/ for a study's own default output folder runs/<study name>/, and the
+    report around a report's shipped data (REPORTS/<study name>/data); any other folder keeps its
+    report with its results, in OUT/reports/ (so a trial run under another name never overwrites
+    the study's report in reports/)."""
     from workbench.run.folder import refuse_links
 
     out_dir = Path(out_dir)
     if study_name is not None and out_dir.resolve() == (Path("runs") / study_name).resolve():
         return Path("reports")
+    if study_name is not None and out_dir.name == "data" and out_dir.parent.name == study_name:
+        return out_dir.parent.parent  # a report's shipped data (reports/NAME/data): rebuild that report
     refuse_links(out_dir, "reports")  # a received folder's own `reports` must not lead elsewhere
     return out_dir / "reports"
 
@@ -309,12 +312,15 @@ def eval_command(run_dir: str, lengths: str, batch_size: int | None, as_json: bo
               help="folder that receives <study name>/index.html, report.md, figures/ and results.csv "
                    "(default: reports/ for OUT_DIR = runs/<study name>, else OUT_DIR/reports/)")
 @click.option("--no-pictures", is_flag=True, help="skip the attention heatmaps (which load each variant's weights)")
-def report_command(out_dir: str, reports_dir: str | None, no_pictures: bool) -> None:
+@click.option("--with-data", is_flag=True,
+              help="also copy the data the report is built from into its data/ folder (the store, and the weights "
+                   "its pictures load), so that `workbench report REPORT/data` rebuilds it anywhere")
+def report_command(out_dir: str, reports_dir: str | None, no_pictures: bool, with_data: bool) -> None:
     """Write the comparison report of the study stored in OUT_DIR (no training)."""
     from workbench.report import write_report
 
     index = write_report(out_dir, reports_dir or default_reports_dir(out_dir, stored_study_name(out_dir)),
-                         pictures=not no_pictures)
+                         pictures=not no_pictures, with_data=with_data)
     click.echo(f"report: {index} (and {index.parent / 'report.md'})")
 
 

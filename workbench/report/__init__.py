@@ -33,7 +33,7 @@ import pandas as pd
 from workbench import stopping
 from workbench.run import store
 from workbench.run.folder import refuse_links
-from workbench.results import git_commit, short_commit
+from workbench.results import CONFIG_FILE, FINAL_WEIGHTS, git_commit, short_commit
 from workbench.errors import WorkbenchError, WorkbenchWarning
 from workbench.kinds import get_kind
 from workbench import registry  # not `variants`: that name is also the submodule report.variants
@@ -109,10 +109,11 @@ def write_files(report: Report, results: pd.DataFrame, dest: Path) -> Path:
 
 
 def fresh_folder(dest: Path) -> None:
-    """Remove what an earlier report wrote here (a variant dropped since must not linger)."""
-    figures = dest / "figures"
-    if figures.exists():
-        shutil.rmtree(figures)
+    """Remove what an earlier report wrote here (a variant dropped since must not linger, nor
+    the data of another build)."""
+    for folder in (dest / "figures", dest / DATA_DIR):
+        if folder.exists():
+            shutil.rmtree(folder)
     for name in REPORT_FILES:
         (dest / name).unlink(missing_ok=True)
 
@@ -151,14 +152,17 @@ class ReportSkipWarning(WorkbenchWarning):
     """A part of a report that needs code no longer installed was left out."""
 
 
-def write_report(out_dir: str | Path, reports_dir: str | Path = "reports", *, pictures: bool = True) -> Path:
+def write_report(out_dir: str | Path, reports_dir: str | Path = "reports", *, pictures: bool = True,
+                 with_data: bool = False) -> Path:
     """Write the report of the study stored in `out_dir`; returns the path of index.html.
 
-    `pictures=False` skips the attention heatmaps (which load each variant's final weights)."""
+    `pictures=False` skips the attention heatmaps (which load each variant's final weights).
+    `with_data`: the report folder also receives `data/`, the data it was built from (ship_data)."""
     out_dir = Path(out_dir)
     info = store.load_study_info(out_dir)
     study = study_of(info)
     final = report_destination(Path(reports_dir), study.name)
+    with_data = with_data or out_dir.resolve() == (final / DATA_DIR).resolve()  # rebuilt from its own data: keep it
     dest = final.parent / f".{study.name}.building-{os.getpid()}"  # built here, then swapped in
     try:
         dest.mkdir(parents=True)
@@ -167,6 +171,8 @@ def write_report(out_dir: str | Path, reports_dir: str | Path = "reports", *, pi
                              "writable folder") from None
     try:
         build_report(out_dir, info, study, dest, pictures)
+        if with_data:
+            ship_data(out_dir, dest / DATA_DIR)
         with stopping.immediate(None):  # renames: never cut in half by a stop
             swap_in(dest, final)
     except OSError as err:  # a full disk, a read-only folder: the old report stays whole
@@ -175,6 +181,40 @@ def write_report(out_dir: str | Path, reports_dir: str | Path = "reports", *, pi
     finally:
         shutil.rmtree(dest, ignore_errors=True)
     return final / "index.html"
+
+
+DATA_DIR = "data"  # in a report folder: the store it was built from, `workbench report` reads it again
+
+
+def ship_data(out_dir: Path, dest: Path) -> None:
+    """The data behind a report, compact enough to commit beside it: the results store (runs,
+    curves, metrics, provenance; copied with SQLite's backup, so a store being written is copied
+    whole) and, of each variant, the final weights the pictures load (its finished run with the
+    lowest seed). `workbench report DEST` rebuilds the report from it in a fresh clone."""
+    import sqlite3
+
+    dest.mkdir(parents=True)
+    source = sqlite3.connect(f"file:{out_dir / store.DB_FILE}?mode=ro", uri=True)
+    target = sqlite3.connect(dest / store.DB_FILE)
+    try:
+        source.backup(target)
+        target.execute("DELETE FROM study WHERE key = 'runs_dir'")  # the runs travel inside dest/runs/
+        target.commit()
+        target.execute("VACUUM")
+    finally:
+        source.close()
+        target.close()
+    finished = [r for r in store.Store(out_dir, create=False).runs() if r["status"] == "finished"]
+    lowest: dict[str, dict[str, Any]] = {}
+    for r in sorted(finished, key=lambda r: r["seed"]):
+        lowest.setdefault(json.dumps(r["swept"], sort_keys=True), r)
+    for r in lowest.values():
+        folder = store.run_dir(out_dir, r["run_id"])
+        kept = dest / store.RUNS_DIR / r["run_id"]
+        for name in (FINAL_WEIGHTS, CONFIG_FILE):
+            if (folder / name).is_file():
+                kept.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(folder / name, kept / name)
 
 
 def report_destination(reports_dir: Path, name: str) -> Path:

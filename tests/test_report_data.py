@@ -1,0 +1,44 @@
+"""A report shipped with its data (`workbench report OUT --with-data`) rebuilds from that data
+alone, as a fresh clone has it: the store and the weights its pictures load, nothing else."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import torch
+from click.testing import CliRunner
+
+from workbench.cli import main
+from workbench.run.runner import run_study
+
+
+def test_a_report_with_its_data_rebuilds_from_that_data_alone(tmp_path, monkeypatch):
+    study = tmp_path / "tiny.yaml"
+    study.write_text((Path(__file__).resolve().parents[1] / "studies" / "tiny.yaml").read_text())
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        run_study(study, tmp_path / "out", quiet=True)
+    finally:
+        torch.set_num_threads(threads)
+    result = CliRunner().invoke(main, ["report", str(tmp_path / "out"), "--out", str(tmp_path / "reports"), "--with-data"])
+    assert result.exit_code == 0, result.output
+    shipped = tmp_path / "reports" / "tiny"
+    data = shipped / "data"
+    kept = sorted(p.relative_to(data).as_posix() for p in data.rglob("*") if p.is_file())
+    assert kept[0] == "results.db" and len([k for k in kept if k.endswith("final.safetensors")]) == 2  # one per variant
+    before = json.loads((shipped / "summary.json").read_text())
+
+    # a fresh clone: the reports folder alone, somewhere else, the study's run folder gone
+    clone = tmp_path / "clone"
+    shutil.copytree(tmp_path / "reports", clone / "reports")
+    shutil.rmtree(tmp_path / "out")
+    monkeypatch.chdir(clone)
+    result = CliRunner().invoke(main, ["report", "reports/tiny/data"])
+    assert result.exit_code == 0, result.output
+    after = json.loads((clone / "reports" / "tiny" / "summary.json").read_text())
+    assert after["verdicts"] == before["verdicts"] and after["first_result"] == before["first_result"]
+    assert (clone / "reports" / "tiny" / "data" / "results.db").is_file()  # rebuilt in place, its data kept
+    assert any(p.name.startswith("attention_") for p in (clone / "reports" / "tiny" / "figures").iterdir())
