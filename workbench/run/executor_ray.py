@@ -157,19 +157,20 @@ def connection_error(address: str | None, err: BaseException) -> str:
         chain.append(seen)
         seen = seen.__cause__ or seen.__context__
     text = "\n".join(f"{type(e).__name__}: {e}" for e in chain)
-    where = f"the Ray cluster at {address}" if address else "the private Ray cluster"
+    option, where = ("--address", f"the Ray cluster at {address}") if address else ("--executor ray", "a private Ray cluster")
     if "AuthenticationError" in text or "InvalidAuthToken" in text:
-        return f"--address: {where} requires Ray's token authentication and rejected this process: {auth_fix()}"
+        return f"{option}: {where} requires Ray's token authentication and rejected this process: {auth_fix()}"
     versions = re.search(r"started with:\s+Ray: (\S+)\s+Python: (\S+)\s+This process.*?started with:\s+"
                          r"Ray: (\S+)\s+Python: (\S+)", text, re.S)
     if versions:
         ray_there, python_there, ray_here, python_here = versions.groups()
-        return (f"--address: {where} runs Ray {ray_there} on Python {python_there}, this environment Ray {ray_here} "
+        return (f"{option}: {where} runs Ray {ray_there} on Python {python_there}, this environment Ray {ray_here} "
                 f"on Python {python_here}; Ray connects only to the same versions: install ray=={ray_there} on "
                 f"Python {python_there} here (or start the cluster from this environment)")
     last = str(chain[-1]).strip().splitlines()
-    return (f"--address: cannot connect to {where} ({type(chain[-1]).__name__}: {last[-1] if last else ''}); "
-            "check that it is running (`ray status` on the head) and that this is its address")
+    fix = ("check that it is running (`ray status` on the head) and that this is its address" if address else
+           "Ray's own logs are in /tmp/ray/session_latest/logs")
+    return f"{option}: cannot connect to {where} ({type(chain[-1]).__name__}: {last[-1] if last else ''}); {fix}"
 
 
 def auth_fix() -> str:
