@@ -45,7 +45,7 @@ import torch
 
 from workbench import stopping
 from workbench.hardware import device_count
-from workbench.results import CONFIG_FILE, RESULT_FILE, RunResult, Status
+from workbench.results import CONFIG_FILE, RESULT_FILE, RunResult, Status, write_text_atomic
 from workbench.study.train_section import world_size
 
 LOG_FILE = "distributed.log"  # the ranks' stdout and stderr
@@ -106,8 +106,8 @@ def train_in_processes(run_id: str, config: dict[str, Any], run_dir: Path, track
     writer = node is None or node.rank == 0
     run_dir.mkdir(parents=True, exist_ok=True)
     result_path = run_dir / RESULT_FILE
-    if writer:
-        (run_dir / CONFIG_FILE).write_text(json.dumps(config, indent=2, sort_keys=True))
+    if writer:  # atomically: another node's ranks may be reading it
+        write_text_atomic(run_dir / CONFIG_FILE, json.dumps(config, indent=2, sort_keys=True))
         result_path.unlink(missing_ok=True)
     env = dict(os.environ)  # the worker's thread share, split between this node's ranks
     local_ranks = (world_size(config["train"]) or 1) // config["train"]["num_nodes"]
