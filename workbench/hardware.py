@@ -140,7 +140,8 @@ def train_needs(train: dict[str, Any], machine: Machine) -> list[Need]:
         needs.append(Need("train.num_nodes", nodes, f"a cluster of {nodes} nodes",
                           f"spreads each run over {nodes} machines; {machine.name} is one and no cluster was named, "
                           "so the rendezvous would wait for nodes that never come",
-                          "use num_nodes: 1, or run on a cluster (--executor ray --address HOST:PORT)", unservable=True))
+                          "use num_nodes: 1, or run on a Ray cluster of that many nodes (--executor ray --address HOST:PORT), "
+                          "which starts each node's ranks", unservable=True))
     return needs
 
 

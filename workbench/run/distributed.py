@@ -16,6 +16,12 @@ from the worker (SIGTERM to rank 0, which has every rank stop at the same step, 
 and end), never from the terminal directly, and a group that does not end in STOP_GRACE_S is killed (a rank stuck in
 the rendezvous cannot run a signal handler).
 
+A run over several nodes (`train.num_nodes` > 1) follows Lightning's recipe for a cluster it
+does not manage: the same command on every node, with MASTER_ADDR and MASTER_PORT (node 0's
+address) and NODE_RANK set, which Lightning's LightningEnvironment reads; each node's process
+starts that node's other devices' ranks itself. The Ray executor starts one such command per node
+(workbench.run.executor_ray) and hands each its `NodeRank`; rank 0 of node 0 writes as above.
+
 A rank that never joins (a node that is not there, a port that is blocked) would keep the others
 waiting in the rendezvous for PyTorch's default of 30 minutes: RENDEZVOUS_TIMEOUT ends that wait
 (`lightning_strategy`), the run fails with the reason, and the sweep goes on.
@@ -30,6 +36,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -38,7 +45,7 @@ import torch
 
 from workbench import stopping
 from workbench.hardware import device_count
-from workbench.results import CONFIG_FILE, RESULT_FILE, RunResult, Status
+from workbench.results import CONFIG_FILE, RESULT_FILE, RunResult, Status, write_text_atomic
 from workbench.study.train_section import world_size
 
 LOG_FILE = "distributed.log"  # the ranks' stdout and stderr
@@ -65,40 +72,80 @@ def shard(batch: dict[str, Any], rank: int, world: int) -> dict[str, Any]:
     return {key: value.tensor_split(world)[rank] for key, value in batch.items()}
 
 
-def train_in_processes(run_id: str, config: dict[str, Any], run_dir: Path, tracker: Any = None) -> RunResult:
+@dataclass(frozen=True)
+class NodeRank:
+    """One node's place in a run over several nodes: its rank and the rendezvous on node 0."""
+
+    rank: int
+    main_address: str  # node 0's IP address
+    main_port: int  # a port free on node 0, where rank 0 serves the rendezvous
+
+    def env(self) -> dict[str, str]:
+        """The variables Lightning's LightningEnvironment reads, in this node's every rank."""
+        return {"MASTER_ADDR": self.main_address, "MASTER_PORT": str(self.main_port), "NODE_RANK": str(self.rank)}
+
+
+def cluster_environment(train: dict[str, Any]) -> list[Any]:
+    """Lightning's LightningEnvironment, named, for a run over nodes started with `NodeRank.env`:
+    without it, variables a Ray worker inherits from the cluster's own scheduler (SLURM's, say)
+    would make Lightning read ranks from that scheduler instead. Nothing for other runs."""
+    if train["num_nodes"] > 1 and "NODE_RANK" in os.environ:
+        from lightning_fabric.plugins.environments import LightningEnvironment
+
+        return [LightningEnvironment()]
+    return []
+
+
+def train_in_processes(run_id: str, config: dict[str, Any], run_dir: Path, tracker: Any = None,
+                       node: NodeRank | None = None) -> RunResult | None:
     """Train the run in a child process group (see the module docstring); its result.json is
     the result. `tracker` (workbench.run.tracking.TrackerRun) travels as JSON. A stop request (workbench.stopping) is forwarded as SIGTERM and ends in
-    RunInterrupted once the ranks have checkpointed."""
+    RunInterrupted once the ranks have checkpointed. `node`: this node's share of a run over
+    several nodes; a node other than node 0 writes nothing and returns None when its ranks
+    ended cleanly, else a failed result that says why."""
+    writer = node is None or node.rank == 0
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / CONFIG_FILE).write_text(json.dumps(config, indent=2, sort_keys=True))
     result_path = run_dir / RESULT_FILE
-    result_path.unlink(missing_ok=True)
-    env = dict(os.environ)  # the worker's thread share, split between the ranks
-    env["OMP_NUM_THREADS"] = str(max(1, torch.get_num_threads() // (world_size(config["train"]) or 1)))
-    with open(run_dir / LOG_FILE, "ab") as log:
+    if writer:  # atomically: another node's ranks may be reading it
+        write_text_atomic(run_dir / CONFIG_FILE, json.dumps(config, indent=2, sort_keys=True))
+        result_path.unlink(missing_ok=True)
+    env = dict(os.environ)  # the worker's thread share, split between this node's ranks
+    local_ranks = (world_size(config["train"]) or 1) // config["train"]["num_nodes"]
+    env["OMP_NUM_THREADS"] = str(max(1, torch.get_num_threads() // max(1, local_ranks)))
+    if node is not None:
+        env.update(node.env())
+    log_path = run_dir / (LOG_FILE if writer else f"distributed-node{node.rank}.log")
+    with open(log_path, "ab") as log:
         tracker_arg = [json.dumps(dataclasses.asdict(tracker))] if tracker is not None else []
         child = subprocess.Popen([sys.executable, "-m", "workbench.run.one_run", str(run_dir), run_id, *tracker_arg],
                                  stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                  env=env, start_new_session=True)
         stopped_at = None
-        while child.poll() is None:
-            if stopped_at is None and stopping.stop_requested():
-                stopped_at = time.monotonic()
-                # rank 0 alone: it tells the others at the end of the step (StopOnRequest), so every
-                # rank stops at the same step; a signal to each could end one inside a collective
-                os.kill(child.pid, signal.SIGTERM)
-            elif stopped_at is not None and time.monotonic() - stopped_at > STOP_GRACE_S:
-                _signal_group(child.pid, signal.SIGKILL)
-            time.sleep(POLL_S)
-        _signal_group(child.pid, signal.SIGKILL)  # ranks left behind by a rank 0 that died
+        try:
+            while child.poll() is None:
+                if stopped_at is None and stopping.stop_requested():
+                    stopped_at = time.monotonic()
+                    # rank 0 alone: it tells the others at the end of the step (StopOnRequest), so every
+                    # rank stops at the same step; a signal to each could end one inside a collective
+                    os.kill(child.pid, signal.SIGTERM)
+                elif stopped_at is not None and time.monotonic() - stopped_at > STOP_GRACE_S:
+                    _signal_group(child.pid, signal.SIGKILL)
+                time.sleep(POLL_S)
+        finally:  # ranks left behind by a rank 0 that died, or by this wait cut short (a cancelled Ray task)
+            _signal_group(child.pid, signal.SIGKILL)
     if stopped_at is not None:  # the checkpoint holds the run; a result written on the way out is no outcome
-        result_path.unlink(missing_ok=True)
+        if writer:
+            result_path.unlink(missing_ok=True)
         raise stopping.RunInterrupted("stopped")
+    if not writer:
+        return None if child.returncode == 0 else RunResult(run_id, Status.FAILED, error=(
+            f"node {node.rank}: its processes ended ({_exit_reason(child.returncode)}); "
+            f"see {log_path}: {_last_line(log_path)}"))
     if result_path.exists():
         return RunResult.from_json(json.loads(result_path.read_text()))
     return RunResult(run_id, Status.FAILED, error=(
         f"its processes ended ({_exit_reason(child.returncode)}) without a result; "
-        f"see {run_dir / LOG_FILE}: {_last_line(run_dir / LOG_FILE)}"))
+        f"see {log_path}: {_last_line(log_path)}"))
 
 
 def _signal_group(pid: int, sig: int) -> None:

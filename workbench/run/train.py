@@ -43,7 +43,8 @@ from workbench.registry import run_providers
 from workbench.results import CONFIG_FILE, FINAL_WEIGHTS, LAST_CHECKPOINT, RESULT_FILE, RunResult, Status
 from workbench.results import write_json_atomic, write_text_atomic
 from workbench.run.batches import TaskDataModule, step_done
-from workbench.run.distributed import lightning_strategy, needs_processes, rank_zero, train_in_processes
+from workbench.run.distributed import cluster_environment, lightning_strategy, needs_processes, rank_zero
+from workbench.run.distributed import train_in_processes
 from workbench.run.environment import device_name, environment, matmul_precision, resolve_accelerator, user_callbacks
 from workbench.run.recording import PeakMemory, ProgressFile, RunRecorder
 from workbench.run.run_module import RunModule
@@ -178,7 +179,7 @@ def train_here(run_id: str, config: dict[str, Any], run_dir: Path, tracker: Trac
             deterministic=device == "cpu", logger=logger,
             callbacks=[recorder, StopOnRequest(ckpt), checkpoint, memory, ProgressFile(run_dir, train["steps"]),
                        *user_callbacks(train)],
-            log_every_n_steps=train["log_every"], plugins=[SafeCheckpointIO()],
+            log_every_n_steps=train["log_every"], plugins=[SafeCheckpointIO(), *cluster_environment(train)],
             enable_progress_bar=False, enable_model_summary=False, default_root_dir=run_dir,
             use_distributed_sampler=False,  # StepBatches shares each batch between the ranks
         )
