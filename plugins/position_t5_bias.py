@@ -62,6 +62,8 @@ class T5Bias(PositionScheme):
     name = "t5_bias"
     Params = T5BiasParams
     has_score_bias = True
+    picture_note = ("one learned value per bucket of the offset: a band per offset near the diagonal, logarithmically "
+                    "wider bands farther away, constant past max_distance; a decoder's only look back")
 
     def __init__(self, params: T5BiasParams, **dims):
         super().__init__(params, **dims)

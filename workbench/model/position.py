@@ -36,6 +36,7 @@ class PositionLimitError(ValueError):
 class PositionScheme(Variant, nn.Module):
     axis = "position"
     has_score_bias: ClassVar[bool] = False  # lets attention skip building offsets when unused
+    picture_note: ClassVar[str | None] = None  # what the report's picture of the scheme shows (default: per hook)
 
     def __init__(self, params, *, d_model: int, n_heads: int, head_dim: int, causal: bool = False):
         super().__init__()
