@@ -303,6 +303,22 @@ def eval_command(run_dir: str, lengths: str, batch_size: int | None, as_json: bo
         click.echo(f"@{n}: {why}")
 
 
+@main.command("export")
+@click.argument("run_dir")
+@click.argument("out")
+@click.option("--to", "target", type=click.Choice(["hf"]), required=True,
+              help="hf: a Hugging Face transformers folder (save_pretrained)")
+def export_command(run_dir: str, out: str, target: str) -> None:
+    """Write the saved model of a finished run (RUN_DIR) to OUT in another library's format. The
+    run's spec must map to a reference architecture (GPT-2, Llama, Mistral, BLOOM, BERT, BART,
+    T5; docs/hf.md); otherwise the first field that does not map is named."""
+    from workbench.model.hf import export_run
+
+    arch = export_run(run_dir, out)
+    click.echo(f"{out}: {arch.hf_class} ({arch.model_type}); load it with "
+               f"transformers.{arch.auto_class}.from_pretrained({out!r})")
+
+
 @main.command("report")
 @click.argument("out_dir")
 @click.option("--out", "reports_dir", default=None,
