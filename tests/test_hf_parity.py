@@ -10,6 +10,7 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
+from workbench.errors import SpecError  # noqa: E402
 from workbench.model import hf  # noqa: E402
 from workbench.model.spec import parse_spec  # noqa: E402
 from workbench.model.transformer import EncoderDecoderModel  # noqa: E402
@@ -138,6 +139,6 @@ def test_rope_pairing_permutation_is_a_permutation_of_each_head():
 ])
 def test_a_spec_that_does_not_map_names_its_first_field(change, field):
     spec = parse_spec({"family": "decoder", "vocab_size": V, "d_model": D, "n_heads": 4, **change})
-    with pytest.raises(hf.SpecError) as err:
+    with pytest.raises(SpecError) as err:
         hf.architecture_for(spec)
     assert str(err.value).startswith(field)

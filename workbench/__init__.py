@@ -14,8 +14,8 @@ def __getattr__(name: str):
         from workbench.model.transformer import build_model
 
         return build_model
-    if name == "from_hf":  # a transformers model of a mapped architecture -> ours (workbench.model.hf)
-        from workbench.model.hf import from_hf
+    if name == "from_hf":
+        from workbench.model.hf import from_hf  # a transformers model -> ours; torch on first use, as above
 
         return from_hf
     raise AttributeError(f"module 'workbench' has no attribute {name!r}")

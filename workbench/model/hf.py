@@ -2,14 +2,8 @@
 the weight mappings. One module for the parity tests (tests/test_hf_parity.py), `workbench
 export RUN_DIR --to hf OUT` (`to_hf`) and `workbench.from_hf` (`from_hf`).
 
-    workbench spec (beyond width, depth, heads)           HF model_type  class
-    decoder  learned  pre LayerNorm  gelu, biases         gpt2     GPT2LMHeadModel
-    decoder  rope     pre RMSNorm    swiglu  full         llama    LlamaForCausalLM
-    decoder  rope     pre RMSNorm    swiglu  sliding      mistral  MistralForCausalLM
-    decoder  alibi    pre LayerNorm  gelu tanh, embedding LayerNorm, biases   bloom  BloomForCausalLM
-    encoder  learned  post LayerNorm gelu, embedding LayerNorm, biases        bert   BertModel
-    encoder_decoder learned post LayerNorm gelu, embedding LayerNorm, biases  bart   BartForConditionalGeneration
-    encoder_decoder t5_bias pre RMSNorm relu|geglu tanh, unscaled scores      t5     T5ForConditionalGeneration
+The architectures (GPT-2, Llama, Mistral, BLOOM, BERT, BART, T5) and what each needs of a spec
+are the classes below (`requirements`); docs/hf.md has them as a table.
 
 Weight mappings (a `Link` ties one tensor of ours to one or more of theirs):
 - Our fused projection `attn.qkv` holds the rows [q; k; v]. Llama, Mistral, BERT, BART and T5
@@ -33,9 +27,6 @@ to 0.79788456.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -43,41 +34,9 @@ from torch import Tensor
 
 from workbench.errors import SpecError, WorkbenchError
 from workbench.model.spec import ModelSpec, parse_spec
+from workbench.model.state_links import (Link, attention, check_coverage, cross_kv, linear, mlp, norm, rows, same,
+                                         transposed)
 from workbench.model.transformer import Transformer, build_model
-
-
-@dataclass(frozen=True)
-class Link:
-    """Our tensor `ours` is `join(theirs...)`; `split(ours)` gives theirs back, in order."""
-
-    ours: str
-    theirs: tuple[str, ...]
-    split: Callable[[Tensor], list[Tensor]]
-    join: Callable[[list[Tensor]], Tensor]
-
-
-def same(ours: str, theirs: str) -> Link:
-    return Link(ours, (theirs,), lambda t: [t], lambda ts: ts[0])
-
-
-def transposed(ours: str, theirs: str) -> Link:
-    """GPT-2's Conv1D stores a linear layer's weight as [in, out]."""
-    return Link(ours, (theirs,), lambda t: [t.T], lambda ts: ts[0].T)
-
-
-def rows(ours: str, parts: list[tuple[str, int, Tensor | None]]) -> Link:
-    """Ours stacks the rows of several tensors of theirs: (name, rows, order) each, where
-    ours_part = theirs_part[order] (None: the same order)."""
-    sizes = [n for _, n, _ in parts]
-    orders = [order for _, _, order in parts]
-
-    def split(t: Tensor) -> list[Tensor]:
-        return [p if o is None else p[o.argsort()] for p, o in zip(t.split(sizes), orders)]
-
-    def join(ts: list[Tensor]) -> Tensor:
-        return torch.cat([p if o is None else p[o] for p, o in zip(ts, orders)])
-
-    return Link(ours, tuple(name for name, _, _ in parts), split, join)
 
 
 def rope_pairing(heads: int, head_dim: int) -> Tensor:
@@ -90,27 +49,6 @@ def rope_pairing(heads: int, head_dim: int) -> Tensor:
 def bloom_interleaving(heads: int, head_dim: int) -> Tensor:
     """Row order taking BLOOM's query_key_value rows [h, 3, hd] to ours [3, h, hd]."""
     return torch.arange(3 * heads * head_dim).view(heads, 3, head_dim).transpose(0, 1).reshape(-1)
-
-
-def linear(ours: str, theirs: str, bias: bool, link=same) -> list[Link]:
-    return [link(f"{ours}.weight", f"{theirs}.weight")] + ([same(f"{ours}.bias", f"{theirs}.bias")] if bias else [])
-
-
-def norm(ours: str, theirs: str, spec: ModelSpec, kind: str | None = None) -> list[Link]:
-    """A LayerNorm has weight and bias, an RMSNorm a weight."""
-    kind = kind or spec.norm.params.type
-    return linear(ours, theirs, bias=kind == "layernorm")
-
-
-def separate_qkv(ours: str, q: str, k: str, v: str, spec: ModelSpec, bias: bool,
-                 order: tuple[Tensor | None, Tensor | None] = (None, None)) -> list[Link]:
-    """Our fused [q; k; v] projection from three separate ones; `order`: q's and k's row orders."""
-    h, g, hd = spec.n_heads, spec.n_kv_heads, spec.head_dim
-    parts = [(q, h * hd, order[0]), (k, g * hd, order[1]), (v, g * hd, None)]
-    links = [rows(f"{ours}.weight", [(f"{name}.weight", n, o) for name, n, o in parts])]
-    if bias:
-        links.append(rows(f"{ours}.bias", [(f"{name}.bias", n, o) for name, n, o in parts]))
-    return links
 
 
 # ---- what must hold for a spec to be an architecture --------------------------------------------
@@ -133,6 +71,7 @@ class Architecture:
     auto_class: str  # the transformers Auto class that loads an export
     unmapped: tuple[str, ...] = ()  # prefixes of their parameters outside what ours computes (left out)
     build_kwargs: dict[str, Any] = {}  # for hf_class(config, ...) in an export
+    any_head_dim = False  # HF derives head_dim = d_model / n_heads (True: the config holds its own)
 
     def requirements(self, spec: ModelSpec) -> dict[str, Any]:
         """Dotted spec field -> the value the architecture needs, in the order they are checked."""
@@ -154,7 +93,7 @@ class Architecture:
             got = value_at(spec, field)
             if got != wanted:
                 raise SpecError(f"model.{field}", f"{self.model_type} ({self.hf_class}) needs {wanted!r}, got {got!r}")
-        if spec.head_dim * spec.n_heads != spec.d_model and self.model_type not in ("llama", "mistral", "t5"):
+        if spec.head_dim * spec.n_heads != spec.d_model and not self.any_head_dim:
             raise SpecError("model.head_dim", f"{self.model_type} needs head_dim = d_model / n_heads = "
                             f"{spec.d_model // spec.n_heads}, got {spec.head_dim}")
 
@@ -204,13 +143,14 @@ class GPT2(Architecture):
             out += linear(f"{ours}.attn.qkv", f"{theirs}.attn.c_attn", True, transposed)
             out += linear(f"{ours}.attn.out", f"{theirs}.attn.c_proj", True, transposed)
             out += norm(f"{ours}.ffn_norm.norm", f"{theirs}.ln_2", spec)
-            out += linear(f"{ours}.ffn.up", f"{theirs}.mlp.c_fc", True, transposed)
+            out += linear(f"{ours}.ffn.up", f"{theirs}.mlp.c_fc", True, transposed)  # GPT-2: Conv1D
             out += linear(f"{ours}.ffn.down", f"{theirs}.mlp.c_proj", True, transposed)
         return out + norm("decoder.final_norm", "transformer.ln_f", spec)
 
 
 class Llama(Architecture):
     model_type, hf_class, auto_class = "llama", "LlamaForCausalLM", "AutoModelForCausalLM"
+    any_head_dim = True
     attention = "full"
 
     def requirements(self, spec):
@@ -250,9 +190,8 @@ class Llama(Architecture):
             ours, theirs = f"decoder.blocks.{i}", f"model.layers.{i}"
             att = f"{theirs}.self_attn"
             out += norm(f"{ours}.attn_norm.norm", f"{theirs}.input_layernorm", spec)
-            out += separate_qkv(f"{ours}.attn.qkv", f"{att}.q_proj", f"{att}.k_proj", f"{att}.v_proj", spec, False,
-                                (rope_pairing(h, hd), rope_pairing(g, hd)))
-            out += linear(f"{ours}.attn.out", f"{att}.o_proj", False)
+            out += attention(f"{ours}.attn", (f"{att}.q_proj", f"{att}.k_proj", f"{att}.v_proj", f"{att}.o_proj"),
+                             spec, False, (rope_pairing(h, hd), rope_pairing(g, hd)))
             out += norm(f"{ours}.ffn_norm.norm", f"{theirs}.post_attention_layernorm", spec)
             d_ff = ffn_width(spec)
             out.append(rows(f"{ours}.ffn.gate_up.weight", [(f"{theirs}.mlp.gate_proj.weight", d_ff, None),
@@ -311,8 +250,7 @@ class Bloom(Architecture):
                     rows(f"{ours}.attn.qkv.bias", [(f"{qkv}.bias", 3 * h * hd, order)])]
             out += linear(f"{ours}.attn.out", f"{theirs}.self_attention.dense", True)
             out += norm(f"{ours}.ffn_norm.norm", f"{theirs}.post_attention_layernorm", spec)
-            out += linear(f"{ours}.ffn.up", f"{theirs}.mlp.dense_h_to_4h", True)
-            out += linear(f"{ours}.ffn.down", f"{theirs}.mlp.dense_4h_to_h", True)
+            out += mlp(f"{ours}.ffn", f"{theirs}.mlp.dense_h_to_4h", f"{theirs}.mlp.dense_4h_to_h", True)
         return out + norm("decoder.final_norm", "transformer.ln_f", spec)
 
 
@@ -349,12 +287,10 @@ class Bert(Architecture):
         for i in range(spec.n_layers):
             ours, theirs = f"encoder.blocks.{i}", f"encoder.layer.{i}"
             att = f"{theirs}.attention"
-            out += separate_qkv(f"{ours}.attn.qkv", f"{att}.self.query", f"{att}.self.key", f"{att}.self.value",
-                                spec, True)
-            out += linear(f"{ours}.attn.out", f"{att}.output.dense", True)
+            out += attention(f"{ours}.attn", (f"{att}.self.query", f"{att}.self.key", f"{att}.self.value",
+                                              f"{att}.output.dense"), spec, True)
             out += norm(f"{ours}.attn_norm.norm", f"{att}.output.LayerNorm", spec)
-            out += linear(f"{ours}.ffn.up", f"{theirs}.intermediate.dense", True)
-            out += linear(f"{ours}.ffn.down", f"{theirs}.output.dense", True)
+            out += mlp(f"{ours}.ffn", f"{theirs}.intermediate.dense", f"{theirs}.output.dense", True)
             out += norm(f"{ours}.ffn_norm.norm", f"{theirs}.output.LayerNorm", spec)
         return out
 
@@ -401,8 +337,8 @@ class Bart(Architecture):
             for i in range(n_layers):
                 ours, theirs = f"{stack}.blocks.{i}", f"model.{stack}.layers.{i}"
                 att = f"{theirs}.self_attn"
-                out += separate_qkv(f"{ours}.attn.qkv", f"{att}.q_proj", f"{att}.k_proj", f"{att}.v_proj", spec, True)
-                out += linear(f"{ours}.attn.out", f"{att}.out_proj", True)
+                out += attention(f"{ours}.attn", (f"{att}.q_proj", f"{att}.k_proj", f"{att}.v_proj", f"{att}.out_proj"),
+                                 spec, True)
                 out += norm(f"{ours}.attn_norm.norm", f"{theirs}.self_attn_layer_norm", spec)
                 if stack == "decoder":
                     cross = f"{theirs}.encoder_attn"
@@ -410,16 +346,9 @@ class Bart(Architecture):
                     out += cross_kv(f"{ours}.cross.kv", f"{cross}.k_proj", f"{cross}.v_proj", spec, True)
                     out += linear(f"{ours}.cross.out", f"{cross}.out_proj", True)
                     out += norm(f"{ours}.cross_norm.norm", f"{theirs}.encoder_attn_layer_norm", spec)
-                out += linear(f"{ours}.ffn.up", f"{theirs}.fc1", True)
-                out += linear(f"{ours}.ffn.down", f"{theirs}.fc2", True)
+                out += mlp(f"{ours}.ffn", f"{theirs}.fc1", f"{theirs}.fc2", True)
                 out += norm(f"{ours}.ffn_norm.norm", f"{theirs}.final_layer_norm", spec)
         return out
-
-
-def cross_kv(ours: str, k: str, v: str, spec: ModelSpec, bias: bool) -> list[Link]:
-    n = spec.n_kv_heads * spec.head_dim
-    links = [rows(f"{ours}.weight", [(f"{k}.weight", n, None), (f"{v}.weight", n, None)])]
-    return links + ([rows(f"{ours}.bias", [(f"{k}.bias", n, None), (f"{v}.bias", n, None)])] if bias else [])
 
 
 # Our tasks' ids (workbench.tasks.base): padding 0, BOS 1 (the decoder's start), EOS 2
@@ -429,6 +358,7 @@ T5_FFN = {"relu": "relu", "geglu": "gated-gelu"}
 
 class T5(Architecture):
     model_type, hf_class, auto_class = "t5", "T5ForConditionalGeneration", "AutoModelForSeq2SeqLM"
+    any_head_dim = True
 
     def requirements(self, spec):
         ffn = {"ffn.name": spec.ffn.name if spec.ffn.name in T5_FFN else "relu"}
@@ -473,8 +403,7 @@ class T5(Architecture):
                 ours, theirs = f"{stack}.blocks.{i}", f"{stack}.block.{i}.layer"
                 att = f"{theirs}.0.SelfAttention"
                 out += norm(f"{ours}.attn_norm.norm", f"{theirs}.0.layer_norm", spec)
-                out += separate_qkv(f"{ours}.attn.qkv", f"{att}.q", f"{att}.k", f"{att}.v", spec, False)
-                out += linear(f"{ours}.attn.out", f"{att}.o", False)
+                out += attention(f"{ours}.attn", (f"{att}.q", f"{att}.k", f"{att}.v", f"{att}.o"), spec, False)
                 ffn = f"{theirs}.1"
                 if stack == "decoder":
                     cross, ffn = f"{theirs}.1.EncDecAttention", f"{theirs}.2"
@@ -518,19 +447,6 @@ def architecture_for(spec: ModelSpec) -> Architecture:
 # ---- moving weights -----------------------------------------------------------------------------
 
 
-def check_coverage(links: list[Link], ours: dict[str, Tensor], theirs: dict[str, Tensor], arch: Architecture) -> None:
-    """Every parameter on both sides (but `arch.unmapped`) is linked exactly once: a mapping
-    that misses one is a bug."""
-    what = arch.model_type
-    theirs = {name: t for name, t in theirs.items() if not name.startswith(arch.unmapped)}
-    linked_ours = [link.ours for link in links]
-    linked_theirs = [name for link in links for name in link.theirs]
-    for side, linked, params in (("ours", linked_ours, ours), (what, linked_theirs, theirs)):
-        missing, unknown = set(params) - set(linked), set(linked) - set(params)
-        if missing or unknown or len(linked) != len(set(linked)):
-            raise AssertionError(f"{what} mapping, {side}: unlinked {sorted(missing)}, unknown {sorted(unknown)}")
-
-
 def import_transformers():
     try:
         import transformers
@@ -548,7 +464,7 @@ def to_hf(model: Transformer):
     hf = getattr(transformers, arch.hf_class)(arch.hf_config(model.spec), **arch.build_kwargs).to(dtype).eval()
     links = arch.links(model.spec)
     ours, theirs = dict(model.named_parameters()), dict(hf.named_parameters())
-    check_coverage(links, ours, theirs, arch)
+    check_coverage(links, ours, theirs, arch.model_type, arch.unmapped)
     with torch.no_grad():
         for link in links:
             for name, value in zip(link.theirs, link.split(ours[link.ours].detach())):
@@ -574,23 +490,8 @@ def from_hf(hf_model) -> Transformer:
     model = build_model(spec).to(dtype).eval()
     links = arch.links(spec)
     ours, theirs = dict(model.named_parameters()), dict(hf_model.named_parameters())
-    check_coverage(links, ours, theirs, arch)
+    check_coverage(links, ours, theirs, arch.model_type, arch.unmapped)
     with torch.no_grad():
         for link in links:
             ours[link.ours].copy_(link.join([theirs[name].detach() for name in link.theirs]))
     return model
-
-
-def export_run(run_dir: str | Path, out: str | Path) -> Architecture:
-    """`workbench export RUN_DIR --to hf OUT`: the final model of a finished run, written by
-    `save_pretrained` (config.json and safetensors weights; no tokenizer: a task's ids are its
-    own, workbench.tasks). Refused before anything is written when the spec does not map."""
-    from workbench.model.weights import load_final_model
-
-    try:
-        model, _ = load_final_model(run_dir)
-    except FileNotFoundError:
-        raise WorkbenchError(f"{run_dir}: no final weights (a finished run folder: runs/<study>/runs/<run id>/)") from None
-    arch = architecture_for(model.spec)
-    to_hf(model).save_pretrained(str(out))
-    return arch
