@@ -1,4 +1,4 @@
-"""Two-layer MLP with ReLU: W2 relu(W1 x)."""
+"""Two-layer MLP with ReLU: W2 relu(W1 x), relu(x) = max(0, x)."""
 
 from torch import nn
 
@@ -7,7 +7,7 @@ from workbench.model.ffn import MLP
 
 
 class ReLU(MLP):
-    """Two-layer MLP with ReLU: W2 relu(W1 x)."""
+    """Two-layer MLP with ReLU: W2 relu(W1 x), relu(x) = max(0, x)."""
 
     name = "relu"
     activation = nn.ReLU

@@ -1,4 +1,4 @@
-"""Gated unit with SiLU gate: W2 (silu(W1 x) * W3 x)."""
+"""Gated unit with SiLU gate (Shazeer 2020): W2 (silu(W1 x) * W3 x), silu(x) = x * sigmoid(x)."""
 
 from torch import nn
 
@@ -7,7 +7,7 @@ from workbench.model.ffn import GatedMLP
 
 
 class SwiGLU(GatedMLP):
-    """Gated unit with SiLU gate: W2 (silu(W1 x) * W3 x)."""
+    """Gated unit with SiLU gate (Shazeer 2020): W2 (silu(W1 x) * W3 x), silu(x) = x * sigmoid(x)."""
 
     name = "swiglu"
     activation = nn.SiLU

@@ -2,6 +2,9 @@
 attention scores. Slopes form the geometric sequence 2^(-8/h), 2^(-16/h), ..., 2^(-8);
 for h not a power of two, the paper's interleaving of the nearest powers is used.
 Symmetric in i - j, so it works for causal and bidirectional attention alike.
+
+The slopes follow the model's dtype, computed in it (exactly in a float64 model; a cast of
+float32 slopes would round those that are not powers of two, e.g. 2^-0.5 at 16 heads).
 """
 
 import math
@@ -35,6 +38,12 @@ class Alibi(PositionScheme):
     def __init__(self, params, **dims):
         super().__init__(params, **dims)
         self.register_buffer("slopes", torch.tensor(alibi_slopes(self.n_heads)), persistent=False)
+
+    def _apply(self, fn, recurse=True):
+        # .double(), .to(dtype): compute the slopes again in the new dtype rather than cast them
+        super()._apply(fn, recurse)
+        self.slopes = torch.tensor(alibi_slopes(self.n_heads), dtype=self.slopes.dtype, device=self.slopes.device)
+        return self
 
     def score_bias(self, rel: Tensor) -> Tensor:
         shape = (1, self.n_heads) + (1,) * (rel.dim() - 2)

@@ -6,7 +6,8 @@ each pair is one complex number multiplied by e^(i * pos * theta_i), one kernel 
 backward. (GPT-NeoX and Hugging Face pair x[i] with x[i + hd/2], "rotate half": the same model
 up to a fixed permutation of the learned q/k dimensions, at ~7 element-wise kernels: measured
 1.4x the time of the complex product forward + backward on the CPU.) The rotation table is
-computed once per forward and shared by every layer.
+computed once per forward and shared by every layer. It is float32 (complex64), as in LLaMA's
+reference and Hugging Face's, except in a float64 model, where it is float64 (complex128).
 """
 
 import torch
@@ -15,7 +16,7 @@ from torch import Tensor
 
 from workbench import hookimpl
 from workbench.errors import SpecError
-from workbench.model.position import PositionScheme
+from workbench.model.position import PositionScheme, table_dtype
 from workbench.variants import Params
 
 
@@ -23,12 +24,13 @@ class RopeParams(Params):
     base: float = Field(10000.0, gt=1, description="theta: wavelength scale of the slowest pair")
 
 
-def rotation(pos: Tensor, head_dim: int, base: float) -> Tensor:
-    """e^(i * pos * base^(-2j/hd)) for each pair j: complex64 [B or 1, 1, n, hd/2]."""
+def rotation(pos: Tensor, head_dim: int, base: float, dtype: torch.dtype = torch.float32) -> Tensor:
+    """e^(i * pos * base^(-2j/hd)) for each pair j: [B or 1, 1, n, hd/2], complex64 (dtype
+    float32) or complex128 (float64)."""
     if pos.stride(0) == 0:  # every row holds the same positions (an expanded arange): one row of angles
         pos = pos[:1]
-    inv_freq = base ** (-torch.arange(0, head_dim, 2, device=pos.device, dtype=torch.float32) / head_dim)
-    angles = pos[:, None, :, None].float() * inv_freq  # [B, 1, n, hd/2]
+    inv_freq = base ** (-torch.arange(0, head_dim, 2, device=pos.device, dtype=dtype) / head_dim)
+    angles = pos[:, None, :, None].to(dtype) * inv_freq  # [B, 1, n, hd/2]
     return torch.polar(torch.ones_like(angles), angles)
 
 
@@ -42,7 +44,7 @@ def apply_rotation(x: Tensor, rot: Tensor) -> Tensor:
 
 def rotate(x: Tensor, pos: Tensor, base: float) -> Tensor:
     """x [B, h, n, hd], pos [B, n] -> x with pair j rotated by pos * base^(-2j/hd)."""
-    return apply_rotation(x, rotation(pos, x.shape[-1], base))
+    return apply_rotation(x, rotation(pos, x.shape[-1], base, table_dtype(x)))
 
 
 class Rope(PositionScheme):
@@ -57,21 +59,21 @@ class Rope(PositionScheme):
             raise SpecError("model.head_dim", f"RoPE rotates pairs of dimensions: head_dim {self.head_dim} must be even")
 
     def rotate(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor]:
-        q_rot = self.table(q_pos)
+        q_rot = self.table(q_pos, table_dtype(q))
         if k is q:  # tied Q/K: rotate once so keys stay identical to queries
             q = apply_rotation(q, q_rot)
             return q, q
         # self-attention passes one positions tensor for both: the angles are computed once
-        k_rot = q_rot if k_pos is q_pos else self.table(k_pos)
+        k_rot = q_rot if k_pos is q_pos else self.table(k_pos, table_dtype(k))
         return apply_rotation(q, q_rot), apply_rotation(k, k_rot)
 
-    def table(self, pos: Tensor) -> Tensor:
+    def table(self, pos: Tensor, dtype: torch.dtype) -> Tensor:
         """The rotation of `pos`, computed once per positions tensor: every layer of a forward
         receives the same one (the reference kept here keeps its identity from being reused)."""
         cached = self.__dict__.get("_table")
-        if cached is None or cached[0] is not pos:
-            cached = self.__dict__["_table"] = (pos, rotation(pos, self.head_dim, self.params.base))
-        return cached[1]
+        if cached is None or cached[0] is not pos or cached[1] != dtype:
+            cached = self.__dict__["_table"] = (pos, dtype, rotation(pos, self.head_dim, self.params.base, dtype))
+        return cached[2]
 
 
 @hookimpl

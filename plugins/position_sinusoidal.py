@@ -19,7 +19,7 @@ from pydantic import Field
 from torch import Tensor
 
 from workbench import hookimpl
-from workbench.model.position import INIT_STD, PositionScheme
+from workbench.model.position import INIT_STD, PositionScheme, table_dtype
 from workbench.variants import Params
 
 
@@ -30,11 +30,12 @@ class SinusoidalParams(Params):
                          "gives amplitude 1, a table ~35x the tokens")
 
 
-def sinusoidal_table(pos: Tensor, d_model: int, base: float = 10000.0) -> Tensor:
-    """pos [...] -> encodings [..., d_model] (sin in even, cos in odd dimensions)."""
-    i = torch.arange(0, d_model, 2, device=pos.device, dtype=torch.float32)  # the 2i of the formula
-    angles = pos[..., None].float() / base ** (i / d_model)  # [..., d_model/2]
-    table = torch.empty(*pos.shape, d_model, device=pos.device)
+def sinusoidal_table(pos: Tensor, d_model: int, base: float = 10000.0, dtype: torch.dtype = torch.float32) -> Tensor:
+    """pos [...] -> encodings [..., d_model] (sin in even, cos in odd dimensions), computed in
+    `dtype` (float32, or float64 for a float64 model)."""
+    i = torch.arange(0, d_model, 2, device=pos.device, dtype=dtype)  # the 2i of the formula
+    angles = pos[..., None].to(dtype) / base ** (i / d_model)  # [..., d_model/2]
+    table = torch.empty(*pos.shape, d_model, device=pos.device, dtype=dtype)
     table[..., 0::2] = torch.sin(angles)
     table[..., 1::2] = torch.cos(angles[..., : d_model // 2])
     return table
@@ -48,7 +49,8 @@ class Sinusoidal(PositionScheme):
 
     def embed(self, x: Tensor, pos: Tensor) -> Tensor:
         amplitude = self.params.scale * INIT_STD
-        return x + amplitude * sinusoidal_table(pos, self.d_model, self.params.base).to(x.dtype)
+        table = sinusoidal_table(pos, self.d_model, self.params.base, table_dtype(x))
+        return x + amplitude * table.to(x.dtype)
 
 
 @hookimpl

@@ -165,3 +165,44 @@ def test_flex_equals_dense_on_cuda(name, causal, n_kv_heads, bias):
     torch.testing.assert_close(out, ref, atol=2e-3, rtol=2e-3)
     for got, want in zip(grads, ref_grads):
         torch.testing.assert_close(got, want, atol=2e-3, rtol=2e-3)
+
+
+def t5_bias(causal: bool, device: str = "cpu"):
+    """T5's learned bias (its table drawn at random, so buckets differ visibly), as a stack makes it."""
+    from workbench.registry import variants
+
+    cls = variants("position")["t5_bias"]
+    scheme = cls(cls.Params(num_buckets=16, max_distance=64), d_model=H * HD, n_heads=H, head_dim=HD, causal=causal)
+    torch.nn.init.normal_(scheme.table.weight, std=1.0)
+    return scheme.to(device)
+
+
+@pytest.mark.parametrize("name", ["full", "sliding_window"])
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
+def test_flex_adds_a_learned_bias_as_the_dense_path_does_on_cpu(name, causal, monkeypatch):
+    """T5's bias through flex's score_mod (a table of every offset) equals the dense path's."""
+    variant = make(name, n_kv_heads=1, head_dim=HD, **VARIANTS[name])
+    n = 150
+    q, k, v = qkv(2, n, 1)
+    pos = torch.arange(n).expand(2, n)
+    kwargs = dict(q_pos=pos, k_pos=pos, key_mask=None, causal=causal, score_bias=t5_bias(causal).score_bias)
+    monkeypatch.setattr(attention, "FLEX_DEVICES", ("cpu",))
+    assert flex_applies(q, pos, pos, None)
+    with torch.no_grad():
+        torch.testing.assert_close(variant(q, k, v, **kwargs), variant.dense(q, k, v, **kwargs), atol=1e-5, rtol=1e-5)
+
+
+@needs_cuda
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
+def test_flex_gradient_reaches_a_learned_bias_on_cuda(causal):
+    """The score_mod's table is computed from T5's parameters: their gradient equals dense's."""
+    scheme = t5_bias(causal, "cuda")
+    variant = make("sliding_window", n_kv_heads=4, head_dim=HD, window=40).cuda()
+    n = 300
+    q, k, v = qkv(2, n, 4, device="cuda")
+    pos = torch.arange(n, device="cuda").expand(2, n)
+    kwargs = dict(q_pos=pos, k_pos=pos, key_mask=None, causal=causal, score_bias=scheme.score_bias)
+    weight = torch.randn(2, H, n, HD, device="cuda")
+    grads = [torch.autograd.grad((path(q, k, v, **kwargs) * weight).sum(), scheme.table.weight)[0]
+             for path in (variant, variant.dense)]
+    torch.testing.assert_close(grads[0], grads[1], atol=2e-3, rtol=2e-3)

@@ -4,7 +4,7 @@ from workbench.hookspecs import hookimpl
 
 __version__ = "0.1.0"
 
-__all__ = ["build_model", "hookimpl", "__version__"]
+__all__ = ["build_model", "from_hf", "hookimpl", "__version__"]
 
 
 def __getattr__(name: str):
@@ -14,4 +14,8 @@ def __getattr__(name: str):
         from workbench.model.transformer import build_model
 
         return build_model
+    if name == "from_hf":
+        from workbench.model.hf import from_hf  # a transformers model -> ours; torch on first use, as above
+
+        return from_hf
     raise AttributeError(f"module 'workbench' has no attribute {name!r}")

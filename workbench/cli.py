@@ -306,6 +306,30 @@ def eval_command(run_dir: str, lengths: str, batch_size: int | None, as_json: bo
         click.echo(f"@{n}: {why}")
 
 
+@main.command("export")
+@click.argument("run_dir")
+@click.argument("out")
+@click.option("--to", "target", type=click.Choice(["hf"]), required=True,
+              help="hf: a Hugging Face transformers folder (save_pretrained)")
+def export_command(run_dir: str, out: str, target: str) -> None:
+    """Write the saved model of a finished run (RUN_DIR) to OUT in another library's format. The
+    run's spec must map to a reference architecture (GPT-2, Llama, Mistral, BLOOM, BERT, BART,
+    T5; docs/hf.md); otherwise the first field that does not map is named, before anything is
+    written. OUT holds save_pretrained's config.json and safetensors weights, no tokenizer (a
+    task's token ids are its own)."""
+    from workbench.model.hf import architecture_for, to_hf
+    from workbench.model.weights import load_final_model
+
+    try:
+        model, _ = load_final_model(run_dir)
+    except FileNotFoundError:
+        raise WorkbenchError(f"{run_dir}: no final weights (a finished run folder: runs/<study>/runs/<run id>/)") from None
+    arch = architecture_for(model.spec)
+    to_hf(model).save_pretrained(out)
+    click.echo(f"{out}: {arch.hf_class} ({arch.model_type}); load it with "
+               f"transformers.{arch.auto_class}.from_pretrained({out!r})")
+
+
 @main.command("report")
 @click.argument("out_dir")
 @click.option("--out", "reports_dir", default=None,

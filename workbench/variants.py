@@ -17,6 +17,15 @@ class Params(BaseModel):
     """Base of every variant's parameter model: unknown keys are errors, values are frozen."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+    # Parameters added after runs were stored: left out of the stored mapping while they hold
+    # their default (`without_later_defaults`), so the ids of runs made before them stay unchanged.
+    added_later: ClassVar[tuple[str, ...]] = ()
+
+
+def without_later_defaults(model: BaseModel, dumped: dict[str, Any]) -> dict[str, Any]:
+    """`dumped` (model's model_dump) without the fields of `model.added_later` at their default."""
+    later, fields = getattr(model, "added_later", ()), type(model).model_fields
+    return {k: v for k, v in dumped.items() if not (k in later and v == fields[k].default)}
 
 
 class Variant:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
@@ -22,22 +22,43 @@ class FeedForward(Variant, nn.Module):
     axis = "ffn"
     Params = FFNParams
     is_sublayer: ClassVar[bool] = True  # False: blocks have no FFN sublayer at all (ablation)
+    activation: ClassVar[type[nn.Module]]
 
     def __init__(self, params: FFNParams, *, d_model: int, bias: bool):
         super().__init__()
         self.params = params
 
+    def make_activation(self) -> nn.Module:
+        return self.activation()
+
+
+class GELUParams(FFNParams):
+    approximate: Literal["none", "tanh"] = Field(
+        "none", description="none: exact x * Phi(x) = x/2 (1 + erf(x / sqrt 2)); tanh: x/2 (1 + tanh(sqrt(2/pi) "
+        "(x + 0.044715 x^3))), GPT-2's and BLOOM's gelu_new (within ~1e-3 of the exact one)"
+    )
+    added_later = ("approximate",)
+
+
+class GELUActivation:
+    """Mixin of the GELU-based FFNs: GELU (Hendrycks & Gimpel 2016), exact by default, or the
+    tanh approximation that GPT-2 and BLOOM use (`approximate: tanh`)."""
+
+    Params = GELUParams
+    activation = nn.GELU
+
+    def make_activation(self) -> nn.Module:
+        return nn.GELU(approximate=self.params.approximate)
+
 
 class MLP(FeedForward):
     """Two linear layers around an activation: W2 act(W1 x)."""
-
-    activation: ClassVar[type[nn.Module]]
 
     def __init__(self, params: FFNParams, *, d_model: int, bias: bool):
         super().__init__(params, d_model=d_model, bias=bias)
         d_ff = params.d_ff or 4 * d_model
         self.up = nn.Linear(d_model, d_ff, bias=bias)
-        self.act = self.activation()
+        self.act = self.make_activation()
         self.down = nn.Linear(d_ff, d_model, bias=bias)
 
     def forward(self, x: Tensor) -> Tensor:
@@ -51,13 +72,11 @@ class GatedMLP(FeedForward):
     the parameter count then matches the 4x non-gated MLP.
     """
 
-    activation: ClassVar[type[nn.Module]]
-
     def __init__(self, params: FFNParams, *, d_model: int, bias: bool):
         super().__init__(params, d_model=d_model, bias=bias)
         d_ff = params.d_ff or round(8 * d_model / 3)
         self.gate_up = nn.Linear(d_model, 2 * d_ff, bias=bias)  # W1 and W3 in one GEMM
-        self.act = self.activation()
+        self.act = self.make_activation()
         self.down = nn.Linear(d_ff, d_model, bias=bias)
 
     def forward(self, x: Tensor) -> Tensor:

@@ -3,7 +3,7 @@
 A scheme may act at three places, each a no-op by default:
   embed(x, pos)            add a signal to the token embeddings       (sinusoidal, learned)
   rotate(q, k, q_pos, k_pos)  transform queries and keys             (RoPE)
-  score_bias(rel)          add a bias to attention scores by offset   (ALiBi)
+  score_bias(rel)          add a bias to attention scores by offset   (ALiBi, T5's bias)
 Positions are integer tensors [B, n] so that left-padded batches count from each row's
 first real token.
 """
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+import torch
 from torch import Tensor, nn
 
 from workbench.variants import Variant
@@ -22,6 +23,12 @@ from workbench.variants import Variant
 INIT_STD = 0.02
 
 
+def table_dtype(x: Tensor) -> torch.dtype:
+    """The dtype a scheme computes its tables in (RoPE's angles, the sinusoid): float64 in a
+    float64 model, float32 otherwise (half precision models too, whose tables would round)."""
+    return torch.float64 if x.dtype == torch.float64 else torch.float32
+
+
 class PositionLimitError(ValueError):
     """A sequence is longer than the scheme can represent (e.g. a learned table's size)."""
 
@@ -29,11 +36,13 @@ class PositionLimitError(ValueError):
 class PositionScheme(Variant, nn.Module):
     axis = "position"
     has_score_bias: ClassVar[bool] = False  # lets attention skip building offsets when unused
+    picture_note: ClassVar[str | None] = None  # what the report's picture of the scheme shows (default: per hook)
 
-    def __init__(self, params, *, d_model: int, n_heads: int, head_dim: int):
+    def __init__(self, params, *, d_model: int, n_heads: int, head_dim: int, causal: bool = False):
         super().__init__()
         self.params = params
         self.d_model, self.n_heads, self.head_dim = d_model, n_heads, head_dim
+        self.causal = causal  # the stack's attention: a scheme may treat earlier and later keys apart (T5)
 
     @property
     def max_length(self) -> int | None:
@@ -49,7 +58,8 @@ class PositionScheme(Variant, nn.Module):
         return q, k
 
     def score_bias(self, rel: Tensor) -> Tensor:
-        """rel = q_pos - k_pos with a singleton head axis: [B, 1, ...] -> bias [B, h, ...]."""
+        """rel = q_pos - k_pos with a head axis: [B, 1 or h, ...] -> bias [B, h, ...], head j's
+        from rel[:, j] (a variant whose pattern differs per head, sparse, passes h)."""
         raise NotImplementedError(f"{self.name} adds no score bias")
 
     def check_length(self, pos: Tensor) -> None:

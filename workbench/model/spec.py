@@ -8,13 +8,13 @@ registered class and its validated parameters.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from workbench.errors import SpecError
 from workbench.registry import get_variant
-from workbench.variants import Params
+from workbench.variants import Params, without_later_defaults
 
 
 class Choice(BaseModel):
@@ -26,7 +26,7 @@ class Choice(BaseModel):
     cls: type = Field(exclude=True)
 
     def as_dict(self) -> dict[str, Any]:
-        return {"name": self.name, **self.params.model_dump()}
+        return {"name": self.name, **without_later_defaults(self.params, self.params.model_dump())}
 
 
 def resolve_choice(axis: str, value: Any, field: str) -> Choice:
@@ -72,6 +72,7 @@ class ModelSpec(BaseModel):
     """Everything that defines a model's architecture."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+    added_later: ClassVar[tuple[str, ...]] = ("embedding_norm",)  # see variants.without_later_defaults
 
     family: Literal["encoder", "decoder", "encoder_decoder"] = Field(
         "decoder", description="encoder (bidirectional), decoder (causal LM), or encoder_decoder"
@@ -88,6 +89,10 @@ class ModelSpec(BaseModel):
     attention: Any = Field("full", description="attention variant: a name or {name: ..., params}")
     norm: Any = Field("pre", description="norm placement: a name or {name: ..., type: layernorm|rmsnorm}")
     ffn: Any = Field("gelu", description="feed-forward type: a name or {name: ..., d_ff: ...}")
+    embedding_norm: Literal["none", "layernorm", "rmsnorm"] = Field(
+        "none", description="a norm on the embeddings (after the position signal), as BERT, BART and BLOOM have; "
+        "its eps is model.norm's"
+    )
     tie_qk: bool = Field(False, description="share the query and key projection (symmetric scores)")
     bias: bool = Field(False, description="biases in linear layers")
     dropout: float = Field(0.0, ge=0, lt=1, description="dropout on residual branches and embeddings")
@@ -133,7 +138,7 @@ class ModelSpec(BaseModel):
 
     def resolved(self) -> dict[str, Any]:
         """Plain, fully resolved mapping (variants with all their parameters) for storage."""
-        out = self.model_dump(exclude={"position", "attention", "norm", "ffn"})
+        out = without_later_defaults(self, self.model_dump(exclude={"position", "attention", "norm", "ffn"}))
         for axis in VARIANT_AXES:
             out[axis] = getattr(self, axis).as_dict()
         return out

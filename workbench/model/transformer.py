@@ -1,6 +1,7 @@
 """Transformer models assembled from one spec. Read this file top to bottom.
 
-    tokens -> token embedding -> position.embed -> Block x n_layers -> final norm (pre) -> head
+    tokens -> token embedding -> position.embed -> embedding norm (optional) -> Block x n_layers
+           -> final norm (pre) -> head
     Block:   x = attn_norm(x, self-attention)     pre:  x + f(norm(x))
              x = cross_norm(x, cross-attention)   post: norm(x + f(x))
              x = ffn_norm(x, feed-forward)        (cross-attention only in encoder_decoder)
@@ -24,6 +25,7 @@ from torch import Tensor, nn
 
 from workbench.model.attention import arange_positions
 from workbench.model.cache import KVCache, LayerCache
+from workbench.model.norm import make_norm
 from workbench.model.position import INIT_STD
 from workbench.registry import get_variant
 from workbench.model.sampling import GenerationConfig, next_token
@@ -178,8 +180,11 @@ class Stack(nn.Module):
         super().__init__()
         self.embedding = embedding  # shared by encoder, decoder and the tied output head
         self.position = spec.position.cls(
-            spec.position.params, d_model=spec.d_model, n_heads=spec.n_heads, head_dim=spec.head_dim
+            spec.position.params, d_model=spec.d_model, n_heads=spec.n_heads, head_dim=spec.head_dim, causal=causal
         )
+        # BERT's, BART's `layernorm_embedding` and BLOOM's `word_embeddings_layernorm`: one per stack
+        self.embedding_norm = nn.Identity() if spec.embedding_norm == "none" else make_norm(
+            spec.norm.params.model_copy(update={"type": spec.embedding_norm}), spec.d_model)
         self.dropout = nn.Dropout(spec.dropout)
         self.blocks = nn.ModuleList(Block(spec, self.position, causal, cross) for _ in range(n_layers))
         final = spec.norm.cls.final_norm
@@ -189,7 +194,7 @@ class Stack(nn.Module):
                 memory_seq: Positions | None = None, cache: KVCache | None = None) -> Tensor:
         self.position.check_length(seq.pos)
         x = self.embedding(tokens)  # (B, n, d_model), RMS INIT_STD at init
-        x = self.dropout(self.position.embed(x, seq.pos))
+        x = self.dropout(self.embedding_norm(self.position.embed(x, seq.pos)))
         for i, block in enumerate(self.blocks):
             x = block(x, seq, memory, memory_seq, cache, i)
         return self.final_norm(x)  # (B, n, d_model)

@@ -217,12 +217,14 @@ class ModelPictures:
             panels = [(f"head {h}", m) for h, m in matrix]
             n = panels[0][1].shape[0]
             ticks = [str(i) for i in range(n)]
+            penalty_only = all(m.max() <= 0 for _, m in panels)  # ALiBi's: 0 is the top of the scale
             figures.heatmaps(panels, path, x_tokens=ticks, y_tokens=ticks, xlabel=labels[0], ylabel=labels[1],
-                             title=labels[2], cmap="magma", vmin=None, vmax=0.0, colorbar_label=labels[3])
+                             title=labels[2], cmap="magma", vmin=None, vmax=0.0 if penalty_only else None,
+                             colorbar_label=labels[3])
         else:
             figures.matrix_heatmap(matrix, path, xlabel=labels[0], ylabel=labels[1], title=labels[2],
                                    colorbar_label=labels[3])
-        explain = {
+        explain = type(scheme).picture_note or {
             "embed": "low dimensions oscillate fast, high ones slowly (sinusoidal); a learned table shows what training made of it",
             "rotate": "constant along diagonals: the score depends only on the offset m - n",
             "score_bias": "a linear penalty on distance, steeper for heads with larger slopes",
