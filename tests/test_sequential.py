@@ -211,20 +211,13 @@ expect:
 
 
 def run_aa(tmp_path, arm: str, a, b):
-    import torch
-
     from workbench.report import write_report
     from workbench.run.runner import run_study
     from workbench.run.store import load_results
 
     path = tmp_path / "aa.yaml"
     path.write_text(AA.replace("ARM", arm).replace("BETTER", str(b)).replace("THAN", str(a)))
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        run_study(path, tmp_path / "out", quiet=True)
-    finally:
-        torch.set_num_threads(threads)
+    run_study(path, tmp_path / "out", quiet=True)
     index = write_report(tmp_path / "out", tmp_path / "reports", pictures=False)
     summary = json.loads((index.parent / "summary.json").read_text())
     return load_results(tmp_path / "out"), summary["verdicts"]
