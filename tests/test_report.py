@@ -413,16 +413,19 @@ def test_training_report_header_states_the_learned_criterion(train_report):
     table = next(t for t in page.tables if t[0][:2] == ["variant", "at the training length"])
     assert table[0][3:] == ["input-ignoring", "learned: ≥", "learned", "failed seeds [95% CI]"]  # translate's one
     chance, needed = {row[3] for row in table[1:]}, {row[4] for row in table[1:]}
-    assert len(chance) == len(needed) == 1 and all(row[5] == "yes" for row in table[1:])
+    states = [row[5] for row in table[1:]]
+    assert len(chance) == len(needed) == 1 and set(states) <= {"learned", "did not learn", "undetermined"}
     assert table[1][6] == "0/3 = 0 [0, 0.708]"  # Clopper-Pearson: 0 of 3 seeds failed
-    line = (f"Learned (accuracy@6 ≥ {needed.pop()}, 10% of the way from input-ignoring {chance.pop()} to 1): "
-            "all 3 groups met it")
+    learned = states.count("learned")
+    outcome = "all 3 groups learned" if learned == 3 else f"{learned} of 3 groups learned"
+    line = (f"Learned (accuracy@6 ≥ {needed.pop()}, 10% of the way from input-ignoring {chance.pop()} to 1; learned "
+            f"when the 95% interval of the mean lies past it): {outcome}")
     texts = [t.strip() for t in page.text if t.strip()]
-    assert texts[texts.index(TRAIN_STUDY_QUESTION) + 1] == line  # the line after the question
+    assert texts[texts.index(TRAIN_STUDY_QUESTION) + 1].startswith(line)  # the line after the question
     md = (index.parent / "report.md").read_text().split("\n\n")
-    assert md[2] == line and md[3] == "## Verdicts"
+    assert md[2].startswith(line) and md[3] == "## Verdicts"
     summary = json.loads((index.parent / "summary.json").read_text())
-    assert summary["learned_criterion"] == [line]
+    assert summary["learned_criterion"][0].startswith(line) and len(summary["learned_criterion"]) == 1
 
 
 def test_timings_from_a_shared_machine_carry_one_caveat_line():

@@ -8,6 +8,7 @@ from click.testing import CliRunner
 
 from workbench.cli import main
 from workbench.report.document import Report, VerdictLine
+from workbench.report.outcomes import VERDICT_RULE
 from workbench.report.index import build_index, run_cpu_s, run_span_s, scaling_findings, summary
 
 STUDY = """\
@@ -35,7 +36,10 @@ def test_summary_counts_runs_and_spans_the_sweep():
     s = summary(Report("x", "train", "q?", [verdict], []), runs)
     assert s["statuses"] == {"diverged": 1, "finished": 1} and s["run_span_s"] == 60 and s["run_cpu_s"] == 60
     assert s["verdicts"] == [{"statement": verdict.statement, "outcome": "holds", "label": "holds", "note": "note",
-                              "difference": {}, "learned": [], "groups": [], "expect": {}}]
+                              "difference": {}, "learned": [], "groups": [], "expect": {}, "look": None,
+                              "post_hoc": ""}]
+    # the rule it was issued under, and its first result (what a margin or a findings row registered later is after)
+    assert s["rule"] == VERDICT_RULE and s["first_result"] == "2026-01-01T10:00:10+00:00"
 
 
 def test_index_rows_read_summaries_and_mark_studies_not_run(tmp_path):

@@ -271,11 +271,12 @@ def verdicts(comparisons: Sequence[Comparison], alpha: float = ALPHA, plan: bool
         elif c.shares is None and all(perfect_on_every_seed(v, c.higher, c.bounds)
                                       for v in (c.better_values, c.than_values)):
             out.append(make(CEILING, "both groups scored the metric's best value on every seed"))
+        elif neither:  # two groups at chance may score alike by chance: say that, not "identical"
+            same = "; both gave the same value on every seed" if diff.constant and diff.mean == 0 else ""
+            out.append(make(NOT_TESTED, "neither group learned: " + gate_texts(gates, c.better) + "; "
+                            + gate_texts(gates, c.than) + same))
         elif diff.constant and diff.mean == 0:
             out.append(make(IDENTICAL, f"both groups gave the same {c.metric} on every seed"))
-        elif neither:
-            out.append(make(NOT_TESTED, "neither group learned: " + gate_texts(gates, c.better) + "; "
-                            + gate_texts(gates, c.than)))
         elif few and c.shares is None:
             out.append(make(INCONCLUSIVE, f"{few[0]} has 1 finished seed; an interval needs 2"))
         elif diff.constant:
