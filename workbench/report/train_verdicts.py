@@ -175,7 +175,7 @@ class TrainVerdicts(LearnedGates):
         if v.look:
             detail += f". Read at look {v.look} of {v.looks} ({v.seeds} seeds per group)"
         if v.decided_at:
-            detail += f"; its last run was recorded {v.decided_at[:16].replace('T', ' ')} UTC"
+            detail += f". Its last run was recorded {v.decided_at[:16].replace('T', ' ')} UTC"
         late = post_hoc(exp.registered, self.first_result) if exp.margin else ""
         label = f"{v.label} [post hoc margin: {late}]" if late else v.label
         return VerdictLine(statement=v.statement, outcome=v.outcome, label=label, detail=detail, note=exp.note,
