@@ -468,6 +468,15 @@ class StudyFile:
         return digest(self.study.run_defining())
 
 
+def with_task_paths(data: dict[str, Any], folder: Path) -> dict[str, Any]:
+    """The study data with the files its task names taken relative to `folder` (the study
+    file's), not to the working directory (`Task.resolve_paths`)."""
+    task = data.get("task")
+    if isinstance(task, Mapping) and isinstance(task.get("name"), str) and task["name"] in variants("task"):
+        return {**data, "task": variants("task")[task["name"]].resolve_paths(dict(task), folder)}
+    return data
+
+
 def load_study(path: str | Path, profile: str | None = None, overrides: tuple[str, ...] | list[str] = ()) -> StudyFile:
     """Read and validate a study file, with a profile's and then the command line's overrides
     applied. Raises StudyError (a WorkbenchError) with file and line."""
@@ -482,6 +491,7 @@ def load_study(path: str | Path, profile: str | None = None, overrides: tuple[st
     overrides = tuple(overrides)
     if overrides:
         data = apply_overrides(data, overrides, file, lines)
+    data = with_task_paths(data, path.absolute().parent)
     kind = data.get("kind", "train")
     if kind not in study_kinds():
         raise StudyError(file, lines.line("kind"),
