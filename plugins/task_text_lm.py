@@ -75,7 +75,7 @@ from workbench.errors import SpecError, WorkbenchError
 from workbench.results import VALIDATION
 from workbench.tasks import INPUT_IGNORING, SPECIALS, Example, Task, TaskParams
 from workbench.tasks.corpus import Document, Source, document_texts, file_pieces
-from workbench.tasks.ngram import CHUNK, WittenBell, fits
+from workbench.tasks.ngram import WittenBell, fits
 from workbench.tasks.tokens import Shards, Texts, byte_name, prepare
 
 # Plain-file stdlib modules present in CPython 3.10 to 3.13 (~1.1 MB train, ~0.1 MB valid).
@@ -256,7 +256,7 @@ class TextLM(Task):
         return out
 
     def _window(self, text: np.ndarray, start: int, length: int) -> Example:
-        return Example((), tuple((text[start: start + length].astype(np.int64) + self.first_token).tolist()))
+        return Example((), tuple((np.asarray(text[start: start + length]).astype(np.int64) + self.first_token).tolist()))
 
     def _check_fits(self, text: np.ndarray, length: int, which: str) -> None:
         if len(text) < length:
@@ -322,8 +322,8 @@ class TextLM(Task):
 
     def chance(self, family, length):
         """A unigram model's scores: token frequencies of the training text (add-one smoothed
-        over the vocabulary), scored on the tokens the evaluation windows score. Decoding
-        metrics have no chance level."""
+        over the vocabulary; counted as the n-gram models count, workbench.tasks.ngram),
+        scored on the tokens the evaluation windows score. Decoding metrics have no chance level."""
         return self.baselines(family, length)[INPUT_IGNORING]
 
     def baselines(self, family, length):
@@ -337,14 +337,14 @@ class TextLM(Task):
     def score_baselines(self, length: int) -> dict[str, dict[str, float]]:
         size = len(self.vocab) - self.first_token
         windows = np.stack([np.asarray(self.valid_text[s: s + length]) for s in self.eval_starts(length)])
+        orders = [n for n in NGRAM_ORDERS if fits(size, n)]
+        model = WittenBell(self.train_text, max(orders), size)  # the lower orders are its counts
         counts = np.zeros(size)
-        for start in range(0, len(self.train_text), CHUNK):  # in chunks: never the whole corpus widened
-            counts += np.bincount(np.asarray(self.train_text[start: start + CHUNK]), minlength=size)
-        log_p = np.log((counts + 1) / (counts.sum() + size))
+        counts[model.levels[0].keys.astype(np.int64)] = model.levels[0].counts
+        log_p = np.log((counts + 1) / (counts.sum() + size))  # add-one over the vocabulary
         out = {INPUT_IGNORING: self.level(float(-log_p[windows[:, 1:]].mean()))}
-        for n in NGRAM_ORDERS:
-            if fits(size, n):
-                out[f"{n}-gram"] = self.level(float(-WittenBell(self.train_text, n, size).log_probs(windows).mean()))
+        for n in orders:
+            out[f"{n}-gram"] = self.level(float(-model.log_probs(windows, n).mean()))
         return out
 
     def level(self, loss: float) -> dict[str, float]:

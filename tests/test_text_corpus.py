@@ -7,17 +7,23 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections import Counter
+from pathlib import Path
 
 import numpy as np
 import pytest
+from click.testing import CliRunner
 
+from workbench.cli import main
 from workbench.errors import SpecError
 from workbench.results import VALIDATION
+from workbench.run.store import load_results
 from workbench.study import load_study
 from workbench.tasks import INPUT_IGNORING
 from workbench.tasks import tokens as tokens_module
 from workbench.tasks.corpus import Source
+from workbench.tasks.tokens import TokenFile
 from workbench.tasks.ngram import WittenBell
 from workbench_plugins.task_text_lm import TextLM, TextParams
 
@@ -35,7 +41,7 @@ def prose(seed: int, n_words: int) -> str:
 
 def folder_corpus(tmp_path, n_docs: int = 10, n_words: int = 400):
     root = tmp_path / "corpus"
-    root.mkdir()
+    root.mkdir(parents=True)
     for i in range(n_docs):
         (root / f"doc{i:02d}.txt").write_text(f"document {i} begins\n" + prose(i, n_words))
     return root
@@ -108,7 +114,7 @@ def test_the_default_corpus_keeps_bytes_and_its_run_ids():
 def test_bytes_of_a_folder_are_the_documents_bytes_on_disk(tmp_path):
     root = folder_corpus(tmp_path)
     text = task(path=str(root))
-    assert isinstance(text.train_text, np.memmap) and text.train_text.dtype == np.uint8
+    assert isinstance(text.train_text, TokenFile) and text.train_text.dtype == np.uint8
     stream = text.train_text.tobytes() + text.valid_text.tobytes()
     assert len(stream) == sum(p.stat().st_size + 1 for p in root.iterdir())  # + the line break between documents
     for doc in root.iterdir():
@@ -123,6 +129,7 @@ def test_bpe_is_trained_on_the_training_documents_once_and_round_trips(tmp_path)
     assert shards.folder == second.shards().folder and (shards.folder / "tokenizer.json").is_file()
     assert first.vocab == second.vocab and 256 < len(first.vocab) - 4 <= 300
     assert first.train_text.dtype == np.uint16
+    assert np.array_equal(np.asarray(first.train_text[5:9]), np.asarray(first.train_text)[5:9])
     tokenizer = shards.tokenizer().tokenizer
     decoded = tokenizer.decode(np.asarray(first.train_text).tolist()) + tokenizer.decode(np.asarray(first.valid_text).tolist())
     assert sorted(decoded.split("\n")) == sorted("".join(p.read_text() + "\n" for p in root.iterdir()).split("\n"))
@@ -212,7 +219,7 @@ def test_a_single_file_is_cut_by_position_as_before(tmp_path):
 
 def test_task_paths_are_relative_to_the_study_file(tmp_path, monkeypatch):
     study_dir = tmp_path / "my"
-    folder_corpus(study_dir.mkdir() or study_dir)
+    folder_corpus(study_dir)
     (study_dir / "study.yaml").write_text(
         "name: rel\ntask: {name: text_lm, train_length: 16, n_eval: 4, path: corpus, decode_samples: 0}\n"
         "model: {d_model: 16, n_layers: 1, n_heads: 2}\ntrain: {steps: 2, batch_size: 2}\n")
@@ -254,3 +261,31 @@ def test_an_interrupted_preparation_resumes_to_the_same_shards(tmp_path, monkeyp
     for split in ("train", "val"):
         assert np.array_equal(resumed.tokens(split), whole.tokens(split))
     assert resumed.meta["splits"] == whole.meta["splits"]
+
+
+# ---- the documented study ----------------------------------------------------------------------
+
+DOCS = Path(__file__).resolve().parent.parent / "docs" / "data.md"
+
+
+@pytest.mark.slow
+def test_the_documented_folder_and_bpe_study_prepares_and_runs(tmp_path, monkeypatch):
+    """docs/data.md's study and commands, on a generated folder (its Debian folder may be absent),
+    trained for 2 steps from another working directory."""
+    text = DOCS.read_text()
+    study = next(b for b in re.findall(r"```yaml\n(.*?)```", text, flags=re.S) if b.startswith("name: my-lm"))
+    commands = re.findall(r"^workbench (\w+) my-lm/study.yaml", text, flags=re.M)
+    assert commands == ["prepare", "run"]
+    folder_corpus(tmp_path / "my-lm", n_docs=6, n_words=600)
+    (tmp_path / "my-lm" / "study.yaml").write_text(study)
+    monkeypatch.chdir(tmp_path)
+    fast = ["--set", "train.steps=2", "--set", "task.n_eval=8", "--set", "seeds=[0]"]
+    prepared = CliRunner().invoke(main, ["prepare", "my-lm/study.yaml", *fast])
+    assert prepared.exit_code == 0, prepared.output
+    assert re.search(r"text_lm: [\d,]+ training and [\d,]+ validation tokens \(uint16, vocabulary [\d,]+\)",
+                     prepared.output)
+    ran = CliRunner().invoke(main, ["run", "my-lm/study.yaml", "--quiet", *fast])
+    assert ran.exit_code == 0, ran.output
+    frame = load_results("runs/my-lm")
+    assert len(frame) == 2 and (frame["status"] == "finished").all()
+    assert frame["bpc@64"].notna().all()

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 
 CHUNK = 1 << 22  # tokens counted at once: its uint64 keys take 32 MB
-FIT_TOKENS = 1 << 26  # the most training tokens a model is fitted on (64 chunks)
+FIT_TOKENS = 1 << 26  # the most training tokens a model is fitted on (16 chunks)
 
 
 def fits(vocab: int, order: int) -> bool:
@@ -102,12 +102,13 @@ class WittenBell:
         self.order, self.vocab = order, vocab
         self.levels = [Order.count(tokens, k, vocab) for k in range(1, order + 1)]
 
-    def log_probs(self, windows: np.ndarray) -> np.ndarray:
+    def log_probs(self, windows: np.ndarray, order: int | None = None) -> np.ndarray:
         """ln P of each window's tokens after its first, each from the tokens before it inside
-        the window (at most order - 1 of them): [W, L] ids -> [W, L - 1]."""
+        the window (at most order - 1 of them; `order` may be below the fitted one, whose
+        lower orders are the same counts): [W, L] ids -> [W, L - 1]."""
         n_windows, length = windows.shape
         p = np.full((n_windows, length - 1), 1.0 / self.vocab)  # order 0: uniform
-        for k, level in enumerate(self.levels, start=1):
+        for k, level in enumerate(self.levels[: order or self.order], start=1):
             first = max(k - 1, 1)  # the first scored index with k - 1 tokens before it
             if first > length - 1:
                 break

@@ -10,7 +10,7 @@ Tokenizers (the text task's `tokenizer`):
     <file>.json       a HuggingFace `tokenizers` file the user names (e.g. a pretrained model's)
 
 Shards follow nanoGPT's layout (`data/openwebtext/prepare.py`): `train.bin` and `val.bin`
-hold every token id of a split as one flat array, read back with `np.memmap`: uint16 for
+hold every token id of a split as one flat array (readable with `np.memmap`): uint16 for
 vocabularies up to 65,536 (uint32 past that), and uint8 for bytes (nanoGPT's character-level
 example stores those as uint16 too; a byte needs no more, and the file is half the size), so a process keeps in memory only the pages
 it touches. `meta.json`, written last (its presence means the folder is complete), records
@@ -132,6 +132,43 @@ def settings_key(texts: Texts, tokenizer: str, vocab_size: int) -> str:
     return hashlib.blake2b(json.dumps(settings, sort_keys=True).encode(), digest_size=12).hexdigest()
 
 
+class TokenFile:
+    """Tokens [start, stop) of a shard file, read by slice: slicing gives another range of the
+    file, `np.asarray` reads one. A long-lived `np.memmap` would keep every page training ever
+    touched counted in the process's resident memory, so each read is a `pread` instead, as
+    nanoGPT's `train.py` recreates its memmap for every batch for the same reason."""
+
+    def __init__(self, path: Path, dtype: str, start: int = 0, stop: int | None = None):
+        self.path, self.dtype = path, np.dtype(dtype)
+        self.start = start
+        self.stop = path.stat().st_size // self.dtype.itemsize if stop is None else stop
+        self._fd: tuple[int, int] | None = None  # (pid, descriptor): a forked process opens its own
+
+    def __len__(self) -> int:
+        return self.stop - self.start
+
+    def __getitem__(self, key: slice) -> TokenFile:
+        if not isinstance(key, slice) or key.step not in (None, 1):
+            raise TypeError("a TokenFile is sliced by a contiguous range")
+        start, stop, _ = key.indices(len(self))
+        return TokenFile(self.path, self.dtype.name, self.start + start, self.start + max(start, stop))
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        if self._fd is None or self._fd[0] != os.getpid():
+            self._fd = (os.getpid(), os.open(self.path, os.O_RDONLY))
+        size = self.dtype.itemsize
+        data = os.pread(self._fd[1], len(self) * size, self.start * size)
+        out = np.frombuffer(data, dtype=self.dtype)
+        return out if dtype is None else out.astype(dtype)
+
+    def __del__(self):
+        if self._fd is not None and self._fd[0] == os.getpid():
+            os.close(self._fd[1])
+
+    def tobytes(self) -> bytes:
+        return np.asarray(self).tobytes()
+
+
 @dataclass(frozen=True)
 class Shards:
     """A prepared shard folder: its tokenizer, and each split as a read-only memory map."""
@@ -139,10 +176,8 @@ class Shards:
     folder: Path
     meta: dict
 
-    def tokens(self, split: str) -> np.ndarray:
-        if self.meta["splits"][split]["tokens"] == 0:
-            return np.zeros(0, dtype=self.meta["dtype"])
-        return np.memmap(self.folder / f"{split}.bin", dtype=self.meta["dtype"], mode="r")
+    def tokens(self, split: str) -> TokenFile:
+        return TokenFile(self.folder / f"{split}.bin", self.meta["dtype"])
 
     def tokens_per_byte(self, split: str) -> float:
         counts = self.meta["splits"][split]
