@@ -28,8 +28,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-CHUNK = 1 << 22  # tokens counted at once: its uint64 keys take 32 MB
-FIT_TOKENS = 1 << 26  # the most training tokens a model is fitted on (16 chunks)
+CHUNK = 1 << 21  # tokens counted at once: its uint64 keys take 16 MB
+FIT_TOKENS = 1 << 26  # the most training tokens a model is fitted on (32 chunks)
 
 
 def fits(vocab: int, order: int) -> bool:
@@ -55,15 +55,15 @@ def chunk_starts(n_tokens: int) -> list[int]:
 
 
 def count_grams(tokens: np.ndarray, k: int, vocab: int) -> tuple[np.ndarray, np.ndarray]:
-    """Sorted distinct k-gram keys of `tokens` (any integer array or memory map) and their counts."""
-    keys, counts = [], []
+    """Sorted distinct k-gram keys of `tokens` (any integer array, or a TokenFile) and their
+    counts, each chunk's merged into the running set: memory is the distinct grams plus a chunk."""
+    keys, counts = np.zeros(0, dtype=np.uint64), np.zeros(0, dtype=np.int64)
     for start in chunk_starts(len(tokens)):
         segment = np.asarray(tokens[start: start + CHUNK + k - 1])  # k - 1 of overlap: no gram is lost
         unique, count = np.unique(gram_keys(segment, k, vocab), return_counts=True)
-        keys.append(unique)
-        counts.append(count)
-    unique, inverse = np.unique(np.concatenate(keys), return_inverse=True)
-    return unique, np.bincount(inverse, weights=np.concatenate(counts)).astype(np.int64)
+        keys, inverse = np.unique(np.concatenate([keys, unique]), return_inverse=True)
+        counts = np.bincount(inverse, weights=np.concatenate([counts, count]), minlength=len(keys)).astype(np.int64)
+    return keys, counts
 
 
 @dataclass(frozen=True)

@@ -91,7 +91,7 @@ class HFTokenizer:
     def encode(self, pieces: list[bytes]) -> list[np.ndarray]:
         texts = [piece.decode("utf-8", errors="replace") for piece in pieces]
         return [np.asarray(e.ids, dtype=np.uint32)
-                for e in self.tokenizer.encode_batch(texts, add_special_tokens=False)]
+                for e in self.tokenizer.encode_batch_fast(texts, add_special_tokens=False)]  # no offsets: faster
 
     def token_names(self) -> list[str]:
         return [self.tokenizer.id_to_token(i) or f"<id {i}>" for i in range(self.vocab_size)]
