@@ -85,7 +85,9 @@ class Source:
             return path
         if path.is_file():
             return path.parent
-        return Path(glob.escape(self.path).split("*")[0].split("?")[0]).parent  # the glob's fixed part
+        parts = Path(self.path).parts
+        fixed = next(i for i, part in enumerate(parts) if any(c in part for c in "*?["))
+        return Path(*parts[:fixed])  # the glob's folders before its first wildcard
 
     def fingerprint(self) -> str:
         """A digest of what the source holds: each file's name, size and modification time (a
