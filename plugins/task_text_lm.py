@@ -135,7 +135,7 @@ def source_texts(source: Source, valid_fraction: float) -> Texts:
 
 
 class TextParams(TaskParams):
-    train_length: int = Field(128, ge=2, description="bytes per training window (the model's sequence length)")
+    train_length: int = Field(128, ge=2, description="tokens per training window (the model's sequence length)")
     path: str | None = Field(None, description="the corpus: a text file, a folder or glob of files, .jsonl / .parquet "
                              "records or a saved `datasets` folder, relative to the study file; default: Python "
                              "stdlib sources (see module)")
@@ -153,8 +153,8 @@ class TextParams(TaskParams):
                                 "probability (nucleus); null: all")
     decode_samples: int = Field(16, ge=0, description="evaluation windows continued by the model per evaluation "
                                 "(0: no generation; distinct_2 and repetition_4 are NaN)")
-    decode_tokens: int = Field(32, ge=4, description="bytes the model writes after each prompt (the window's "
-                               "last bytes; at most half the window)")
+    decode_tokens: int = Field(32, ge=4, description="tokens the model writes after each prompt (the window's "
+                               "last tokens; at most half the window)")
 
     @field_validator("tokenizer")
     @classmethod
