@@ -226,6 +226,14 @@ def test_task_paths_are_relative_to_the_study_file(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     study = load_study("my/study.yaml").study
     assert study.task["path"] == str(study_dir / "corpus")
+    (study_dir / "corpus" / "more").mkdir()
+    (study_dir / "corpus" / "more" / "a.txt").write_text(prose(1, 300))
+    (study_dir / "corpus" / "more" / "b.txt").write_text(prose(2, 300))
+    for sweep in ("{task.path: [corpus, corpus/more]}", "{zip: {task.path: [corpus, corpus/more], train.lr: [0.1, 0.2]}}"):
+        text = (study_dir / "study.yaml").read_text().replace("path: corpus, ", "")
+        (study_dir / "swept.yaml").write_text(text + f"sweep: {sweep}\n")
+        swept = load_study("my/swept.yaml").study
+        assert swept.sweep.values("task.path") == [str(study_dir / "corpus"), str(study_dir / "corpus" / "more")]
 
 
 # ---- shards on disk ----------------------------------------------------------------------------
