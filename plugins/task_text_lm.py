@@ -1,21 +1,43 @@
-"""text_lm: byte-level language modelling on a text file, or on Python's own source code.
+"""text_lm: language modelling on a corpus (default: Python's own source code), by byte or subword.
 
-Tokens are the 256 byte values (after the shared specials); a row is a window of
-`train_length` consecutive bytes, and every byte after the first is predicted from the
-ones before it. bpc is bits per byte (= per character for ASCII text): mean loss / ln 2.
-bpc_tail is bpc over the bytes past the training length only (window indices train_length
+Tokens are the tokenizer's (after the shared specials): the 256 byte values by default, a
+byte-level BPE trained on the training documents (`tokenizer: bpe`, `vocab_size`), or a
+HuggingFace tokenizer.json the study names (workbench.tasks.tokens). A row is a window of
+`train_length` consecutive tokens, and every token after the first is predicted from the
+ones before it. `loss` is nats per token; bpc is bits per byte of the original text, so
+that models with different tokenizers compare: loss / ln 2 * (tokens / bytes of the scored
+split), the Pile's bits per byte (Gao et al. 2020, section 4.1); with bytes the ratio is 1.
+bpc_tail is bpc over the tokens past the training length only (window indices train_length
 .. length-1, which no training window held): at an evaluation length past training, bpc mixes
 the familiar head of the window with the new tail; bpc_tail isolates extrapolation. It is
-NaN at lengths up to train_length (no such bytes).
+NaN at lengths up to train_length (no such tokens).
 
 Default corpus, present on every machine with Python and needing no download: the files
 in TRAIN_FILES and VALID_FILES below, read from the running interpreter's standard library
 (`sysconfig.get_paths()["stdlib"]`). The split is by file, so validation code is code the
-model never saw. With `path:` the corpus is that one file; its last `valid_fraction` of
-bytes is the validation text. Evaluation windows are `n_eval` windows spread evenly over
-the validation text (the same for every seed); training windows start at random offsets.
+model never saw. With `path:` the corpus is a file, a folder or glob of files, jsonl or
+parquet records (`text_field`) or a saved HuggingFace dataset, split by document
+(workbench.tasks.corpus; one plain file is cut by position: its last `valid_fraction` of
+bytes is the validation text); a relative path is relative to the study file. Such a
+corpus is tokenized once into shards on disk and read by memory map, so a run's memory
+does not grow with the corpus (`workbench prepare`, or the first run that needs it).
+Evaluation windows are `n_eval` windows spread evenly over the validation text (the same
+for every seed); training windows start at random offsets.
 A tuning run (a study's `tune:`) never reads the validation text: it trains on the first
 1 - `valid_fraction` of the training text and is scored on the rest.
+
+Baselines (`baselines`, shown beside every group in a report's Learned section): the
+unigram (input-ignoring), and interpolated Witten-Bell n-gram models for n = 2, 3, 4
+(workbench.tasks.ngram), fitted on the training text only, at the tokenizer's granularity,
+and scored on exactly the evaluation windows in the same units. The learned gate measures
+against the 2-gram (`gate_baselines`): a bigram table is exactly what a transformer computes
+when no information moves between positions, the zero-layer transformer of Elhage et al.
+(2021, "A Mathematical Framework for Transformer Circuits"), and the stage training passes
+through before attention learns to use context (Bietti et al. 2023, "Birth of a
+Transformer: A Memory Viewpoint"). A model below the 2-gram has learned no more than
+statistics of one token; beating it means the model reads earlier tokens. The 3- and 4-gram
+are shown, not gated: how far past local statistics a model gets is the study's question,
+not a precondition for comparing two models.
 
 Decoding metrics (claim E12: greedy decoding is stable but repetitive, sampling adds
 diversity), unless `decode_samples` is 0: at every evaluation, the first `decode_samples`
@@ -33,21 +55,28 @@ window, so the model never runs past the length being evaluated. On the continua
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import math
+import os
 import pathlib
+import sys
 import sysconfig
 from collections.abc import Sequence
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-from pydantic import Field
+from pydantic import Field, field_validator, model_serializer
 
 from workbench import hookimpl
 from workbench.errors import SpecError, WorkbenchError
 from workbench.results import VALIDATION
-from workbench.tasks import Example, Task, TaskParams
+from workbench.tasks import INPUT_IGNORING, SPECIALS, Example, Task, TaskParams
+from workbench.tasks.corpus import Document, Source, document_texts, file_pieces
+from workbench.tasks.ngram import WittenBell, fits
+from workbench.tasks.tokens import Shards, Texts, byte_name, prepare
 
 # Plain-file stdlib modules present in CPython 3.10 to 3.13 (~1.1 MB train, ~0.1 MB valid).
 TRAIN_FILES = (
@@ -59,32 +88,64 @@ TRAIN_FILES = (
 VALID_FILES = ("copy.py", "pprint.py", "queue.py", "statistics.py", "tokenize.py")
 
 
-def byte_name(b: int) -> str:
-    """Readable, unique token string of a byte (for vocab listings and heatmaps)."""
-    if b == 0x20:
-        return "␣"
-    if b == 0x0A:
-        return "\\n"
-    if 0x21 <= b <= 0x7E:
-        return chr(b)
-    return f"<0x{b:02X}>"
+NGRAM_ORDERS = (2, 3, 4)  # the n-gram baselines (n = 1 is the unigram, `chance`)
+BIGRAM = "2-gram"
+# Baseline scores per (corpus, split, length, n_eval), computed once per process.
+BASELINES: dict[tuple[str, str, int, int], dict[str, dict[str, float]]] = {}
 
 
-def read_files(root: pathlib.Path, names: tuple[str, ...]) -> np.ndarray:
-    missing = [n for n in names if not (root / n).is_file()]
+def stdlib_root() -> pathlib.Path:
+    root = pathlib.Path(sysconfig.get_paths()["stdlib"])
+    missing = [n for n in (*TRAIN_FILES, *VALID_FILES) if not (root / n).is_file()]
     if missing:
         raise WorkbenchError(
             f"task text_lm: the default corpus needs {', '.join(missing)} under {root}; "
             "this Python lacks them, so set task.path to a text file"
         )
+    return root
+
+
+def read_files(root: pathlib.Path, names: tuple[str, ...]) -> np.ndarray:
     return np.frombuffer(b"\n".join((root / n).read_bytes() for n in names), dtype=np.uint8)
 
 
+def stdlib_texts() -> Texts:
+    """The default corpus as documents (one per file), for a tokenizer other than bytes."""
+    root = stdlib_root()
+    stats = [(n, os.stat(root / n).st_size) for n in (*TRAIN_FILES, *VALID_FILES)]
+    return Texts(hashlib.blake2b(repr((str(root), stats)).encode(), digest_size=16).hexdigest(),
+                 lambda: document_texts([Document(root / n, n) for n in TRAIN_FILES], "text"),
+                 lambda: document_texts([Document(root / n, n) for n in VALID_FILES], "text"))
+
+
+def source_texts(source: Source, valid_fraction: float) -> Texts:
+    """A `path` corpus as the two splits' texts; the files are listed and split only when
+    the shards are written (a prepared corpus is found from its files' sizes and times)."""
+    split = functools.cache(lambda: source.split(valid_fraction))
+
+    def part(which: int):
+        if split() is None:  # one plain text file, cut by position
+            file = pathlib.Path(source.path)
+            cut = int(file.stat().st_size * (1 - valid_fraction))
+            return file_pieces(file, *((0, cut), (cut, None))[which])
+        return document_texts(split()[which], source.text_field)
+
+    key = hashlib.blake2b(f"{source.fingerprint()}|{valid_fraction}".encode(), digest_size=16).hexdigest()
+    return Texts(key, lambda: part(0), lambda: part(1))
+
+
 class TextParams(TaskParams):
-    train_length: int = Field(128, ge=2, description="bytes per training window (the model's sequence length)")
-    path: str | None = Field(None, description="a text file to model; default: Python stdlib sources (see module)")
-    valid_fraction: float = Field(0.1, gt=0, lt=1, description="with path: share of the file (its end) held out; "
-                                  "in tuning runs also the share of the training text (its end) they validate on")
+    train_length: int = Field(128, ge=2, description="tokens per training window (the model's sequence length)")
+    path: str | None = Field(None, description="the corpus: a text file, a folder or glob of files, .jsonl / .parquet "
+                             "records or a saved `datasets` folder, relative to the study file; default: Python "
+                             "stdlib sources (see module)")
+    text_field: str = Field("text", description="jsonl / parquet / datasets: the field holding a document's text")
+    tokenizer: str = Field("bytes", description="bytes, bpe (trained on the training documents) or a "
+                           "tokenizer.json path (relative to the study file)")
+    vocab_size: int = Field(4096, ge=257, le=2**20, description="bpe: the most tokens the trained vocabulary holds")
+    valid_fraction: float = Field(0.1, gt=0, lt=1, description="with path: share of the documents held out (of a "
+                                  "single file: its end); in tuning runs also the share of the training text (its "
+                                  "end) they validate on")
     decode_strategy: Literal["greedy", "sample"] = Field(
         "greedy", description="how continuations for distinct_2 / repetition_4 are decoded")
     temperature: float = Field(1.0, gt=0, description="sample: divide logits by this (< 1 sharper, > 1 flatter)")
@@ -92,8 +153,25 @@ class TextParams(TaskParams):
                                 "probability (nucleus); null: all")
     decode_samples: int = Field(16, ge=0, description="evaluation windows continued by the model per evaluation "
                                 "(0: no generation; distinct_2 and repetition_4 are NaN)")
-    decode_tokens: int = Field(32, ge=4, description="bytes the model writes after each prompt (the window's "
-                               "last bytes; at most half the window)")
+    decode_tokens: int = Field(32, ge=4, description="tokens the model writes after each prompt (the window's "
+                               "last tokens; at most half the window)")
+
+    @field_validator("tokenizer")
+    @classmethod
+    def _tokenizer(cls, value: str) -> str:
+        if value not in ("bytes", "bpe") and not value.endswith(".json"):
+            raise ValueError(f"tokenizer must be bytes, bpe or a tokenizer.json path, got {value!r}")
+        return value
+
+    @model_serializer(mode="wrap")
+    def _unchanged_ids(self, handler) -> dict[str, Any]:
+        """Fields added after runs were stored stay out of the task section at their default,
+        so the runs of every earlier study keep their ids."""
+        out = handler(self)
+        return {k: v for k, v in out.items() if k not in LATER_FIELDS or v != type(self).model_fields[k].default}
+
+
+LATER_FIELDS = ("text_field", "tokenizer", "vocab_size")
 
 
 def ngrams(seq: Sequence[int], n: int) -> list[tuple[int, ...]]:
@@ -114,36 +192,71 @@ def repetition_n(seqs: Sequence[Sequence[int]], n: int) -> float:
 
 
 class TextLM(Task):
-    """Byte-level language model on a text file (default: Python's stdlib sources)."""
+    """A language model on a corpus (default: Python's stdlib sources, by byte)."""
 
     name = "text_lm"
     Params = TextParams
     families = ("decoder",)
     metrics = {"bpc": False, "bpc_tail": False, "perplexity": False, "distinct_2": True, "repetition_4": False}
-    hold_out = False  # the split is by file (or by position in the file), not by example
+    hold_out = False  # the split is by document (or by position in one file), not by example
+    gate_baselines = (INPUT_IGNORING, BIGRAM)  # why the 2-gram: the module docstring
 
     def __init__(self, params: TextParams, **kw):
         super().__init__(params, **kw)
-        self._set_vocab([byte_name(b) for b in range(256)])
-        self.first_byte = self.token_id[byte_name(0)]
-        self.train_text, self.valid_text = self._load()
+        self.first_token = len(SPECIALS)  # token id of the tokenizer's id 0
+        if params.path is None and params.tokenizer == "bytes":  # small: read whole, as always
+            root = stdlib_root()
+            self.train_text, self.valid_text = read_files(root, TRAIN_FILES), read_files(root, VALID_FILES)
+            self.corpus_key, names, ratios = f"stdlib:{root}", [byte_name(b) for b in range(256)], (1.0, 1.0)
+        else:
+            shards = self.shards()
+            self.train_text, self.valid_text = shards.tokens("train"), shards.tokens("val")
+            tokenizer = shards.tokenizer()
+            self.corpus_key = shards.folder.name
+            names = [n if n not in SPECIALS else f"{n}#{i}" for i, n in enumerate(tokenizer.token_names())]
+            ratios = (shards.tokens_per_byte("train"), shards.tokens_per_byte("val"))
+        self._set_vocab(names)
+        self.tokens_per_byte = ratios[1]  # of the split scored
         if self.split == VALIDATION:  # a tuning run: score on the training text's tail, never on the evaluation text
             cut = int(len(self.train_text) * (1 - self.params.valid_fraction))
             self.train_text, self.valid_text = self.train_text[:cut], self.train_text[cut:]
+            self.tokens_per_byte = ratios[0]
 
-    def _load(self) -> tuple[np.ndarray, np.ndarray]:
-        if self.params.path is None:
-            root = pathlib.Path(sysconfig.get_paths()["stdlib"])
-            return read_files(root, TRAIN_FILES), read_files(root, VALID_FILES)
-        path = pathlib.Path(self.params.path).expanduser()
-        if not path.is_file():
-            raise SpecError("task.path", f"no such file: {path}")
-        data = np.frombuffer(path.read_bytes(), dtype=np.uint8)
-        cut = int(len(data) * (1 - self.params.valid_fraction))
-        return data[:cut], data[cut:]
+    def shards(self, progress: bool | None = None) -> Shards:
+        """The corpus tokenized on disk (tokenized first when it is not yet): a bar on a terminal."""
+        p = self.params
+        if p.path is None:
+            texts = stdlib_texts()
+        else:
+            path = os.path.expanduser(p.path)
+            if not os.path.exists(path) and not any(c in path for c in "*?["):
+                raise SpecError("task.path", f"no such file or folder: {path}")
+            texts = source_texts(Source(path, p.text_field), p.valid_fraction)
+        if p.tokenizer.endswith(".json") and not os.path.isfile(p.tokenizer):
+            raise SpecError("task.tokenizer", f"no such file: {p.tokenizer}")
+        return prepare(texts, p.tokenizer, p.vocab_size, sys.stderr.isatty() if progress is None else progress)
+
+    def prepare(self) -> str:
+        shards = self.shards(progress=True) if self.params.path is not None or self.params.tokenizer != "bytes" else None
+        if shards is None:
+            return f"text_lm: the default corpus is read from {stdlib_root()} (nothing to prepare)"
+        counts = shards.meta["splits"]
+        return (f"text_lm: {counts['train']['tokens']:,} training and {counts['val']['tokens']:,} validation tokens "
+                f"({shards.meta['dtype']}, vocabulary {shards.meta['vocab_size']:,}) in {shards.folder}")
+
+    @classmethod
+    def resolve_paths(cls, section: dict[str, Any], folder: pathlib.Path) -> dict[str, Any]:
+        """`path` and a tokenizer.json relative to `folder` (the study file's)."""
+        out = dict(section)
+        for key in ("path", "tokenizer"):
+            value = out.get(key)
+            if isinstance(value, str) and (key == "path" or value.endswith(".json")):
+                value = os.path.expanduser(value)
+                out[key] = value if os.path.isabs(value) else os.path.join(folder, value)
+        return out
 
     def _window(self, text: np.ndarray, start: int, length: int) -> Example:
-        return Example((), tuple((text[start: start + length].astype(np.int64) + self.first_byte).tolist()))
+        return Example((), tuple((np.asarray(text[start: start + length]).astype(np.int64) + self.first_token).tolist()))
 
     def _check_fits(self, text: np.ndarray, length: int, which: str) -> None:
         if len(text) < length:
@@ -154,22 +267,28 @@ class TextLM(Task):
         self._check_fits(text, length, "training" if training else "validation")
         return self._window(text, int(rng.integers(0, len(text) - length + 1)), length)
 
+    def eval_starts(self, length: int) -> np.ndarray:
+        """Where the evaluation windows start: `n_eval` offsets spread evenly over the validation text."""
+        self._check_fits(self.valid_text, length, "validation")
+        return np.linspace(0, len(self.valid_text) - length, self.params.n_eval).astype(int)
+
     def eval_examples(self, length):
         if length not in self._eval_cache:
-            self._check_fits(self.valid_text, length, "validation")
-            starts = np.linspace(0, len(self.valid_text) - length, self.params.n_eval).astype(int)
-            self._eval_cache[length] = [self._window(self.valid_text, int(s), length) for s in starts]
+            self._eval_cache[length] = [self._window(self.valid_text, int(s), length) for s in self.eval_starts(length)]
         return self._eval_cache[length]
 
     def format_decoder(self, ex):
         return list(ex.target), [False] + [True] * (len(ex.target) - 1)
 
     def extra_metrics(self, model, batches, family, scores):
-        return {"bpc": scores["loss"] / math.log(2), "bpc_tail": self.tail_bpc(model, batches, family),
+        return {"bpc": self.bits_per_byte(scores["loss"]), "bpc_tail": self.tail_bpc(model, batches, family),
                 "perplexity": math.exp(scores["loss"]), **self.decoding_metrics(model, batches)}
 
+    def bits_per_byte(self, nats_per_token: float) -> float:
+        return nats_per_token / math.log(2) * self.tokens_per_byte
+
     def tail_bpc(self, model, batches, family) -> float:
-        """Bits per byte over the window's bytes at indices >= train_length (NaN when none)."""
+        """Bits per byte over the window's tokens at indices >= train_length (NaN when none)."""
         # scored() drops the first byte (it has no prediction): window index = scored index + 1.
         first = self.params.train_length - 1
         if batches[0]["tokens"].shape[1] - 1 <= first:
@@ -180,7 +299,7 @@ class TextLM(Task):
             loss = F.cross_entropy(logits.float().transpose(1, 2), targets, reduction="none")  # [B, tail]
             nats += float(loss[mask].sum())
             count += int(mask.sum())
-        return nats / count / math.log(2)
+        return self.bits_per_byte(nats / count)
 
     def continuations(self, model, batches) -> list[list[int]]:
         """The model's continuations of the first `decode_samples` evaluation windows (their
@@ -202,14 +321,34 @@ class TextLM(Task):
         return {"distinct_2": distinct_n(written, 2), "repetition_4": repetition_n(written, 4)}
 
     def chance(self, family, length):
-        """A unigram model's scores: byte frequencies of the training text (add-one smoothed
-        over the 256 bytes), scored on the bytes the evaluation windows score. Decoding
-        metrics have no chance level."""
-        counts = np.bincount(self.train_text, minlength=256) + 1.0
-        log_p = np.log(counts / counts.sum())
-        scored = [np.asarray(row) - self.first_byte for row in self.scored_targets(self.eval_examples(length), family)]
-        loss = float(-log_p[np.concatenate(scored)].mean())
-        return {"loss": loss, "bpc": loss / math.log(2), "perplexity": math.exp(loss)}
+        """A unigram model's scores: token frequencies of the training text (add-one smoothed
+        over the vocabulary; counted as the n-gram models count, workbench.tasks.ngram),
+        scored on the tokens the evaluation windows score. Decoding metrics have no chance level."""
+        return self.baselines(family, length)[INPUT_IGNORING]
+
+    def baselines(self, family, length):
+        """The unigram (`chance`) and the n-gram models of NGRAM_ORDERS (module docstring)."""
+        self.check_family(family)
+        key = (self.corpus_key, self.split, length, self.params.n_eval)  # the windows are the same for every seed
+        if key not in BASELINES:  # a report builds the task once per seed
+            BASELINES[key] = self.score_baselines(length)
+        return BASELINES[key]
+
+    def score_baselines(self, length: int) -> dict[str, dict[str, float]]:
+        size = len(self.vocab) - self.first_token
+        windows = np.stack([np.asarray(self.valid_text[s: s + length]) for s in self.eval_starts(length)])
+        orders = [n for n in NGRAM_ORDERS if fits(size, n)]
+        model = WittenBell(self.train_text, max(orders), size)  # the lower orders are its counts
+        counts = np.zeros(size)
+        counts[model.levels[0].keys.astype(np.int64)] = model.levels[0].counts
+        log_p = np.log((counts + 1) / (counts.sum() + size))  # add-one over the vocabulary
+        out = {INPUT_IGNORING: self.level(float(-log_p[windows[:, 1:]].mean()))}
+        for n in orders:
+            out[f"{n}-gram"] = self.level(float(-model.log_probs(windows, n).mean()))
+        return out
+
+    def level(self, loss: float) -> dict[str, float]:
+        return {"loss": loss, "bpc": self.bits_per_byte(loss), "perplexity": math.exp(loss)}
 
 
 @hookimpl

@@ -6,11 +6,13 @@ Every helper works for any registered variant, so tests parametrized over the re
 
 from __future__ import annotations
 
+import os
 import types
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import pytest
 import torch
 from torch import Tensor
 
@@ -18,6 +20,15 @@ from workbench import build_model, hookimpl, registry
 from workbench.model.cache import KVCache
 from workbench.model.transformer import EncoderDecoderModel, Positions, Transformer
 from workbench.registry import variants
+from workbench.tasks.tokens import DATA_DIR_ENV
+
+
+
+@pytest.fixture(autouse=True, scope="session")
+def token_shards_in_a_temporary_folder(tmp_path_factory):
+    """Tests (and the runs they spawn) never write token shards under the user's ~/.cache."""
+    os.environ[DATA_DIR_ENV] = str(tmp_path_factory.mktemp("token-shards"))
+
 
 FAMILIES = ("encoder", "decoder", "encoder_decoder")
 GENERATIVE = ("decoder", "encoder_decoder")

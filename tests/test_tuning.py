@@ -94,7 +94,7 @@ def test_text_lm_tuning_runs_validate_on_the_training_texts_tail(tmp_path):
     assert cut == int(len(plain.train_text) * 0.75)
     assert (tuning.train_text.tobytes() + tuning.valid_text.tobytes()) == plain.train_text.tobytes()
     # scored on the training text's tail, never on the evaluation text; trained before the cut
-    first = plain.first_byte
+    first = plain.first_token
     windows = [bytes(b - first for b in ex.target) for ex in tuning.eval_examples(16)]
     assert all(w in tuning.valid_text.tobytes() for w in windows)
     batch = tuning.train_batch(0, 64, "decoder")["tokens"] - first

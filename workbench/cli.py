@@ -261,6 +261,35 @@ def validate_command(study: str, profile: str | None, overrides: tuple[str, ...]
         click.echo(f"note: {need.note(machine)}", err=True)
 
 
+@main.command("prepare")
+@click.argument("study")
+@click.option("--profile", default=None, help="prepare for the study with its named overrides applied")
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
+              help="override a study field (after --profile); repeatable")
+def prepare_command(study: str, profile: str | None, overrides: tuple[str, ...]) -> None:
+    """Make the data of STUDY's tasks ready on disk (e.g. tokenize a corpus into shards) before a
+    run needs it; what is ready is reused, and an interrupted preparation goes on where it stopped."""
+    import copy
+
+    from workbench.registry import get_variant
+    from workbench.study import load_study, task_section
+    from workbench.study.keys import canonical_json, set_dotted
+
+    study_obj = load_study(study, profile, overrides).study
+    sections = {}
+    for point in study_obj.sweep.points() if hasattr(study_obj, "sweep") else []:
+        raw = {"task": copy.deepcopy(study_obj.task)}
+        for key, value in point.items():
+            if key.startswith("task."):
+                set_dotted(raw, key, value)
+        section = task_section(raw["task"])
+        sections[canonical_json(section)] = section
+    for section in sections.values():
+        cls = get_variant("task", section["name"])
+        task = cls(cls.Params.model_validate({k: v for k, v in section.items() if k != "name"}), seed=0)
+        click.echo(task.prepare() or f"{section['name']}: the task generates its data; nothing to prepare")
+
+
 @main.command("results")
 @click.argument("out_dir")
 @click.option("--format", "fmt", type=click.Choice(["csv", "json"]), default="csv", show_default=True)

@@ -468,6 +468,33 @@ class StudyFile:
         return digest(self.study.run_defining())
 
 
+def with_task_paths(data: dict[str, Any], folder: Path) -> dict[str, Any]:
+    """The study data with the files its task names, in the task section and in swept
+    `task.*` values, taken relative to `folder` (the study file's), not to the working
+    directory (`Task.resolve_paths`)."""
+    task = data.get("task")
+    if not (isinstance(task, Mapping) and isinstance(task.get("name"), str) and task["name"] in variants("task")):
+        return data
+    cls = variants("task")[task["name"]]
+
+    def values(key: Any, given: Any) -> Any:
+        if not (isinstance(key, str) and key.startswith("task.") and isinstance(given, list)):
+            return given
+        field = key.removeprefix("task.")
+        return [cls.resolve_paths({field: value}, folder)[field] for value in given]
+
+    def group(keys: Any) -> Any:
+        return {k: values(k, v) for k, v in keys.items()} if isinstance(keys, Mapping) else keys
+
+    out = {**data, "task": cls.resolve_paths(dict(task), folder)}
+    sweep = data.get("sweep")
+    if isinstance(sweep, Mapping):
+        zipped = sweep.get("zip")
+        out["sweep"] = {**group(sweep), **({"zip": [group(g) for g in zipped] if isinstance(zipped, list)
+                                             else group(zipped)} if "zip" in sweep else {})}
+    return out
+
+
 def load_study(path: str | Path, profile: str | None = None, overrides: tuple[str, ...] | list[str] = ()) -> StudyFile:
     """Read and validate a study file, with a profile's and then the command line's overrides
     applied. Raises StudyError (a WorkbenchError) with file and line."""
@@ -482,6 +509,7 @@ def load_study(path: str | Path, profile: str | None = None, overrides: tuple[st
     overrides = tuple(overrides)
     if overrides:
         data = apply_overrides(data, overrides, file, lines)
+    data = with_task_paths(data, path.absolute().parent)
     kind = data.get("kind", "train")
     if kind not in study_kinds():
         raise StudyError(file, lines.line("kind"),

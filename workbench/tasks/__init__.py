@@ -4,6 +4,9 @@
     metrics.py    each metric's range, and the sums an evaluation adds up (`Tally`)
     baselines.py  predictors that cannot solve a task, scored as a model is
     symbols.py    the symbol tasks' base (copy, reverse, sort) and their baselines
+    ngram.py      interpolated Witten-Bell n-gram models (the language-model baselines)
+    corpus.py     text corpora: files, folders, globs, jsonl / parquet / datasets; the split by document
+    tokens.py     tokenizers (bytes, BPE, tokenizer.json) and token shards on disk
 
 A task plugin imports what it needs from here (`from workbench.tasks import Task`).
 """

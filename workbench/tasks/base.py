@@ -143,6 +143,9 @@ class Task(Variant):
     decoder_eos: ClassVar[bool] = True  # decoder: the target ends with a scored <eos>
     hold_out: ClassVar[bool] = True  # training skips examples whose source is in a held-out set
     ranges: ClassVar[dict[str, tuple[float, float]]] = METRIC_RANGES  # a task with new metrics extends it
+    gate_baselines: ClassVar[tuple[str, ...] | None] = None
+    """names of the baselines the learned gate measures against (the strongest of them); None: every
+    baseline; the others are shown beside each group but do not gate"""
 
     pad_id, bos_id, eos_id, sep_id = 0, 1, 2, 3
 
@@ -177,6 +180,17 @@ class Task(Variant):
     def example(self, rng: np.random.Generator, length: int, training: bool) -> Example:
         """One example. `length` is train_length when training, an eval length otherwise."""
         raise NotImplementedError
+
+    @classmethod
+    def resolve_paths(cls, section: dict[str, Any], folder: pathlib.Path) -> dict[str, Any]:
+        """The study's task section (raw, before validation) with the files it names made
+        relative to `folder`, the study file's; a task that reads no files returns it as is."""
+        return section
+
+    def prepare(self) -> str | None:
+        """Make the task's data ready on disk (e.g. tokenize a corpus) and say in one line what
+        is ready; None: the task generates its data and has nothing to prepare."""
+        return None
 
     def model_overrides(self, family: str) -> dict[str, Any]:
         """Model spec fields this task fixes, merged into the study's model spec."""

@@ -1,0 +1,226 @@
+"""Text corpora: where a language model's documents come from, and their split by document.
+
+A source is named by one `path` (absolute; the study loader resolves a relative one against
+the study file's folder):
+
+    a text file          one document (split by position: its last `valid_fraction` of bytes)
+    a folder             every file under it, recursively (hidden ones skipped), by the rules here
+    a glob               every file it matches (`corpus/**/*.md`)
+    *.jsonl / *.json     one document per line: the record's `text_field` (JSON Lines)
+    *.parquet            one document per row of the `text_field` column (read in record batches)
+    a `datasets` folder  one saved by HuggingFace `datasets`' `save_to_disk` (a Dataset or
+                         every split of a DatasetDict): one document per row's `text_field`
+
+Every other file is read as text, one document. jsonl and parquet are read here directly
+(json, pyarrow), which is what `datasets.load_dataset("json" | "parquet", data_files=...)`
+would load; `datasets` itself is needed only for a saved dataset (`pip install
+'transformer-workbench[data]'`).
+
+The split is by document, never inside one: the validation documents are the
+ceil(valid_fraction * N) whose BLAKE2b hash of their name (file path relative to the source,
+plus the record's index) is smallest, a fixed pseudo-random draw that does not depend on
+the order files are listed in. A corpus of one plain text file is one document, so it is cut
+by position as before.
+
+A document is read in pieces of about PIECE_BYTES, cut after a line break, so a corpus of
+gigabytes is never held in memory whole.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import json
+import math
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from workbench.errors import SpecError, WorkbenchError
+
+PIECE_BYTES = 1 << 20
+RECORD_SUFFIXES = (".jsonl", ".json", ".parquet")
+DATASETS_MARKERS = ("dataset_info.json", "dataset_dict.json")  # what save_to_disk writes
+
+
+@dataclass(frozen=True)
+class Document:
+    """One document of a source: a file, or one record (`index`) of a records file."""
+
+    file: Path
+    name: str  # relative to the source: the split draws on it
+    index: int | None = None  # the record's index in its file; None: the whole file
+
+
+def is_datasets_folder(path: Path) -> bool:
+    return path.is_dir() and any((path / marker).is_file() for marker in DATASETS_MARKERS)
+
+
+@dataclass(frozen=True)
+class Source:
+    """The documents under one `path`, and the field that holds a record's text."""
+
+    path: str
+    text_field: str = "text"
+
+    def files(self) -> list[Path]:
+        """The files of the source, sorted (a saved `datasets` folder is one entry)."""
+        path = Path(self.path)
+        if path.is_file() or is_datasets_folder(path):
+            return [path]
+        if path.is_dir():
+            found = [p for p in path.rglob("*") if p.is_file()
+                     and not any(part.startswith(".") for part in p.relative_to(path).parts)]
+        else:
+            found = [Path(p) for p in glob.glob(self.path, recursive=True) if Path(p).is_file()]
+        if not found:
+            raise SpecError("task.path", f"no such file, folder or matching files: {self.path}")
+        return sorted(found)
+
+    def root(self) -> Path:
+        """The folder document names are relative to."""
+        path = Path(self.path)
+        if path.is_dir():
+            return path
+        if path.is_file():
+            return path.parent
+        parts = Path(self.path).parts
+        fixed = next(i for i, part in enumerate(parts) if any(c in part for c in "*?["))
+        return Path(*parts[:fixed])  # the glob's folders before its first wildcard
+
+    def fingerprint(self) -> str:
+        """A digest of what the source holds: each file's name, size and modification time (a
+        changed file means a new tokenization), and the text field."""
+        digest = hashlib.blake2b(self.text_field.encode(), digest_size=16)
+        for file in self.files():
+            stats = [os.stat(f) for f in ([file] if file.is_file() else sorted(file.rglob("*")))]
+            digest.update(f"{file}|{[(s.st_size, s.st_mtime_ns) for s in stats]}\n".encode())
+        return digest.hexdigest()
+
+    def documents(self) -> list[Document]:
+        documents = []
+        root = self.root()
+        for file in self.files():
+            name = str(file.relative_to(root)) if file.is_relative_to(root) else str(file)
+            if is_datasets_folder(file) or file.suffix in RECORD_SUFFIXES:
+                documents += [Document(file, f"{name}#{i}", i) for i in range(record_count(file, self.text_field))]
+            else:
+                documents.append(Document(file, name))
+        return documents
+
+    def split(self, valid_fraction: float) -> tuple[list[Document], list[Document]] | None:
+        """(training, validation) documents; None for a corpus of one plain text file (cut by position)."""
+        documents = self.documents()
+        if len(documents) == 1 and documents[0].index is None:
+            return None
+        if len(documents) < 2:
+            raise WorkbenchError(f"task.path: {self.path} holds {len(documents)} document(s); a split by document "
+                                 "needs at least 2")
+        ranked = sorted(documents, key=lambda d: hashlib.blake2b(d.name.encode(), digest_size=8).digest())
+        n_valid = min(len(documents) - 1, math.ceil(valid_fraction * len(documents)))
+        valid = set(ranked[:n_valid])
+        return [d for d in documents if d not in valid], [d for d in documents if d in valid]
+
+
+def record_count(file: Path, field: str) -> int:
+    """Records in a jsonl / parquet file or a saved dataset (checking that they have `field`)."""
+    if file.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        meta = pq.ParquetFile(file)
+        if field not in meta.schema_arrow.names:
+            raise SpecError("task.text_field", f"{file} has no column {field!r}", meta.schema_arrow.names)
+        return meta.metadata.num_rows
+    if is_datasets_folder(file):
+        return sum(len(part) for part in dataset_parts(file, field))
+    with open(file, "rb") as lines:
+        return sum(1 for line in lines if line.strip())
+
+
+def dataset_parts(folder: Path, field: str):
+    """The Dataset(s) a save_to_disk folder holds (every split of a DatasetDict), checked for `field`."""
+    try:
+        import datasets
+    except ImportError:
+        raise WorkbenchError(f"task.path: {folder} is a saved `datasets` dataset; reading it needs "
+                             "`pip install 'transformer-workbench[data]'`") from None
+    loaded = datasets.load_from_disk(str(folder))
+    parts = list(loaded.values()) if isinstance(loaded, datasets.DatasetDict) else [loaded]
+    for part in parts:
+        if field not in part.column_names:
+            raise SpecError("task.text_field", f"{folder} has no column {field!r}", part.column_names)
+    return parts
+
+
+def pieces(data: bytes, size: int = PIECE_BYTES) -> Iterator[bytes]:
+    """`data` in pieces of about `size` bytes, each cut after a line break where there is one."""
+    start = 0
+    while start < len(data):
+        end = start + size
+        if end < len(data):
+            cut = data.rfind(b"\n", start, end)
+            end = cut + 1 if cut >= start else end
+        yield data[start:end]
+        start = end
+
+
+def file_pieces(file: Path, start: int = 0, stop: int | None = None) -> Iterator[bytes]:
+    """Bytes [start, stop) of a file, in pieces cut after line breaks."""
+    remaining = (file.stat().st_size if stop is None else stop) - start
+    with open(file, "rb") as handle:
+        handle.seek(start)
+        carry = b""
+        while remaining > 0 and (block := handle.read(min(PIECE_BYTES, remaining))):
+            remaining -= len(block)
+            block = carry + block
+            cut = (block.rfind(b"\n") + 1 or len(block)) if remaining > 0 else len(block)
+            yield block[:cut]
+            carry = block[cut:]
+        if carry:
+            yield carry
+
+
+def record_texts(file: Path, field: str, wanted: set[int]) -> Iterator[tuple[int, bytes]]:
+    """(index, UTF-8 text) of the records of `file` whose index is in `wanted`, in file order."""
+    if file.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        index = 0
+        for batch in pq.ParquetFile(file).iter_batches(columns=[field], batch_size=1024):
+            for text in batch.column(0).to_pylist():
+                if index in wanted:
+                    yield index, str(text or "").encode()
+                index += 1
+    elif is_datasets_folder(file):
+        index = 0
+        for part in dataset_parts(file, field):
+            for row in part.select_columns([field]).iter(batch_size=1024):
+                for text in row[field]:
+                    if index in wanted:
+                        yield index, str(text or "").encode()
+                    index += 1
+    else:
+        with open(file, "rb") as lines:
+            for index, line in enumerate(line for line in lines if line.strip()):
+                if index in wanted:
+                    record = json.loads(line)
+                    if not isinstance(record, dict) or field not in record:
+                        raise SpecError("task.text_field", f"{file}: record {index} has no field {field!r}",
+                                        list(record) if isinstance(record, dict) else None)
+                    yield index, str(record[field] or "").encode()
+
+
+def document_texts(documents: list[Document], field: str) -> Iterator[bytes]:
+    """Each document's text in pieces, documents in order (records of one file read in one pass)."""
+    by_file: dict[Path, list[Document]] = {}
+    for doc in documents:
+        by_file.setdefault(doc.file, []).append(doc)
+    for file, docs in by_file.items():
+        if docs[0].index is None:
+            yield from file_pieces(file)
+            yield b"\n"  # documents are joined by a line break, as the default corpus is
+        else:
+            for _, text in record_texts(file, field, {d.index for d in docs}):
+                yield from pieces(text)
+                yield b"\n"
