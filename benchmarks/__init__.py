@@ -3,6 +3,7 @@
     python -m benchmarks.attention_scaling   cost exponents of attention variants (E1, E3, E4)
     python -m benchmarks.decode              KV-cache decode latency and bytes (E10, P9, P10)
     python -m benchmarks.gpu                 the GPU check (--device cpu --tiny: its smoke run)
+    bash benchmarks/gpu_check.sh OUT         on a GPU machine: install, the GPU check, the CUDA tests, a study
     python -m benchmarks.quickstart          what `make quickstart` costs (--compare: same numbers?)
 
 Results are written as JSON under benchmarks/results/; benchmarks/README.md records what was
