@@ -17,7 +17,7 @@
 #   --steps LIST        comma-separated subset of: install,tests,benchmark,study (default: all)
 #   --sections "A B"    only these sections of python -m benchmarks.gpu (its --only)
 #   --tests "ARGS"      pytest arguments instead of the CUDA test files
-#   --budget STEP=S     a step's budget in seconds, repeatable (install 60, tests 100, benchmark 240, study 60)
+#   --budget STEP=S     a step's budget in seconds, repeatable (install 45, tests 90, benchmark 270, study 60)
 #   --total S           hard limit of the whole script in seconds (default 480)
 #   --python PATH       the Python with torch (default python3)
 #
@@ -32,9 +32,11 @@ usage() { sed -n '2,/^set -u/p' "$0" | sed '$d; s/^# \{0,1\}//'; }
 die() { echo "gpu_check.sh: $*" >&2; exit 2; }
 
 STEPS="install tests benchmark study"
-declare -A BUDGET=([install]=60 [tests]=100 [benchmark]=240 [study]=60)
+# install: ~16 small wheels and the project; tests: 24 FlexAttention compiles on 4 workers; benchmark:
+# ~5 minutes if every section runs, so its last (decode, no goal) may be cut, the others kept
+declare -A BUDGET=([install]=45 [tests]=90 [benchmark]=270 [study]=60)
 TOTAL=480
-RESERVE=20   # seconds kept back from the steps for collecting results and writing check.json
+RESERVE=15   # seconds kept back from the steps for collecting results and writing check.json
 GRACE=5      # after a step's budget, SIGTERM; this much later, SIGKILL
 DEVICE=cuda TINY="" INSTALL=1 WHEELS="" COMMIT="" SECTIONS="" TEST_ARGS="" PYTHON=python3 OUT_DIR="${OUT:-}"
 ARGV="bash benchmarks/gpu_check.sh $*"
