@@ -52,5 +52,7 @@ def write_json(name: str, payload: dict[str, Any], path: str | Path | None = Non
     body = {"command": " ".join([Path(sys.executable).name, "-m", f"benchmarks.{name}", *sys.argv[1:]]),
             "machine": machine(), **payload}
     body["checks"] = [dict(asdict(c), passed=c.passed) for c in payload.get("checks", [])]
-    out.write_text(json.dumps(body, indent=2, default=str))
+    partial = out.with_name(out.name + ".partial")  # a run stopped while writing leaves the last whole file
+    partial.write_text(json.dumps(body, indent=2, default=str))
+    partial.replace(out)
     return out

@@ -5,8 +5,8 @@
     python -m benchmarks.gpu_check same-torch BEFORE AFTER    # exit 1, loudly, if it changed
     python -m benchmarks.gpu_check summary OUT SCRATCH ...    # OUT/check.json from the steps
 
-Standard library only (torch is imported inside `info` alone), so that it runs before the
-project is installed and after an install that broke something.
+Standard library only (torch is imported inside `info`, packaging inside the install's last
+check), so that it runs before the project is installed and after an install that broke something.
 """
 
 from __future__ import annotations
@@ -22,9 +22,12 @@ import tempfile
 import time
 import tomllib
 import xml.etree.ElementTree as ET
+from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
 from typing import Any
+
+from benchmarks import Check
 
 ROOT = Path(__file__).resolve().parent.parent
 # What the shell script writes into the output folder (the device tool brings back 8 files).
@@ -56,6 +59,7 @@ def torch_replaced(before: dict[str, Any], after: dict[str, Any]) -> str | None:
     keys = ("torch", "cuda", "location")
     if all(before.get(key) == after.get(key) for key in keys):
         return None
+
     def show(info):
         return info.get("error") or f"torch {info.get('torch')} (CUDA {info.get('cuda')}) in {info.get('location')}"
     return f"torch was replaced by the install: before {show(before)}, after {show(after)}"
@@ -141,7 +145,7 @@ def install(before: dict[str, Any], wheels: Path | None, record: Path) -> int:
 # ---- reading the steps' outputs ----------------------------------------------------------------------
 
 
-def test_counts(junit: Path, log: Path) -> dict[str, Any]:
+def pytest_counts(junit: Path, log: Path) -> dict[str, Any]:
     """pytest's counts (passed, failed, errors, skipped) from its junit XML; when pytest was
     stopped before writing it, from the outcome words of the verbose log (tests that finished)."""
     if junit.is_file():
@@ -178,8 +182,7 @@ def benchmark_summary(path: Path) -> dict[str, Any]:
                failed={name: section["error"] for name, section in sections.items() if "error" in section},
                not_reached=[name for name in asked if name not in result],
                seconds={name: round(section.get("section_s", 0), 1) for name, section in sections.items()},
-               checks=[f"{'PASS' if c['passed'] else 'FAIL'}  {c['what']} = {c['value']:.3f} (required {c['op']} {c['bound']:g})"
-                       for c in result.get("checks", [])])
+               checks=[Check(c["what"], c["value"], c["op"], c["bound"]).line() for c in result.get("checks", [])])
     runs = sections.get("train_quickstart", {}).get("runs", [])
     if runs:
         out["quickstart_tokens_per_s"] = {", ".join(f"{v}" for v in run["swept"].values()) or run["run_id"]:
@@ -191,13 +194,19 @@ def study_summary(path: Path) -> dict[str, Any]:
     """The study step's runs (`workbench results --format json`): status, speed, memory instrument."""
     if not path.is_file():
         return dict(source=None)
-    try:
-        rows = json.loads(path.read_text() or "[]")
-    except json.JSONDecodeError as err:
-        return dict(source=path.name, error=f"not JSON: {err}")
+    rows = json.loads(path.read_text() or "[]")
     keep = ("run_id", "status", "tokens_per_s", "peak_memory_bytes", "peak_memory_instrument", "wall_time_s", "error")
     return dict(source=path.name, statuses={s: sum(r["status"] == s for r in rows) for s in {r["status"] for r in rows}},
                 runs=[{key: row.get(key) for key in keep} for row in rows])
+
+
+def readable(read: Callable[..., dict[str, Any]], path: Path, *more: Path) -> dict[str, Any]:
+    """`read(path, *more)`, or what made the file unreadable (a step stopped while writing it):
+    check.json is written whatever the steps left."""
+    try:
+        return read(path, *more)
+    except Exception as err:  # noqa: BLE001 - any damage to one output must not cost the record
+        return dict(source=path.name, error=f"unreadable: {type(err).__name__}: {err}")
 
 
 def read_steps(path: Path) -> dict[str, dict[str, Any]]:
@@ -212,6 +221,7 @@ def read_steps(path: Path) -> dict[str, dict[str, Any]]:
 
 def git_commit() -> tuple[str | None, bool | None]:
     """HEAD and whether tracked files differ from it; (None, None) outside a git checkout."""
+
     def git(*args):
         return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=30)
     try:
@@ -252,8 +262,9 @@ def summary(out: Path, scratch: Path, args: argparse.Namespace) -> dict[str, Any
         torch_before_install=before, torch_after_install=after, torch_replaced=replaced,
         install=json.loads((scratch / "install.json").read_text()) if (scratch / "install.json").is_file() else None,
         steps=steps,
-        tests=test_counts(out / FILES["junit"], out / "tests.log"),
-        benchmark=benchmark_summary(out / FILES["benchmark"]), study=study_summary(out / FILES["study"]),
+        tests=readable(pytest_counts, out / FILES["junit"], out / "tests.log"),
+        benchmark=readable(benchmark_summary, out / FILES["benchmark"]),
+        study=readable(study_summary, out / FILES["study"]),
         passed=bool(ran) and all(step["status"] == "passed" for step in ran),
     )
     (out / FILES["check"]).write_text(json.dumps(record, indent=2, default=str))
@@ -268,20 +279,22 @@ def print_summary(record: dict[str, Any]) -> None:
         budget = f" of {step['budget_s']} s" if step["budget_s"] is not None else ""
         print(f"  {name:<10} {step['status']:<8} {step['seconds']:6.1f} s{budget}"
               + (f"  rc {step['rc']}" if step["rc"] else "") + (f"  ({step['note']})" if step["note"] else ""))
-    tests = record["tests"]
-    if tests.get("source"):
+    tests, bench = record["tests"], record["benchmark"]
+    for name, part in (("tests", tests), ("benchmark", bench), ("study", record["study"])):
+        if "error" in part:
+            print(f"  {name}: {part['source']} {part['error']}")
+    if tests.get("source") and "error" not in tests:
         print(f"  tests: {', '.join(f'{tests[k]} {k}' for k in ('passed', 'failed', 'errors', 'skipped'))}  [{tests['source']}]")
         for line in tests["problems"][:20]:
             print(f"    {line}")
-    bench = record["benchmark"]
-    if bench.get("source"):
+    if bench.get("source") and "error" not in bench:
         print(f"  benchmark sections finished: {', '.join(bench['finished']) or 'none'}"
               + (f"; failed: {', '.join(bench['failed'])}" if bench["failed"] else "")
               + (f"; not reached: {', '.join(bench['not_reached'])}" if bench["not_reached"] else ""))
         for line in bench["checks"]:
             print(f"    {line}")
-    if record["study"].get("source"):
-        print(f"  study runs: {record['study'].get('statuses', record['study'].get('error'))}")
+    if record["study"].get("source") and "error" not in record["study"]:
+        print(f"  study runs: {record['study']['statuses']}")
     print(f"  all steps passed: {record['passed']}")
 
 

@@ -41,21 +41,22 @@ GRACE=5      # after a step's budget, SIGTERM; this much later, SIGKILL
 DEVICE=cuda TINY="" INSTALL=1 WHEELS="" COMMIT="" SECTIONS="" TEST_ARGS="" PYTHON=python3 OUT_DIR="${OUT:-}"
 ARGV="bash benchmarks/gpu_check.sh $*"
 
+value() { (($# >= 2)) && [[ -n $2 ]] || die "$1: needs a value (see --help)"; }
 while (($#)); do
   case $1 in
-    --device) DEVICE=${2:?--device needs cuda or cpu}; shift ;;
+    --device) value "$@"; DEVICE=$2; shift ;;
     --tiny) TINY=1 ;;
     --no-install) INSTALL="" ;;
-    --wheels) WHEELS=${2:?--wheels needs a folder}; shift ;;
-    --commit) COMMIT=${2:?--commit needs a commit id}; shift ;;
-    --steps) STEPS=${2:?--steps needs a list}; STEPS=${STEPS//,/ }; shift ;;
-    --sections) SECTIONS=${2:?--sections needs section names}; shift ;;
-    --tests) TEST_ARGS=${2:?--tests needs pytest arguments}; shift ;;
+    --wheels) value "$@"; WHEELS=$2; shift ;;
+    --commit) value "$@"; COMMIT=$2; shift ;;
+    --steps) value "$@"; STEPS=${2//,/ }; shift ;;
+    --sections) value "$@"; SECTIONS=$2; shift ;;
+    --tests) value "$@"; TEST_ARGS=$2; shift ;;
     --budget) [[ ${2:-} =~ ^(install|tests|benchmark|study)=([0-9]+)$ ]] \
                 || die "--budget: expected STEP=SECONDS with STEP one of install, tests, benchmark, study; got '${2:-}'"
               BUDGET[${BASH_REMATCH[1]}]=${BASH_REMATCH[2]}; shift ;;
     --total) [[ ${2:-} =~ ^[0-9]+$ ]] || die "--total: expected whole seconds, got '${2:-}'"; TOTAL=$2; shift ;;
-    --python) PYTHON=${2:?--python needs a path}; shift ;;
+    --python) value "$@"; PYTHON=$2; shift ;;
     -h|--help) usage; exit 0 ;;
     -*) die "unknown option $1 (see --help)" ;;
     *) OUT_DIR=$1 ;;
@@ -70,11 +71,13 @@ done
 [[ -z $WHEELS || -d $WHEELS ]] || die "--wheels: $WHEELS is not a folder (benchmarks/gpu_wheels.sh makes one)"
 ((TOTAL > RESERVE)) || die "--total: $TOTAL s leaves nothing after the $RESERVE s kept for the results"
 
-cd "$(dirname "$0")/.." || exit 2
+# paths given relative to where the script was called from, before it moves to the repository
 mkdir -p "$OUT_DIR" && OUT_DIR=$(cd "$OUT_DIR" && pwd) || die "cannot create the output folder $OUT_DIR"
 [[ -z $WHEELS ]] || WHEELS=$(cd "$WHEELS" && pwd)
+[[ $PYTHON != */* ]] || PYTHON=$(cd "$(dirname "$PYTHON")" && pwd)/$(basename "$PYTHON")
+cd "$(dirname "$0")/.." || exit 2
 # files of an earlier check in the same folder would pass for this one's
-rm -f "$OUT_DIR"/{check.json,gpu.json,study.json,tests.xml,install.log,tests.log,gpu.log,study.log}
+rm -f "$OUT_DIR"/{check.json,gpu.json,gpu.json.partial,study.json,tests.xml,install.log,tests.log,gpu.log,study.log}
 SCRATCH=$(mktemp -d)  # torch records, step records, the study's run folders (checkpoints)
 trap 'rm -rf "$SCRATCH"' EXIT
 export PYTHONUNBUFFERED=1

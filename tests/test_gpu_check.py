@@ -6,6 +6,7 @@ section of `python -m benchmarks.gpu --device cpu --tiny`, so the rehearsal runs
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
 import subprocess
@@ -123,12 +124,33 @@ def test_dev_requirements_expand_the_projects_own_extras():
     assert not any(r.startswith("transformer-workbench") for r in requirements)
 
 
-def test_test_counts_come_from_the_log_when_pytest_was_stopped_before_its_xml(tmp_path):
+def test_pytest_counts_come_from_the_log_when_pytest_was_stopped_before_its_xml(tmp_path):
     (tmp_path / "tests.log").write_text(
         "collecting ... collected 4 items\n\n"
         "tests/test_a.py::test_one PASSED                 [ 25%]\n"
         "[gw1] [ 50%] SKIPPED tests/test_a.py::test_two[cuda] \n"
         "tests/test_b.py::test_three FAILED               [ 75%]\n")
-    counts = gpu_check.test_counts(tmp_path / "tests.xml", tmp_path / "tests.log")
+    counts = gpu_check.pytest_counts(tmp_path / "tests.xml", tmp_path / "tests.log")
     assert (counts["passed"], counts["skipped"], counts["failed"], counts["errors"]) == (1, 1, 1, 0)
     assert counts["source"].startswith("tests.log (no junit XML")
+
+
+def test_the_record_is_written_whatever_a_stopped_step_left(tmp_path, capsys):
+    """A step killed while writing its file (a truncated JSON, a half junit XML) costs that
+    part of check.json, never the record itself."""
+    out, scratch = tmp_path / "out", tmp_path / "scratch"
+    out.mkdir(), scratch.mkdir()
+    (scratch / "torch-before.json").write_text(json.dumps(dict(torch="2.11.0+cu130", cuda="13.0", device="NVIDIA H200")))
+    (scratch / "steps.tsv").write_text("tests\tpassed\t0\t12.5\t90\ttests.log\t\nbenchmark\ttimeout\t124\t270.4\t270\tgpu.log\t\n")
+    (out / "gpu.json").write_text('{"device": "NVIDIA H200", "sections": ["sdpa_backend"], "sdpa_b')
+    (out / "tests.xml").write_text("<testsuites><testsuite tests=")
+    args = argparse.Namespace(argv="bash benchmarks/gpu_check.sh", started=0.0, total=480, device="cuda", tiny=False,
+                              commit="abc1234")
+    record = gpu_check.summary(out, scratch, args)
+    assert json.loads((out / "check.json").read_text()) == json.loads(json.dumps(record, default=str))
+    assert (record["device"], record["torch"], record["cuda"], record["commit"]) == ("NVIDIA H200", "2.11.0+cu130", "13.0", "abc1234")
+    assert record["benchmark"]["error"].startswith("unreadable: JSONDecodeError")
+    assert record["tests"]["error"].startswith("unreadable: ParseError")
+    assert record["steps"]["benchmark"]["status"] == "timeout" and record["passed"] is False
+    gpu_check.print_summary(record)
+    assert "benchmark: gpu.json unreadable: JSONDecodeError" in capsys.readouterr().out
