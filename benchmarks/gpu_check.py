@@ -99,17 +99,22 @@ def missing(requirements: list[str]) -> list[str]:
     """The requirements that no installed distribution satisfies."""
     from packaging.requirements import Requirement  # pip's and Lightning's dependency: always there
 
-    out = []
-    for text in requirements:
-        requirement = Requirement(text)
+    def satisfied(requirement: Requirement) -> bool:
         try:
-            version = metadata.version(requirement.name)
+            return requirement.specifier.contains(metadata.version(requirement.name), prereleases=True)
         except metadata.PackageNotFoundError:
-            out.append(text)
-            continue
-        if not requirement.specifier.contains(version, prereleases=True):
-            out.append(f"{text} (installed: {version})")
-    return out
+            return False
+
+    return [text for text in requirements if not satisfied(Requirement(text))]
+
+
+def carried(requirement: str, wheels: Path) -> bool:
+    """Whether a wheel in `wheels` bears the requirement's distribution name (its version aside)."""
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name, parse_wheel_filename
+
+    name = canonicalize_name(Requirement(requirement).name)
+    return any(parse_wheel_filename(wheel.name)[0] == name for wheel in wheels.glob("*.whl"))
 
 
 def pip(*args: str) -> int:
@@ -120,21 +125,24 @@ def pip(*args: str) -> int:
 
 def install(before: dict[str, Any], wheels: Path | None, record: Path) -> int:
     """`pip install -e '.[dev]'` under a constraint that keeps `before`'s torch. With `wheels`
-    (a machine without a package index) only from that folder; when the dev extras cannot all be
-    found there (Ray, wandb and MLflow are too large to carry), the project and every wheel there
-    instead, and the dev requirements left out are recorded."""
+    (a machine without a package index) only from that folder, and when a dev requirement is
+    neither installed nor there (Ray, wandb and MLflow are too large to carry), the project and
+    every wheel there instead; the dev requirements left out are recorded."""
     if "error" in before:
         print(f"no torch to keep: {before['error']}", flush=True)
         return 1
+    absent = [r for r in missing(dev_requirements()) if not carried(r, wheels)] if wheels else []
     with tempfile.NamedTemporaryFile("w", suffix=".txt", prefix="torch-constraint-") as file:
         file.write(constraint(before))
         file.flush()
         common = ["-c", file.name, *(["--no-index", "--find-links", str(wheels)] if wheels else [])]
-        mode, rc = "project with its dev extras", pip(*common, "-e", ".[dev]")
-        if rc and wheels:
-            print(f"the dev extras are not all in {wheels}: installing the project and the wheels there", flush=True)
+        if absent:
             mode = f"project and the wheels in {wheels}"
+            print(f"the dev extras need {', '.join(absent)}, neither installed nor in {wheels}: installing the "
+                  "project and the wheels there", flush=True)
             rc = pip(*common, "-e", ".", *map(str, sorted(wheels.glob("*.whl"))))
+        else:
+            mode, rc = "project with its dev extras", pip(*common, "-e", ".[dev]")
     left_out = missing(dev_requirements())
     record.write_text(json.dumps(dict(mode=mode, rc=rc, wheels=str(wheels) if wheels else None,
                                       constraint=constraint(before).strip(), dev_missing=left_out), indent=2))

@@ -105,17 +105,24 @@ def test_the_install_keeps_torch_and_says_when_it_was_replaced():
     assert "after no torch record" in gpu_check.torch_replaced(before, gpu_check.read_info(Path("/nonexistent.json")))
 
 
-def test_offline_the_install_falls_back_to_the_project_and_the_carried_wheels(tmp_path, monkeypatch):
+def test_offline_the_install_takes_the_dev_extras_only_when_each_is_installed_or_carried(tmp_path, monkeypatch):
     calls = []
-    monkeypatch.setattr(gpu_check, "pip", lambda *args: calls.append(args) or (1 if ".[dev]" in args else 0))
-    (tmp_path / "pydantic-2.0-py3-none-any.whl").touch()
-    record = tmp_path / "install.json"
-    before = dict(torch="2.11.0+cu130", distribution="2.11.0+cu130")
-    assert gpu_check.install(before, tmp_path, record) == 0
-    assert calls[0][-2:] == ("-e", ".[dev]") and calls[1][-3:] == ("-e", ".", str(tmp_path / "pydantic-2.0-py3-none-any.whl"))
-    assert all(call[:1] == ("-c",) and call[2:5] == ("--no-index", "--find-links", str(tmp_path)) for call in calls)
+    monkeypatch.setattr(gpu_check, "pip", lambda *args: calls.append(args) or 0)
+    monkeypatch.setattr(gpu_check, "dev_requirements", lambda: ["pytest>=1", "no-such-package>=1"])
+    record, before = tmp_path / "install.json", dict(torch="2.11.0+cu130", distribution="2.11.0+cu130")
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    (wheels / "pydantic-2.0-py3-none-any.whl").touch()
+    assert gpu_check.install(before, wheels, record) == 0  # no-such-package: neither installed nor carried
+    assert calls[-1][-3:] == ("-e", ".", str(wheels / "pydantic-2.0-py3-none-any.whl"))
+    assert calls[-1][:1] == ("-c",) and calls[-1][2:5] == ("--no-index", "--find-links", str(wheels))
     written = json.loads(record.read_text())
-    assert written["mode"] == f"project and the wheels in {tmp_path}" and written["constraint"] == "torch==2.11.0+cu130"
+    assert (written["mode"], written["constraint"], written["dev_missing"]) == (
+        f"project and the wheels in {wheels}", "torch==2.11.0+cu130", ["no-such-package>=1"])
+    (wheels / "no_such_package-1.0-py3-none-any.whl").touch()  # now carried: the dev extras resolve offline
+    assert gpu_check.install(before, wheels, record) == 0
+    assert len(calls) == 2 and calls[-1][-2:] == ("-e", ".[dev]")
+    assert json.loads(record.read_text())["mode"] == "project with its dev extras"
 
 
 def test_dev_requirements_expand_the_projects_own_extras():
