@@ -3,6 +3,7 @@
     python -m benchmarks.attention_scaling   cost exponents of attention variants (E1, E3, E4)
     python -m benchmarks.decode              KV-cache decode latency and bytes (E10, P9, P10)
     python -m benchmarks.gpu                 the GPU check (--device cpu --tiny: its smoke run)
+    bash benchmarks/gpu_check.sh OUT         on a GPU machine: install, the GPU check, the CUDA tests, a study
     python -m benchmarks.quickstart          what `make quickstart` costs (--compare: same numbers?)
 
 Results are written as JSON under benchmarks/results/; benchmarks/README.md records what was
@@ -51,5 +52,7 @@ def write_json(name: str, payload: dict[str, Any], path: str | Path | None = Non
     body = {"command": " ".join([Path(sys.executable).name, "-m", f"benchmarks.{name}", *sys.argv[1:]]),
             "machine": machine(), **payload}
     body["checks"] = [dict(asdict(c), passed=c.passed) for c in payload.get("checks", [])]
-    out.write_text(json.dumps(body, indent=2, default=str))
+    partial = out.with_name(out.name + ".partial")  # a run stopped while writing leaves the last whole file
+    partial.write_text(json.dumps(body, indent=2, default=str))
+    partial.replace(out)
     return out

@@ -2,9 +2,11 @@
 
     python -m benchmarks.gpu                     # CUDA, GPU sizes
     python -m benchmarks.gpu --device cpu --tiny # the same sections at toy sizes (the test suite runs it)
+    bash benchmarks/gpu_check.sh OUT             # on a fresh GPU machine: install, this, the CUDA tests, a study
 
-Writes benchmarks/results/gpu-<device>.json (or --out). Sections, each recorded even when
-another fails (its error is kept, its check fails):
+Writes benchmarks/results/gpu-<device>.json (or --out), again after every section, so a run
+stopped part-way keeps what it finished. Sections, each recorded even when another fails (its
+error is kept, its check fails):
 
   train_quickstart  the quickstart study with `--profile gpu` (bf16-mixed), shortened to a few
                     hundred steps, one seed: every run finishes, peak memory comes from
@@ -149,7 +151,7 @@ def train_quickstart(setup: Setup) -> dict[str, Any]:
         run_study(path, Path(folder) / "out", jobs=1, fresh=True, profile=profile, quiet=True)
         seconds = time.perf_counter() - start
         runs = Store(Path(folder) / "out").runs()
-    keep = ("run_id", "status", "peak_memory_bytes", "peak_memory_instrument", "tokens_per_s", "train_time_s")
+    keep = ("run_id", "swept", "status", "peak_memory_bytes", "peak_memory_instrument", "tokens_per_s", "train_time_s")
     rows = [{key: run.get(key) for key in keep} | {"precision": run["config"]["train"]["precision"],
                                                     "metrics": run["metrics"]} for run in runs]
     return dict(profile=profile, seconds=seconds, runs=rows)
@@ -466,9 +468,10 @@ SECTIONS: dict[str, tuple[Callable[[Setup], dict], Callable[[Setup, dict], list[
 }
 
 
-def run_sections(setup: Setup, only: list[str] | None = None) -> tuple[dict[str, Any], list[Check]]:
+def run_sections(setup: Setup, only: list[str] | None = None,
+                 save: Callable[[dict[str, Any], list[Check]], Any] | None = None) -> tuple[dict[str, Any], list[Check]]:
     """Every section in order; one that raises is recorded with its error and a failed check,
-    and the others still run."""
+    and the others still run. `save` receives what is measured so far after each section."""
     results, checks = {}, []
     for name, (measure, judge) in SECTIONS.items():
         if only and name not in only:
@@ -483,6 +486,8 @@ def run_sections(setup: Setup, only: list[str] | None = None) -> tuple[dict[str,
         results[name]["section_s"] = time.perf_counter() - start
         print(f"{name}: {results[name]['section_s']:.1f} s" + (" (failed)" if "error" in results[name] else ""),
               flush=True)
+        if save:
+            save(results, checks)
     return results, checks
 
 
@@ -497,14 +502,21 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if device.type == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: PyTorch sees no CUDA GPU here (use --device cpu --tiny for the smoke run)")
     setup = Setup(device, TINY if args.tiny else Sizes())
-    results, checks = run_sections(setup, args.only)
+    info = dict(device=torch.cuda.get_device_name(device) if setup.cuda else "cpu", tiny=args.tiny,
+                torch=torch.__version__, cuda=torch.version.cuda,
+                sections=[name for name in SECTIONS if not args.only or name in args.only])
+    out = args.out or RESULTS_DIR / f"gpu-{device_name(device)}{'-tiny' if args.tiny else ''}.json"
+
+    def save(results: dict[str, Any], checks: list[Check]) -> Path:
+        """The JSON so far: a run stopped from outside (benchmarks/gpu_check.sh's time budget)
+        keeps every section it finished; `sections` lists those it was asked for."""
+        return write_json("gpu", dict(info, **results, checks=checks), out)
+
+    save({}, [])
+    results, checks = run_sections(setup, args.only, save)
     for check in checks:
         print(check.line())
-    info = dict(device=torch.cuda.get_device_name(device) if setup.cuda else "cpu", tiny=args.tiny,
-                torch=torch.__version__, cuda=torch.version.cuda)
-    out = args.out or RESULTS_DIR / f"gpu-{device_name(device)}{'-tiny' if args.tiny else ''}.json"
-    path = write_json("gpu", dict(info, **results, checks=checks), out)
-    print(f"wrote {path}")
+    print(f"wrote {save(results, checks)}")
     return dict(info, **results, checks=checks)
 
 

@@ -1,0 +1,163 @@
+"""benchmarks/gpu_check.sh, the GPU check in one call, rehearsed on the CPU: every step writes
+into the one output folder, check.json records the machine and each step's outcome, a step
+over its budget is stopped and recorded as a timeout, and a failing step does not stop the
+next. Only the script's wiring is checked here: tests/test_benchmarks_smoke.py runs every
+section of `python -m benchmarks.gpu --device cpu --tiny`, so the rehearsal runs one."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from benchmarks import gpu_check
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "benchmarks" / "gpu_check.sh"
+
+
+def gpu_check_sh(*args: str, timeout: float) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(SCRIPT), "--python", sys.executable, *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+@pytest.mark.slow
+def test_the_cpu_rehearsal_writes_every_steps_record_into_one_folder(tmp_path):
+    # Budgets far above the steps' needs: a loaded test machine must not turn wiring into timeouts.
+    # One CUDA test function (24 cases, skipped here): the other one's module imports Lightning.
+    done = gpu_check_sh("--device", "cpu", "--tiny", "--no-install", "--sections", "sdpa_backend",
+                        "--tests", "tests/test_flex_attention.py::test_flex_equals_dense_on_cuda", "--total", "900",
+                        "--budget", "tests=240", "--budget", "benchmark=240", "--budget", "study=240", str(tmp_path),
+                        timeout=1000)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "check.json", "gpu.json", "gpu.log", "study.json", "study.log", "tests.log", "tests.xml"]  # <= 8: all come back
+    check = json.loads((tmp_path / "check.json").read_text())
+    assert (check["device"], check["torch"], check["cuda"]) == ("cpu", torch.__version__, torch.version.cuda)
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    if head.returncode == 0:
+        assert (check["commit"], check["commit_source"]) == (head.stdout.strip(), "git")
+    assert check["steps"]["install"] == dict(status="skipped", rc=None, seconds=0.0, budget_s=None, log=None,
+                                             note="--no-install")
+    for name, log in (("tests", "tests.log"), ("benchmark", "gpu.log"), ("study", "study.log")):
+        step = check["steps"][name]
+        assert (step["status"], step["rc"], step["budget_s"], step["log"]) == ("passed", 0, 240, log), step
+        assert 0 < step["seconds"] <= step["budget_s"]
+    tests = check["tests"]  # CUDA cases: on the CPU every one skips
+    assert tests["source"] == "tests.xml" and tests["skipped"] == 24
+    assert (tests["passed"], tests["failed"], tests["errors"], tests["problems"]) == (0, 0, 0, [])
+    bench = check["benchmark"]
+    assert (bench["device"], bench["finished"], bench["failed"], bench["not_reached"]) == ("cpu", ["sdpa_backend"], {}, [])
+    assert any(line.startswith("PASS") and "fused SDPA kernel" in line for line in bench["checks"])
+    assert check["study"]["statuses"] == {"finished": 2}
+    assert {run["peak_memory_instrument"] for run in check["study"]["runs"]} <= {"train_step_live_tensor_bytes"}
+    assert check["passed"] is True
+    assert "all steps passed: True" in done.stdout
+
+
+@pytest.mark.slow
+def test_a_step_over_its_budget_is_a_recorded_timeout_and_a_failed_step_does_not_stop_the_next(tmp_path):
+    done = gpu_check_sh("--device", "cpu", "--tiny", "--no-install", "--steps", "tests,benchmark",
+                        "--tests", "tests/no_such_test_file.py", "--budget", "benchmark=1", str(tmp_path), timeout=120)
+    assert done.returncode == 1, done.stdout + done.stderr
+    steps = json.loads((tmp_path / "check.json").read_text())["steps"]
+    assert (steps["tests"]["status"], steps["tests"]["rc"]) == ("failed", 4)  # pytest: no such file
+    assert (steps["benchmark"]["status"], steps["benchmark"]["rc"], steps["benchmark"]["budget_s"]) == ("timeout", 124, 1)
+    assert steps["benchmark"]["seconds"] < 1 + 5 + 5  # its budget, the SIGKILL grace, slack
+    assert steps["study"] == dict(status="skipped", rc=None, seconds=0.0, budget_s=None, log=None, note="not in --steps")
+    assert "benchmark: timeout (exit status 124)" in done.stdout
+
+
+def test_bad_options_are_refused_before_anything_runs(tmp_path):
+    done = gpu_check_sh("--total", "10", str(tmp_path), timeout=60)
+    assert done.returncode == 2 and "--total: 10 s leaves nothing after the 15 s kept for the results" in done.stderr
+    for args, message in ((["--budget", "tests=soon"], "--budget: expected STEP=SECONDS"),
+                          (["--steps", "install,train"], "--steps: unknown step 'train'"),
+                          (["--device", "tpu"], "--device: expected cuda or cpu, got 'tpu'"),
+                          (["--wheels", str(tmp_path / "none")], "is not a folder (benchmarks/gpu_wheels.sh makes one)")):
+        done = gpu_check_sh(*args, str(tmp_path), timeout=60)
+        assert done.returncode == 2 and message in done.stderr, (args, done.stderr)
+    assert not any(tmp_path.iterdir())
+
+
+def test_the_tiny_test_selection_names_tests_that_exist():
+    """--tiny names CUDA test cases by node id; a renamed test must fail here, not on the GPU."""
+    ids = re.findall(r"(tests/\w+\.py)::(\w+)", SCRIPT.read_text())
+    assert len(ids) >= 2
+    for path, name in ids:
+        assert re.search(rf"^def {name}\(", (ROOT / path).read_text(), flags=re.M), f"{path}::{name}"
+
+
+def test_the_install_keeps_torch_and_says_when_it_was_replaced():
+    before = dict(torch="2.11.0+cu130", cuda="13.0", distribution="2.11.0+cu130", location="/opt/torch")
+    assert gpu_check.constraint(before) == "torch==2.11.0+cu130\n"
+    assert gpu_check.torch_replaced(before, dict(before)) is None
+    cpu = dict(before, torch="2.13.0+cpu", cuda=None, distribution="2.13.0+cpu")
+    assert gpu_check.torch_replaced(before, cpu) == (
+        "torch was replaced by the install: before torch 2.11.0+cu130 (CUDA 13.0) in /opt/torch, "
+        "after torch 2.13.0+cpu (CUDA None) in /opt/torch")
+    assert "after no torch record" in gpu_check.torch_replaced(before, gpu_check.read_info(Path("/nonexistent.json")))
+
+
+def test_offline_the_install_takes_the_dev_extras_only_when_each_is_installed_or_carried(tmp_path, monkeypatch):
+    calls = []
+    monkeypatch.setattr(gpu_check, "pip", lambda *args: calls.append(args) or 0)
+    monkeypatch.setattr(gpu_check, "dev_requirements", lambda: ["pytest>=1", "no-such-package>=1"])
+    record, before = tmp_path / "install.json", dict(torch="2.11.0+cu130", distribution="2.11.0+cu130")
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    (wheels / "pydantic-2.0-py3-none-any.whl").touch()
+    assert gpu_check.install(before, wheels, record) == 0  # no-such-package: neither installed nor carried
+    assert calls[-1][-3:] == ("-e", ".", str(wheels / "pydantic-2.0-py3-none-any.whl"))
+    assert calls[-1][:1] == ("-c",) and calls[-1][2:5] == ("--no-index", "--find-links", str(wheels))
+    written = json.loads(record.read_text())
+    assert (written["mode"], written["constraint"], written["dev_missing"]) == (
+        f"project and the wheels in {wheels}", "torch==2.11.0+cu130", ["no-such-package>=1"])
+    (wheels / "no_such_package-1.0-py3-none-any.whl").touch()  # now carried: the dev extras resolve offline
+    assert gpu_check.install(before, wheels, record) == 0
+    assert len(calls) == 2 and calls[-1][-2:] == ("-e", ".[dev]")
+    assert json.loads(record.read_text())["mode"] == "project with its dev extras"
+
+
+def test_dev_requirements_expand_the_projects_own_extras():
+    requirements = gpu_check.dev_requirements()
+    assert {"ray>=2.9", "wandb>=0.16", "lion-pytorch>=0.2", "pytest>=8"} <= set(requirements)
+    assert not any(r.startswith("transformer-workbench") for r in requirements)
+
+
+def test_pytest_counts_come_from_the_log_when_pytest_was_stopped_before_its_xml(tmp_path):
+    (tmp_path / "tests.log").write_text(
+        "collecting ... collected 4 items\n\n"
+        "tests/test_a.py::test_one PASSED                 [ 25%]\n"
+        "[gw1] [ 50%] SKIPPED tests/test_a.py::test_two[cuda] \n"
+        "tests/test_b.py::test_three FAILED               [ 75%]\n")
+    counts = gpu_check.pytest_counts(tmp_path / "tests.xml", tmp_path / "tests.log")
+    assert (counts["passed"], counts["skipped"], counts["failed"], counts["errors"]) == (1, 1, 1, 0)
+    assert counts["source"].startswith("tests.log (no junit XML")
+
+
+def test_the_record_is_written_whatever_a_stopped_step_left(tmp_path, capsys):
+    """A step killed while writing its file (a truncated JSON, a half junit XML) costs that
+    part of check.json, never the record itself."""
+    out, scratch = tmp_path / "out", tmp_path / "scratch"
+    out.mkdir(), scratch.mkdir()
+    (scratch / "torch-before.json").write_text(json.dumps(dict(torch="2.11.0+cu130", cuda="13.0", device="NVIDIA H200")))
+    (scratch / "steps.tsv").write_text("tests\tpassed\t0\t12.5\t90\ttests.log\t\nbenchmark\ttimeout\t124\t270.4\t270\tgpu.log\t\n")
+    (out / "gpu.json").write_text('{"device": "NVIDIA H200", "sections": ["sdpa_backend"], "sdpa_b')
+    (out / "tests.xml").write_text("<testsuites><testsuite tests=")
+    args = argparse.Namespace(argv="bash benchmarks/gpu_check.sh", started=0.0, total=480, device="cuda", tiny=False,
+                              commit="abc1234")
+    record = gpu_check.summary(out, scratch, args)
+    assert json.loads((out / "check.json").read_text()) == json.loads(json.dumps(record, default=str))
+    assert (record["device"], record["torch"], record["cuda"], record["commit"]) == ("NVIDIA H200", "2.11.0+cu130", "13.0", "abc1234")
+    assert record["benchmark"]["error"].startswith("unreadable: JSONDecodeError")
+    assert record["tests"]["error"].startswith("unreadable: ParseError")
+    assert record["steps"]["benchmark"]["status"] == "timeout" and record["passed"] is False
+    gpu_check.print_summary(record)
+    assert "benchmark: gpu.json unreadable: JSONDecodeError" in capsys.readouterr().out
