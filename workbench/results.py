@@ -15,14 +15,15 @@ or measured it (in its environment), which every report states beside the one th
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field, Strict
 
 
 class Status(StrEnum):
@@ -122,7 +123,12 @@ class RunResult:
         self.status = Status(self.status)  # a plain string read back becomes the enum (or fails here)
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        """Plain JSON data; a metric or curve value that is not a finite number (a diverging
+        loss) is null, so every result.json reads back under StoredResult's finite floats."""
+        data = asdict(self)
+        data["metrics"] = finite_metrics(self.metrics)
+        data["curves"] = [(step, split, metric, finite_or_none(value)) for step, split, metric, value in self.curves]
+        return data
 
     @classmethod
     def from_json(cls, data: Any) -> RunResult:
@@ -130,7 +136,23 @@ class RunResult:
         return cls(**StoredResult.model_validate(data).model_dump())
 
 
-Value = float | int | str | bool | None  # a metric: a number, or a scaling study's instrument label
+def finite_or_none(value: Any) -> float | None:
+    value = float(value)
+    return value if math.isfinite(value) else None
+
+
+def finite_metrics(metrics: dict[str, Any]) -> dict[str, Any]:
+    """Metrics as recorded: a float that is not finite (NaN: nothing measured) becomes None."""
+    return {key: finite_or_none(value) if isinstance(value, float) else value for key, value in metrics.items()}
+
+
+# Values read back from a file or store the workbench did not necessarily write: what it writes
+# is finite, whole numbers are never booleans, and every count fits SQLite's 64-bit INTEGER.
+MAX_COUNT = 2**63 - 1
+Seconds = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+Count = Annotated[int, Strict(), Field(ge=0, le=MAX_COUNT)]
+Number = Annotated[float, Field(allow_inf_nan=False)]
+Value = Annotated[bool, Strict()] | Annotated[int, Strict()] | Number | str | None  # a metric, or a scaling study's instrument label
 
 
 class StoredResult(BaseModel):
@@ -139,35 +161,51 @@ class StoredResult(BaseModel):
     model_config = ConfigDict(extra="forbid")
     run_id: str
     status: Status
-    steps_done: int = 0
+    steps_done: Count = 0
     last_step: Literal["whole", "partial", "dropped"] | None = None
     metrics: dict[str, Value] = {}
     not_applicable: dict[str, str] = {}
-    curves: list[tuple[int, str, str, float | None]] = []
-    n_params: int | None = None
-    diverged_step: int | None = None
+    curves: list[tuple[Count, str, str, Number | None]] = []
+    n_params: Count | None = None
+    diverged_step: Count | None = None
     error: str | None = None
-    wall_time_s: float = 0.0
-    cpu_time_s: float | None = None
-    train_time_s: float = 0.0
-    eval_time_s: float = 0.0
-    tokens: int = 0
-    train_flops: int | None = None
-    tokens_per_s: float | None = None
-    peak_memory_bytes: int | None = None
+    wall_time_s: Seconds = 0.0
+    cpu_time_s: Seconds | None = None
+    train_time_s: Seconds = 0.0
+    eval_time_s: Seconds = 0.0
+    tokens: Count = 0
+    train_flops: Count | None = None
+    tokens_per_s: Seconds | None = None
+    peak_memory_bytes: Count | None = None
     peak_memory_instrument: str | None = None
-    resumed_from_step: int | None = None
+    resumed_from_step: Count | None = None
     environment: dict[str, Any] = {}
 
 
 class StoredRow(BaseModel):
-    """The JSON columns of a store's `runs` row, checked before any table is built from them."""
+    """A store's `runs` row, its JSON columns decoded, checked before any table is built from it
+    (the report computes spans and counts from its numbers)."""
 
     swept: dict[str, Any]
     config: dict[str, Any]
     metrics: dict[str, Value]
     not_applicable: dict[str, str]
     environment: dict[str, Any]
+    index: Count
+    seed: Count
+    attempts: Count
+    n_params: Count | None
+    steps_done: Count | None
+    diverged_step: Count | None
+    train_tokens: Count | None
+    train_flops: Count | None
+    peak_memory_bytes: Count | None
+    resumed_from_step: Count | None
+    wall_time_s: Seconds | None
+    cpu_time_s: Seconds | None
+    train_time_s: Seconds | None
+    eval_time_s: Seconds | None
+    tokens_per_s: Seconds | None
 
 
 def write_text_atomic(path: Path, text: str) -> None:

@@ -93,7 +93,7 @@ def timing_caveat(records: Sequence[Mapping[str, Any]], overlap: bool = True) ->
 def reproduce_command(info: Mapping[str, Any], out_dir: Path) -> str:
     source = info.get("source") or f"<the study file of {info.get('name', 'this study')}>"
     profile = info.get("profile")
-    overrides = json.loads(info.get("overrides") or "[]")
+    overrides = info.get("overrides") or []
     sets = "".join(f" --set {shlex.quote(text)}" for text in overrides)
     run = f"workbench run {source}" + (f" --profile {profile}" if profile else "") + sets + f" --out {out_dir}"
     return f"{run}\nworkbench report {out_dir}"

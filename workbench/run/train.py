@@ -44,6 +44,7 @@ from workbench.results import CONFIG_FILE, FINAL_WEIGHTS, LAST_CHECKPOINT, RESUL
 from workbench.results import write_json_atomic, write_text_atomic
 from workbench.run.batches import TaskDataModule, step_done
 from workbench.run.distributed import lightning_strategy, needs_processes, rank_zero, train_in_processes
+from workbench.received import UnsafeFile, check_regular, open_regular
 from workbench.run.environment import device_name, environment, matmul_precision, resolve_accelerator, user_callbacks
 from workbench.run.recording import PeakMemory, ProgressFile, RunRecorder
 from workbench.run.run_module import RunModule
@@ -83,7 +84,10 @@ class SafeCheckpointIO(TorchCheckpointIO):
 
     def load_checkpoint(self, path, map_location: Any | None = None, weights_only: bool | None = None) -> dict[str, Any]:
         try:
-            return torch.load(path, map_location=map_location or "cpu", weights_only=True)
+            with open_regular(path) as file:  # a link or FIFO planted there is refused, never followed or waited on
+                return torch.load(file, map_location=map_location or "cpu", weights_only=True)
+        except UnsafeFile:
+            raise
         except Exception as err:
             raise refuse_or_explain(Path(path), err, "delete it to train this run from the start") from None
 
@@ -183,7 +187,7 @@ def train_here(run_id: str, config: dict[str, Any], run_dir: Path, tracker: Trac
             use_distributed_sampler=False,  # StepBatches shares each batch between the ranks
         )
         datamodule = TaskDataModule(task, module.family, train["batch_size"], max_steps, train["grad_accumulation"])
-        trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt if ckpt.exists() else None, weights_only=True)
+        trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt if check_regular(ckpt) else None, weights_only=True)
         result.resumed_from_step = recorder.start_step or None
         result.steps_done = trainer.global_step
         result.environment["processes"] = trainer.world_size
