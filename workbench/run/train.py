@@ -99,6 +99,9 @@ class StopOnRequest(Callback):
     def __init__(self, path: Path):
         self.path = path
 
+    def on_train_start(self, trainer, pl_module) -> None:
+        stopping.handle_during_training()  # after Lightning installed its SIGTERM handler, which checkpoints nothing
+
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if not step_done(trainer, batch_idx):  # a checkpoint holds whole steps
             return
