@@ -10,10 +10,12 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict
 
+from workbench.fields import StrictModel
+
 AXES = ("position", "attention", "norm", "ffn", "task")
 
 
-class Params(BaseModel):
+class Params(StrictModel):
     """Base of every variant's parameter model: unknown keys are errors, values are frozen."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)

@@ -13,6 +13,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from workbench.errors import SpecError
+from workbench.fields import FieldError, StrictModel
 from workbench.registry import get_variant
 from workbench.variants import Params
 
@@ -54,6 +55,9 @@ def spec_error_from(err: ValidationError, prefix: str = "") -> SpecError:
     """Turn pydantic's report into one SpecError naming the first bad field."""
     first = err.errors()[0]
     path = ".".join(str(part) for part in (prefix, *first["loc"]) if part != "")
+    inner = (first.get("ctx") or {}).get("error")
+    if isinstance(inner, FieldError):  # raised by the model at `path`, about one of its fields
+        return SpecError(f"{path}.{inner.field}" if path else inner.field, inner.problem)
     problem = first["msg"]
     if first["type"] == "extra_forbidden":
         problem = "unknown key"
@@ -68,7 +72,7 @@ def spec_error_from(err: ValidationError, prefix: str = "") -> SpecError:
 VARIANT_AXES = ("position", "attention", "norm", "ffn")  # the model fields that name a variant
 
 
-class ModelSpec(BaseModel):
+class ModelSpec(StrictModel):
     """Everything that defines a model's architecture."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
@@ -148,6 +152,6 @@ def parse_spec(spec: Mapping[str, Any] | ModelSpec) -> ModelSpec:
     except ValidationError as err:
         # A SpecError raised inside a validator arrives wrapped: unwrap it to keep its field.
         inner = err.errors()[0].get("ctx", {}).get("error")
-        if isinstance(inner, SpecError):
+        if isinstance(inner, SpecError) and not isinstance(inner, FieldError):
             raise inner from None
         raise spec_error_from(err, prefix="model") from None

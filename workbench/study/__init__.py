@@ -35,6 +35,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, WithJsonSchema, field_validator
 from pydantic import model_validator
+
+from workbench.fields import FieldError, StrictModel
 from pydantic.json_schema import SkipJsonSchema
 
 from workbench import kinds
@@ -78,7 +80,7 @@ def unwrap(err: ValidationError, prefix: str = "") -> SpecError:
     field; otherwise the first error's location becomes the field path."""
     first = err.errors()[0]
     inner = (first.get("ctx") or {}).get("error")
-    if isinstance(inner, SpecError):
+    if isinstance(inner, SpecError) and not isinstance(inner, FieldError):
         return inner
     if first["type"] == "extra_forbidden":
         path = ".".join(str(p) for p in (prefix, *first["loc"]) if p != "")
@@ -105,7 +107,7 @@ def known_keys(section: str) -> list[str] | None:
 # ---- studies --------------------------------------------------------------------------------
 
 
-class StudyBase(BaseModel):
+class StudyBase(StrictModel):
     """Fields every kind of study has."""
 
     model_config = ConfigDict(extra="forbid")
@@ -483,7 +485,7 @@ def load_study(path: str | Path, profile: str | None = None, overrides: tuple[st
     if overrides:
         data = apply_overrides(data, overrides, file, lines)
     kind = data.get("kind", "train")
-    if kind not in study_kinds():
+    if not isinstance(kind, str) or kind not in study_kinds():
         raise StudyError(file, lines.line("kind"),
                          SpecError("kind", f"unknown study kind {kind!r}" + suggest(str(kind), list(study_kinds())),
                                    study_kinds()))
