@@ -524,7 +524,7 @@ def test_a_group_signal_during_start_up_stops_before_anything_is_written(tmp_pat
     assert run_study(write(tmp_path, SHORT), out, quiet=True).statuses == {"finished": 4}
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_a_group_signal_mid_training_checkpoints_both_runs_and_records_none_failed(tmp_path, sig):
     """SIGTERM too (issue 40): Lightning's SIGTERM handler in the workers would end their runs
     with a bare `stopped` and no checkpoint of the step they stopped at."""

@@ -19,11 +19,12 @@ import math
 import os
 import subprocess
 from dataclasses import asdict, dataclass, field
+from datetime import datetime
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, Strict
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, Strict
 
 
 class Status(StrEnum):
@@ -182,6 +183,11 @@ class StoredResult(BaseModel):
     environment: dict[str, Any] = {}
 
 
+def iso_timestamp(text: str) -> str:
+    datetime.fromisoformat(text)  # ValueError for what is not one
+    return text
+
+
 class StoredRow(BaseModel):
     """A store's `runs` row, its JSON columns decoded, checked before any table is built from it
     (the report computes spans and counts from its numbers)."""
@@ -191,6 +197,8 @@ class StoredRow(BaseModel):
     metrics: dict[str, Value]
     not_applicable: dict[str, str]
     environment: dict[str, Any]
+    status: Status
+    recorded_at: Annotated[str, AfterValidator(iso_timestamp)]
     index: Count
     seed: Count
     attempts: Count
