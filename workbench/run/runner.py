@@ -73,7 +73,7 @@ class Summary:
         return sum(n for status, n in self.statuses.items() if status not in self.kept)
 
 
-MAX_RESULT_BYTES = 32 * 2**20  # a result.json is read up to this size (curves of a long run: a few MiB)
+MAX_RESULT_BYTES = 16 * 2**20  # a result.json is read up to this size (curves of a 100k-step run: a few MiB)
 STORE_FILES = (DB_FILE, f"{DB_FILE}-wal", f"{DB_FILE}-shm")
 
 
