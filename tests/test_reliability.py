@@ -655,7 +655,7 @@ def test_a_result_json_of_the_wrong_shape_is_named_and_its_run_trained_again(fin
     path = run_dir(out, second.run_id) / RESULT_FILE
     path.write_text(path.read_text().replace('"metrics": {', '"metrics": 5, "was": {'))
     summary = run_study(study, out, quiet=True)
-    assert f"{path} is not a readable result (ValidationError" in capsys.readouterr().err
+    assert f"{path} is not a readable result (metrics: Input should be a valid dictionary)" in capsys.readouterr().err
     assert summary.statuses == {"finished": 1} and finished_ids(out) == {first.run_id, second.run_id}
 
 
@@ -786,3 +786,60 @@ def test_a_worker_killed_by_the_oom_killer_is_recorded_oom(monkeypatch):
     assert executor.death_result(job, -9, 3).status == Status.OOM  # the kernel's count went up
     killed = executor.death_result(job, -9, 4)
     assert killed.status == Status.FAILED and "killed by signal 9 (SIGKILL)" in killed.error
+
+
+# ---- issue 40: bounded reading of what a run folder holds --------------------------------------
+
+
+@pytest.mark.parametrize("text, problem", [
+    ("[" * 200_000 + "]" * 200_000, "result.json: nested over 32 levels deep"),
+    ('{"run_id": "x", "status": "finished", "steps_done": true}', "steps_done: Input should be a valid integer"),
+    ('{"run_id": "x", "status": "finished", "metrics": {"loss@6": NaN}}', "result.json: NaN is not a finite number"),
+])
+def test_a_result_json_too_deep_or_out_of_shape_is_named_and_its_run_trained_again(finished_out, tmp_path, text,
+                                                                                   problem):
+    from workbench.run.runner import recorded_result
+
+    study, out = copy_of(finished_out, tmp_path)
+    run = expand(load_study(study))[0]
+    path = run_dir(out, run.run_id) / RESULT_FILE
+    path.write_text(text)
+    warnings: list[str] = []
+    assert recorded_result(run, out, warn=warnings.append) is None
+    assert len(warnings) == 1 and problem in warnings[0] and "training that run again" in warnings[0], warnings
+
+
+def test_a_result_json_over_its_size_limit_is_refused_before_it_is_parsed(finished_out, tmp_path, monkeypatch):
+    import workbench.run.runner as runner
+
+    study, out = copy_of(finished_out, tmp_path)
+    run = expand(load_study(study))[0]
+    path = run_dir(out, run.run_id) / RESULT_FILE
+    monkeypatch.setattr(runner, "MAX_RESULT_BYTES", path.stat().st_size - 1)
+    monkeypatch.setattr(runner, "load_json", lambda *a, **k: pytest.fail("parsed a file over the limit"))
+    warnings: list[str] = []
+    assert runner.recorded_result(run, out, warn=warnings.append) is None
+    assert "MiB, more than the workbench writes there" in warnings[0]
+
+
+@pytest.mark.parametrize("text", ["[1]", '{"step": "x", "loss": 1}', '{"step": 3}', "{", '{"step": 3, "loss": NaN}'])
+def test_a_malformed_progress_file_leaves_the_live_display_running(tmp_path, text):
+    """A progress.json the run did not write (or half a write) killed the display's thread."""
+    import io
+
+    from rich.console import Console
+
+    from workbench.run.executor import Job
+    from workbench.run.runner import SweepProgress
+
+    progress = SweepProgress("t", 1, quiet=False, console=Console(file=io.StringIO()), poll_s=3600)
+    try:
+        job = Job("0" * 12, {"train": {"steps": 10}}, tmp_path)
+        progress.started(job, "a run")
+        (tmp_path / "progress.json").write_text(text)
+        progress.refresh_runs()  # raised in the poller thread before
+        (tmp_path / "progress.json").write_text('{"step": 4, "loss": 0.5, "steps": 10, "seconds": 1}')
+        progress.refresh_runs()
+        assert progress.progress.tasks[-1].completed == 4
+    finally:
+        progress.close()
