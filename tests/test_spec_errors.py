@@ -126,7 +126,7 @@ seeds: [0]
     ("train: {steps: true, batch_size: 8}", "train.steps: expected a whole number, got true (a boolean)"),
     (f"train: {{steps: {'9' * 4000}, batch_size: 8}}",
      "train.steps: a number of 4000 digits is too large (at most 9223372036854775807)"),
-    ("train: {steps: 20, batch_size: 8, lr: .inf}", "train.lr: expected a finite number, got inf"),
+    ("train: {steps: 20, batch_size: 8, lr: .inf}", "train.lr: Input should be a finite number (got inf)"),
     ("model: {family: decoder, d_model: true, n_layers: 1, n_heads: 2, position: rope}",
      "model.d_model: expected a whole number, got true (a boolean)"),
     ("model: {family: decoder, d_model: 32, n_layers: 1, n_heads: 2, attention: {name: sliding_window, window: false}}",

@@ -13,9 +13,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from workbench.errors import SpecError
-from workbench.fields import FieldError, StrictModel
 from workbench.registry import get_variant
-from workbench.variants import Params
+from workbench.variants import FieldError, Params, StrictModel
 
 
 class Choice(BaseModel):
@@ -152,6 +151,6 @@ def parse_spec(spec: Mapping[str, Any] | ModelSpec) -> ModelSpec:
     except ValidationError as err:
         # A SpecError raised inside a validator arrives wrapped: unwrap it to keep its field.
         inner = err.errors()[0].get("ctx", {}).get("error")
-        if isinstance(inner, SpecError) and not isinstance(inner, FieldError):
+        if isinstance(inner, SpecError):
             raise inner from None
         raise spec_error_from(err, prefix="model") from None

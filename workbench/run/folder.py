@@ -7,7 +7,7 @@
                              workbench write or delete elsewhere: refused before anything is written
     check_run_id(run_id)     a run id read from a store is a path component: its pattern is checked
 
-Reading files there (never through a link, never from a FIFO) is workbench.received's.
+Reading files there (never through a link, never from a FIFO) is workbench.results's.
 
 Processes that write for the lock's holder (a sweep's workers, a multi-device run's ranks)
 take no lock: the driver holds it for them.
@@ -22,7 +22,7 @@ from contextlib import suppress
 from pathlib import Path
 
 from workbench.errors import WorkbenchError
-from workbench.received import link_error
+from workbench.results import link_error
 from workbench.results import write_text_atomic
 
 LOCK_FILE = ".workbench.lock"  # out_dir/.workbench.lock: the pid of the sweep writing the folder

@@ -46,7 +46,7 @@ from workbench.run.executor import Executor, Job
 from workbench.kinds import RunOptions, get_kind
 from workbench.registry import run_providers
 from workbench.results import KEPT, PROGRESS_FILE, RESULT_FILE, Count, Number, RunConfig, RunResult, Status, flatten
-from workbench.received import load_json, read_regular
+from workbench.results import load_json, read_regular
 from workbench.run.folder import WriterLock, refuse_links
 from workbench.run.store import DB_FILE, RUNS_DIR, Store, check_runs_dir, run_dir, runs_root
 from workbench.study import StudyFile, load_study

@@ -31,7 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from workbench.errors import WorkbenchError
 from workbench.results import StoredRow, finite_metrics, finite_or_none, run_stage
-from workbench.received import check_regular, load_json
+from workbench.results import check_regular, load_json
 from workbench.run.folder import check_run_id
 
 if TYPE_CHECKING:

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from workbench.errors import WorkbenchError
-from workbench.received import load_json, read_regular
+from workbench.results import load_json, read_regular
 from workbench.results import RunConfig, flatten, write_json_atomic
 
 # Modules an optional logger needs (any one of them), by `train.logger`.

@@ -44,7 +44,7 @@ from workbench.results import CONFIG_FILE, FINAL_WEIGHTS, LAST_CHECKPOINT, RESUL
 from workbench.results import write_json_atomic, write_text_atomic
 from workbench.run.batches import TaskDataModule, step_done
 from workbench.run.distributed import lightning_strategy, needs_processes, rank_zero, train_in_processes
-from workbench.received import UnsafeFile, check_regular, open_regular
+from workbench.results import UnsafeFile, check_regular, open_regular
 from workbench.run.environment import device_name, environment, matmul_precision, resolve_accelerator, user_callbacks
 from workbench.run.recording import PeakMemory, ProgressFile, RunRecorder
 from workbench.run.run_module import RunModule

@@ -33,10 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, WithJsonSchema, field_validator
-from pydantic import model_validator
-
-from workbench.fields import FieldError, StrictModel
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, WithJsonSchema, field_validator, model_validator
 from pydantic.json_schema import SkipJsonSchema
 
 from workbench import kinds
@@ -50,6 +47,7 @@ from workbench.study.sections import (SEEDS_JSON_SCHEMA, SWEEP_JSON_SCHEMA, TUNE
                                       Sweep, Tune, check_values)
 from workbench.study.train_section import BUDGET_KINDS, TrainConfig
 from workbench.study.yaml_file import LineMap, StudyError, apply_overrides, apply_profile, read_yaml, suggest
+from workbench.variants import StrictModel
 
 __all__ = ["load_study", "study_json_schema", "StudyFile", "StudyBase", "TrainStudy", "STORED", "RUN_MEASURES"]
 
@@ -80,7 +78,7 @@ def unwrap(err: ValidationError, prefix: str = "") -> SpecError:
     field; otherwise the first error's location becomes the field path."""
     first = err.errors()[0]
     inner = (first.get("ctx") or {}).get("error")
-    if isinstance(inner, SpecError) and not isinstance(inner, FieldError):
+    if isinstance(inner, SpecError):
         return inner
     if first["type"] == "extra_forbidden":
         path = ".".join(str(p) for p in (prefix, *first["loc"]) if p != "")

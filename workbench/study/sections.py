@@ -10,10 +10,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from workbench.fields import StrictModel
-
 from workbench.errors import SpecError
 from workbench.study.yaml_file import limit, suggest
+from workbench.variants import StrictModel
 
 
 class Target(StrictModel):

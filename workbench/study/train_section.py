@@ -10,11 +10,10 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from workbench.fields import StrictModel
-
 from workbench.cost.budget import BUDGET_STEP_CAP, StepCost, estimated_steps
 from workbench.errors import SpecError
 from workbench.study.yaml_file import suggest
+from workbench.variants import StrictModel
 
 
 # Lightning's registered strategy names, by their first word (ddp_spawn, deepspeed_stage_2, ...);

@@ -113,6 +113,9 @@ def parse_yaml(text: str, file: str, located: bool = True) -> tuple[Any, yaml.No
         try:
             data = loader.construct_document(node) if node is not None else None
         except ValueError as err:  # a date or number that does not exist; int(): more than 4300 digits
+            if "digits" in str(err):
+                raise StudyError(file, None, "it holds a number with more than 4300 digits; no study setting "
+                                 "needs one") from None
             raise unbuildable_scalar(node, err, file, located) from None
     except RecursionError:
         raise StudyError(file, None, "its YAML is nested too deeply (lists or mappings inside each other "
@@ -140,8 +143,7 @@ def unbuildable_scalar(root: yaml.Node, err: ValueError, file: str, located: boo
                 constructor.construct_object(node)
             except ValueError as problem:
                 what = "date" if node.tag.endswith(":timestamp") else "number"
-                reason = ("over 4300 digits" if "digits" in str(problem)
-                          else str(problem).splitlines()[0][:80])
+                reason = str(problem).splitlines()[0][:80]
                 return StudyError(file, node.start_mark.line + 1 if located else None,
                                   f"{node.value[:40]!r} reads as a YAML {what} but is not one ({reason}); "
                                   "quote it to make it text, or write a valid value")
