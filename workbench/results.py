@@ -6,7 +6,9 @@
     Status     the one vocabulary of outcomes, stored as its plain value ("finished", ...)
 
 A run folder holds CONFIG_FILE, LAST_CHECKPOINT (resume), logs/, FINAL_WEIGHTS (for reports),
-PROGRESS_FILE (step and loss while it trains) and RESULT_FILE.
+PROGRESS_FILE (step and loss while it trains) and RESULT_FILE. They are written atomically
+(write_text_atomic) and read back as regular files only (read_regular, load_json): a folder
+may come from someone else.
 
 Every record also names its source: `git_commit`, the commit of the workbench tree that trained
 or measured it (in its environment), which every report states beside the one that built it.

@@ -7,7 +7,7 @@
                              workbench write or delete elsewhere: refused before anything is written
     check_run_id(run_id)     a run id read from a store is a path component: its pattern is checked
 
-Reading files there (never through a link, never from a FIFO) is workbench.results's.
+Reading files there (never through a link, never from a FIFO) is workbench.results' read_regular.
 
 Processes that write for the lock's holder (a sweep's workers, a multi-device run's ranks)
 take no lock: the driver holds it for them.
