@@ -24,8 +24,7 @@ from torch.overrides import TorchFunctionMode
 from workbench.errors import WorkbenchError
 from workbench.model.transformer import Transformer, build_model
 from workbench.registry import get_variant
-from workbench.results import check_regular
-from workbench.results import FINAL_WEIGHTS, OLD_FINAL_WEIGHTS
+from workbench.results import FINAL_WEIGHTS, OLD_FINAL_WEIGHTS, check_regular
 
 
 class DamagedFile(WorkbenchError):

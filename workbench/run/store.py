@@ -30,8 +30,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from workbench.errors import WorkbenchError
-from workbench.results import StoredRow, finite_metrics, finite_or_none, run_stage
-from workbench.results import check_regular, load_json
+from workbench.results import StoredRow, check_regular, finite_metrics, finite_or_none, load_json, run_stage
 from workbench.run.folder import check_run_id
 
 if TYPE_CHECKING:

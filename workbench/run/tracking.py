@@ -26,8 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from workbench.errors import WorkbenchError
-from workbench.results import load_json, read_regular
-from workbench.results import RunConfig, flatten, write_json_atomic
+from workbench.results import RunConfig, flatten, load_json, read_regular, write_json_atomic
 
 # Modules an optional logger needs (any one of them), by `train.logger`.
 LOGGER_MODULES = {"tensorboard": ("tensorboard", "tensorboardX"), "mlflow": ("mlflow",), "wandb": ("wandb",)}

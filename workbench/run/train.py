@@ -41,10 +41,9 @@ from workbench.hardware import cpu_seconds, machine_load
 from workbench.cost.budget import BUDGET_STEP_CAP, step_cost
 from workbench.registry import run_providers
 from workbench.results import CONFIG_FILE, FINAL_WEIGHTS, LAST_CHECKPOINT, RESULT_FILE, RunResult, Status
-from workbench.results import write_json_atomic, write_text_atomic
+from workbench.results import UnsafeFile, check_regular, open_regular, write_json_atomic, write_text_atomic
 from workbench.run.batches import TaskDataModule, step_done
 from workbench.run.distributed import lightning_strategy, needs_processes, rank_zero, train_in_processes
-from workbench.results import UnsafeFile, check_regular, open_regular
 from workbench.run.environment import device_name, environment, matmul_precision, resolve_accelerator, user_callbacks
 from workbench.run.recording import PeakMemory, ProgressFile, RunRecorder
 from workbench.run.run_module import RunModule
