@@ -28,7 +28,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any, BinaryIO, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, Strict
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, Strict, ValidationError
 
 from workbench.errors import WorkbenchError
 
@@ -187,6 +187,12 @@ class StoredResult(BaseModel):
     peak_memory_instrument: str | None = None
     resumed_from_step: Count | None = None
     environment: dict[str, Any] = {}
+
+
+def first_problem(err: ValidationError) -> str:
+    """pydantic's first problem as `field.path: message`, for a one-line refusal."""
+    problem = err.errors()[0]
+    return f"{'.'.join(map(str, problem['loc']))[:80]}: {problem['msg'][:120]}"
 
 
 def iso_timestamp(text: str) -> str:

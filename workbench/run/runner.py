@@ -46,7 +46,7 @@ from workbench.run.executor import Executor, Job
 from workbench.kinds import RunOptions, get_kind
 from workbench.registry import run_providers
 from workbench.results import KEPT, PROGRESS_FILE, RESULT_FILE, Count, Number, RunConfig, RunResult, Status, flatten
-from workbench.results import load_json, read_regular
+from workbench.results import first_problem, load_json, read_regular
 from workbench.run.folder import WriterLock, refuse_links
 from workbench.run.store import DB_FILE, RUNS_DIR, Store, check_runs_dir, run_dir, runs_root
 from workbench.study import StudyFile, load_study
@@ -154,9 +154,7 @@ def recorded_result(run: RunConfig, out_dir: Path, warn=print):
     except FileNotFoundError:
         return None
     except ValidationError as err:
-        problem = err.errors()[0]
-        warn(f"{path} is not a readable result ({'.'.join(map(str, problem['loc']))[:60]}: {problem['msg'][:80]}): "
-             "training that run again")
+        warn(f"{path} is not a readable result ({first_problem(err)}): training that run again")
         return None
     except (OSError, ValueError, TypeError, WorkbenchError) as err:
         warn(f"{path} is not a readable result ({str(err).splitlines()[0][:160]}): training that run again")

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from workbench.errors import WorkbenchError
-from workbench.results import StoredRow, check_regular, finite_metrics, finite_or_none, load_json, run_stage
+from workbench.results import StoredRow, check_regular, finite_metrics, finite_or_none, first_problem, load_json, run_stage
 from workbench.run.folder import check_run_id
 
 if TYPE_CHECKING:
@@ -203,13 +203,10 @@ class Store:
         info = self.study_info()
         try:
             for key in STUDY_JSON_KEYS & info.keys():
-                if not isinstance(info[key], str) or len(info[key]) > MAX_COLUMN_CHARS:
-                    raise ValueError(f"{key}: not JSON text of at most {MAX_COLUMN_CHARS // 2**20} MiB")
-                info[key] = load_json(info[key], key, max_values=MAX_COLUMN_VALUES)
+                info[key] = column_json(info[key], key)
             return StoredStudy.model_validate(info).model_dump(exclude_unset=True)
         except ValidationError as err:
-            problem = err.errors()[0]
-            where = f"{'.'.join(map(str, problem['loc']))[:80]}: {problem['msg']}"
+            where = first_problem(err)
         except (TypeError, ValueError) as err:
             where = str(err)
         raise WorkbenchError(f"{self.path}: its study record is damaged ({where}); move the store away and run the "
@@ -271,15 +268,11 @@ class Store:
             for column in ("train_flops", "last_step", "cpu_time_s"):
                 d.setdefault(column, None)  # a read-only store written before budgets (or CPU times)
             try:
-                for key in JSON_COLUMNS:
-                    text = d[key]
-                    if not isinstance(text, str) or len(text) > MAX_COLUMN_CHARS:
-                        raise ValueError(f"{key}: not JSON text of at most {MAX_COLUMN_CHARS // 2**20} MiB")
-                    d[key] = load_json(text, key, max_values=MAX_COLUMN_VALUES, non_finite_as_null=True)
+                for key in JSON_COLUMNS:  # NaN and infinities: stores written before wrote them for null
+                    d[key] = column_json(d[key], key, non_finite_as_null=True)
                 d.update(StoredRow.model_validate(d).model_dump())
             except ValidationError as err:  # JSON of the wrong shape, a number of the wrong type
-                problem = err.errors()[0]
-                raise self.damaged_row(d, f"{'.'.join(map(str, problem['loc']))[:80]}: {problem['msg']}") from None
+                raise self.damaged_row(d, first_problem(err)) from None
             except (TypeError, ValueError) as err:  # invalid, too large or too deep JSON
                 raise self.damaged_row(d, "" if "not valid JSON" in str(err) else str(err)) from None
             out.append(d)
@@ -296,6 +289,13 @@ JSON_COLUMNS = ("swept", "config", "metrics", "not_applicable", "environment")
 MAX_COLUMN_CHARS = 4 * 2**20  # a run's resolved config is a few kB
 MAX_COLUMN_VALUES = 100_000  # final metrics: a few per eval length
 MAX_STUDY_CHARS = 32 * 2**20  # the study's YAML text (workbench.study.yaml_file.MAX_STUDY_BYTES) and names
+
+
+def column_json(text: Any, key: str, non_finite_as_null: bool = False) -> Any:
+    """A JSON column of the store, decoded within MAX_COLUMN_CHARS and MAX_COLUMN_VALUES."""
+    if not isinstance(text, str) or len(text) > MAX_COLUMN_CHARS:
+        raise ValueError(f"{key}: not JSON text of at most {MAX_COLUMN_CHARS // 2**20} MiB")
+    return load_json(text, key, max_values=MAX_COLUMN_VALUES, non_finite_as_null=non_finite_as_null)
 
 
 class StoredStudy(BaseModel):
