@@ -3,6 +3,7 @@ run id with its resolved settings and trains nothing."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -84,3 +85,24 @@ def test_validate_and_dry_run_apply_the_overrides(tmp_path):
     assert [line.split()[0] for line in listed] == [r.run_id for r in runs]
     assert 'model.position.name="none"' in listed[0] and "seed=0" in listed[0] and "seed=1" in listed[1]
     assert not (tmp_path / "out").exists()  # nothing trained, no store written
+
+
+# ---- issue 40: a value given with --set is read under a study file's limits -----------------
+
+ALIAS_BOMB = "{" + ", ".join(["a: &a [" + ", ".join(["lol"] * 9) + "]"] + [
+    f"{c}: &{c} [" + ", ".join([f"*{p}"] * 9) + "]" for p, c in zip("abcdefgh", "bcdefghi")]) + "}"
+
+
+@pytest.mark.parametrize("override, message", [
+    (f"notes={ALIAS_BOMB}", r"--set notes: its YAML aliases \(\*name\) expand to 4\.9e\+08 nodes, over the limit"),
+    (f"profiles={{gpu: {ALIAS_BOMB}}}", r"--set profiles: its YAML aliases \(\*name\) expand to"),
+    ("notes=" + "[" * 60_000, r"--set notes: its YAML is nested too deeply"),
+    ("notes=&p {b: *p}", r"--set notes: malformed YAML: a YAML alias \(\*name\) at line 1 refers to a value that holds it"),
+    ("train.steps=0x_", r"--set train.steps: '0x_' reads as a YAML number but is not one"),
+    ("notes=2001-02-30", r"--set notes: '2001-02-30' reads as a YAML date but is not one \(day is out of range"),
+    ("notes=a: b: c", r"--set notes: malformed YAML: mapping values are not allowed here"),
+])
+def test_a_set_value_is_refused_in_one_line_before_it_expands(tmp_path, override, message):
+    result = CliRunner().invoke(main, ["validate", str(write(tmp_path)), "--set", override])
+    assert result.exit_code == 2 and len(result.output.splitlines()) == 1, result.output
+    assert re.search(message, result.output), result.output

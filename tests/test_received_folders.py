@@ -4,6 +4,7 @@ points at is left as it was. Also: one writer even when the lock file is deleted
 
 from __future__ import annotations
 
+import re
 import shutil
 import sqlite3
 from pathlib import Path
@@ -145,3 +146,209 @@ def test_a_deleted_lock_file_does_not_admit_a_second_writer(received):
         (out / LOCK_FILE).unlink()  # deleted by hand while a sweep writes
         with pytest.raises(WorkbenchError, match="being written by another `workbench run`"):
             run_study(study, out, quiet=True)
+
+
+# ---- round three (issue 40): the store and run files are read as regular files only ---------
+
+def test_a_store_planted_as_a_link_is_refused_before_sqlite_writes_beside_its_target(received, tmp_path):
+    """SQLite follows a linked store and creates `<target>-wal` and `-shm` beside the target:
+    every reading command refuses the link first, and the folder the link points into stays
+    as it was."""
+    study, out, victim = received
+    elsewhere = victim / "their.db"
+    shutil.move(out / DB_FILE, elsewhere)  # a real workbench store, in WAL mode, outside the folder
+    for side in out.glob(f"{DB_FILE}-*"):
+        side.unlink()
+    (out / DB_FILE).symlink_to(elsewhere)
+    before = sorted(p.name for p in victim.iterdir())
+    for args in (("results", str(out)), ("report", str(out), "--no-pictures"),
+                 ("compare", str(out), str(out), "--no-pictures", "--out", str(tmp_path / "cmp"))):
+        result = cli(*args)
+        assert result.exit_code == 2 and len(result.output.splitlines()) == 1, (args, result.output)
+        assert f"{DB_FILE} is a symbolic link (to {elsewhere})" in result.output, result.output
+    assert sorted(p.name for p in victim.iterdir()) == before  # no their.db-wal, their.db-shm
+
+
+@pytest.mark.parametrize("side", ["-wal", "-shm"])
+def test_a_wal_side_file_planted_as_a_link_is_refused(received, side):
+    study, out, victim = received
+    (out / f"{DB_FILE}{side}").unlink(missing_ok=True)
+    (out / f"{DB_FILE}{side}").symlink_to(victim / "file.txt")
+    result = cli("results", str(out))
+    assert result.exit_code == 2 and f"{DB_FILE}{side} is a symbolic link" in result.output
+    assert untouched(victim)
+
+
+def returns_within(call, seconds: float, fifo: Path):
+    """call()'s value, or a test failure when it blocks past `seconds` (the FIFO is then opened
+    for writing, which releases a reader blocked opening it)."""
+    import os
+    import threading
+
+    outcome: list = []
+
+    def target():
+        try:
+            outcome.append(("value", call()))
+        except BaseException as err:  # noqa: BLE001 - handed to the test
+            outcome.append(("error", err))
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if thread.is_alive():
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        thread.join(10)
+        pytest.fail(f"blocked on the FIFO {fifo}")
+    kind, value = outcome[0]
+    if kind == "error":
+        raise value
+    return value
+
+
+def test_a_fifo_in_place_of_the_store_is_refused_at_once(received):
+    import os
+
+    study, out, victim = received
+    (out / DB_FILE).unlink()
+    os.mkfifo(out / DB_FILE)
+    with pytest.raises(WorkbenchError, match=rf"{DB_FILE} is not a regular file \(a FIFO\)"):
+        returns_within(lambda: load_results(out), 20, out / DB_FILE)
+    with pytest.raises(WorkbenchError, match=rf"{DB_FILE} is not a regular file \(a FIFO\)"):
+        returns_within(lambda: run_study(study, out, quiet=True), 20, out / DB_FILE)
+
+
+def test_a_fifo_in_place_of_a_result_json_is_refused_and_its_run_trains_again(received):
+    import os
+
+    from workbench.run.runner import recorded_result
+
+    study, out, victim = received
+    run = expand(load_study(study))[0]
+    path = out / "runs" / run.run_id / "result.json"
+    path.unlink()
+    os.mkfifo(path)
+    warnings: list[str] = []
+    assert returns_within(lambda: recorded_result(run, out, warn=warnings.append), 20, path) is None
+    assert len(warnings) == 1 and "is not a regular file (a FIFO)" in warnings[0] and "training that run again" in warnings[0]
+
+
+def test_a_fifo_in_place_of_a_checkpoint_fails_only_that_run_naming_it(received):
+    import os
+
+    from workbench.results import LAST_CHECKPOINT, Status
+    from workbench.run.train import train_run
+
+    study, out, victim = received
+    run = expand(load_study(study))[0]
+    folder = out / "runs" / run.run_id
+    (folder / "checkpoints").mkdir(exist_ok=True)
+    (folder / LAST_CHECKPOINT).unlink(missing_ok=True)
+    os.mkfifo(folder / LAST_CHECKPOINT)
+    result = returns_within(lambda: train_run(run.run_id, run.config, folder), 60, folder / LAST_CHECKPOINT)
+    assert result.status == Status.FAILED and "last.ckpt is not a regular file (a FIFO)" in result.error
+
+
+def test_a_fifo_in_place_of_the_final_weights_is_refused_by_the_report(received):
+    import os
+
+    from workbench.model.weights import load_final_model
+    from workbench.results import FINAL_WEIGHTS
+
+    study, out, victim = received
+    folder = out / "runs" / expand(load_study(study))[0].run_id
+    (folder / FINAL_WEIGHTS).unlink()
+    os.mkfifo(folder / FINAL_WEIGHTS)
+    with pytest.raises(WorkbenchError, match=r"final\.safetensors is not a regular file \(a FIFO\)"):
+        returns_within(lambda: load_final_model(folder), 20, folder / FINAL_WEIGHTS)
+    result = returns_within(lambda: cli("report", str(out)), 120, folder / FINAL_WEIGHTS)
+    assert result.exit_code == 2 and "is not a regular file (a FIFO)" in result.output and "Traceback" not in result.output
+
+
+# ---- tampered values (issue 40) ---------------------------------------------------------------
+
+def test_a_pending_runs_result_json_with_values_that_are_not_finite_is_not_recorded(received, capsys):
+    """NaN metrics and `"wall_time_s": Infinity` were recorded as finished, and every report
+    of the folder then failed with OverflowError."""
+    study, out, victim = received
+    first, second = expand(load_study(study))
+    with sqlite3.connect(out / DB_FILE) as conn:
+        conn.execute("DELETE FROM runs WHERE run_id = ?", (second.run_id,))
+    path = out / "runs" / second.run_id / "result.json"
+    text = path.read_text()
+    path.write_text(re.sub(r'"wall_time_s": [0-9.e+-]+', '"wall_time_s": Infinity', text))
+    summary = run_study(study, out, quiet=True)
+    assert "result.json is not a readable result (result.json: Infinity is not a finite number)" in capsys.readouterr().err
+    assert summary.statuses == {"finished": 1}  # trained again, not recorded from the tampered file
+    assert cli("report", str(out), "--no-pictures").exit_code == 0
+
+
+@pytest.mark.parametrize("column, value, message", [
+    ("wall_time_s", "1e999", r"wall_time_s: Input should be a finite number"),
+    ("steps_done", "1", None),  # a control: the row as the workbench writes it reads back
+    ("metrics", "'" + "[" * 5000 + "'", r"metrics: nested over 32 levels deep"),
+    ("config", "'" + '{"a":' * 40 + "1" + "}" * 40 + "'", r"config: nested over 32 levels deep"),
+    ("metrics", "'{" + ", ".join(f'"m{i}": 1' for i in range(100_001)) + "}'", r"metrics: holds over 100000 values"),
+    ("recorded_at", "'yesterday'", r"recorded_at: Value error, Invalid isoformat string"),
+    ("status", "'won'", r"status: Input should be 'finished'"),
+])
+def test_a_stored_row_with_a_value_out_of_shape_is_one_line_from_every_command(received, tmp_path, column, value,
+                                                                               message):
+    study, out, victim = received
+    with sqlite3.connect(out / DB_FILE) as conn:
+        conn.execute(f"UPDATE runs SET {column} = {value} WHERE \"index\" = 0")
+    for args in (("results", str(out)), ("report", str(out), "--no-pictures"),
+                 ("compare", str(out), str(out), "--no-pictures", "--out", str(tmp_path / "cmp"))):
+        result = cli(*args)
+        if message is None:
+            assert result.exit_code == 0, (args, result.output)
+            continue
+        assert result.exit_code == 2 and len(result.output.splitlines()) == 1, (args, result.output)
+        assert re.search(r"the row of run '[0-9a-f]{12}' is damaged \(" + message, result.output), result.output
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("study", '{"not json', r"its study record is damaged \(study: not valid JSON"),
+    ("study", "[" * 5000, r"its study record is damaged \(study: nested over 32 levels deep"),
+    ("run_defining", "{oops", r"its study record is damaged \(run_defining: not valid JSON"),
+    ("study:kind", [1], r"the stored study has kind '\[1\]', which this workbench does not know"),
+    ("study:name", "../../victim", r"damaged study description \(name: String should match pattern"),
+    ("study:train.steps", "abc", r"damaged study description \(train.steps: "),
+])
+def test_a_stored_study_record_out_of_shape_is_one_line(received, tmp_path, key, value, message):
+    import json
+
+    study, out, victim = received
+    with sqlite3.connect(out / DB_FILE) as conn:
+        if key.startswith("study:"):
+            stored = json.loads(conn.execute("SELECT value FROM study WHERE key = 'study'").fetchone()[0])
+            *parents, last = key.removeprefix("study:").split(".")
+            node = stored
+            for part in parents:
+                node = node[part]
+            node[last] = value
+            conn.execute("UPDATE study SET value = ? WHERE key = 'study'", (json.dumps(stored),))
+        else:
+            conn.execute("UPDATE study SET value = ? WHERE key = ?", (value, key))
+    for args in (("report", str(out), "--no-pictures"),
+                 ("compare", str(out), str(out), "--no-pictures", "--out", str(tmp_path / "cmp"))):
+        result = cli(*args)
+        assert result.exit_code == 2 and len(result.output.splitlines()) == 1, (args, result.output)
+        assert re.search(message, result.output), (args, result.output)
+    if not key.startswith("study:"):  # `run` reads the record too
+        result = cli("run", str(study), "--out", str(out), "--quiet")
+        assert result.exit_code == 2 and re.search(message, result.output.splitlines()[-1]), result.output
+
+
+def test_a_stored_run_config_without_a_variant_name_is_one_line(received):
+    import json
+
+    study, out, victim = received
+    with sqlite3.connect(out / DB_FILE) as conn:
+        run_id, config = conn.execute("SELECT run_id, config FROM runs WHERE \"index\" = 0").fetchone()
+        config = json.loads(config)
+        del config["model"]["position"]["name"]
+        conn.execute("UPDATE runs SET config = ? WHERE run_id = ?", (json.dumps(config), run_id))
+    result = cli("report", str(out), "--no-pictures")
+    assert result.exit_code == 2 and len(result.output.splitlines()) == 1, result.output
+    assert f"the stored config of run '{run_id}' names no task or variant" in result.output

@@ -4,6 +4,7 @@ the one-line message and that nothing finished was lost."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -479,23 +480,24 @@ def test_a_full_disk_while_a_run_ends_is_one_message(tmp_path, monkeypatch):
 SHORT = STUDY.replace("seeds: [0]", "seeds: [0, 1]")  # 4 runs of 20 steps
 
 
-def group_signal(tmp_path: Path, text: str, when) -> tuple[subprocess.Popen, str, Path, list[int]]:
-    """Start `workbench run --jobs 2` in a process group of its own, wait until `when(out)` is
-    true, send SIGINT to the whole group (what a terminal's Ctrl-C does); returns the process,
-    its stderr, the output folder and every process the group had when signalled."""
+def group_signal(tmp_path: Path, text: str, when, sig: int = signal.SIGINT) -> tuple[subprocess.Popen, str, Path, list[int]]:
+    """Start `workbench run --jobs 2` in a process group of its own, wait until `when(out, proc)`
+    is true, send `sig` to the whole group (SIGINT: what a terminal's Ctrl-C does; SIGTERM: what
+    a scheduler or `kill -- -PGID` does); returns the process, its stderr, the output folder
+    and every process the group had when signalled."""
     study, out = write(tmp_path, text), tmp_path / "out"
     proc = subprocess.Popen([sys.executable, "-m", "workbench.cli", "run", str(study), "--out", str(out), "--quiet",
                              "--jobs", "2", "--reports", str(tmp_path / "reports")],
                             env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             start_new_session=True)
     deadline = time.monotonic() + 240
-    while not when(out):
+    while not when(out, proc):
         if proc.poll() is not None or time.monotonic() > deadline:
             kill_group(proc)
             pytest.fail(f"the moment to signal never came: {proc.communicate()}")
         time.sleep(0.02)
     group = [proc.pid, *children(proc.pid)]
-    os.killpg(proc.pid, signal.SIGINT)
+    os.killpg(proc.pid, sig)
     try:
         _, err = proc.communicate(timeout=120)
     finally:
@@ -503,17 +505,17 @@ def group_signal(tmp_path: Path, text: str, when) -> tuple[subprocess.Popen, str
     return proc, err.decode(), out, group
 
 
-def assert_one_true_line_and_nothing_left(proc, err: str, group: list[int]) -> str:
+def assert_one_true_line_and_nothing_left(proc, err: str, group: list[int], sig: str = "SIGINT") -> str:
     lines = [line for line in err.splitlines() if line.strip()]
     assert proc.returncode == 130, err
-    assert len(lines) == 1 and lines[0].startswith("error: stopped by SIGINT"), err
+    assert len(lines) == 1 and lines[0].startswith(f"error: stopped by {sig}"), err
     assert not still_alive_after(group, 5), "a process outlived the stop by 5 s"
     return lines[0]
 
 
 def test_a_group_signal_during_start_up_stops_before_anything_is_written(tmp_path):
     started = time.monotonic()
-    proc, err, out, group = group_signal(tmp_path, SHORT, lambda out: time.monotonic() - started > 1.5)
+    proc, err, out, group = group_signal(tmp_path, SHORT, lambda out, proc: time.monotonic() - started > 1.5)
     line = assert_one_true_line_and_nothing_left(proc, err, group)
     if "before the sweep began" in line:
         assert "nothing was trained or recorded" in line and not (out / DB_FILE).exists()
@@ -522,12 +524,15 @@ def test_a_group_signal_during_start_up_stops_before_anything_is_written(tmp_pat
     assert run_study(write(tmp_path, SHORT), out, quiet=True).statuses == {"finished": 4}
 
 
-def test_a_group_signal_mid_training_checkpoints_both_runs_and_records_none_failed(tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_group_signal_mid_training_checkpoints_both_runs_and_records_none_failed(tmp_path, sig):
+    """SIGTERM too (issue 40): Lightning's SIGTERM handler in the workers would end their runs
+    with a bare `stopped` and no checkpoint of the step they stopped at."""
     long = LONG.replace("seeds: [0]", "seeds: [0, 1]")
     runs = expand(load_study(write(tmp_path, long)))
-    training = lambda out: all((out / "runs" / r.run_id / LAST_CHECKPOINT).exists() for r in runs[:2])
-    proc, err, out, group = group_signal(tmp_path, long, training)
-    line = assert_one_true_line_and_nothing_left(proc, err, group)
+    training = lambda out, proc: all((out / "runs" / r.run_id / LAST_CHECKPOINT).exists() for r in runs[:2])
+    proc, err, out, group = group_signal(tmp_path, long, training, sig)
+    line = assert_one_true_line_and_nothing_left(proc, err, group, signal.Signals(sig).name)
     assert "0 of 4 runs done and recorded" in line and line.count("checkpointed it") == 2
     assert Store(out, create=False).statuses() == {}  # nothing recorded, so nothing failed
     steps = [int(s) for s in re.findall(r"stopped at step (\d+)", line)]
@@ -539,7 +544,7 @@ def test_a_group_signal_mid_training_checkpoints_both_runs_and_records_none_fail
 def test_a_group_signal_during_the_report_keeps_every_run_and_the_next_report_cleans_up(tmp_path):
     from workbench.report import write_report
 
-    building = lambda out: any((tmp_path / "reports").glob(".*.building-*"))
+    building = lambda out, proc: any((tmp_path / "reports").glob(".*.building-*"))
     proc, err, out, group = group_signal(tmp_path, SHORT, building)
     line = assert_one_true_line_and_nothing_left(proc, err, group)
     assert "after the sweep: its 4 runs are recorded" in line and "the report was not written" in line
@@ -549,12 +554,66 @@ def test_a_group_signal_during_the_report_keeps_every_run_and_the_next_report_cl
     assert [p.name for p in (tmp_path / "reports").iterdir()] == ["tiny-reliability"]
 
 
+def test_a_worker_ignores_sigint_and_sigterm_from_its_first_instruction():
+    """Issue 40: a spawned worker's blocked mask was reset (SigBlk 0: starting multiprocessing's
+    resource tracker unblocks both in the driver), so a group signal while it imported torch
+    killed it and its run was recorded failed. Read from /proc as soon as start() returns,
+    before the child has run a line of Python; with no resource tracker yet, as in a driver
+    that starts its first worker."""
+    import multiprocessing
+
+    from workbench.run.executor import Worker, reap_resource_tracker
+
+    reap_resource_tracker()
+
+    handlers = {sig: signal.getsignal(sig) for sig in stopping.SIGNALS}
+    worker = Worker(multiprocessing.get_context("spawn"), threads=1)
+    try:
+        status = dict(line.split(":\t", 1) for line in Path(f"/proc/{worker.process.pid}/status").read_text().splitlines()
+                      if line.startswith(("SigIgn", "SigBlk")))
+        held = int(status["SigIgn"], 16) | int(status["SigBlk"], 16)
+        assert all(held >> (sig - 1) & 1 for sig in stopping.SIGNALS), status
+        os.kill(worker.process.pid, signal.SIGINT)
+        os.kill(worker.process.pid, signal.SIGTERM)
+        worker.leave()
+        worker.process.join(60)
+        assert worker.process.exitcode == 0  # it left when told to, not killed by either signal
+    finally:
+        worker.end()
+    assert {sig: signal.getsignal(sig) for sig in stopping.SIGNALS} == handlers  # the driver's are back
+
+
+def test_a_signal_to_the_driver_while_a_worker_starts_reaches_its_handler():
+    received = []
+    before = signal.signal(signal.SIGTERM, lambda signum, frame: received.append(signum))
+    try:
+        with stopping.signals_blocked():
+            os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.01)  # Python runs the handler at its next instruction
+        assert received == [signal.SIGTERM]
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
+def test_a_group_signal_as_the_workers_appear_leaves_every_run_pending_without_a_traceback(tmp_path):
+    """Issue 40: the moment that killed a worker mid-import (3 of 33 trials)."""
+    proc, err, out, group = group_signal(tmp_path, SHORT, lambda out, proc: bool(worker_pids(proc.pid)))
+    line = assert_one_true_line_and_nothing_left(proc, err, group)
+    assert "0 of 4 runs done" in line and "Traceback" not in err and "KeyboardInterrupt" not in err
+    assert not (out / DB_FILE).exists() or Store(out, create=False).statuses() == {}  # nothing failed: all pending
+
+
 # ---- a dead worker costs only its run -----------------------------------------------------------
 
 
 def worker_pids(pid: int) -> list[int]:
     """The sweep's worker processes (not multiprocessing's resource tracker)."""
-    return [child for child in children(pid) if b"spawn_main" in Path(f"/proc/{child}/cmdline").read_bytes()]
+    out = []
+    for child in children(pid):
+        with contextlib.suppress(OSError):  # it ended meanwhile
+            if b"spawn_main" in Path(f"/proc/{child}/cmdline").read_bytes():
+                out.append(child)
+    return out
 
 
 def test_a_sigkilled_worker_fails_only_its_run_with_the_reason_and_the_sweep_goes_on(tmp_path):
@@ -596,7 +655,7 @@ def test_a_result_json_of_the_wrong_shape_is_named_and_its_run_trained_again(fin
     path = run_dir(out, second.run_id) / RESULT_FILE
     path.write_text(path.read_text().replace('"metrics": {', '"metrics": 5, "was": {'))
     summary = run_study(study, out, quiet=True)
-    assert f"{path} is not a readable result (ValidationError" in capsys.readouterr().err
+    assert f"{path} is not a readable result (metrics: Input should be a valid dictionary)" in capsys.readouterr().err
     assert summary.statuses == {"finished": 1} and finished_ids(out) == {first.run_id, second.run_id}
 
 
@@ -727,3 +786,60 @@ def test_a_worker_killed_by_the_oom_killer_is_recorded_oom(monkeypatch):
     assert executor.death_result(job, -9, 3).status == Status.OOM  # the kernel's count went up
     killed = executor.death_result(job, -9, 4)
     assert killed.status == Status.FAILED and "killed by signal 9 (SIGKILL)" in killed.error
+
+
+# ---- issue 40: bounded reading of what a run folder holds --------------------------------------
+
+
+@pytest.mark.parametrize("text, problem", [
+    ("[" * 200_000 + "]" * 200_000, "result.json: nested over 32 levels deep"),
+    ('{"run_id": "x", "status": "finished", "steps_done": true}', "steps_done: Input should be a valid integer"),
+    ('{"run_id": "x", "status": "finished", "metrics": {"loss@6": NaN}}', "result.json: NaN is not a finite number"),
+])
+def test_a_result_json_too_deep_or_out_of_shape_is_named_and_its_run_trained_again(finished_out, tmp_path, text,
+                                                                                   problem):
+    from workbench.run.runner import recorded_result
+
+    study, out = copy_of(finished_out, tmp_path)
+    run = expand(load_study(study))[0]
+    path = run_dir(out, run.run_id) / RESULT_FILE
+    path.write_text(text)
+    warnings: list[str] = []
+    assert recorded_result(run, out, warn=warnings.append) is None
+    assert len(warnings) == 1 and problem in warnings[0] and "training that run again" in warnings[0], warnings
+
+
+def test_a_result_json_over_its_size_limit_is_refused_before_it_is_parsed(finished_out, tmp_path, monkeypatch):
+    import workbench.run.runner as runner
+
+    study, out = copy_of(finished_out, tmp_path)
+    run = expand(load_study(study))[0]
+    path = run_dir(out, run.run_id) / RESULT_FILE
+    monkeypatch.setattr(runner, "MAX_RESULT_BYTES", path.stat().st_size - 1)
+    monkeypatch.setattr(runner, "load_json", lambda *a, **k: pytest.fail("parsed a file over the limit"))
+    warnings: list[str] = []
+    assert runner.recorded_result(run, out, warn=warnings.append) is None
+    assert "MiB, more than the workbench writes there" in warnings[0]
+
+
+@pytest.mark.parametrize("text", ["[1]", '{"step": "x", "loss": 1}', '{"step": 3}', "{", '{"step": 3, "loss": NaN}'])
+def test_a_malformed_progress_file_leaves_the_live_display_running(tmp_path, text):
+    """A progress.json the run did not write (or half a write) killed the display's thread."""
+    import io
+
+    from rich.console import Console
+
+    from workbench.run.executor import Job
+    from workbench.run.runner import SweepProgress
+
+    progress = SweepProgress("t", 1, quiet=False, console=Console(file=io.StringIO()), poll_s=3600)
+    try:
+        job = Job("0" * 12, {"train": {"steps": 10}}, tmp_path)
+        progress.started(job, "a run")
+        (tmp_path / "progress.json").write_text(text)
+        progress.refresh_runs()  # raised in the poller thread before
+        (tmp_path / "progress.json").write_text('{"step": 4, "loss": 0.5, "steps": 10, "seconds": 1}')
+        progress.refresh_runs()
+        assert progress.progress.tasks[-1].completed == 4
+    finally:
+        progress.close()

@@ -109,3 +109,58 @@ def test_only_the_encoder_has_a_classifier():
 def test_rope_needs_an_even_head_dim():
     err = spec_error(position="rope", d_model=12, n_heads=4)  # head_dim 3
     assert err.field == "model.head_dim"
+
+
+# ---- issue 40: whole numbers are strict and bounded, floats finite, in every study section ------
+
+STUDY = """\
+name: t
+task: {name: copy, train_length: 8, n_eval: 16, alphabet_size: 8}
+model: {family: decoder, d_model: 32, n_layers: 1, n_heads: 2, position: rope}
+train: {steps: 20, batch_size: 8}
+seeds: [0]
+"""
+
+
+@pytest.mark.parametrize("line, message", [
+    ("train: {steps: true, batch_size: 8}", "train.steps: expected a whole number, got true (a boolean)"),
+    (f"train: {{steps: {'9' * 4000}, batch_size: 8}}",
+     "train.steps: a number of 4000 digits is too large (at most 9223372036854775807)"),
+    ("train: {steps: 20, batch_size: 8, lr: .inf}", "train.lr: Input should be a finite number (got inf)"),
+    ("model: {family: decoder, d_model: true, n_layers: 1, n_heads: 2, position: rope}",
+     "model.d_model: expected a whole number, got true (a boolean)"),
+    ("model: {family: decoder, d_model: 32, n_layers: 1, n_heads: 2, attention: {name: sliding_window, window: false}}",
+     "model.attention.window: expected a whole number, got false (a boolean)"),
+    ("task: {name: copy, train_length: true, n_eval: 16, alphabet_size: 8}",
+     "task.train_length: expected a whole number, got true (a boolean)"),
+    ("seeds: [0, true]", "seeds: expected a whole number, got true (a boolean)"),
+])
+def test_a_boolean_huge_or_infinite_number_is_refused_at_validate_naming_the_field(tmp_path, line, message):
+    from click.testing import CliRunner
+
+    from workbench.cli import main
+
+    section = line.split(":")[0]
+    text = "\n".join(line if row.startswith(section + ":") else row for row in STUDY.splitlines())
+    path = tmp_path / "study.yaml"
+    path.write_text(text + "\n")
+    result = CliRunner().invoke(main, ["validate", str(path)])
+    assert result.exit_code == 2 and message in result.output and len(result.output.splitlines()) == 1, result.output
+
+
+@pytest.mark.parametrize("text, message", [
+    ("name: x\ndate: 2001-02-30\n", "study.yaml:2: '2001-02-30' reads as a YAML date but is not one (day is out of range"),
+    ("name: x\ndate: 2001-13-01\n", "study.yaml:2: '2001-13-01' reads as a YAML date but is not one (month must be"),
+    ("name: x\nseeds: 0b_\n", "study.yaml:2: '0b_' reads as a YAML number but is not one"),
+    ("name: x\nseeds: 0x_\n", "study.yaml:2: '0x_' reads as a YAML number but is not one"),
+    ("name: x\nkind: [1]\n", "study.yaml:2: kind: unknown study kind [1]"),
+    ("a: &p {b: *p}\n", "a YAML alias (*name) at line 1 refers to a value that holds it"),
+])
+def test_yaml_that_cannot_build_is_one_line(tmp_path, text, message):
+    from workbench.study import load_study
+
+    path = tmp_path / "study.yaml"
+    path.write_text(text)
+    with pytest.raises(WorkbenchError) as info:
+        load_study(path)
+    assert message in str(info.value) and "\n" not in str(info.value)

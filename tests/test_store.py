@@ -74,3 +74,69 @@ def test_a_store_written_before_the_index_column_was_named_reads_and_resumes(tmp
     Store(tmp_path).record(*fake(0, 3))  # a writer renames the column and goes on
     table = load_results(tmp_path)
     assert list(table.columns[:3]) == ["run_id", "index", "seed"] and list(table["index"]) == [0, 1, 2, 3]
+
+
+# ---- issue 40: a failing disk is not a damaged store ------------------------------------------
+
+SAFE_ADVICE = "do not delete the store or use --fresh for this"
+
+
+def assert_disk_advice(err: Exception) -> None:
+    message = str(err)
+    assert "the disk failed to read or write it (disk I/O error)" in message and SAFE_ADVICE in message, message
+    assert "move it away" not in message and "to start over" not in message
+
+
+def test_a_disk_io_error_is_told_apart_from_a_damaged_store(tmp_path, monkeypatch):
+    """Injected: the error SQLite gave a reader on a full tmpfs (SQLITE_IOERR_SHMSIZE), raised by
+    a monkeypatched sqlite3.connect."""
+    import sqlite3
+
+    import pytest
+
+    from workbench.errors import WorkbenchError
+
+    Store(tmp_path).record(*fake(0, 0))
+
+    def failing_disk(*args, **kwargs):
+        err = sqlite3.OperationalError("disk I/O error")
+        err.sqlite_errorcode, err.sqlite_errorname = 4874, "SQLITE_IOERR_SHMSIZE"
+        raise err
+
+    monkeypatch.setattr(sqlite3, "connect", failing_disk)
+    with pytest.raises(WorkbenchError) as info:
+        load_results(tmp_path)
+    assert_disk_advice(info.value)
+    monkeypatch.undo()
+    assert len(load_results(tmp_path)) == 1  # the store was fine all along
+
+
+def test_a_full_tmpfs_is_a_disk_error_and_the_store_reads_once_space_is_freed(tmp_path):
+    """A real full disk: a 1 MiB tmpfs, where the reader cannot create the store's -shm file.
+    Needs the right to mount (root in a container that allows it); skipped elsewhere."""
+    import subprocess
+
+    import pytest
+
+    from workbench.errors import WorkbenchError
+
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(disk)], capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        Store(disk / "out").record(*fake(0, 0))
+        for side in (disk / "out").glob("results.db-*"):
+            side.unlink()
+        with open(disk / "fill", "wb") as fill:  # until the disk is full
+            with pytest.raises(OSError):
+                while True:
+                    fill.write(b"\0" * 65536)
+                    fill.flush()
+        with pytest.raises(WorkbenchError) as info:
+            load_results(disk / "out")
+        assert_disk_advice(info.value)
+        (disk / "fill").unlink()
+        assert len(load_results(disk / "out")) == 1
+    finally:
+        subprocess.run(["umount", str(disk)], check=False)

@@ -6,7 +6,9 @@
     Status     the one vocabulary of outcomes, stored as its plain value ("finished", ...)
 
 A run folder holds CONFIG_FILE, LAST_CHECKPOINT (resume), logs/, FINAL_WEIGHTS (for reports),
-PROGRESS_FILE (step and loss while it trains) and RESULT_FILE.
+PROGRESS_FILE (step and loss while it trains) and RESULT_FILE. They are written atomically
+(write_text_atomic) and read back as regular files only (read_regular, load_json): a folder
+may come from someone else.
 
 Every record also names its source: `git_commit`, the commit of the workbench tree that trained
 or measured it (in its environment), which every report states beside the one that built it.
@@ -14,15 +16,21 @@ or measured it (in its environment), which every report states beside the one th
 
 from __future__ import annotations
 
+import errno
 import json
+import math
 import os
+import stat
 import subprocess
 from dataclasses import asdict, dataclass, field
+from datetime import datetime
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, BinaryIO, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, Strict, ValidationError
+
+from workbench.errors import WorkbenchError
 
 
 class Status(StrEnum):
@@ -122,7 +130,12 @@ class RunResult:
         self.status = Status(self.status)  # a plain string read back becomes the enum (or fails here)
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        """Plain JSON data; a metric or curve value that is not a finite number (a diverging
+        loss) is null, so every result.json reads back under StoredResult's finite floats."""
+        data = asdict(self)
+        data["metrics"] = finite_metrics(self.metrics)
+        data["curves"] = [(step, split, metric, finite_or_none(value)) for step, split, metric, value in self.curves]
+        return data
 
     @classmethod
     def from_json(cls, data: Any) -> RunResult:
@@ -130,7 +143,23 @@ class RunResult:
         return cls(**StoredResult.model_validate(data).model_dump())
 
 
-Value = float | int | str | bool | None  # a metric: a number, or a scaling study's instrument label
+def finite_or_none(value: Any) -> float | None:
+    value = float(value)
+    return value if math.isfinite(value) else None
+
+
+def finite_metrics(metrics: dict[str, Any]) -> dict[str, Any]:
+    """Metrics as recorded: a float that is not finite (NaN: nothing measured) becomes None."""
+    return {key: finite_or_none(value) if isinstance(value, float) else value for key, value in metrics.items()}
+
+
+# Values read back from a file or store the workbench did not necessarily write: what it writes
+# is finite, whole numbers are never booleans, and every count fits SQLite's 64-bit INTEGER.
+MAX_COUNT = 2**63 - 1
+Seconds = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+Count = Annotated[int, Strict(), Field(ge=0, le=MAX_COUNT)]
+Number = Annotated[float, Field(allow_inf_nan=False)]
+Value = Annotated[bool, Strict()] | Annotated[int, Strict()] | Number | str | None  # a metric, or a scaling study's instrument label
 
 
 class StoredResult(BaseModel):
@@ -139,35 +168,64 @@ class StoredResult(BaseModel):
     model_config = ConfigDict(extra="forbid")
     run_id: str
     status: Status
-    steps_done: int = 0
+    steps_done: Count = 0
     last_step: Literal["whole", "partial", "dropped"] | None = None
     metrics: dict[str, Value] = {}
     not_applicable: dict[str, str] = {}
-    curves: list[tuple[int, str, str, float | None]] = []
-    n_params: int | None = None
-    diverged_step: int | None = None
+    curves: list[tuple[Count, str, str, Number | None]] = []
+    n_params: Count | None = None
+    diverged_step: Count | None = None
     error: str | None = None
-    wall_time_s: float = 0.0
-    cpu_time_s: float | None = None
-    train_time_s: float = 0.0
-    eval_time_s: float = 0.0
-    tokens: int = 0
-    train_flops: int | None = None
-    tokens_per_s: float | None = None
-    peak_memory_bytes: int | None = None
+    wall_time_s: Seconds = 0.0
+    cpu_time_s: Seconds | None = None
+    train_time_s: Seconds = 0.0
+    eval_time_s: Seconds = 0.0
+    tokens: Count = 0
+    train_flops: Count | None = None
+    tokens_per_s: Seconds | None = None
+    peak_memory_bytes: Count | None = None
     peak_memory_instrument: str | None = None
-    resumed_from_step: int | None = None
+    resumed_from_step: Count | None = None
     environment: dict[str, Any] = {}
 
 
+def first_problem(err: ValidationError) -> str:
+    """pydantic's first problem as `field.path: message`, for a one-line refusal."""
+    problem = err.errors()[0]
+    return f"{'.'.join(map(str, problem['loc']))[:80]}: {problem['msg'][:120]}"
+
+
+def iso_timestamp(text: str) -> str:
+    datetime.fromisoformat(text)  # ValueError for what is not one
+    return text
+
+
 class StoredRow(BaseModel):
-    """The JSON columns of a store's `runs` row, checked before any table is built from them."""
+    """A store's `runs` row, its JSON columns decoded, checked before any table is built from it
+    (the report computes spans and counts from its numbers)."""
 
     swept: dict[str, Any]
     config: dict[str, Any]
     metrics: dict[str, Value]
     not_applicable: dict[str, str]
     environment: dict[str, Any]
+    status: Status
+    recorded_at: Annotated[str, AfterValidator(iso_timestamp)]
+    index: Count
+    seed: Count
+    attempts: Count
+    n_params: Count | None
+    steps_done: Count | None
+    diverged_step: Count | None
+    train_tokens: Count | None
+    train_flops: Count | None
+    peak_memory_bytes: Count | None
+    resumed_from_step: Count | None
+    wall_time_s: Seconds | None
+    cpu_time_s: Seconds | None
+    train_time_s: Seconds | None
+    eval_time_s: Seconds | None
+    tokens_per_s: Seconds | None
 
 
 def write_text_atomic(path: Path, text: str) -> None:
@@ -194,6 +252,119 @@ def flatten(value: Any, prefix: str = "") -> dict[str, Any]:
             out.update(flatten(item, f"{prefix}.{key}" if prefix else str(key)))
         return out
     return {prefix: value}
+
+
+# ---- reading back what a folder holds -----------------------------------------------------
+#
+# Reading what a received folder holds: a results folder, a run folder, a report folder may
+# come from someone else, and hold links, FIFOs, devices, huge or deeply nested files planted to
+# make a command read or write elsewhere, block forever, or exhaust memory.
+#
+#     check_regular(path)      lstat only: a regular file, absent, or refused (link, FIFO, ...)
+#     open_regular(path)       opened without following a link and without blocking on a FIFO
+#     read_regular(path, max)  its bytes, at most `max`
+#     load_json(data, what)    JSON bounded in depth and values, without NaN or Infinity,
+#                              refused with `what` named
+#
+# Every refusal is one UnsafeFile (a WorkbenchError) or ValueError naming the file or field.
+
+
+class UnsafeFile(WorkbenchError):
+    """A file a command would read is a link, a FIFO, a device or a folder, or is too large."""
+
+
+def check_regular(path: str | Path) -> bool:
+    """True when `path` is a regular file, False when it is absent; UnsafeFile for a symbolic
+    link or anything else (lstat: nothing is opened, so a FIFO cannot block)."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return False
+    if stat.S_ISLNK(mode):
+        raise UnsafeFile(link_error(Path(path), Path(path).parent).args[0])
+    if not stat.S_ISREG(mode):
+        raise not_regular(path, mode)
+    return True
+
+
+def not_regular(path: str | Path, mode: int) -> UnsafeFile:
+    kind = next((name for test, name in ((stat.S_ISDIR, "folder"), (stat.S_ISFIFO, "FIFO"), (stat.S_ISSOCK, "socket"),
+                                         (stat.S_ISCHR, "character device"), (stat.S_ISBLK, "block device"))
+                 if test(mode)), "special file")
+    return UnsafeFile(f"{path} is not a regular file (a {kind}); the workbench reads only files it wrote there: "
+                      "remove it (or copy the folder without it) and run again")
+
+
+def open_regular(path: str | Path) -> BinaryIO:
+    """`path` opened for reading if it is a regular file: never through a link, and without
+    blocking (O_NONBLOCK: opening a FIFO returns at once, then fstat refuses it); UnsafeFile
+    for a link or a file that is not regular, FileNotFoundError when it is absent."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as err:
+        if err.errno == errno.ELOOP:  # O_NOFOLLOW met a link
+            check_regular(path)
+        raise
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise not_regular(path, mode)
+    return os.fdopen(fd, "rb")
+
+
+def read_regular(path: str | Path, max_bytes: int) -> bytes:
+    """The bytes of the regular file `path` (open_regular); UnsafeFile when over `max_bytes`."""
+    with open_regular(path) as file:
+        data = file.read(max_bytes + 1)  # a file growing meanwhile is cut here too
+    if len(data) > max_bytes:
+        raise UnsafeFile(f"{path} is over {max_bytes / 2**20:.3g} MiB, more than the workbench writes there: "
+                         "move it away and run again")
+    return data
+
+
+MAX_JSON_DEPTH = 32  # a run config nests about 5 levels; a crafted file, thousands
+MAX_JSON_VALUES = 2_000_000  # a long run's curves: a few hundred thousand values
+
+
+def load_json(data: str | bytes, what: str, max_depth: int = MAX_JSON_DEPTH, max_values: int = MAX_JSON_VALUES,
+              non_finite_as_null: bool = False):
+    """JSON from a file or store column the workbench may not have written: ValueError naming
+    `what` for invalid JSON, NaN or Infinity (never written: values that are not finite are
+    recorded as null; `non_finite_as_null` reads them as null, as stores written before did
+    write them), nesting deeper than `max_depth` or more than `max_values` values."""
+
+    def refuse_constant(name: str):
+        if non_finite_as_null:
+            return None
+        raise ValueError(f"{what}: {name} is not a finite number")
+
+    try:
+        value = json.loads(data, parse_constant=refuse_constant)
+    except RecursionError:  # the C parser's own bound (a thousand levels), met long before a stack overflow
+        raise ValueError(f"{what}: nested over {max_depth} levels deep") from None
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{what}: not valid JSON ({err.msg} at line {err.lineno} column {err.colno})") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"{what}: not UTF-8 text") from None
+    values, level = 0, [value]
+    for depth in range(max_depth + 1):
+        if not level:
+            return value
+        values += len(level)
+        if values > max_values:
+            raise ValueError(f"{what}: holds over {max_values} values, more than the workbench writes")
+        level = [item for node in level if isinstance(node, (dict, list))
+                 for item in (node.values() if isinstance(node, dict) else node)]
+    raise ValueError(f"{what}: nested over {max_depth} levels deep")
+
+
+def link_error(link: Path, root: Path) -> WorkbenchError:
+    try:
+        target = os.readlink(link)
+    except OSError:
+        target = "?"
+    return WorkbenchError(f"{link} is a symbolic link (to {target}); the workbench writes only inside {root} and "
+                          "follows no link there: remove the link (or copy the folder without links) and run again")
 
 
 # ---- source ----------------------------------------------------------------------------------

@@ -1,9 +1,11 @@
 """Stopping a sweep on SIGTERM or SIGINT without losing or half-writing anything.
 
 One process decides: the driver (the `workbench run` process). Its handler turns the first
-signal into a stop request; its worker processes ignore SIGINT and SIGTERM (so a terminal's
-Ctrl-C, which signals the whole process group, reaches them only through the driver) and
-stop when the driver tells them to (workbench.run.executor).
+signal into a stop request; its worker processes hold SIGINT and SIGTERM blocked from their
+first instruction, then ignore them (signals_blocked: a terminal's Ctrl-C, which signals the
+whole process group, cannot kill one while it starts) and stop when the driver tells them to
+(workbench.run.executor). While a run trains, a signal to a worker requests the same stop
+(handle_during_training replaces the SIGTERM handler Lightning installs).
 
     signal -> driver: request_stop() -> the executor tells each worker to stop
            -> each training loop finishes its step, checkpoints it, raises RunInterrupted
@@ -141,7 +143,8 @@ def leave_to_default() -> None:
 def signals_blocked() -> Iterator[None]:
     """Hold SIGINT and SIGTERM back while starting a worker process: it inherits the blocked
     mask and ignores both (ignore_signals) before any can reach it; the driver receives a
-    signal that arrived meanwhile as soon as this block ends."""
+    signal that arrived meanwhile as soon as this block ends (or at once, through a thread
+    that does not block it: Python runs the handler in the main thread either way)."""
     before = signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
     try:
         yield
@@ -149,9 +152,30 @@ def signals_blocked() -> Iterator[None]:
         signal.pthread_sigmask(signal.SIG_SETMASK, before)
 
 
+_in_worker = [False]  # this process is a sweep's worker (ignore_signals): its driver decides
+
+
 def ignore_signals() -> None:
     """In a worker: SIGINT and SIGTERM are the driver's to handle (it relays a stop through
-    the shared event); a pending one from before is discarded."""
+    the shared event) until a run trains (handle_during_training); a pending one is discarded."""
+    _in_worker[0] = True
     for sig in SIGNALS:
         signal.signal(sig, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, SIGNALS)
+
+
+def _request_handler(signum: int, frame: Any) -> None:
+    request_stop(signal.Signals(signum).name)
+
+
+def handle_during_training() -> None:
+    """Called as a training loop starts, once Lightning has installed its own SIGTERM handler
+    (its _SignalConnector), which would end the run at its next step without checkpointing it:
+    SIGTERM and SIGINT request the workbench's stop instead, so the run checkpoints the step
+    it stopped at. A worker's handler only requests the stop (its driver kills it if it does
+    not end in time); any other process gets the driver's (a second signal ends it at once).
+    Lightning puts back the handlers it found when training ends (a worker ignores again)."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for sig in SIGNALS:
+        signal.signal(sig, _request_handler if _in_worker[0] else _handler)

@@ -1,19 +1,97 @@
 """What every pluggable variant declares: an axis, a name and typed parameters.
 
 A variant's `Params` (a pydantic model) is the one place its parameters are declared:
-YAML validation, `workbench list` and reports all read them from there.
+YAML validation, `workbench list` and reports all read them from there. Every such model
+(and every other model of a study file) is a StrictModel: whole numbers strict and bounded,
+floats finite.
 """
 
 from __future__ import annotations
 
+import math
+import types
+import typing
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, model_validator
 
 AXES = ("position", "attention", "norm", "ffn", "task")
 
 
-class Params(BaseModel):
+# ---- StrictModel: the base of every model a study file (and a stored study) is validated with
+#
+# pydantic's lax mode takes `steps: true` as 1 and any int however large (a 4000-digit `steps`
+# passed `validate` and overflowed at run time); its strict mode would refuse too much that a
+# YAML file legitimately holds (a list for a tuple, text for an enum). StrictModel keeps lax
+# mode and checks, before each field is validated, what lax mode lets through: a boolean
+# where a whole number is expected, a whole number outside the signed 64-bit range (what
+# SQLite, NumPy and torch hold), a float that is not finite.
+
+MAX_INT = 2**63 - 1
+
+
+def leaves(annotation: Any) -> list[Any]:
+    """The types a field accepts at its top level: Optional, unions and Annotated unwrapped."""
+    origin = typing.get_origin(annotation)
+    if origin is typing.Annotated:
+        return leaves(typing.get_args(annotation)[0])
+    if origin in (typing.Union, types.UnionType):
+        return [leaf for arg in typing.get_args(annotation) for leaf in leaves(arg)]
+    return [annotation]
+
+
+def check_value(value: Any, annotation: Any) -> None:
+    """ValueError for what lax mode would wrongly accept for `annotation`; containers of
+    whole numbers or floats are checked item by item."""
+    accepted = leaves(annotation)
+    if isinstance(value, bool):
+        if int in accepted and bool not in accepted:
+            raise ValueError(f"expected a whole number, got {str(value).lower()} (a boolean)")
+        return
+    if isinstance(value, int) and (int in accepted or float in accepted) and abs(value) > MAX_INT:
+        raise ValueError(f"a number of {len(str(abs(value)))} digits is too large (at most {MAX_INT})")
+    if isinstance(value, float) and float in accepted and not math.isfinite(value):
+        raise ValueError(f"Input should be a finite number (got {value})")
+    for leaf in accepted:
+        origin, args = typing.get_origin(leaf), typing.get_args(leaf)
+        if origin in (list, tuple, set, frozenset) and isinstance(value, (list, tuple)) and args:
+            items = args[:1] * len(value) if origin is not tuple or args[-1] is Ellipsis else args
+            for item, item_type in zip(value, items):
+                check_value(item, item_type)
+        elif origin is dict and isinstance(value, dict) and len(args) == 2:
+            for item in value.values():
+                check_value(item, args[1])
+
+
+class FieldError(ValueError):
+    """A problem with one field, named relative to the model that raised it: pydantic locates
+    the model, workbench.model.spec.spec_error_from puts that path in front."""
+
+    def __init__(self, field: str, problem: str):
+        self.field, self.problem = field, problem
+        super().__init__(f"{field}: {problem}")
+
+
+class StrictModel(BaseModel):
+    """A pydantic model whose whole numbers are strict and bounded and floats finite. A model
+    validator, not a field validator: pydantic allows none before a discriminator field."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _strict_numbers(cls, data: Any) -> Any:
+        if isinstance(data, Mapping):
+            for name, field in cls.model_fields.items():
+                key = next((k for k in (name, field.alias) if k is not None and k in data), None)
+                if key is not None:
+                    try:
+                        check_value(data[key], field.annotation)
+                    except ValueError as err:
+                        raise FieldError(key, str(err)) from None
+        return data
+
+
+class Params(StrictModel):
     """Base of every variant's parameter model: unknown keys are errors, values are frozen."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)

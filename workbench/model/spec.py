@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 
 from workbench.errors import SpecError
 from workbench.registry import get_variant
-from workbench.variants import Params, without_later_defaults
+from workbench.variants import FieldError, Params, StrictModel, without_later_defaults
 
 
 class Choice(BaseModel):
@@ -54,6 +54,9 @@ def spec_error_from(err: ValidationError, prefix: str = "") -> SpecError:
     """Turn pydantic's report into one SpecError naming the first bad field."""
     first = err.errors()[0]
     path = ".".join(str(part) for part in (prefix, *first["loc"]) if part != "")
+    inner = (first.get("ctx") or {}).get("error")
+    if isinstance(inner, FieldError):  # raised by the model at `path`, about one of its fields
+        return SpecError(f"{path}.{inner.field}" if path else inner.field, inner.problem)
     problem = first["msg"]
     if first["type"] == "extra_forbidden":
         problem = "unknown key"
@@ -68,7 +71,7 @@ def spec_error_from(err: ValidationError, prefix: str = "") -> SpecError:
 VARIANT_AXES = ("position", "attention", "norm", "ffn")  # the model fields that name a variant
 
 
-class ModelSpec(BaseModel):
+class ModelSpec(StrictModel):
     """Everything that defines a model's architecture."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)

@@ -24,7 +24,7 @@ from torch.overrides import TorchFunctionMode
 from workbench.errors import WorkbenchError
 from workbench.model.transformer import Transformer, build_model
 from workbench.registry import get_variant
-from workbench.results import FINAL_WEIGHTS, OLD_FINAL_WEIGHTS
+from workbench.results import FINAL_WEIGHTS, OLD_FINAL_WEIGHTS, check_regular
 
 
 class DamagedFile(WorkbenchError):
@@ -74,7 +74,7 @@ def load_final_model(run_dir: str | Path) -> tuple[Transformer, dict[str, Any]]:
     path = Path(run_dir) / FINAL_WEIGHTS
     old = Path(run_dir) / OLD_FINAL_WEIGHTS
     redo = "report without pictures (`workbench report --no-pictures`) or retrain (`workbench run --fresh`)"
-    if not path.exists() and old.exists():
+    if not check_regular(path) and check_regular(old):  # a link or FIFO planted there is refused, never waited on
         try:
             saved = torch.load(old, map_location="cpu", weights_only=True)
             model = build_model(saved["config"]["model"])
@@ -82,7 +82,7 @@ def load_final_model(run_dir: str | Path) -> tuple[Transformer, dict[str, Any]]:
         except Exception as err:
             raise refuse_or_explain(old, err, redo) from None
         return model.eval(), saved["config"]
-    if not path.exists():
+    if not check_regular(path):
         raise FileNotFoundError(path)
     try:
         with safetensors.safe_open(str(path), framework="pt") as f:

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+from pydantic import ValidationError
 
 from workbench import stopping
 from workbench.run import store
@@ -40,7 +41,7 @@ from workbench import registry  # not `variants`: that name is also the submodul
 from workbench.report.document import Paragraph, Report, Section
 from workbench.report.index import run_cpu_s, run_span_s, run_time_text, write_summary
 from workbench.report.render import render_html, render_markdown
-from workbench.study import STORED, study_kinds
+from workbench.study import STORED, study_kinds, unwrap
 
 STUDY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")  # a study's `name` (workbench.study), a folder name
 
@@ -93,7 +94,7 @@ def timing_caveat(records: Sequence[Mapping[str, Any]], overlap: bool = True) ->
 def reproduce_command(info: Mapping[str, Any], out_dir: Path) -> str:
     source = info.get("source") or f"<the study file of {info.get('name', 'this study')}>"
     profile = info.get("profile")
-    overrides = json.loads(info.get("overrides") or "[]")
+    overrides = info.get("overrides") or []
     sets = "".join(f" --set {shlex.quote(text)}" for text in overrides)
     run = f"workbench run {source}" + (f" --profile {profile}" if profile else "") + sets + f" --out {out_dir}"
     return f"{run}\nworkbench report {out_dir}"
@@ -134,17 +135,28 @@ def study_of(info: Mapping[str, Any]):
     if not isinstance(data, Mapping):
         raise WorkbenchError("the results store holds no study description; rerun `workbench run` into it")
     kind = data.get("kind", "train")
-    if kind not in kinds:
-        raise WorkbenchError(f"the stored study has kind {kind!r}, which this workbench does not know "
+    if not isinstance(kind, str) or kind not in kinds:
+        raise WorkbenchError(f"the stored study has kind {str(kind)[:40]!r}, which this workbench does not know "
                              f"(valid: {', '.join(sorted(kinds))})")
-    return kinds[kind].model_validate(data, context={STORED: True})
+    try:
+        return kinds[kind].model_validate(data, context={STORED: True})
+    except (ValidationError, WorkbenchError) as err:  # a SpecError from a validator, or pydantic's report
+        problem = unwrap(err) if isinstance(err, ValidationError) else err
+        raise WorkbenchError(f"the results store holds a damaged study description ({str(problem)[:200]}); "
+                             "move the store away and run the study again") from None
 
 
 def missing_variants(configs: Mapping[str, Mapping[str, Any]]) -> list[str]:
     """`axis name` of every variant or task the stored runs used that no installed package
-    provides now (its plugin was uninstalled)."""
-    used = {("task", c["task"]["name"]) for c in configs.values()}
-    used |= {(axis, c["model"][axis]["name"]) for c in configs.values() for axis in ("position", "attention", "norm", "ffn")}
+    provides now (its plugin was uninstalled). A config without those names is a damaged row."""
+    used = set()
+    for run_id, c in configs.items():
+        try:
+            used |= {("task", str(c["task"]["name"]))}
+            used |= {(axis, str(c["model"][axis]["name"])) for axis in ("position", "attention", "norm", "ffn")}
+        except (KeyError, TypeError):
+            raise WorkbenchError(f"the stored config of run {str(run_id)[:40]!r} names no task or variant (its "
+                                 "`name`): the store is damaged; move it away and run the study again") from None
     return sorted(f"{axis} {name!r}" for axis, name in used if name not in registry.variants(axis))
 
 

@@ -45,7 +45,7 @@ def run_span_s(runs: Sequence[dict[str, Any]]) -> float | None:
     ran in one go (a resumed sweep includes the pause)."""
     ends, starts = [], []
     for r in runs:
-        if not r.get("recorded_at") or r.get("wall_time_s") is None:
+        if not r.get("recorded_at") or r.get("wall_time_s") is None or not math.isfinite(r["wall_time_s"]):
             continue
         end = datetime.fromisoformat(r["recorded_at"]).timestamp()
         ends.append(end)
@@ -56,7 +56,7 @@ def run_span_s(runs: Sequence[dict[str, Any]]) -> float | None:
 def run_cpu_s(runs: Sequence[dict[str, Any]]) -> float | None:
     """CPU seconds the study's runs spent (each run's processes, summed; tuning runs included),
     or None when no run recorded it (a store written before CPU times were)."""
-    spent = [float(r["cpu_time_s"]) for r in runs if r.get("cpu_time_s") is not None]
+    spent = [float(r["cpu_time_s"]) for r in runs if r.get("cpu_time_s") is not None and math.isfinite(r["cpu_time_s"])]
     return sum(spent) if spent else None
 
 

@@ -28,6 +28,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import suppress
 from dataclasses import dataclass
+from multiprocessing import resource_tracker
 from multiprocessing.connection import wait
 from pathlib import Path
 from typing import Any
@@ -112,7 +113,7 @@ def worker_main(conn, stop_conn, threads: int, gpus: str | None = None) -> None:
     then ("result", RunResult) or ("interrupted", "stopped at step N ..."); leaves on None or
     when the driver is gone. `stop_conn` carries the driver's stop request (relay_stop);
     `gpus`, its CUDA_VISIBLE_DEVICES (None: every GPU)."""
-    stopping.ignore_signals()  # started with them blocked (stopping.signals_blocked)
+    stopping.ignore_signals()  # blocked since before this process existed (Worker, stopping.signals_blocked)
     relay_stop(stop_conn)
     if gpus is not None:  # before this worker's first CUDA call, which reads it
         os.environ["CUDA_VISIBLE_DEVICES"] = gpus
@@ -206,6 +207,9 @@ class Worker:
         self.slot = slot  # its place in LocalProcessExecutor.gpus, given to its successor if it dies
         self.process = context.Process(target=worker_main, args=(child, stop_reader, threads, gpus),
                                        name="workbench-worker")
+        # Started now, not inside start(): multiprocessing unblocks SIGINT and SIGTERM in this process
+        # once it has started its resource tracker, and the worker would inherit them unblocked.
+        resource_tracker.ensure_running()
         with stopping.signals_blocked():  # the worker ignores signals before any can reach it
             self.process.start()
         child.close()
@@ -256,8 +260,6 @@ def close_all(workers: list[Worker]) -> None:
 def reap_resource_tracker() -> None:
     """multiprocessing starts a resource tracker with the first spawned process; it would end
     only after the driver, as a zombie nobody reaps. Stopped here, once no worker is left."""
-    from multiprocessing import resource_tracker
-
     with suppress(Exception):  # a private API: at worst the tracker ends after the driver, as before
         resource_tracker._resource_tracker._stop()
 
@@ -360,7 +362,7 @@ class LocalProcessExecutor(Executor):
             elif message[0] == "interrupted":
                 stopped.append(message[1])
                 worker.done()
-                if not stopping.stop_requested():  # Lightning's own SIGTERM handler stopped the run
+                if not stopping.stop_requested():  # a signal to the worker alone stopped its run
                     stopping.request_stop("SIGTERM to a worker")
             else:
                 worker.done()

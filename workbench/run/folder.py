@@ -7,6 +7,8 @@
                              workbench write or delete elsewhere: refused before anything is written
     check_run_id(run_id)     a run id read from a store is a path component: its pattern is checked
 
+Reading files there (never through a link, never from a FIFO) is workbench.results' read_regular.
+
 Processes that write for the lock's holder (a sweep's workers, a multi-device run's ranks)
 take no lock: the driver holds it for them.
 """
@@ -20,6 +22,7 @@ from contextlib import suppress
 from pathlib import Path
 
 from workbench.errors import WorkbenchError
+from workbench.results import link_error
 from workbench.results import write_text_atomic
 
 LOCK_FILE = ".workbench.lock"  # out_dir/.workbench.lock: the pid of the sweep writing the folder
@@ -97,15 +100,6 @@ def refuse_links(root: str | Path, *names: str) -> None:
                         raise link_error(Path(folder) / entry, root)
 
 
-def link_error(link: Path, root: Path) -> WorkbenchError:
-    try:
-        target = os.readlink(link)
-    except OSError:
-        target = "?"
-    return WorkbenchError(f"{link} is a symbolic link (to {target}); the workbench writes only inside {root} and "
-                          "follows no link there: remove the link (or copy the folder without links) and run again")
-
-
 def check_run_id(run_id: str) -> str:
     """`run_id` if it has the pattern of a run id (12 hex digits), else the one-line refusal:
     an id read from a received store must not name a path (`../x`)."""
@@ -113,3 +107,4 @@ def check_run_id(run_id: str) -> str:
         raise WorkbenchError(f"{str(run_id)[:40]!r} is not a run id (12 hex digits): the results store holds a "
                              "damaged or crafted row; move it away and run the study again")
     return run_id
+

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, ValidationError
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -44,7 +45,8 @@ from workbench.errors import WorkbenchError
 from workbench.run.executor import Executor, Job
 from workbench.kinds import RunOptions, get_kind
 from workbench.registry import run_providers
-from workbench.results import KEPT, PROGRESS_FILE, RESULT_FILE, RunConfig, RunResult, Status, flatten
+from workbench.results import KEPT, PROGRESS_FILE, RESULT_FILE, Count, Number, RunConfig, RunResult, Status, flatten
+from workbench.results import first_problem, load_json, read_regular
 from workbench.run.folder import WriterLock, refuse_links
 from workbench.run.store import DB_FILE, RUNS_DIR, Store, check_runs_dir, run_dir, runs_root
 from workbench.study import StudyFile, load_study
@@ -71,7 +73,7 @@ class Summary:
         return sum(n for status, n in self.statuses.items() if status not in self.kept)
 
 
-MAX_RESULT_BYTES = 256 * 2**20  # a result.json is read up to this size (curves of a long run: a few MiB)
+MAX_RESULT_BYTES = 16 * 2**20  # a result.json is read up to this size (curves of a 100k-step run: a few MiB)
 STORE_FILES = (DB_FILE, f"{DB_FILE}-wal", f"{DB_FILE}-shm")
 
 
@@ -90,10 +92,10 @@ def study_changes(old: dict[str, Any], new: dict[str, Any], limit: int = 4) -> s
 def check_study(store: Store, study_file: StudyFile) -> None:
     """Refuse to mix two versions of a study in one folder; record the current one.
     Only what defines the runs counts (description, notes, expectations may change)."""
-    info = store.study_info()
+    info = store.study_record()
     new = study_file.study.run_defining()
     if info and info.get("hash") != study_file.study_hash:
-        old = json.loads(info["run_defining"])
+        old = info.get("run_defining", {})
         raise WorkbenchError(
             f"{store.out_dir} holds results of a different version of study {info.get('name')!r} "
             f"(changed: {study_changes(old, new)}); finished runs there would not match the file. "
@@ -118,7 +120,7 @@ def check_providers(store: Store, runs: list[RunConfig]) -> None:
     under an unchanged study file); record the current providers otherwise."""
     current = {f"{key} {value.split(' (')[0]}": value for run in runs
                for key, value in run_providers(run.config).items()}
-    before = json.loads(store.study_info().get("providers") or "{}")
+    before = store.study_record().get("providers", {})
     changed = [f"{before[k]} -> {v}" for k, v in sorted(current.items()) if k in before and before[k] != v]
     if changed:
         raise WorkbenchError(
@@ -143,19 +145,31 @@ def clear_outputs(out_dir: Path, run_ids: list[str]) -> None:
 
 def recorded_result(run: RunConfig, out_dir: Path, warn=print):
     """The result.json of a run that ended but was not recorded (the driver died between);
-    None when there is none, or when it cannot be read (then the run trains again)."""
+    None when there is none, or when it cannot be read (then the run trains again): a link, a
+    FIFO, a file over MAX_RESULT_BYTES, JSON too deep or with a value of the wrong type or not
+    finite is refused before anything is recorded."""
     path = run_dir(out_dir, run.run_id) / RESULT_FILE
-    if not path.exists():
-        return None
     try:
-        if path.stat().st_size > MAX_RESULT_BYTES:
-            raise ValueError(f"over {MAX_RESULT_BYTES // 2**20} MiB")
-        result = RunResult.from_json(json.loads(path.read_text()))
-    except (OSError, ValueError, TypeError, AttributeError) as err:  # pydantic's ValidationError is a ValueError
-        warn(f"{path} is not a readable result ({type(err).__name__}: {str(err).splitlines()[0][:80]}): "
-             "training that run again")
+        result = RunResult.from_json(load_json(read_regular(path, MAX_RESULT_BYTES), RESULT_FILE))
+    except FileNotFoundError:
+        return None
+    except ValidationError as err:
+        warn(f"{path} is not a readable result ({first_problem(err)}): training that run again")
+        return None
+    except (OSError, ValueError, TypeError, WorkbenchError) as err:
+        warn(f"{path} is not a readable result ({str(err).splitlines()[0][:160]}): training that run again")
         return None
     return result if result.status in KEPT and result.run_id == run.run_id else None
+
+
+MAX_PROGRESS_BYTES = 4096  # {"step", "steps", "loss", "seconds"}
+
+
+class ProgressState(BaseModel):
+    """What the display reads from a running run's progress.json (workbench.run.recording.ProgressFile)."""
+
+    step: Count
+    loss: Number | None
 
 
 class SweepProgress:
@@ -218,11 +232,13 @@ class SweepProgress:
         with self.lock:
             rows = list(self.running.values())
         for row, path in rows:
-            try:
-                state = json.loads(path.read_text())
-            except (OSError, ValueError):  # not written yet, or a run on another machine
+            try:  # not written yet, a run on another machine, or a file the run did not write
+                state = ProgressState.model_validate(load_json(read_regular(path, MAX_PROGRESS_BYTES), PROGRESS_FILE,
+                                                                   non_finite_as_null=True))
+            except (OSError, ValueError, WorkbenchError):  # pydantic's ValidationError is a ValueError
                 continue
-            self.progress.update(row, completed=state["step"], info=f"loss {state['loss']:.3g}")
+            loss = "not finite" if state.loss is None else f"{state.loss:.3g}"
+            self.progress.update(row, completed=state.step, info=f"loss {loss}")
 
     def _poll(self, every_s: float) -> None:
         while not self.stop.wait(every_s):

@@ -25,12 +25,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from workbench.errors import WorkbenchError
-from workbench.results import StoredRow, run_stage
+from workbench.results import StoredRow, check_regular, finite_metrics, finite_or_none, first_problem, load_json, run_stage
 from workbench.run.folder import check_run_id
 
 if TYPE_CHECKING:
@@ -92,12 +92,17 @@ TRAILING = ["stage", "n_params", "steps_done", "last_step", "train_tokens", "tra
 @contextmanager
 def connect(path: Path, readonly: bool = False) -> Iterator[sqlite3.Connection]:
     """A short-lived connection (never shared across processes), committed on success.
-    Read-only connections open the file with `mode=ro`, or `immutable=1` when its folder is
-    not writable (WAL readers otherwise need to create the -shm side file)."""
+    The store and its WAL side files must be regular files, checked before SQLite opens
+    anything: SQLite follows a linked store to its target and creates `<target>-wal` and
+    `-shm` beside it, and blocks forever opening a FIFO. Read-only connections open the file
+    with `mode=ro`, or `immutable=1` when its folder is not writable (WAL readers otherwise
+    need to create the -shm side file)."""
+    for name in (path, *side_files(path)):
+        check_regular(name)
     try:
         if readonly:
             mode = "mode=ro" if os.access(path.parent, os.W_OK) else "immutable=1"
-            conn = sqlite3.connect(f"{path.resolve().as_uri()}?{mode}", uri=True, timeout=BUSY_TIMEOUT_MS / 1000)
+            conn = sqlite3.connect(f"{path.absolute().as_uri()}?{mode}", uri=True, timeout=BUSY_TIMEOUT_MS / 1000)
         else:
             conn = sqlite3.connect(path, timeout=BUSY_TIMEOUT_MS / 1000)
     except sqlite3.Error as err:
@@ -118,16 +123,29 @@ def connect(path: Path, readonly: bool = False) -> Iterator[sqlite3.Connection]:
         conn.close()
 
 
+def side_files(path: Path) -> tuple[Path, Path]:
+    """The WAL files SQLite keeps beside a store in WAL mode."""
+    return path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")
+
+
 def store_error(path: Path, err: sqlite3.Error) -> WorkbenchError:
-    """One line naming the store file and what to do, for what SQLite reports."""
+    """One line naming the store file and what to do, for what SQLite reports: its result code
+    tells a damaged file (move it away, or --fresh) from a failing or full disk (the file may be
+    fine: never --fresh)."""
     text = str(err)
+    code = (getattr(err, "sqlite_errorcode", None) or 0) & 0xFF  # the primary result code
     if "locked" in text or "busy" in text:
         return WorkbenchError(f"{path}: still locked by another process after {BUSY_TIMEOUT_MS // 1000} s "
                               f"({text}); run again when it has finished")
-    if "full" in text:
+    if code == sqlite3.SQLITE_FULL or "full" in text:
         return WorkbenchError(f"{path}: the disk is full ({text}); free some space and run again "
                               "(finished runs are kept)")
-    if "readonly" in text or "read-only" in text or "unable to open" in text:
+    if code == sqlite3.SQLITE_IOERR or "disk I/O error" in text:
+        return WorkbenchError(f"{path}: the disk failed to read or write it ({text}); the store itself may be intact: "
+                              "free some space (a full disk fails this way too) or check the disk, and run again; "
+                              "do not delete the store or use --fresh for this")
+    if code in (sqlite3.SQLITE_READONLY, sqlite3.SQLITE_CANTOPEN) or "readonly" in text or "read-only" in text \
+            or "unable to open" in text:
         return WorkbenchError(f"{path}: cannot write here ({text}); use --out for a writable folder "
                               "(`workbench results` and `report` read it as it is)")
     return WorkbenchError(
@@ -144,10 +162,8 @@ class Store:
         self.path = self.out_dir / DB_FILE
         self.readonly = not create
         if not create:
-            if not self.path.exists():
+            if not os.path.lexists(self.path):
                 raise WorkbenchError(f"{self.out_dir}: no results here (no {DB_FILE}); run a study into it first")
-            if self.path.is_dir():
-                raise store_error(self.path, sqlite3.DatabaseError("a folder"))
             return
         try:
             self.out_dir.mkdir(parents=True, exist_ok=True)
@@ -181,6 +197,21 @@ class Store:
         with self.connect() as conn:
             return dict(conn.execute("SELECT key, value FROM study").fetchall())
 
+    def study_record(self) -> dict[str, Any]:
+        """study_info with its JSON values decoded (the validated study, what defines its runs,
+        the providers of its variants, its --set overrides), each checked as runs() checks a row."""
+        info = self.study_info()
+        try:
+            for key in STUDY_JSON_KEYS & info.keys():
+                info[key] = column_json(info[key], key)
+            return StoredStudy.model_validate(info).model_dump(exclude_unset=True)
+        except ValidationError as err:
+            where = first_problem(err)
+        except (TypeError, ValueError) as err:
+            where = str(err)
+        raise WorkbenchError(f"{self.path}: its study record is damaged ({where}); move the store away and run the "
+                             "study again (finished runs are recovered from their run folders' result.json)")
+
     def save_study(self, info: dict[str, str]) -> None:
         with self.connect() as conn:
             conn.executemany("INSERT OR REPLACE INTO study (key, value) VALUES (?, ?)", info.items())
@@ -201,7 +232,7 @@ class Store:
             attempts = earlier[0] + 1 if earlier else 1
             row = {
                 "run_id": run.run_id, "index": run.index, "seed": run.seed, "status": str(r.status),
-                "swept": dumps(run.swept), "config": dumps(run.config), "metrics": dumps(r.metrics),
+                "swept": dumps(run.swept), "config": dumps(run.config), "metrics": dumps(finite_metrics(r.metrics)),
                 "not_applicable": dumps(r.not_applicable), "n_params": r.n_params, "steps_done": r.steps_done,
                 "last_step": r.last_step,
                 "diverged_step": r.diverged_step, "error": r.error, "wall_time_s": r.wall_time_s, "cpu_time_s": r.cpu_time_s,
@@ -223,7 +254,8 @@ class Store:
             )
 
     def runs(self) -> list[dict[str, Any]]:
-        """Every recorded run with its JSON columns decoded, in sweep order."""
+        """Every recorded run with its JSON columns decoded, in sweep order; a row with a column
+        too large or too deep, or a value of the wrong type or not finite, is refused naming it."""
         with self.connect() as conn:
             conn.row_factory = sqlite3.Row
             rows = conn.execute("SELECT * FROM runs").fetchall()
@@ -236,14 +268,48 @@ class Store:
             for column in ("train_flops", "last_step", "cpu_time_s"):
                 d.setdefault(column, None)  # a read-only store written before budgets (or CPU times)
             try:
-                d.update(StoredRow.model_validate({key: json.loads(d[key]) for key in StoredRow.model_fields}))
-            except (TypeError, ValueError) as err:  # invalid JSON, or JSON of the wrong shape (ValidationError)
-                where = f" ({err.errors()[0]['loc'][0]}: {err.errors()[0]['msg']})" if isinstance(err, ValidationError) else ""
-                raise WorkbenchError(
-                    f"{self.path}: the row of run {str(d.get('run_id'))[:40]!r} is damaged{where}; move the store away and "
-                    "run the study again (finished runs are recovered from their run folders' result.json)") from None
+                for key in JSON_COLUMNS:  # NaN and infinities: stores written before wrote them for null
+                    d[key] = column_json(d[key], key, non_finite_as_null=True)
+                d.update(StoredRow.model_validate(d).model_dump())
+            except ValidationError as err:  # JSON of the wrong shape, a number of the wrong type
+                raise self.damaged_row(d, first_problem(err)) from None
+            except (TypeError, ValueError) as err:  # invalid, too large or too deep JSON
+                raise self.damaged_row(d, "" if "not valid JSON" in str(err) else str(err)) from None
             out.append(d)
         return sorted(out, key=lambda d: d["index"])
+
+    def damaged_row(self, row: dict[str, Any], problem: str) -> WorkbenchError:
+        where = f" ({problem})" if problem else ""
+        return WorkbenchError(
+            f"{self.path}: the row of run {str(row.get('run_id'))[:40]!r} is damaged{where}; move the store away and "
+            "run the study again (finished runs are recovered from their run folders' result.json)")
+
+
+JSON_COLUMNS = ("swept", "config", "metrics", "not_applicable", "environment")
+MAX_COLUMN_CHARS = 4 * 2**20  # a run's resolved config is a few kB
+MAX_COLUMN_VALUES = 100_000  # final metrics: a few per eval length
+MAX_STUDY_CHARS = 32 * 2**20  # the study's YAML text (workbench.study.yaml_file.MAX_STUDY_BYTES) and names
+
+
+def column_json(text: Any, key: str, non_finite_as_null: bool = False) -> Any:
+    """A JSON column of the store, decoded within MAX_COLUMN_CHARS and MAX_COLUMN_VALUES."""
+    if not isinstance(text, str) or len(text) > MAX_COLUMN_CHARS:
+        raise ValueError(f"{key}: not JSON text of at most {MAX_COLUMN_CHARS // 2**20} MiB")
+    return load_json(text, key, max_values=MAX_COLUMN_VALUES, non_finite_as_null=non_finite_as_null)
+
+
+class StoredStudy(BaseModel):
+    """The `study` table of a store, its JSON values decoded: every other value is text."""
+
+    model_config = ConfigDict(extra="allow")
+    __pydantic_extra__: dict[str, Annotated[str, Field(max_length=MAX_STUDY_CHARS)]]
+    study: dict[str, Any] = {}
+    run_defining: dict[str, Any] = {}
+    providers: dict[str, str] = {}
+    overrides: list[str] = []
+
+
+STUDY_JSON_KEYS = frozenset(StoredStudy.model_fields)
 
 
 def runs_root(out_dir: str | Path) -> Path:
@@ -276,11 +342,6 @@ def run_dir(out_dir: str | Path, run_id: str) -> Path:
 
 def dumps(value: Any) -> str:
     return json.dumps(value, sort_keys=True, default=str, allow_nan=True)
-
-
-def finite_or_none(value: Any) -> float | None:
-    value = float(value)
-    return value if value == value and abs(value) != float("inf") else None
 
 
 # ---- reading, for `workbench results` and the reports -------------------------------------
@@ -338,10 +399,6 @@ def load_run_configs(out_dir: str | Path) -> dict[str, dict[str, Any]]:
 
 
 def load_study_info(out_dir: str | Path) -> dict[str, Any]:
-    """The stored study: `study` (the validated study as JSON: name, description, notes,
-    baseline, expect, ...), `yaml` (its text), `hash`, `source` (file path)."""
-    info = Store(out_dir, create=False).study_info()
-    out: dict[str, Any] = dict(info)
-    if "study" in info:
-        out["study"] = json.loads(info["study"])
-    return out
+    """The stored study (Store.study_record): `study` (the validated study as JSON: name,
+    description, notes, baseline, expect, ...), `yaml` (its text), `hash`, `source` (file path)."""
+    return Store(out_dir, create=False).study_record()

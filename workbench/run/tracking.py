@@ -26,12 +26,13 @@ from pathlib import Path
 from typing import Any
 
 from workbench.errors import WorkbenchError
-from workbench.results import RunConfig, flatten
+from workbench.results import RunConfig, flatten, load_json, read_regular, write_json_atomic
 
 # Modules an optional logger needs (any one of them), by `train.logger`.
 LOGGER_MODULES = {"tensorboard": ("tensorboard", "tensorboardX"), "mlflow": ("mlflow",), "wandb": ("wandb",)}
 MLFLOW_STORE = "mlflow.db"  # the sweep's own MLflow store in OUT, without MLFLOW_TRACKING_URI
 TRACKER_FILE = "tracker.json"  # in a run folder: the MLflow run a resumed run continues
+MAX_TRACKER_BYTES = 4096
 
 
 @dataclass(frozen=True)
@@ -159,14 +160,15 @@ def mlflow_logger(run_dir: Path, tracker: TrackerRun):
     experiment = experiment_name(tracker.study)
     prepare_mlflow(tracker.mlflow_uri, experiment)  # a run trained alone (no driver prepared it)
     kept = run_dir / TRACKER_FILE
-    try:
-        earlier = json.loads(kept.read_text())
-    except (OSError, ValueError):
+    try:  # never through a link, never blocked on a FIFO planted there
+        earlier = load_json(read_regular(kept, MAX_TRACKER_BYTES), TRACKER_FILE)
+    except (OSError, ValueError, WorkbenchError):
         earlier = {}
+    earlier = earlier if isinstance(earlier, dict) else {}
     resumed = earlier.get("mlflow_run_id") if earlier.get("mlflow_uri") == tracker.mlflow_uri else None
     logger = WorkbenchMLFlowLogger(experiment_name=experiment, run_name=tracker.name, tags=tracker.tags,
                                    tracking_uri=tracker.mlflow_uri, run_id=resumed)
-    kept.write_text(json.dumps({"mlflow_uri": tracker.mlflow_uri, "mlflow_run_id": logger.run_id}))
+    write_json_atomic(kept, {"mlflow_uri": tracker.mlflow_uri, "mlflow_run_id": logger.run_id})
     return logger
 
 

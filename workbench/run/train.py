@@ -41,7 +41,7 @@ from workbench.hardware import cpu_seconds, machine_load
 from workbench.cost.budget import BUDGET_STEP_CAP, step_cost
 from workbench.registry import run_providers
 from workbench.results import CONFIG_FILE, FINAL_WEIGHTS, LAST_CHECKPOINT, RESULT_FILE, RunResult, Status
-from workbench.results import write_json_atomic, write_text_atomic
+from workbench.results import UnsafeFile, check_regular, open_regular, write_json_atomic, write_text_atomic
 from workbench.run.batches import TaskDataModule, step_done
 from workbench.run.distributed import cluster_environment, lightning_strategy, needs_processes, rank_zero
 from workbench.run.distributed import train_in_processes
@@ -84,7 +84,10 @@ class SafeCheckpointIO(TorchCheckpointIO):
 
     def load_checkpoint(self, path, map_location: Any | None = None, weights_only: bool | None = None) -> dict[str, Any]:
         try:
-            return torch.load(path, map_location=map_location or "cpu", weights_only=True)
+            with open_regular(path) as file:  # a link or FIFO planted there is refused, never followed or waited on
+                return torch.load(file, map_location=map_location or "cpu", weights_only=True)
+        except UnsafeFile:
+            raise
         except Exception as err:
             raise refuse_or_explain(Path(path), err, "delete it to train this run from the start") from None
 
@@ -95,6 +98,9 @@ class StopOnRequest(Callback):
 
     def __init__(self, path: Path):
         self.path = path
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        stopping.handle_during_training()  # after Lightning installed its SIGTERM handler, which checkpoints nothing
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if not step_done(trainer, batch_idx):  # a checkpoint holds whole steps
@@ -184,7 +190,7 @@ def train_here(run_id: str, config: dict[str, Any], run_dir: Path, tracker: Trac
             use_distributed_sampler=False,  # StepBatches shares each batch between the ranks
         )
         datamodule = TaskDataModule(task, module.family, train["batch_size"], max_steps, train["grad_accumulation"])
-        trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt if ckpt.exists() else None, weights_only=True)
+        trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt if check_regular(ckpt) else None, weights_only=True)
         result.resumed_from_step = recorder.start_step or None
         result.steps_done = trainer.global_step
         result.environment["processes"] = trainer.world_size

@@ -33,8 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, WithJsonSchema, field_validator
-from pydantic import model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, WithJsonSchema, field_validator, model_validator
 from pydantic.json_schema import SkipJsonSchema
 
 from workbench import kinds
@@ -48,6 +47,7 @@ from workbench.study.sections import (SEEDS_JSON_SCHEMA, SWEEP_JSON_SCHEMA, TUNE
                                       Sweep, Tune, check_values)
 from workbench.study.train_section import BUDGET_KINDS, TrainConfig
 from workbench.study.yaml_file import LineMap, StudyError, apply_overrides, apply_profile, read_yaml, suggest
+from workbench.variants import StrictModel
 
 __all__ = ["load_study", "study_json_schema", "StudyFile", "StudyBase", "TrainStudy", "STORED", "RUN_MEASURES"]
 
@@ -105,7 +105,7 @@ def known_keys(section: str) -> list[str] | None:
 # ---- studies --------------------------------------------------------------------------------
 
 
-class StudyBase(BaseModel):
+class StudyBase(StrictModel):
     """Fields every kind of study has."""
 
     model_config = ConfigDict(extra="forbid")
@@ -511,7 +511,7 @@ def load_study(path: str | Path, profile: str | None = None, overrides: tuple[st
         data = apply_overrides(data, overrides, file, lines)
     data = with_task_paths(data, path.absolute().parent)
     kind = data.get("kind", "train")
-    if kind not in study_kinds():
+    if not isinstance(kind, str) or kind not in study_kinds():
         raise StudyError(file, lines.line("kind"),
                          SpecError("kind", f"unknown study kind {kind!r}" + suggest(str(kind), list(study_kinds())),
                                    study_kinds()))

@@ -13,9 +13,10 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from workbench.errors import SpecError
 from workbench.study.yaml_file import limit, suggest
+from workbench.variants import StrictModel
 
 
-class Target(BaseModel):
+class Target(StrictModel):
     """The score a `*_to_target` expectation waits for."""
 
     model_config = ConfigDict(extra="forbid")
@@ -23,7 +24,7 @@ class Target(BaseModel):
     value: float = Field(allow_inf_nan=False, description="the score to reach (at least it, or at most it when lower is better)")
 
 
-class Expectation(BaseModel):
+class Expectation(StrictModel):
     """A claim the report checks: `better` is expected to beat `than` on `metric`."""
 
     model_config = ConfigDict(extra="forbid")
@@ -44,7 +45,7 @@ class Expectation(BaseModel):
                           "whether the margin was written after the study's results, from the project's history")
 
 
-class SeedPlan(BaseModel):
+class SeedPlan(StrictModel):
     """`seeds: {first: 3, max: 20}`: every group runs `first` seeds; groups in comparisons
     still undecided get more, in rounds, up to `max` (workbench.report.sequential.seed_looks)."""
 
@@ -90,7 +91,7 @@ SWEEP_JSON_SCHEMA = {
 }
 
 
-class Sweep(BaseModel):
+class Sweep(StrictModel):
     """The sweep as a grid over `grid` keys times each `zip` group (keys that vary together)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -182,7 +183,7 @@ TUNE_JSON_SCHEMA = {
 }
 
 
-class Tune(BaseModel):
+class Tune(StrictModel):
     """A study's `tune:` section: each sweep point picks its own values of `values`' keys (a
     grid over them), the best mean `metric` over `seeds` tuning runs per candidate, scored on
     validation sets; then its seeds run at that value (workbench.study.tuning)."""

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from workbench.cost.budget import BUDGET_STEP_CAP, StepCost, estimated_steps
 from workbench.errors import SpecError
 from workbench.study.yaml_file import suggest
+from workbench.variants import StrictModel
 
 
 # Lightning's registered strategy names, by their first word (ddp_spawn, deepspeed_stage_2, ...);
@@ -36,7 +37,7 @@ def world_size(train: Mapping[str, Any]) -> int | None:
 Betas = tuple[Annotated[float, Field(ge=0, lt=1)], Annotated[float, Field(ge=0, lt=1)]]
 
 
-class AdamW(BaseModel):
+class AdamW(StrictModel):
     """torch.optim.AdamW: decoupled weight decay (train.weight_decay) on weight matrices."""
 
     model_config = ConfigDict(extra="forbid")
@@ -51,7 +52,7 @@ class Adam(AdamW):
     name: Literal["adam"] = "adam"
 
 
-class SGD(BaseModel):
+class SGD(StrictModel):
     """torch.optim.SGD: train.weight_decay is an L2 term in the gradient."""
 
     model_config = ConfigDict(extra="forbid")
@@ -66,7 +67,7 @@ class SGD(BaseModel):
         return self
 
 
-class Lion(BaseModel):
+class Lion(StrictModel):
     """Lion (Chen et al. 2023, the lion-pytorch package): sign updates, decoupled weight decay;
     it wants a learning rate 3-10x smaller than AdamW's."""
 
@@ -79,7 +80,7 @@ OPTIMIZERS: dict[str, type[BaseModel]] = {"adamw": AdamW, "adam": Adam, "sgd": S
 Optimizer = Annotated[AdamW | Adam | SGD | Lion, Field(discriminator="name")]
 
 
-class EarlyStopping(BaseModel):
+class EarlyStopping(StrictModel):
     """Stop a run when its metric has not improved for `patience` evaluations in a row."""
 
     model_config = ConfigDict(extra="forbid")
@@ -88,7 +89,7 @@ class EarlyStopping(BaseModel):
     min_delta: float = Field(0.0, ge=0, description="smallest change that counts as an improvement")
 
 
-class CallbackPath(BaseModel):
+class CallbackPath(StrictModel):
     """A Lightning callback class by its import path, with keyword arguments for it."""
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
@@ -101,7 +102,7 @@ class CallbackPath(BaseModel):
 BUDGET_KINDS = ("flops", "tokens", "seconds")
 
 
-class Budget(BaseModel):
+class Budget(StrictModel):
     """A training budget in compute (workbench.cost.budget): exactly one of its fields."""
 
     model_config = ConfigDict(extra="forbid")
@@ -134,7 +135,7 @@ class Budget(BaseModel):
         return f"{self.amount:,} {unit}" if self.kind == "tokens" else f"{self.amount:.4g} {unit}"
 
 
-class TrainConfig(BaseModel):
+class TrainConfig(StrictModel):
     """How each run trains. Execution fields (where and how it runs) do not change a run's id."""
 
     model_config = ConfigDict(extra="forbid")

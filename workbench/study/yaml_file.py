@@ -87,6 +87,16 @@ def read_yaml(path: Path) -> tuple[str, Any, LineMap]:
         raise WorkbenchError(f"{file}: cannot read the study file ({err.strerror})") from None
     except UnicodeDecodeError:
         raise WorkbenchError(f"{file}: not a text (UTF-8) file; a study is a YAML file") from None
+    data, node = parse_yaml(text, file)
+    return text, data, LineMap.of(node, file)
+
+
+def parse_yaml(text: str, file: str, located: bool = True) -> tuple[Any, yaml.Node | None]:
+    """Plain data and node tree of YAML text (a study file's; a `--set` value's is not `located`
+    by line),
+    with the limits applied before anything is built: nodes and alias expansion
+    (WORKBENCH_MAX_YAML_NODES), nesting depth, no alias inside the value it names; a scalar
+    YAML reads as a date or a number but cannot build (2001-02-30, 0x_) is one StudyError."""
     loader = yaml.SafeLoader(text)
     try:
         node = loader.get_single_node()
@@ -100,35 +110,65 @@ def read_yaml(path: Path) -> tuple[str, Any, LineMap]:
             raise StudyError(file, None, f"its YAML aliases (*name) expand to {size:.3g} nodes, over the limit of "
                              f"{limit('WORKBENCH_MAX_YAML_NODES')}: write the values out, or set "
                              "WORKBENCH_MAX_YAML_NODES to allow it")
-        data = loader.construct_document(node) if node is not None else None
+        try:
+            data = loader.construct_document(node) if node is not None else None
+        except ValueError as err:  # a date or number that does not exist; int(): more than 4300 digits
+            if "digits" in str(err):
+                raise StudyError(file, None, "it holds a number with more than 4300 digits; no study setting "
+                                 "needs one") from None
+            raise unbuildable_scalar(node, err, file, located) from None
     except RecursionError:
         raise StudyError(file, None, "its YAML is nested too deeply (lists or mappings inside each other "
                          "hundreds of levels deep); a study needs a few levels") from None
-    except ValueError as err:  # int(): a number of more than 4300 digits
-        if "digits" not in str(err):
-            raise
-        raise StudyError(file, None, "it holds a number with more than 4300 digits; no study setting needs one") from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None) or getattr(err, "context_mark", None)
         problem = getattr(err, "problem", None) or str(err)
         context = getattr(err, "context", None)
         message = f"malformed YAML: {problem}" + (f" ({context})" if context else "")
-        raise StudyError(file, mark.line + 1 if mark else None, message) from None
+        raise StudyError(file, mark.line + 1 if mark and located else None, message) from None
     finally:
         loader.dispose()
-    return text, data, LineMap.of(node, file)
+    return data, node
+
+
+def unbuildable_scalar(root: yaml.Node, err: ValueError, file: str, located: bool) -> StudyError:
+    """The StudyError for the first scalar under `root` that YAML's resolver reads as a date or
+    a number and its constructor cannot build, at that scalar's line."""
+    constructor = yaml.constructor.SafeConstructor()
+    nodes = [root]
+    while nodes:
+        node = nodes.pop()
+        if isinstance(node, yaml.ScalarNode):
+            try:
+                constructor.construct_object(node)
+            except ValueError as problem:
+                what = "date" if node.tag.endswith(":timestamp") else "number"
+                reason = str(problem).splitlines()[0][:80]
+                return StudyError(file, node.start_mark.line + 1 if located else None,
+                                  f"{node.value[:40]!r} reads as a YAML {what} but is not one ({reason}); "
+                                  "quote it to make it text, or write a valid value")
+        elif isinstance(node, yaml.MappingNode):
+            nodes += [item for pair in reversed(node.value) for item in reversed(pair)]
+        elif isinstance(node, yaml.SequenceNode):
+            nodes += reversed(node.value)
+    return StudyError(file, None, f"a value cannot be built ({str(err).splitlines()[0][:80]})")
 
 
 def expanded_size(node: yaml.Node | None, memo: dict[int, int] | None = None) -> int:
     """Nodes of the document once every alias is expanded, computed without expanding them
-    (a 400-byte "billion laughs" file expands to 10^9 nodes)."""
+    (a 400-byte "billion laughs" file expands to 10^9 nodes). An alias inside the value it
+    names (`a: &p {b: *p}`) would expand forever: a YAMLError."""
     if node is None:
         return 0
     memo = {} if memo is None else memo
     key = id(node)
     if key in memo:
+        if memo[key] == EXPANDING:
+            mark = node.start_mark
+            raise yaml.YAMLError(f"a YAML alias (*name) at line {mark.line + 1} refers to a value that holds it, so it "
+                                 "would expand forever; write the value out")
         return memo[key]
-    memo[key] = 1  # a recursive alias counts once more, instead of forever
+    memo[key] = EXPANDING
     if isinstance(node, yaml.MappingNode):
         size = 1 + sum(expanded_size(k, memo) + expanded_size(v, memo) for k, v in node.value)
     elif isinstance(node, yaml.SequenceNode):
@@ -137,6 +177,9 @@ def expanded_size(node: yaml.Node | None, memo: dict[int, int] | None = None) ->
         size = 1
     memo[key] = size
     return size
+
+
+EXPANDING = -1  # expanded_size's mark of a node whose size is being computed
 
 
 # ---- size limits ----------------------------------------------------------------------------
@@ -201,15 +244,12 @@ def apply_profile(data: dict[str, Any], profile: str, file: str, lines: LineMap)
 
 def parse_override(text: str) -> tuple[str, Any]:
     """`train.steps=500` -> ("train.steps", 500): the value is read as YAML (safe), so lists,
-    mappings and numbers are written as in a study file."""
+    mappings and numbers are written as in a study file, under a study file's limits."""
     key, sep, value = text.partition("=")
     key = key.strip()
     if not sep or not key:
         raise SpecError("--set", f"expected KEY=VALUE (e.g. train.steps=500), got {text!r}")
-    try:
-        return key, yaml.safe_load(value) if value.strip() else None
-    except yaml.YAMLError as err:
-        raise SpecError(f"--set {key}", f"the value {value!r} is not valid YAML ({getattr(err, 'problem', err)})") from None
+    return key, parse_yaml(value, f"--set {key}", located=False)[0] if value.strip() else None
 
 
 def apply_overrides(data: dict[str, Any], overrides: tuple[str, ...], file: str, lines: LineMap) -> dict[str, Any]:
