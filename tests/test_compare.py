@@ -65,6 +65,16 @@ def test_settings_that_differ_between_folders_tell_variants_apart(tmp_path):
     assert sorted(set(zip(runs["model.position"], runs["train.steps"]))) == [("rope", 5), ("rope", 10)]
 
 
+def test_setup_states_every_compared_runs_budget_and_the_header_keeps_variants_apart(tmp_path):
+    a = folder(tmp_path, "short", "[none, rope]", steps=5)
+    b = folder(tmp_path, "long", "[rope]", steps=10)
+    result = CliRunner().invoke(main, ["compare", str(a), str(b), "--out", str(tmp_path / "r"), "--no-pictures"])
+    assert result.exit_code == 0, result.output
+    text = (tmp_path / "r" / "short-vs-long" / "report.md").read_text()
+    assert "Budget per run: 5 or 10 (swept) steps of 4 sequences" in text  # not the first folder's 5 for all
+    assert "position=none, steps=5 \\| position=rope, steps=5); " in text  # each variant's label apart (Markdown escapes |)
+
+
 def test_folders_of_different_tasks_are_refused(tmp_path):
     a = folder(tmp_path, "copying", "[rope]")
     b = folder(tmp_path, "reversing", "[rope]", task="reverse")
@@ -117,7 +127,7 @@ def test_compare_names_its_folders_keeps_chance_levels_and_decides_expectations(
     assert result.exit_code == 0, result.output
     text = (tmp_path / "reports" / "windows-vs-windows-narrow" / "report.md").read_text()
     header = text.splitlines()[2]
-    assert f"{a} (study 'windows': full, sliding\\_window(window=3)); {b} (study 'windows-narrow': " \
+    assert f"{a} (study 'windows': full \\| sliding\\_window(window=3)); {b} (study 'windows-narrow': " \
            "sliding\\_window(window=2))" in header
     # chance comes from the task of each variant, parametrized ones included: every group is gated
     assert "all 3 groups met it" in text.splitlines()[4]

@@ -160,3 +160,37 @@ def test_position_pictures_are_named_after_the_scheme_not_the_swept_ffn(tmp_path
     items = pictures(Variants.of(["model.ffn"], finished), finished, tmp_path)
     paths = [item.path for item in items if getattr(item, "path", "").startswith("figures/position")]
     assert paths == ["figures/position_sinusoidal.png"]  # one scheme, drawn once, named after itself
+
+
+def test_a_score_bias_picture_takes_its_range_and_caption_from_the_scheme(tmp_path, monkeypatch):
+    """A learned bias of both signs (T5-style relative buckets) is drawn on a scale that holds
+    its positive values, and captioned in its own words, not ALiBi's."""
+    import torch
+    from torch import nn
+
+    from workbench.model.position import PositionScheme
+    from workbench.report.pictures import ModelPictures
+
+    class SignedBias(PositionScheme):
+        name = "signed_bias"
+        has_score_bias = True
+        picture_note = "a learned bias per offset bucket"
+
+        def score_bias(self, rel):
+            per_head = torch.linspace(-1.0, 1.0, self.n_heads).view((1, self.n_heads) + (1,) * (rel.dim() - 2))
+            return per_head * torch.cos(rel.float())  # [B, h, ...], values in [-1, 1]
+
+    drawn = {}
+
+    def keep(panels, path, **kwargs):
+        drawn.update(kwargs, values=np.stack([m for _, m in panels]))
+        return path
+
+    monkeypatch.setattr(figures, "heatmaps", keep)
+    model = nn.ModuleList([SignedBias(None, d_model=8, n_heads=2, head_dim=4)])
+    items = ModelPictures(lambda run_id: tmp_path).position_items(model, tmp_path, "signed_bias", "run 0")
+    assert drawn["values"].max() > 0.5
+    assert drawn["vmin"] <= drawn["values"].min() and drawn["vmax"] >= drawn["values"].max()
+    assert drawn["vmin"] == -drawn["vmax"]  # both signs: centred on 0
+    assert "a learned bias per offset bucket" in items[0].caption
+    assert "linear penalty" not in items[0].caption

@@ -84,3 +84,26 @@ def test_validate_and_dry_run_apply_the_overrides(tmp_path):
     assert [line.split()[0] for line in listed] == [r.run_id for r in runs]
     assert 'model.position.name="none"' in listed[0] and "seed=0" in listed[0] and "seed=1" in listed[1]
     assert not (tmp_path / "out").exists()  # nothing trained, no store written
+
+
+def test_narrowing_a_sweep_leaves_out_the_expect_entries_it_orphans_naming_each(tmp_path):
+    """`--set 'sweep.model.n_kv_heads=[4, 1]'` on a study that compares 2 with 1: that entry (and
+    a baseline on 2) has nothing to compare, so it is left out with one warning line each; the
+    entries the narrowed sweep still serves stay."""
+    text = STUDY.replace("n_heads: 2", "n_heads: 4").replace("sweep: {model.position: [none, rope]}",
+                         "sweep: {model.n_kv_heads: [4, 2, 1]}\nbaseline: 2\nexpect:\n"
+                         "  - {metric: accuracy@8, better: 4, than: 1}\n"
+                         "  - {metric: accuracy@8, better: 2, than: 1}\n"
+                         "  - {metric: accuracy@8, better: {model.n_kv_heads: 4}, than: {model.n_kv_heads: 2}}\n")
+    path = write(tmp_path, text)
+    result = CliRunner().invoke(main, ["validate", str(path), "--set", "sweep.model.n_kv_heads=[4, 1]"])
+    assert result.exit_code == 0, result.output
+    warned = [line for line in result.stderr.splitlines() if "no longer swept" in line]
+    assert len(warned) == 3, result.stderr
+    assert "expect.1 (2 better than 1 on accuracy@8) compares n_kv_heads=2" in warned[0]
+    assert "expect.2 ({model.n_kv_heads: 4} better than {model.n_kv_heads: 2}" in warned[1]
+    assert "baseline n_kv_heads=2" in warned[2]
+    study = load_study(path, overrides=["sweep.model.n_kv_heads=[4, 1]"]).study
+    assert [(e.better, e.than) for e in study.expect] == [({"model.n_kv_heads": 4}, {"model.n_kv_heads": 1})]
+    assert study.baseline is None
+    assert len(load_study(path).study.expect) == 3  # the file itself keeps every entry

@@ -120,10 +120,13 @@ def list_variants(axis: str | None, as_json: bool) -> None:
     console = Console()
     for a in [axis] if axis else AXES:
         table = Table(title=f"{NOUN_OF_AXIS[a]}s ({a})", title_justify="left")
-        for column in ("name", "parameters (type = default)", "description"):
-            table.add_column(column)
-        # Names and packages are looked up verbatim: never cut them, wrap the prose instead.
-        table.columns[0].no_wrap = True
+        # Names are looked up verbatim: never cut one, at any width (a pipe gets 80 columns). A
+        # column is at least as wide as its longest name, and a longer word folds onto the next
+        # line instead of ending in "…".
+        params = [p["name"] + ":" for r in rows if r["axis"] == a for p in r["parameters"]]
+        table.add_column("name", no_wrap=True)
+        table.add_column("parameters (type = default)", overflow="fold", min_width=max(map(len, params), default=1))
+        table.add_column("description", overflow="fold")
         table.add_column("package", no_wrap=True, min_width=max((len(r["package"]) for r in rows), default=7))
         for row in (r for r in rows if r["axis"] == a):
             params = "\n".join(
