@@ -127,13 +127,19 @@ def test_cost_figures_have_their_own_titles_and_plain_log_ticks(drawn, tmp_path)
     assert labels and not any("times" in t or "^" in t or "×" in t for t in labels), labels
 
 
-def test_a_bare_swept_value_gets_its_key_as_the_legend_title(drawn, tmp_path):
+def test_a_legend_names_the_swept_key_with_each_value(drawn, tmp_path):
+    from workbench.report.variants import Variants
+
+    runs = pd.DataFrame({"model.n_kv_heads": [1, 4]})
+    variants = Variants.of(["model.n_kv_heads"], runs, {"model.n_kv_heads": [4, 1]})
+    assert variants.labels == ["n_kv_heads=4", "n_kv_heads=1"]  # never a bare "4"
     # the scaling report converts bytes to a unit first (scaling_report.in_unit): 1 and 2 MiB
-    rows = pd.DataFrame({"variant": ["1 (KV cache)"] * 2, "length": [64, 128], "kv_cache_bytes": [1.0, 2.0]})
-    figures.loglog(rows, {"1 (KV cache)": (0, 0, 0)}, tmp_path / "d.png", y="kv_cache_bytes",
-                   ylabel="KV-cache size (MiB)", title="t", legend_title="n_kv_heads")
+    name = f"{variants.labels[1]} (KV cache)"
+    rows = pd.DataFrame({"variant": [name] * 2, "length": [64, 128], "kv_cache_bytes": [1.0, 2.0]})
+    figures.loglog(rows, {name: (0, 0, 0)}, tmp_path / "d.png", y="kv_cache_bytes", ylabel="KV-cache size (MiB)",
+                   title="t")
     ax = drawn[0].axes[0]
-    assert ax.get_legend().get_title().get_text() == "n_kv_heads"
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["n_kv_heads=1 (KV cache)"]
     ticks = [t.get_text() for t in ax.get_yticklabels() if t.get_text()]
     assert ticks and not any("^" in t or "e+" in t for t in ticks), ticks  # plain numbers on a log axis
 
@@ -153,7 +159,8 @@ def test_position_pictures_are_named_after_the_scheme_not_the_swept_ffn(tmp_path
         "train: {steps: 2, batch_size: 4}\nsweep: {model.ffn: [gelu, relu]}\n")
     runs = expand(load_study(tmp_path / "s.yaml"))
     configs = {run.run_id: run.config for run in runs}
-    finished = pd.DataFrame({"run_id": list(configs), "seed": 0, "variant": ["gelu", "relu"], "model.ffn": ["gelu", "relu"]})
+    finished = pd.DataFrame({"run_id": list(configs), "seed": 0, "variant": ["ffn=gelu", "ffn=relu"],
+                             "model.ffn": ["gelu", "relu"]})
     torch.manual_seed(0)
     pictures = ModelPictures(lambda run_id: tmp_path / run_id,
                              load=lambda folder: (build_model(configs[folder.name]["model"]).eval(), configs[folder.name]))

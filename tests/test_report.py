@@ -168,16 +168,18 @@ def test_training_report_files_and_verdicts(train_report):
     assert page.headings[:3] == ["positions", "Verdicts", page.headings[2]]
     verdicts = re.findall(r'class="outcome [\w-]+">([^<]+)</span>\s*([^<]+)', html)
     assert [(label.strip()[:60], statement.strip()) for label, statement in verdicts] == [
-        ("holds", "alibi is better than sinusoidal on accuracy@10"),
-        ("does not hold", "sinusoidal is better than alibi on accuracy@10"),
-        ("inconclusive (the interval of the difference contains 0; 2 s", "rope is better than sinusoidal on accuracy@10"),
+        ("holds", "position=alibi is better than position=sinusoidal on accuracy@10"),
+        ("does not hold", "position=sinusoidal is better than position=alibi on accuracy@10"),
+        ("inconclusive (the interval of the difference contains 0; 2 s",
+         "position=rope is better than position=sinusoidal on accuracy@10"),
     ]
     # an inconclusive verdict says what its seeds can detect and what the observed difference would need
     assert "2 seeds detect ±0.567 with 80% power; the observed difference 0.01 would need more than 1000 seeds" in html
 
     # Leaderboard for the expectation metric: sorted best first, intervals, baseline differences.
     board = next(t for t in page.tables if t[0][1] == "accuracy@10 mean [95% CI]")
-    assert [row[0] for row in board[1:]] == ["alibi", "sinusoidal", "rope"]  # means 0.91, 0.51, 0.50
+    # means 0.91, 0.51, 0.50
+    assert [row[0] for row in board[1:]] == ["position=alibi", "position=sinusoidal", "position=rope"]
     alibi = board[1]
     assert alibi[1] == "0.91 [0.885, 0.935]" and alibi[2] == "3/3"
     assert alibi[3].startswith("+0.4 [")
@@ -189,7 +191,7 @@ def test_training_report_files_and_verdicts(train_report):
     status = next(t for t in page.tables if t[0][:3] == ["variant", "finished", "diverged"])
     assert status[-1] == ["total", "8", "0", "1", "0", "9"]
     failed = next(t for t in page.tables if t[0] == ["variant", "seed", "status", "step", "message"])
-    assert failed[1] == ["rope", "2", "oom", "1", "CUDA out of memory. Tried to allocate <2 GiB>"]
+    assert failed[1] == ["position=rope", "2", "oom", "1", "CUDA out of memory. Tried to allocate <2 GiB>"]
 
     # The command that reproduces it, the notes and the environment.
     assert f"workbench run {root / 'study.yaml'} --out {out}" in text
@@ -218,14 +220,14 @@ def test_training_report_figures(train_report):
     names = {Path(s).name for s in sources}
     assert {"learning_curves.png", "accuracy_vs_length.png", "time_vs_quality.png", "memory_vs_quality.png"} <= names
     # Cross-attention on 我 爱 猫, the 它 rows of both pronoun sentences, and a position picture per scheme.
-    assert {f"attention_{v}.png" for v in ACCURACY} <= names
-    assert {f"focus_{v}_{i}.png" for v in ACCURACY for i in (0, 1)} <= names
+    assert {f"attention_position_{v}.png" for v in ACCURACY} <= names
+    assert {f"focus_position_{v}_{i}.png" for v in ACCURACY for i in (0, 1)} <= names
     assert {f"position_{v}.png" for v in ACCURACY} <= names
     assert "我 爱 猫" in " ".join(page.text)
 
     md = (folder / "report.md").read_text()
     assert "![" in md and "](figures/learning_curves.png)" in md
-    assert "| alibi | 0.91 \\[0.885, 0.935\\] | 3/3 |" in md
+    assert "| position=alibi | 0.91 \\[0.885, 0.935\\] | 3/3 |" in md
     assert "<script>" not in md and "&lt;script&gt;" in md
     csv = (folder / "results.csv").read_text().splitlines()
     assert csv[0].startswith("variant,run_id,index,seed,model.position,status,")
@@ -254,7 +256,7 @@ def test_report_renders_in_headless_chromium(train_report):
     page = parse(dom)
     assert page.scripts == 0
     assert "Verdicts" in page.headings and "Leaderboard" in page.headings
-    assert any(row[0] == "alibi" for t in page.tables for row in t)
+    assert any(row[0] == "position=alibi" for t in page.tables for row in t)
     assert len(page.images) >= 10
 
 
@@ -375,22 +377,23 @@ def test_scaling_report(scaling_report):
     assert "load_1m" not in markdown  # per-run load is read for the caveat, not listed as environment
     exponents = next(t for t in page.tables if t[0][:4] == ["variant", "mode", "metric", "exponent [95% CI]"])
     found = {(r[0], r[1], r[2]): r[3] for r in exponents[1:]}
-    assert found[("full", "forward", "time_median_s")].startswith("2.00 [2.00, 2.00]")
-    assert found[("full", "decode (cache)", "time_median_s")].startswith("1.00")
-    assert found[("full", "decode (no cache)", "time_median_s")].startswith("2.00")
-    assert found[("naive", "decode (cache)", "kv_cache_bytes")].startswith("1.00")
+    assert found[("attention=full", "forward", "time_median_s")].startswith("2.00 [2.00, 2.00]")
+    assert found[("attention=full", "decode (cache)", "time_median_s")].startswith("1.00")
+    assert found[("attention=full", "decode (no cache)", "time_median_s")].startswith("2.00")
+    assert found[("attention=naive", "decode (cache)", "kv_cache_bytes")].startswith("1.00")
     # naive forward lost its largest length to OOM: fitted on three points, and listed.
-    assert found[("naive", "forward", "time_median_s")].startswith("2.00")
+    assert found[("attention=naive", "forward", "time_median_s")].startswith("2.00")
     failed = next(t for t in page.tables if t[0] == ["variant", "mode", "length", "status", "message"])
-    assert failed[1:] == [["naive", "forward", "512", "oom", "RuntimeError: out of memory"]]
+    assert failed[1:] == [["attention=naive", "forward", "512", "oom", "RuntimeError: out of memory"]]
     # Crossover, executed by the naive kernel: 4 n^2 d = 24 n d^2 at n = 6 d = 96, as the formula says;
     # useful (causal pairs): 2 n (n + 1) d = 24 n d^2 at n = 12 d - 1 = 191.
     crossover = next(t for t in page.tables if t[0][0] == "variant" and "measured crossover n" in t[0])
     cells = {(r[0], r[1]): r[2:] for r in crossover[1:]}
-    assert cells[("naive", "executed")][0].startswith("96 ") and cells[("naive", "executed")][1].startswith("96 (6 d)")
-    assert cells[("naive", "useful")][1].startswith("191 ") and cells[("naive", "useful")][0].startswith("19")
-    assert cells[("full", "useful")] == cells[("naive", "useful")]  # the same useful work
-    assert cells[("full", "executed")][1] == "–"  # a tiled kernel has no closed formula
+    naive_executed, naive_useful = cells[("attention=naive", "executed")], cells[("attention=naive", "useful")]
+    assert naive_executed[0].startswith("96 ") and naive_executed[1].startswith("96 (6 d)")
+    assert naive_useful[1].startswith("191 ") and naive_useful[0].startswith("19")
+    assert cells[("attention=full", "useful")] == cells[("attention=naive", "useful")]  # the same useful work
+    assert cells[("attention=full", "executed")][1] == "–"  # a tiled kernel has no closed formula
     # Scope line: decode measures the whole model; time figures carry their quartiles.
     assert "Scope: layer (forward); the whole model (decode)" in index.read_text()
     # Nothing is trained: the header says no learned criterion applies.

@@ -206,11 +206,11 @@ def test_tiny_tune_study_chooses_per_point_and_resumes_without_retraining(tmp_pa
     tuning_part = report.split("## Tuning")[1].split("## Leaderboard")[0]
     for position in ("none", "rope"):
         chosen = final.loc[final["model.position"] == position, "train.lr"].item()
-        assert f"| {position} | lr={chosen:g} |" in tuning_part
+        assert f"| position={position} | lr={chosen:g} |" in tuning_part
     assert "| bracketed |" in tuning_part
     # 10 steps: no candidate's validation loss beats the baselines, so neither variant can be tested
-    assert ("**not tested (rope: no learning rate in the grid trained this variant; none: no learning rate in the "
-            "grid trained this variant)**") in report
+    assert ("**not tested (position=rope: no learning rate in the grid trained this variant; position=none: no learning "
+            "rate in the grid trained this variant)**") in report
     leaderboard = report.split("## Leaderboard")[1].split("## Figures")[0]
     assert "| 1/1 |" in leaderboard and "| 3/3 |" not in leaderboard  # final runs only
     csv = (index.parent / "results.csv").read_text().splitlines()

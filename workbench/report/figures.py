@@ -266,12 +266,11 @@ def loss_vs_compute(points: pd.DataFrame, curves: Mapping[str, Callable[[np.ndar
 def loglog(rows: pd.DataFrame, palette: Palette, path: Path, *, y: str, ylabel: str, title: str,
            exponents: Mapping[str, str] | None = None, x: str = "length", xlabel: str = "sequence length n (tokens)",
            reference: Mapping[str, pd.DataFrame] | None = None, spread: tuple[str, str] | None = None,
-           spread_label: str = "quartiles", legend_title: str | None = None) -> Path | None:
+           spread_label: str = "quartiles") -> Path | None:
     """rows: (variant, x, y) measurements -> log-log lines per variant; `exponents` maps a
     variant to its fitted-exponent text for the legend; `reference` adds dashed lines;
-    `spread` names (low, high) columns drawn as a band around each line (e.g. quartiles);
-    `legend_title` names what the variant labels are values of (`n_kv_heads`). Values are
-    drawn as given: callers convert bytes and seconds to a readable unit first."""
+    `spread` names (low, high) columns drawn as a band around each line (e.g. quartiles). Values
+    are drawn as given: callers convert bytes and seconds to a readable unit first."""
     data = rows.dropna(subset=[y])
     data = data[data[y] > 0]
     if data[x].nunique() < 2:
@@ -291,7 +290,7 @@ def loglog(rows: pd.DataFrame, palette: Palette, path: Path, *, y: str, ylabel: 
     plain_tick_labels(ax)
     band = f"; band: {spread_label}" if spread else ""
     ax.set(xlabel=f"{xlabel}, log scale", ylabel=f"{ylabel}, log scale{band}", title=title)
-    ax.legend(fontsize="small", title=legend_title)
+    ax.legend(fontsize="small")
     return save(fig, path)
 
 
