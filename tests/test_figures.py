@@ -66,14 +66,14 @@ def curve_rows(values: dict[str, list[list[float]]], metric: str) -> pd.DataFram
 
 
 def test_learning_curves_show_each_seed_and_keep_the_band_in_range(drawn, tmp_path):
-    near_zero = {"a": [[0.0, 0.01, 0.3], [0.0, 0.0, 0.02], [0.2, 0.0, 0.01]], "b": [[0.5, 0.9, 1.0], [0.4, 1.0, 1.0],
-                                                                                   [0.9, 1.0, 0.95]]}
+    near_zero = {"a": [[0.0, 0.01, 0.3], [0.0, 0.0, 0.02], [0.2, 0.0, 0.01], [0.0, 0.0, 0.0], [0.01, 0.0, 0.0]],
+                 "b": [[0.5, 0.9, 1.0], [0.4, 1.0, 1.0], [0.9, 1.0, 0.95], [0.6, 1.0, 1.0], [0.5, 0.95, 1.0]]}
     curves = curve_rows(near_zero, "eval symbol_accuracy@6")
     figures.learning_curves(curves, figures.variant_palette(["a", "b"]), tmp_path / "l.png",
                             panels=["eval symbol_accuracy@6"], bounds={"eval symbol_accuracy@6": (0.0, 1.0)})
     ax = drawn[0].axes[0]
     seed_lines = [line for line in ax.lines if line.get_linewidth() == 0.7]
-    assert len(seed_lines) == 6  # 2 variants x 3 seeds, beside the two means
+    assert len(seed_lines) == 10  # 2 variants x 5 seeds (enough for a band), beside the two means
     bands = np.concatenate([p.get_paths()[0].vertices for p in ax.collections])
     assert bands[:, 1].min() >= 0.0 and bands[:, 1].max() <= 1.0  # the raw t band would pass both ends
 
@@ -201,3 +201,21 @@ def test_a_score_bias_picture_takes_its_range_and_caption_from_the_scheme(tmp_pa
     assert drawn["vmin"] == -drawn["vmax"]  # both signs: centred on 0
     assert "a learned bias per offset bucket" in items[0].caption
     assert "linear penalty" not in items[0].caption
+
+
+@pytest.mark.parametrize("seeds, band", [(2, False), (4, False), (5, True)])
+def test_curves_of_few_seeds_show_each_seed_and_the_mean_without_a_t_band(drawn, tmp_path, seeds, band):
+    """Two seeds far apart: a t band would span 12.7 standard errors, hiding the curves, so below
+    5 seeds per variant each seed is a thin line beside the mean and no band is filled."""
+    rng = np.random.default_rng(0)
+    rows = [{"variant": v, "seed": s, "step": step, "metric": "train loss", "value": 1 + s + rng.random() / step}
+            for v in ("n_kv_heads=4", "n_kv_heads=1") for s in range(seeds) for step in (1, 2, 3)]
+    curves = pd.DataFrame(rows)
+    palette = figures.variant_palette(["n_kv_heads=4", "n_kv_heads=1"])
+    figures.learning_curves(curves, palette, tmp_path / "c.png", panels=["train loss"])
+    ax = drawn[0].axes[0]
+    filled = [c for c in ax.collections if isinstance(c, matplotlib.collections.PolyCollection)]
+    assert bool(filled) == band
+    thin = [line for line in ax.lines if line.get_linewidth() < 1]
+    assert len(thin) == 2 * seeds  # every seed of every variant drawn
+    assert ("with a 95% t band" in figures.spread_text(curves)) == band

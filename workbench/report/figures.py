@@ -88,6 +88,30 @@ def band(bounds: Bounds) -> Callable[[pd.Series], tuple[float, float]]:
     return functools.partial(t_band, bounds=bounds)
 
 
+# Fewer seeds than this per variant get no t band: with 2 seeds its half-width is 12.7 standard
+# errors, so a band spans most of the panel and hides the curves it summarises; the seeds are
+# then drawn as thin lines around their mean, which shows their spread as it is.
+MIN_BAND_SEEDS = 5
+
+
+def banded(data: pd.DataFrame) -> bool:
+    """Whether curves of (variant, seed, ...) rows get a t band: every variant has MIN_BAND_SEEDS seeds."""
+    return not data.empty and int(data.groupby("variant")["seed"].nunique().min()) >= MIN_BAND_SEEDS
+
+
+def spread_text(data: pd.DataFrame) -> str:
+    """How a figure drawn with `seed_band` shows the spread over seeds, for its caption."""
+    if banded(data):
+        return "each seed as a thin line; per variant the mean over seeds with a 95% t band, kept inside the metric's range"
+    return (f"each seed as a thin line around its variant's mean (no t band below {MIN_BAND_SEEDS} seeds per variant: "
+            "it would span most of the panel)")
+
+
+def seed_band(data: pd.DataFrame, bounds: Bounds):
+    """seaborn's errorbar for the mean line: the t band when `banded`, else none."""
+    return band(bounds) if banded(data) else None
+
+
 def constant(values: pd.Series) -> bool:
     """Every value the same (exact_match 0 everywhere): a plot of it shows nothing."""
     return values.dropna().nunique() <= 1
@@ -138,7 +162,8 @@ def learning_curves(curves: pd.DataFrame, palette: Palette, path: Path, *, panel
                     per_seed: bool = False) -> Path | None:
     """curves: long rows (variant, seed, x, metric, value; x defaults to the step) -> one panel
     per metric in `panels` order: each seed's thin line, and per variant the mean with its 95%
-    seed band (clipped to the panel's `bounds`); with `per_seed` only a line per run (seeds whose
+    seed band (clipped to the panel's `bounds`; none below MIN_BAND_SEEDS seeds); with `per_seed`
+    only a line per run (seeds whose
     x values differ, such as seconds, have no mean). A panel whose values are all equal is left out."""
     if "x" not in curves:
         curves = curves.assign(x=curves["step"])
@@ -157,7 +182,8 @@ def learning_curves(curves: pd.DataFrame, palette: Palette, path: Path, *, panel
             seed_lines(ax, part, palette, "x")
             sns.lineplot(data=part, x="x", y="value", hue="variant",
                          hue_order=[v for v in palette if v in set(part["variant"])], palette=palette,
-                         errorbar=band((bounds or {}).get(metric, UNBOUNDED)), marker="o" if few_points else None, ax=ax)
+                         errorbar=seed_band(part, (bounds or {}).get(metric, UNBOUNDED)),
+                         marker="o" if few_points else None, ax=ax)
         ax.set(xlabel=xlabel, ylabel=metric, title=metric)
         if "loss" in metric and (part["value"] > 0).all():
             ax.set_yscale("log")
@@ -171,7 +197,7 @@ def learning_curves(curves: pd.DataFrame, palette: Palette, path: Path, *, panel
 def quality_vs_length(by_length: pd.DataFrame, palette: Palette, path: Path, *, metric: str,
                       train_length: int | None = None, bounds: Bounds = UNBOUNDED) -> Path | None:
     """by_length: rows (variant, seed, length, value) for one metric evaluated at several
-    lengths -> each seed's thin line and the mean with its seed band per variant; the training
+    lengths -> each seed's thin line and the mean with its seed band per variant (`seed_band`); the training
     length is marked. None for fewer than two lengths, or when every value is the same."""
     if by_length["length"].nunique() < 2 or constant(by_length["value"]):
         return None
@@ -179,7 +205,7 @@ def quality_vs_length(by_length: pd.DataFrame, palette: Palette, path: Path, *, 
     seed_lines(ax, by_length, palette, "length")
     sns.lineplot(data=by_length, x="length", y="value", hue="variant",
                  hue_order=[v for v in palette if v in set(by_length["variant"])], palette=palette,
-                 errorbar=band(bounds), marker="o", ax=ax)
+                 errorbar=seed_band(by_length, bounds), marker="o", ax=ax)
     ax.set_xscale("log", base=2)
     lengths = sorted(by_length["length"].unique())
     ax.set_xticks(lengths, [str(int(n)) for n in lengths])

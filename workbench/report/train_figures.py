@@ -46,8 +46,7 @@ class TrainFigures(TrainRuns):
                                         xlabel=AXIS_LABELS[self.study.curves_against], per_seed=per_seed),
                 f"Learning curves against {AXIS_LABELS[self.study.curves_against]}: "
                 + ("one line per run (its seeds had spent different amounts at the same step, so no mean or band)"
-                   if per_seed else "each seed as a thin line; per variant the mean over seeds with a 95% t band, "
-                   "kept inside the metric's range") + " (all runs, including those that stopped early)."
+                   if per_seed else figures.spread_text(curves)) + " (all runs, including those that stopped early)."
                 + self.flat_note(flat, curves), "learning curves per variant"))
         for name in dict.fromkeys(split_metric(m)[0] for m in self.metrics):
             long = self.by_length(name)
@@ -61,8 +60,8 @@ class TrainFigures(TrainRuns):
                 figures.quality_vs_length(long, self.palette, fig_dir / f"{name}_vs_length.png", metric=name,
                                           train_length=self.study.task.get("train_length"),
                                           bounds=self.range_of(name)),
-                f"{name} against evaluation length (extrapolation beyond the dashed training length): each seed "
-                "as a thin line, the mean with a 95% t band over seeds.", f"{name} against evaluation length"))
+                f"{name} against evaluation length (extrapolation beyond the dashed training length): "
+                f"{figures.spread_text(long)}.", f"{name} against evaluation length"))
         headline = self.headline[0] if self.headline else None
         if headline is not None:
             summary = self.cost_summary(headline)
