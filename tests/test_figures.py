@@ -219,3 +219,20 @@ def test_curves_of_few_seeds_show_each_seed_and_the_mean_without_a_t_band(drawn,
     thin = [line for line in ax.lines if line.get_linewidth() < 1]
     assert len(thin) == 2 * seeds  # every seed of every variant drawn
     assert ("with a 95% t band" in figures.spread_text(curves)) == band
+
+
+def test_a_verdict_figure_shows_every_seed_the_mean_interval_the_threshold_and_the_baseline(drawn, tmp_path):
+    palette = figures.variant_palette(["position=rope", "position=none"])
+    groups = [("position=none", [0.42, 0.41, 0.44], 0.4256, 0.399, 0.452),
+              ("position=rope", [1.0, 0.995, 1.0], 0.998, 0.992, 1.04)]
+    figures.verdict_groups(groups, palette, tmp_path / "v.png", metric="accuracy@12", bounds=(0.0, 1.0),
+                           threshold=0.499, baseline=("order-blind", 0.443))
+    ax = drawn[0].axes[0]
+    dots = [c for c in ax.collections if isinstance(c, matplotlib.collections.PathCollection)]
+    assert sorted(len(c.get_offsets()) for c in dots) == [3, 3]  # every seed of both groups
+    levels = sorted(line.get_ydata()[0] for line in ax.lines if line.get_linestyle() in ("--", ":"))
+    assert levels == [0.443, 0.499]  # the strongest baseline and the learned-at-all threshold
+    caps = [seg for c in ax.collections if isinstance(c, matplotlib.collections.LineCollection) for seg in c.get_segments()]
+    assert max(point[1] for seg in caps for point in seg) <= 1.0  # the interval kept inside the metric's range
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["position=none", "position=rope"]
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["learned: ≥ 0.499", "order-blind 0.443"]

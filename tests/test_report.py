@@ -22,7 +22,9 @@ import pytest
 import torch
 
 from workbench import build_model
+from workbench.report import screenshot as screenshot_tool
 from workbench.report import write_report
+from workbench.report.document import fmt_signed_interval
 from workbench.run.store import Store, run_dir
 from workbench.study import load_study
 from workbench.study.keys import canonical_json
@@ -462,3 +464,90 @@ def test_the_source_commit_is_dirty_for_edited_code_not_for_rebuilt_reports(tmp_
     (tmp_path / "code.py").write_text("x = 2\n")
     assert git_commit(tmp_path) == clean + "+dirty"
     assert short_commit(clean + "+dirty") == clean[:12] + "+dirty" and short_commit(None) == "not recorded"
+
+
+def test_the_first_screen_is_a_verdict_table_and_a_figure_per_verdict_metric(train_report):
+    """Right under the question: one row per expect: entry (claim, outcome badge, difference with
+    its interval, seeds), then the verdict metric's figure; the rule and the long detail lines
+    are folded into a <details> below, in the HTML and the Markdown alike."""
+    _, _, index = train_report
+    html = index.read_text()
+    page = parse(html)
+    summary = json.loads((index.parent / "summary.json").read_text())
+    table = next(t for t in page.tables if t[0] == ["claim", "outcome", "difference [CI]", "seeds"])
+    assert len(table) - 1 == len(summary["verdicts"]) == 3
+    for row, v in zip(table[1:], summary["verdicts"]):
+        assert row[0].startswith(v["statement"]) and row[1].startswith(v["outcome"])
+        assert row[3] == " vs ".join(str(g["n"]) for g in v["groups"])
+    holds = table[1]
+    d = summary["verdicts"][0]["difference"]
+    level = f"{d['level']:.1%}".replace(".0%", "%")  # Holm-widened: three comparisons
+    assert holds[2] == f"{fmt_signed_interval(d['mean'], d['lo'], d['hi'])}{level} paired"
+    assert re.findall(r'<span class="badge ([\w-]+)">', html) == ["holds", "does-not-hold", "inconclusive"]
+    first_screen, rest = html.split("<details>", 1)
+    assert "verdict_accuracy_10.png" in first_screen and html.index("<details>") < html.index("<nav>")
+    assert "Holm" not in first_screen and "How each verdict was decided" in rest.split("</details>")[0]
+    assert png_size(index.parent / "figures" / "verdict_accuracy_10.png")[0] > 300
+
+    md = (index.parent / "report.md").read_text()
+    verdicts_md = md.split("## Verdicts")[1].split("\n## ")[0]
+    rows = [line for line in verdicts_md.splitlines() if line.startswith("| position=")]
+    assert len(rows) == 3
+    assert rows[0].startswith("| position=alibi is better than position=sinusoidal on accuracy@10 | **holds**")
+    assert verdicts_md.index("![") < verdicts_md.index("<details>") < verdicts_md.index("_Rule:")
+
+
+def test_an_outcome_the_styles_do_not_know_gets_a_neutral_badge():
+    from workbench.report.document import Report, VerdictLine
+    from workbench.report.render import render_html
+
+    line = VerdictLine(statement="a is better than b on loss@8", outcome="undetermined",
+                       label="undetermined (the gate could not be decided)", detail="", groups=[{"n": 2}, {"n": 2}])
+    html = render_html(Report(name="r", kind="train", question="q", verdicts=[line], sections=[]))
+    assert '<span class="badge undetermined">undetermined</span>' in html
+    assert "the gate could not be decided" in html and "<td class=\"num\">–</td>" in html
+    style = re.search(r"\.outcome, \.badge \{([^}]*)\}", html).group(1)
+    assert "background" in style  # the neutral look every badge starts from
+
+
+@pytest.mark.skipif(not any(map(shutil.which, screenshot_tool.CHROMIUM_NAMES)), reason="Chromium is not installed")
+def test_at_1400_by_900_the_first_screen_shows_the_verdict_table_and_a_verdict_figure(train_report, tmp_path):
+    _, _, index = train_report
+    measured = index.with_name("first-screen-measured.html")
+    measured.write_text(index.read_text().replace("</body>", MEASURE_FIRST_SCREEN))
+    dom = screenshot_tool.chromium("--window-size=1400,900", "--virtual-time-budget=3000", "--dump-dom",
+                                   measured.resolve().as_uri())
+    layout = json.loads(re.search(r'<pre id="measured">(.*?)</pre>', dom, re.S).group(1).replace("&quot;", '"'))
+    # --dump-dom lays the page out in the window less its (headless) frame; --screenshot takes
+    # the full 1400 x 900: the first screen is what lies above 900 px at 1400 px wide.
+    assert layout["view"][0] == 1400
+    assert layout["table_bottom"] <= 900 and layout["figure_top"] < 900  # both on the first screen
+    assert layout["figure_loaded"] and layout["figure_width"] > 250
+    assert layout["details_open"] is False  # the rule is folded
+    png = screenshot_tool.screenshot(index.parent, tmp_path / "first.png")
+    assert png_size(png) == (1400, 900)
+
+
+# Measured once the page (its images too) has loaded, written into the page for --dump-dom.
+MEASURE_FIRST_SCREEN = """<script>
+addEventListener("load", () => {
+  const table = document.querySelector(".verdict-table"), img = document.querySelector(".verdict-figures img");
+  const out = document.createElement("pre");
+  out.id = "measured";
+  out.textContent = JSON.stringify({view: [innerWidth, innerHeight], table_bottom: table.getBoundingClientRect().bottom,
+    figure_top: img.getBoundingClientRect().top, figure_loaded: img.complete && img.naturalWidth > 0,
+    figure_width: img.getBoundingClientRect().width, details_open: document.querySelector("details").open});
+  document.body.append(out);
+});
+</script></body>"""
+
+
+def test_screenshot_mistakes_are_one_line(tmp_path):
+    from click.testing import CliRunner
+
+    from workbench.cli import main
+
+    for args, fragment in ((["screenshot", str(tmp_path), "--size", "1400"], "--size: expected WIDTHxHEIGHT"),
+                           (["screenshot", str(tmp_path)], "is not a report page")):
+        result = CliRunner().invoke(main, args)
+        assert result.exit_code == 2 and fragment in result.stderr and len(result.stderr.strip().splitlines()) == 1

@@ -24,7 +24,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from workbench.errors import WorkbenchError, WorkbenchWarning
+from workbench.errors import SpecError, WorkbenchError, WorkbenchWarning
 from workbench.registry import NOUN_OF_AXIS, distribution_of, variants
 from workbench.variants import AXES
 
@@ -319,6 +319,20 @@ def report_command(out_dir: str, reports_dir: str | None, no_pictures: bool) -> 
     index = write_report(out_dir, reports_dir or default_reports_dir(out_dir, stored_study_name(out_dir)),
                          pictures=not no_pictures)
     click.echo(f"report: {index} (and {index.parent / 'report.md'})")
+
+
+@main.command("screenshot")
+@click.argument("report")
+@click.option("--out", default=None, help="the PNG to write (default: REPORT/first-screen.png)")
+@click.option("--size", default="1400x900", show_default=True, help="browser window, WIDTHxHEIGHT in pixels")
+def screenshot_command(report: str, out: str | None, size: str) -> None:
+    """The first screen of a report (REPORT: its folder or index.html) in headless Chromium, as a PNG."""
+    from workbench.report.screenshot import screenshot
+
+    width, sep, height = size.partition("x")
+    if not (sep and width.isdigit() and height.isdigit() and int(width) > 0 and int(height) > 0):
+        raise SpecError("--size", f"expected WIDTHxHEIGHT in pixels, e.g. 1400x900, got {size!r}")
+    click.echo(f"screenshot: {screenshot(report, out, int(width), int(height))}")
 
 
 @main.command("compare")

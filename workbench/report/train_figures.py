@@ -5,18 +5,19 @@ against training FLOPs, workbench.cost.fit)."""
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 from pathlib import Path
 
 import pandas as pd
 
 from workbench.report import figures
-from workbench.report.document import Figure, Item, Paragraph, Section, Table, fmt, fmt_interval
+from workbench.report.document import Figure, Item, Paragraph, Section, Table, VerdictLine, fmt, fmt_interval
 from workbench.report.intervals import mean_ci
 from workbench.report.variants import Variants
 from workbench.cost.fit import fit_power_law, power_law_crossing
 from workbench.report.compute_curves import AXIS_LABELS, against
-from workbench.results import ATTENTION_ENTROPY, PROGRESS
+from workbench.results import ATTENTION_ENTROPY, FAILURE_SHARE, PROGRESS
 from workbench.report.train_runs import TrainRuns, split_metric
 
 
@@ -27,6 +28,35 @@ class TrainFigures(TrainRuns):
         if path is None:
             return None
         return Figure(path.relative_to(self.dest).as_posix(), caption, alt)
+
+    def verdict_figures(self, lines: Sequence[VerdictLine]) -> list[Figure]:
+        """The first screen's figures, one per verdict metric: each compared group's seeds as
+        dots and its mean with the interval of its verdict line, with the learned-at-all gate's
+        threshold and the strongest baseline where a verdict on that metric was gated on it."""
+        by_metric: dict[str, list[VerdictLine]] = {}
+        for line in lines:
+            column = self.expect_column(self.study.expect[line.expect["index"]])
+            if column != FAILURE_SHARE:  # a share of seeds has no per-seed values to draw
+                by_metric.setdefault(column, []).append(line)
+        out = []
+        for metric, mine in by_metric.items():
+            records = {g["group"]: g for line in mine for g in line.groups}
+            groups = [(label, self.values(label, metric).tolist(), *(math.nan if records[label][k] is None
+                                                                      else records[label][k] for k in ("mean", "lo", "hi")))
+                      for label in self.variants.labels if label in records]
+            gates = [g for line in mine for g in line.gates if g["metric"] == metric and not g["untested"]]
+            gate = gates[0] if gates else None
+            slug = re.sub(r"[^A-Za-z0-9]+", "_", metric).strip("_")
+            path = figures.verdict_groups(groups, self.palette, self.dest / "figures" / f"verdict_{slug}.png",
+                                          metric=metric, bounds=self.range_of(metric),
+                                          threshold=gate["needed"] if gate else None,
+                                          baseline=(gate["baseline"], gate["chance"]) if gate else None)
+            lines_text = (f"; dashed: the learned-at-all threshold, dotted: the strongest baseline ({gate['baseline']})"
+                          if gate else "")
+            figure = self.figure(path, f"{metric} of the compared groups: each seed a dot, the mean with its 95% t "
+                                       f"interval{lines_text}.", f"{metric} per group and seed")
+            out += [figure] if figure else []
+        return out
 
     def figures_section(self) -> Section:
         fig_dir = self.dest / "figures"
