@@ -131,6 +131,12 @@ class TextLM(Task):
             cut = int(len(self.train_text) * (1 - self.params.valid_fraction))
             self.train_text, self.valid_text = self.train_text[:cut], self.train_text[cut:]
 
+    def text_words(self, text: str) -> list[str]:
+        return [byte_name(b) for b in text.encode("utf-8")]  # the vocabulary's bytes, not its ids
+
+    def words_text(self, words: Sequence[str]) -> str:
+        return bytes(self.token_id[w] - self.first_byte for w in words).decode("utf-8", errors="replace")
+
     def _load(self) -> tuple[np.ndarray, np.ndarray]:
         if self.params.path is None:
             root = pathlib.Path(sysconfig.get_paths()["stdlib"])
@@ -163,6 +169,9 @@ class TextLM(Task):
 
     def format_decoder(self, ex):
         return list(ex.target), [False] + [True] * (len(ex.target) - 1)
+
+    def decoder_prompt(self, source):
+        return list(source)  # a text is continued as it stands: no <bos>, no <sep>
 
     def extra_metrics(self, model, batches, family, scores):
         return {"bpc": scores["loss"] / math.log(2), "bpc_tail": self.tail_bpc(model, batches, family),

@@ -222,10 +222,12 @@ def test_curves_of_few_seeds_show_each_seed_and_the_mean_without_a_t_band(drawn,
 
 
 def test_a_verdict_figure_shows_every_seed_the_mean_interval_the_threshold_and_the_baseline(drawn, tmp_path):
+    from workbench.report.verdict_figure import verdict_groups
+
     palette = figures.variant_palette(["position=rope", "position=none"])
     groups = [("position=none", [0.42, 0.41, 0.44], 0.4256, 0.399, 0.452),
               ("position=rope", [1.0, 0.995, 1.0], 0.998, 0.992, 1.04)]
-    figures.verdict_groups(groups, palette, tmp_path / "v.png", metric="accuracy@12", bounds=(0.0, 1.0),
+    verdict_groups(groups, palette, tmp_path / "v.png", metric="accuracy@12", bounds=(0.0, 1.0),
                            threshold=0.499, baseline=("order-blind", 0.443))
     ax = drawn[0].axes[0]
     dots = [c for c in ax.collections if isinstance(c, matplotlib.collections.PathCollection)]

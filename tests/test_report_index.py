@@ -34,8 +34,8 @@ def test_summary_counts_runs_and_spans_the_sweep():
     verdict = VerdictLine("rope is better than none on accuracy@4", "holds", "holds", "detail", "note")
     s = summary(Report("x", "train", "q?", [verdict], []), runs)
     assert s["statuses"] == {"diverged": 1, "finished": 1} and s["run_span_s"] == 60 and s["run_cpu_s"] == 60
-    assert s["verdicts"] == [{"statement": verdict.statement, "outcome": "holds", "label": "holds", "note": "note",
-                              "difference": {}, "learned": [], "groups": [], "expect": {}}]
+    assert s["verdicts"] == [{"statement": verdict.statement, "outcome": "holds", "label": "holds", "detail": "detail",
+                              "note": "note", "difference": {}, "learned": [], "groups": [], "expect": {}}]
 
 
 def test_index_rows_read_summaries_and_mark_studies_not_run(tmp_path):

@@ -28,7 +28,7 @@ import seaborn as sns  # noqa: E402
 from matplotlib import font_manager  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
-from workbench.report.document import fmt, fmt_bytes  # noqa: E402
+from workbench.report.document import fmt_bytes  # noqa: E402
 from workbench.report.intervals import mean_ci  # noqa: E402
 
 # A CJK font often ships one weight (500): matplotlib would log a warning for every text.
@@ -88,28 +88,21 @@ def band(bounds: Bounds) -> Callable[[pd.Series], tuple[float, float]]:
     return functools.partial(t_band, bounds=bounds)
 
 
-# Fewer seeds than this per variant get no t band: with 2 seeds its half-width is 12.7 standard
-# errors, so a band spans most of the panel and hides the curves it summarises; the seeds are
-# then drawn as thin lines around their mean, which shows their spread as it is.
+# Fewer seeds per variant get no t band: with 2 its half-width is 12.7 standard errors and it
+# hides the curves; the seeds' thin lines around their mean show their spread as it is.
 MIN_BAND_SEEDS = 5
 
 
-def banded(data: pd.DataFrame) -> bool:
-    """Whether curves of (variant, seed, ...) rows get a t band: every variant has MIN_BAND_SEEDS seeds."""
+def banded(data: pd.DataFrame) -> bool:  # (variant, seed, ...) rows: does every variant have the seeds?
     return not data.empty and int(data.groupby("variant")["seed"].nunique().min()) >= MIN_BAND_SEEDS
 
 
 def spread_text(data: pd.DataFrame) -> str:
-    """How a figure drawn with `seed_band` shows the spread over seeds, for its caption."""
+    """A caption's words for how a figure shows the spread over seeds (a band only when `banded`)."""
     if banded(data):
         return "each seed as a thin line; per variant the mean over seeds with a 95% t band, kept inside the metric's range"
     return (f"each seed as a thin line around its variant's mean (no t band below {MIN_BAND_SEEDS} seeds per variant: "
             "it would span most of the panel)")
-
-
-def seed_band(data: pd.DataFrame, bounds: Bounds):
-    """seaborn's errorbar for the mean line: the t band when `banded`, else none."""
-    return band(bounds) if banded(data) else None
 
 
 def constant(values: pd.Series) -> bool:
@@ -182,7 +175,7 @@ def learning_curves(curves: pd.DataFrame, palette: Palette, path: Path, *, panel
             seed_lines(ax, part, palette, "x")
             sns.lineplot(data=part, x="x", y="value", hue="variant",
                          hue_order=[v for v in palette if v in set(part["variant"])], palette=palette,
-                         errorbar=seed_band(part, (bounds or {}).get(metric, UNBOUNDED)),
+                         errorbar=band((bounds or {}).get(metric, UNBOUNDED)) if banded(part) else None,
                          marker="o" if few_points else None, ax=ax)
         ax.set(xlabel=xlabel, ylabel=metric, title=metric)
         if "loss" in metric and (part["value"] > 0).all():
@@ -194,41 +187,10 @@ def learning_curves(curves: pd.DataFrame, palette: Palette, path: Path, *, panel
 
 
 @styled
-def verdict_groups(groups: Sequence[tuple[str, Sequence[float], float, float, float]], palette: Palette, path: Path, *,
-                   metric: str, bounds: Bounds = UNBOUNDED, threshold: float | None = None,
-                   baseline: tuple[str, float] | None = None) -> Path | None:
-    """The first screen's figure of one verdict metric: groups (label, per-seed values, mean,
-    lo, hi) side by side, each seed a dot, the mean with its interval (clipped to `bounds`);
-    `threshold` (the learned-at-all gate's) dashed and the strongest `baseline` (name, score)
-    dotted across every group. Small (it shares the screen with the verdict table)."""
-    if not groups:
-        return None
-    fig, ax = new_axes(width=max(3.6, 1.1 * len(groups) + 1.8), height=2.9)
-    low, high = bounds
-    for i, (label, values, mean, lo, hi) in enumerate(groups):
-        offsets = np.linspace(-0.12, 0.12, len(values)) if len(values) > 1 else np.zeros(len(values))
-        ax.scatter(i - 0.18 + offsets, values, s=16, alpha=0.6, color=palette[label], linewidths=0, zorder=2)
-        below = mean - max(lo, low) if not math.isnan(lo) else 0.0
-        above = min(hi, high) - mean if not math.isnan(hi) else 0.0
-        ax.errorbar([i + 0.12], [mean], yerr=[[below], [above]], fmt="o", capsize=4, markersize=6,
-                    color=palette[label], zorder=3)
-    if threshold is not None:
-        ax.axhline(threshold, color="grey", linestyle="--", linewidth=1, label=f"learned: ≥ {fmt(threshold)}")
-    if baseline is not None:
-        ax.axhline(baseline[1], color="black", linestyle=":", linewidth=1, label=f"{baseline[0]} {fmt(baseline[1])}")
-    ax.set_xticks(range(len(groups)), [label for label, *_ in groups], rotation=0 if len(groups) <= 3 else 20)
-    ax.set_xlim(-0.6, len(groups) - 0.4)
-    ax.set(ylabel=metric, title=f"{metric}: dots seeds, bars mean and 95% CI")
-    if threshold is not None or baseline is not None:
-        ax.legend(fontsize="small", loc="best")
-    return save(fig, path)
-
-
-@styled
 def quality_vs_length(by_length: pd.DataFrame, palette: Palette, path: Path, *, metric: str,
                       train_length: int | None = None, bounds: Bounds = UNBOUNDED) -> Path | None:
     """by_length: rows (variant, seed, length, value) for one metric evaluated at several
-    lengths -> each seed's thin line and the mean with its seed band per variant (`seed_band`); the training
+    lengths -> each seed's thin line and the mean with its seed band per variant (none when not `banded`); the training
     length is marked. None for fewer than two lengths, or when every value is the same."""
     if by_length["length"].nunique() < 2 or constant(by_length["value"]):
         return None
@@ -236,7 +198,7 @@ def quality_vs_length(by_length: pd.DataFrame, palette: Palette, path: Path, *, 
     seed_lines(ax, by_length, palette, "length")
     sns.lineplot(data=by_length, x="length", y="value", hue="variant",
                  hue_order=[v for v in palette if v in set(by_length["variant"])], palette=palette,
-                 errorbar=seed_band(by_length, bounds), marker="o", ax=ax)
+                 errorbar=band(bounds) if banded(by_length) else None, marker="o", ax=ax)
     ax.set_xscale("log", base=2)
     lengths = sorted(by_length["length"].unique())
     ax.set_xticks(lengths, [str(int(n)) for n in lengths])

@@ -74,7 +74,8 @@ def summary(report: Report, runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "name": report.name,
         "kind": report.kind,
         "question": report.question,
-        "verdicts": [{"statement": v.statement, "outcome": v.outcome, "label": v.label, "note": v.note,
+        "verdicts": [{"statement": v.statement, "outcome": v.outcome, "label": v.label, "detail": v.detail,
+                      "note": v.note,
                       "difference": json_numbers(v.difference), "learned": [json_numbers(g) for g in v.gates],
                       "groups": [json_numbers(g) for g in v.groups], "expect": v.expect}
                      for v in report.verdicts],

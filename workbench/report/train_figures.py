@@ -15,6 +15,7 @@ from workbench.report import figures
 from workbench.report.document import Figure, Item, Paragraph, Section, Table, VerdictLine, fmt, fmt_interval
 from workbench.report.intervals import mean_ci
 from workbench.report.variants import Variants
+from workbench.report.verdict_figure import verdict_groups
 from workbench.cost.fit import fit_power_law, power_law_crossing
 from workbench.report.compute_curves import AXIS_LABELS, against
 from workbench.results import ATTENTION_ENTROPY, FAILURE_SHARE, PROGRESS
@@ -47,7 +48,7 @@ class TrainFigures(TrainRuns):
             gates = [g for line in mine for g in line.gates if g["metric"] == metric and not g["untested"]]
             gate = gates[0] if gates else None
             slug = re.sub(r"[^A-Za-z0-9]+", "_", metric).strip("_")
-            path = figures.verdict_groups(groups, self.palette, self.dest / "figures" / f"verdict_{slug}.png",
+            path = verdict_groups(groups, self.palette, self.dest / "figures" / f"verdict_{slug}.png",
                                           metric=metric, bounds=self.range_of(metric),
                                           threshold=gate["needed"] if gate else None,
                                           baseline=(gate["baseline"], gate["chance"]) if gate else None)
