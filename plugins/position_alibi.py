@@ -34,6 +34,7 @@ class Alibi(PositionScheme):
 
     name = "alibi"
     has_score_bias = True
+    picture_note = "a linear penalty on distance, steeper for heads with larger slopes"
 
     def __init__(self, params, **dims):
         super().__init__(params, **dims)

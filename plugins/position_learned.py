@@ -21,6 +21,7 @@ class Learned(PositionScheme):
 
     name = "learned"
     Params = LearnedParams
+    picture_note = "what training made of the table"
 
     def __init__(self, params: LearnedParams, **dims):
         super().__init__(params, **dims)

@@ -52,6 +52,7 @@ class Rope(PositionScheme):
 
     name = "rope"
     Params = RopeParams
+    picture_note = "constant along diagonals: the score depends only on the offset m - n"
 
     def __init__(self, params: RopeParams, **dims):
         super().__init__(params, **dims)

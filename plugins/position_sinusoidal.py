@@ -46,6 +46,7 @@ class Sinusoidal(PositionScheme):
 
     name = "sinusoidal"
     Params = SinusoidalParams
+    picture_note = "low dimensions oscillate fast, high ones slowly"
 
     def embed(self, x: Tensor, pos: Tensor) -> Tensor:
         amplitude = self.params.scale * INIT_STD

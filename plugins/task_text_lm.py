@@ -76,7 +76,7 @@ from workbench.results import VALIDATION
 from workbench.tasks import INPUT_IGNORING, SPECIALS, Example, Task, TaskParams
 from workbench.tasks.corpus import Document, Source, document_texts, file_pieces
 from workbench.tasks.ngram import WittenBell, fits
-from workbench.tasks.tokens import Shards, Texts, byte_name, prepare
+from workbench.tasks.tokens import ByteTokenizer, Shards, Texts, byte_name, prepare
 
 # Plain-file stdlib modules present in CPython 3.10 to 3.13 (~1.1 MB train, ~0.1 MB valid).
 TRAIN_FILES = (
@@ -207,13 +207,14 @@ class TextLM(Task):
         if params.path is None and params.tokenizer == "bytes":  # small: read whole, as always
             root = stdlib_root()
             self.train_text, self.valid_text = read_files(root, TRAIN_FILES), read_files(root, VALID_FILES)
-            self.corpus_key, names, ratios = f"stdlib:{root}", [byte_name(b) for b in range(256)], (1.0, 1.0)
+            self.tokenizer = ByteTokenizer()
+            self.corpus_key, names, ratios = f"stdlib:{root}", self.tokenizer.token_names(), (1.0, 1.0)
         else:
             shards = self.shards()
             self.train_text, self.valid_text = shards.tokens("train"), shards.tokens("val")
-            tokenizer = shards.tokenizer()
+            self.tokenizer = shards.tokenizer()
             self.corpus_key = shards.folder.name
-            names = [n if n not in SPECIALS else f"{n}#{i}" for i, n in enumerate(tokenizer.token_names())]
+            names = [n if n not in SPECIALS else f"{n}#{i}" for i, n in enumerate(self.tokenizer.token_names())]
             ratios = (shards.tokens_per_byte("train"), shards.tokens_per_byte("val"))
         self._set_vocab(names)
         self.tokens_per_byte = ratios[1]  # of the split scored
@@ -255,6 +256,13 @@ class TextLM(Task):
                 out[key] = value if os.path.isabs(value) else os.path.join(folder, value)
         return out
 
+    def text_words(self, text: str) -> list[str]:
+        """Text as the vocabulary's words, through the study's tokenizer (workbench.report.notebook)."""
+        return [self.vocab[self.first_token + int(i)] for i in self.tokenizer.encode([text.encode("utf-8")])[0]]
+
+    def words_text(self, words: Sequence[str]) -> str:
+        return self.tokenizer.decode([self.token_id[w] - self.first_token for w in words])
+
     def _window(self, text: np.ndarray, start: int, length: int) -> Example:
         return Example((), tuple((np.asarray(text[start: start + length]).astype(np.int64) + self.first_token).tolist()))
 
@@ -279,6 +287,9 @@ class TextLM(Task):
 
     def format_decoder(self, ex):
         return list(ex.target), [False] + [True] * (len(ex.target) - 1)
+
+    def decoder_prompt(self, source):
+        return list(source)  # a text is continued as it stands: no <bos>, no <sep>
 
     def extra_metrics(self, model, batches, family, scores):
         return {"bpc": self.bits_per_byte(scores["loss"]), "bpc_tail": self.tail_bpc(model, batches, family),

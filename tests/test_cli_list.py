@@ -84,3 +84,16 @@ def test_unknown_axis_is_a_usage_error():
     result = CliRunner().invoke(main, ["list", "positions"])
     assert result.exit_code == 2
     assert "position" in result.output
+
+
+def test_a_piped_listing_cuts_no_name_at_80_columns():
+    """Piped, rich lays the table out at 80 columns: every variant and parameter name is still
+    there whole (folded text may wrap, nothing ends in an ellipsis)."""
+    output = invoke(columns=80)
+    assert "…" not in output
+    words = set(output.replace("│", " ").split())
+    for axis in AXES:
+        for name, cls in variants(axis).items():
+            assert name in words, name
+            for parameter in cls.Params.model_fields:
+                assert f"{parameter}:" in words, (name, parameter)

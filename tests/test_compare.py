@@ -49,9 +49,10 @@ def test_a_variant_added_later_joins_the_earlier_sweep(tmp_path):
     assert result.exit_code == 0, result.output
     report = tmp_path / "reports" / "first-vs-later"
     table = pd.read_csv(report / "results.csv")
-    assert list(table["variant"]) == ["none", "none", "rope", "rope", "alibi", "alibi"]  # rope counted once
-    assert table.groupby("variant")["accuracy@6"].mean().round(3).to_dict() == {"alibi": 0.905, "none": 0.205,
-                                                                                 "rope": 0.805}
+    # rope counted once
+    assert list(table["variant"]) == ["position=none"] * 2 + ["position=rope"] * 2 + ["position=alibi"] * 2
+    assert table.groupby("variant")["accuracy@6"].mean().round(3).to_dict() == {
+        "position=alibi": 0.905, "position=none": 0.205, "position=rope": 0.805}
     text = (report / "report.md").read_text()
     assert "Swept: model.position over none, rope, alibi" in text
     assert "workbench compare" in text
@@ -63,6 +64,16 @@ def test_settings_that_differ_between_folders_tell_variants_apart(tmp_path):
     study, runs, *_ = comparison_inputs([a, b], "c")
     assert study.sweep.keys == ["model.position", "train.steps"]
     assert sorted(set(zip(runs["model.position"], runs["train.steps"]))) == [("rope", 5), ("rope", 10)]
+
+
+def test_setup_states_every_compared_runs_budget_and_the_header_keeps_variants_apart(tmp_path):
+    a = folder(tmp_path, "short", "[none, rope]", steps=5)
+    b = folder(tmp_path, "long", "[rope]", steps=10)
+    result = CliRunner().invoke(main, ["compare", str(a), str(b), "--out", str(tmp_path / "r"), "--no-pictures"])
+    assert result.exit_code == 0, result.output
+    text = (tmp_path / "r" / "short-vs-long" / "report.md").read_text()
+    assert "Budget per run: 5 or 10 (swept) steps of 4 sequences" in text  # not the first folder's 5 for all
+    assert "position=none, steps=5 \\| position=rope, steps=5); " in text  # each variant's label apart (Markdown escapes |)
 
 
 def test_folders_of_different_tasks_are_refused(tmp_path):
@@ -117,15 +128,17 @@ def test_compare_names_its_folders_keeps_chance_levels_and_decides_expectations(
     assert result.exit_code == 0, result.output
     text = (tmp_path / "reports" / "windows-vs-windows-narrow" / "report.md").read_text()
     header = text.splitlines()[2]
-    assert f"{a} (study 'windows': full, sliding\\_window(window=3)); {b} (study 'windows-narrow': " \
-           "sliding\\_window(window=2))" in header
+    assert f"{a} (study 'windows': attention=full \\| attention=sliding\\_window(window=3)); {b} (study " \
+           "'windows-narrow': attention=sliding\\_window(window=2))" in header
     # chance comes from the task of each variant, parametrized ones included: every group is gated
     learned = text.splitlines()[4]
     assert learned.startswith("Learned (accuracy@6 ≥") and ("all 3 groups learned" in learned or "of 3 groups" in learned)
-    assert "| sliding\\_window(window=3) | 0.663 \\[" in text and "(paired)" in text  # Δ to the baseline
+    assert "| attention=sliding\\_window(window=3) | 0.663 \\[" in text and "(paired)" in text  # Δ to the baseline
     verdicts = [line for line in text.splitlines() if line.startswith("- **")]
-    assert verdicts[0].startswith("- **holds") and "full is better than sliding\\_window(window=3) on accuracy@6" in verdicts[0]
-    assert verdicts[1].startswith("- **does not hold") and "sliding\\_window(window=2) is better than full" in verdicts[1]
+    assert verdicts[0].startswith("- **holds")
+    assert "attention=full is better than attention=sliding\\_window(window=3) on accuracy@6" in verdicts[0]
+    assert verdicts[1].startswith("- **does not hold")
+    assert "attention=sliding\\_window(window=2) is better than attention=full" in verdicts[1]
     assert "Holm-adjusted" in verdicts[0]  # the study's rule: two comparisons, one Holm family
     assert "--expect 'full > sliding_window(window=3) on accuracy@6'" in text  # the reproduce command
 

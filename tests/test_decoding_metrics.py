@@ -69,5 +69,5 @@ def test_a_swept_null_matches_its_expectation_point():
 
     runs = pd.DataFrame({"task.top_p": [float("nan"), 0.9]})
     variants = Variants.of(["task.top_p"], runs, {"task.top_p": [None, 0.9]})
-    assert variants.labels == ["None", "0.9"]
-    assert variants.pairs({"task.top_p": 0.9}, {"task.top_p": None}) == [("0.9", "None")]
+    assert variants.labels == ["top_p=None", "top_p=0.9"]
+    assert variants.pairs({"task.top_p": 0.9}, {"task.top_p": None}) == [("top_p=0.9", "top_p=None")]

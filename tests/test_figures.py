@@ -66,14 +66,14 @@ def curve_rows(values: dict[str, list[list[float]]], metric: str) -> pd.DataFram
 
 
 def test_learning_curves_show_each_seed_and_keep_the_band_in_range(drawn, tmp_path):
-    near_zero = {"a": [[0.0, 0.01, 0.3], [0.0, 0.0, 0.02], [0.2, 0.0, 0.01]], "b": [[0.5, 0.9, 1.0], [0.4, 1.0, 1.0],
-                                                                                   [0.9, 1.0, 0.95]]}
+    near_zero = {"a": [[0.0, 0.01, 0.3], [0.0, 0.0, 0.02], [0.2, 0.0, 0.01], [0.0, 0.0, 0.0], [0.01, 0.0, 0.0]],
+                 "b": [[0.5, 0.9, 1.0], [0.4, 1.0, 1.0], [0.9, 1.0, 0.95], [0.6, 1.0, 1.0], [0.5, 0.95, 1.0]]}
     curves = curve_rows(near_zero, "eval symbol_accuracy@6")
     figures.learning_curves(curves, figures.variant_palette(["a", "b"]), tmp_path / "l.png",
                             panels=["eval symbol_accuracy@6"], bounds={"eval symbol_accuracy@6": (0.0, 1.0)})
     ax = drawn[0].axes[0]
     seed_lines = [line for line in ax.lines if line.get_linewidth() == 0.7]
-    assert len(seed_lines) == 6  # 2 variants x 3 seeds, beside the two means
+    assert len(seed_lines) == 10  # 2 variants x 5 seeds (enough for a band), beside the two means
     bands = np.concatenate([p.get_paths()[0].vertices for p in ax.collections])
     assert bands[:, 1].min() >= 0.0 and bands[:, 1].max() <= 1.0  # the raw t band would pass both ends
 
@@ -127,13 +127,19 @@ def test_cost_figures_have_their_own_titles_and_plain_log_ticks(drawn, tmp_path)
     assert labels and not any("times" in t or "^" in t or "×" in t for t in labels), labels
 
 
-def test_a_bare_swept_value_gets_its_key_as_the_legend_title(drawn, tmp_path):
+def test_a_legend_names_the_swept_key_with_each_value(drawn, tmp_path):
+    from workbench.report.variants import Variants
+
+    runs = pd.DataFrame({"model.n_kv_heads": [1, 4]})
+    variants = Variants.of(["model.n_kv_heads"], runs, {"model.n_kv_heads": [4, 1]})
+    assert variants.labels == ["n_kv_heads=4", "n_kv_heads=1"]  # never a bare "4"
     # the scaling report converts bytes to a unit first (scaling_report.in_unit): 1 and 2 MiB
-    rows = pd.DataFrame({"variant": ["1 (KV cache)"] * 2, "length": [64, 128], "kv_cache_bytes": [1.0, 2.0]})
-    figures.loglog(rows, {"1 (KV cache)": (0, 0, 0)}, tmp_path / "d.png", y="kv_cache_bytes",
-                   ylabel="KV-cache size (MiB)", title="t", legend_title="n_kv_heads")
+    name = f"{variants.labels[1]} (KV cache)"
+    rows = pd.DataFrame({"variant": [name] * 2, "length": [64, 128], "kv_cache_bytes": [1.0, 2.0]})
+    figures.loglog(rows, {name: (0, 0, 0)}, tmp_path / "d.png", y="kv_cache_bytes", ylabel="KV-cache size (MiB)",
+                   title="t")
     ax = drawn[0].axes[0]
-    assert ax.get_legend().get_title().get_text() == "n_kv_heads"
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["n_kv_heads=1 (KV cache)"]
     ticks = [t.get_text() for t in ax.get_yticklabels() if t.get_text()]
     assert ticks and not any("^" in t or "e+" in t for t in ticks), ticks  # plain numbers on a log axis
 
@@ -153,10 +159,82 @@ def test_position_pictures_are_named_after_the_scheme_not_the_swept_ffn(tmp_path
         "train: {steps: 2, batch_size: 4}\nsweep: {model.ffn: [gelu, relu]}\n")
     runs = expand(load_study(tmp_path / "s.yaml"))
     configs = {run.run_id: run.config for run in runs}
-    finished = pd.DataFrame({"run_id": list(configs), "seed": 0, "variant": ["gelu", "relu"], "model.ffn": ["gelu", "relu"]})
+    finished = pd.DataFrame({"run_id": list(configs), "seed": 0, "variant": ["ffn=gelu", "ffn=relu"],
+                             "model.ffn": ["gelu", "relu"]})
     torch.manual_seed(0)
     pictures = ModelPictures(lambda run_id: tmp_path / run_id,
                              load=lambda folder: (build_model(configs[folder.name]["model"]).eval(), configs[folder.name]))
     items = pictures(Variants.of(["model.ffn"], finished), finished, tmp_path)
     paths = [item.path for item in items if getattr(item, "path", "").startswith("figures/position")]
     assert paths == ["figures/position_sinusoidal.png"]  # one scheme, drawn once, named after itself
+
+
+def test_a_score_bias_picture_takes_its_range_and_caption_from_the_scheme(tmp_path, monkeypatch):
+    """A learned bias of both signs (T5-style relative buckets) is drawn on a scale that holds
+    its positive values, and captioned in its own words, not ALiBi's."""
+    import torch
+    from torch import nn
+
+    from workbench.model.position import PositionScheme
+    from workbench.report.pictures import ModelPictures
+
+    class SignedBias(PositionScheme):
+        name = "signed_bias"
+        has_score_bias = True
+        picture_note = "a learned bias per offset bucket"
+
+        def score_bias(self, rel):
+            per_head = torch.linspace(-1.0, 1.0, self.n_heads).view((1, self.n_heads) + (1,) * (rel.dim() - 2))
+            return per_head * torch.cos(rel.float())  # [B, h, ...], values in [-1, 1]
+
+    drawn = {}
+
+    def keep(panels, path, **kwargs):
+        drawn.update(kwargs, values=np.stack([m for _, m in panels]))
+        return path
+
+    monkeypatch.setattr(figures, "heatmaps", keep)
+    model = nn.ModuleList([SignedBias(None, d_model=8, n_heads=2, head_dim=4)])
+    items = ModelPictures(lambda run_id: tmp_path).position_items(model, tmp_path, "signed_bias", "run 0")
+    assert drawn["values"].max() > 0.5
+    assert drawn["vmin"] <= drawn["values"].min() and drawn["vmax"] >= drawn["values"].max()
+    assert drawn["vmin"] == -drawn["vmax"]  # both signs: centred on 0
+    assert "a learned bias per offset bucket" in items[0].caption
+    assert "linear penalty" not in items[0].caption
+
+
+@pytest.mark.parametrize("seeds, band", [(2, False), (4, False), (5, True)])
+def test_curves_of_few_seeds_show_each_seed_and_the_mean_without_a_t_band(drawn, tmp_path, seeds, band):
+    """Two seeds far apart: a t band would span 12.7 standard errors, hiding the curves, so below
+    5 seeds per variant each seed is a thin line beside the mean and no band is filled."""
+    rng = np.random.default_rng(0)
+    rows = [{"variant": v, "seed": s, "step": step, "metric": "train loss", "value": 1 + s + rng.random() / step}
+            for v in ("n_kv_heads=4", "n_kv_heads=1") for s in range(seeds) for step in (1, 2, 3)]
+    curves = pd.DataFrame(rows)
+    palette = figures.variant_palette(["n_kv_heads=4", "n_kv_heads=1"])
+    figures.learning_curves(curves, palette, tmp_path / "c.png", panels=["train loss"])
+    ax = drawn[0].axes[0]
+    filled = [c for c in ax.collections if isinstance(c, matplotlib.collections.PolyCollection)]
+    assert bool(filled) == band
+    thin = [line for line in ax.lines if line.get_linewidth() < 1]
+    assert len(thin) == 2 * seeds  # every seed of every variant drawn
+    assert ("with a 95% t band" in figures.spread_text(curves)) == band
+
+
+def test_a_verdict_figure_shows_every_seed_the_mean_interval_the_threshold_and_the_baseline(drawn, tmp_path):
+    from workbench.report.verdict_figure import verdict_groups
+
+    palette = figures.variant_palette(["position=rope", "position=none"])
+    groups = [("position=none", [0.42, 0.41, 0.44], 0.4256, 0.399, 0.452),
+              ("position=rope", [1.0, 0.995, 1.0], 0.998, 0.992, 1.04)]
+    verdict_groups(groups, palette, tmp_path / "v.png", metric="accuracy@12", bounds=(0.0, 1.0),
+                           threshold=0.499, baseline=("order-blind", 0.443))
+    ax = drawn[0].axes[0]
+    dots = [c for c in ax.collections if isinstance(c, matplotlib.collections.PathCollection)]
+    assert sorted(len(c.get_offsets()) for c in dots) == [3, 3]  # every seed of both groups
+    levels = sorted(line.get_ydata()[0] for line in ax.lines if line.get_linestyle() in ("--", ":"))
+    assert levels == [0.443, 0.499]  # the strongest baseline and the learned-at-all threshold
+    caps = [seg for c in ax.collections if isinstance(c, matplotlib.collections.LineCollection) for seg in c.get_segments()]
+    assert max(point[1] for seg in caps for point in seg) <= 1.0  # the interval kept inside the metric's range
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["position=none", "position=rope"]
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["learned: ≥ 0.499", "order-blind 0.443"]

@@ -192,18 +192,18 @@ def test_a_study_trained_for_3_steps_is_not_tested(tmp_path):
     assert chance > baselines["input-ignoring"]["accuracy"] == pytest.approx((6 / 6 + 1) / 7)
     # gated at the training length (6) and at the compared length (9)
     assert {(g["group"], g["metric"]) for g in quality["learned"]} == {
-        (group, f"accuracy@{n}") for group in ("rope", "none") for n in (6, 9)}
+        (group, f"accuracy@{n}") for group in ("position=rope", "position=none") for n in (6, 9)}
     gates = {g["group"]: g for g in quality["learned"] if g["metric"] == "accuracy@6"}
     assert all(g["chance"] == pytest.approx(chance) and g["baseline"] == "order-blind" for g in gates.values())
     assert not any(g["learned"] for g in gates.values())
     assert quality["label"].startswith("not tested (neither group learned: ")
-    assert "none: accuracy@6 " in quality["label"] and f"vs order-blind {fmt(chance)}" in quality["label"]
+    assert "position=none: accuracy@6 " in quality["label"] and f"vs order-blind {fmt(chance)}" in quality["label"]
     assert cost["outcome"] != "not tested" and cost["learned"] == []  # cost needs no gate
 
     # The header states the criterion with the same numbers, and names who missed it with its score.
-    assert all(gates[group]["state"] == "did not learn" for group in ("none", "rope"))
-    scores = "; ".join(f"{g} ({fmt(gates[g]['score'])})" for g in ("none", "rope"))  # sweep order
-    header = (f"Learned (accuracy@6 ≥ {fmt(gates['rope']['needed'])}, 10% of the way from order-blind {fmt(chance)} "
+    assert all(gates[group]["state"] == "did not learn" for group in ("position=none", "position=rope"))
+    scores = "; ".join(f"{g} ({fmt(gates[g]['score'])})" for g in ("position=none", "position=rope"))  # sweep order
+    header = (f"Learned (accuracy@6 ≥ {fmt(gates['position=rope']['needed'])}, 10% of the way from order-blind {fmt(chance)} "
               f"to 1; learned when the 95% interval of the mean lies past it): 0 of 2 groups learned; "
               f"did not learn: {scores}")
     assert summary["learned_criterion"] == [header]
@@ -284,9 +284,9 @@ def test_a_third_party_task_declares_baselines_and_the_gate_uses_the_strongest()
                                                               ("rope", 0, 0.997), ("rope", 1, 0.998),
                                                               ("rope", 2, 0.999)])])
         report = TrainReport(TrainInputs(study=study, runs=runs, curves=None, environment={}, command=""), Path("."))
-        gate = report.learned("rope", "accuracy")
+        gate = report.learned("position=rope", "accuracy")
         assert (gate.baseline, gate.chance) == ("hinted", pytest.approx(0.95))
         assert dict(gate.baselines)["order-blind"] < 0.95 and gate.learned
-        assert not report.learned("none", "accuracy").learned  # 0.9: above order-blind, below the hint
+        assert not report.learned("position=none", "accuracy").learned  # 0.9: above order-blind, below the hint
         (v, _), = report.verdicts()
-        assert v.label == "holds (only rope learned)"
+        assert v.label == "holds (only position=rope learned)"

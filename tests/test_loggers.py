@@ -118,8 +118,10 @@ def test_tensorboard_gets_the_config_as_hparams_and_the_final_metrics(tmp_path):
     pytest.importorskip("tensorboard")
     run, _, result = train_one(tmp_path, "tensorboard")
     assert result.status == "finished", result.error
-    [hparams_file] = (tmp_path / "out" / "runs" / run.run_id / "logs").glob("version_*/hparams.yaml")
-    hparams = yaml.safe_load(hparams_file.read_text())
+    # TensorBoard names a run by its folder: the study, then the run's name (as in MLflow and W&B)
+    run_folder = tmp_path / "out" / "tensorboard" / "tracked" / "model.position=rope seed=0"
+    assert list(run_folder.glob("events.out.tfevents.*"))
+    hparams = yaml.safe_load((run_folder / "hparams.yaml").read_text())
     assert hparams["train.steps"] == 4 and hparams["model.d_model"] == 16
     assert hparams["workbench.variant"] == "model.position=rope" and hparams["workbench.seed"] == "0"
 

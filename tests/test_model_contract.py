@@ -29,6 +29,7 @@ from conftest import (
     train_step,
 )
 from workbench.model.ffn import MLP, GatedMLP
+from workbench.model.position import PositionScheme
 from workbench.model.transformer import Positions, build_model
 from workbench.model.weights import SkipInitialisers
 from workbench.registry import variants
@@ -141,6 +142,56 @@ def test_attention_forward_and_gradients_equal_the_dense_reference(name, causal,
         step = dict(kwargs, q_pos=last)
         assert_close(variant(q[:, :, -1:], k, v, **step), variant.dense(q[:, :, -1:], k, v, **step),
                      atol=1e-5, rtol=1e-5)
+
+
+def recorded_offsets(name: str, causal: bool) -> list[torch.Tensor]:
+    """Every `rel` the attention variant `name` hands a score bias (ALiBi's, recording)."""
+    cls = variants("attention")[name]
+    params = cls.Params.model_validate({k: v for k, v in choice("attention", name).items() if k != "name"})
+    variant = cls(params, n_heads=4, n_kv_heads=2, head_dim=8)
+    alibi = variants("position")["alibi"](variants("position")["alibi"].Params(), d_model=32, n_heads=4, head_dim=8)
+    seen = []
+
+    def recording(rel):
+        seen.append(rel.detach().clone())
+        return alibi.score_bias(rel)
+
+    q, k, v, seq = attention_inputs(2, 13, 2, "left")
+    variant(q, k, v, q_pos=seq.pos, k_pos=seq.pos, key_mask=seq.mask, causal=causal, score_bias=recording)
+    return seen
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("name", registered("attention"))
+def test_every_attention_variant_passes_score_bias_the_documented_offsets(name, causal):
+    """PositionScheme.score_bias's contract: rel is integer offsets [B', H, ...] with B' in
+    (1, B) and H in (1, h); the docstring names the head axis every built-in passes."""
+    seen = recorded_offsets(name, causal)
+    assert seen, f"{name} never called score_bias"
+    for rel in seen:
+        assert not rel.is_floating_point() and rel.dim() >= 3, rel.shape
+        assert rel.shape[0] in (1, 2) and rel.shape[1] in (1, 4), rel.shape
+        if rel.shape[1] == 4:
+            assert "H = 1 or h" in PositionScheme.score_bias.__doc__  # the contract says heads may arrive apart
+
+
+@pytest.mark.parametrize("bias", BIAS_SCHEMES[1:])
+def test_every_score_bias_keeps_its_heads_apart_on_any_offsets_shape(bias):
+    """The shapes of the contract, each answered with [B', h, ...]: one head axis of 1 broadcast
+    to every head, or h heads each with its own offsets (sparse attention's layout)."""
+    cls = variants("position")[bias]
+    scheme = cls(cls.Params(), d_model=32, n_heads=4, head_dim=8)
+    rel = torch.arange(-6, 7).view(1, 1, 13)  # every offset the shapes below draw
+    shared = scheme.score_bias(rel)
+    assert shared.shape == (1, 4, 13)
+    for shape in [(2, 1, 3, 4), (1, 1, 3, 2, 2), (1, 4, 3, 2, 2)]:
+        offsets = torch.randint(-6, 7, shape)
+        bias_of = scheme.score_bias(offsets)
+        assert bias_of.shape == (shape[0], 4, *shape[2:]), shape
+        for head in range(4):
+            own = offsets[:, head] if shape[1] == 4 else offsets[:, 0]
+            expected = shared[0, head][own + 6]  # the head's bias at each of its offsets
+            assert_close(bias_of[:, head], expected)
 
 
 # ---- documented parameter counts ----------------------------------------------------------

@@ -106,3 +106,26 @@ def test_a_set_value_is_refused_in_one_line_before_it_expands(tmp_path, override
     result = CliRunner().invoke(main, ["validate", str(write(tmp_path)), "--set", override])
     assert result.exit_code == 2 and len(result.output.splitlines()) == 1, result.output
     assert re.search(message, result.output), result.output
+
+
+def test_narrowing_a_sweep_leaves_out_the_expect_entries_it_orphans_naming_each(tmp_path):
+    """`--set 'sweep.model.n_kv_heads=[4, 1]'` on a study that compares 2 with 1: that entry (and
+    a baseline on 2) has nothing to compare, so it is left out with one warning line each; the
+    entries the narrowed sweep still serves stay."""
+    text = STUDY.replace("n_heads: 2", "n_heads: 4").replace("sweep: {model.position: [none, rope]}",
+                         "sweep: {model.n_kv_heads: [4, 2, 1]}\nbaseline: 2\nexpect:\n"
+                         "  - {metric: accuracy@8, better: 4, than: 1}\n"
+                         "  - {metric: accuracy@8, better: 2, than: 1}\n"
+                         "  - {metric: accuracy@8, better: {model.n_kv_heads: 4}, than: {model.n_kv_heads: 2}}\n")
+    path = write(tmp_path, text)
+    result = CliRunner().invoke(main, ["validate", str(path), "--set", "sweep.model.n_kv_heads=[4, 1]"])
+    assert result.exit_code == 0, result.output
+    warned = [line for line in result.stderr.splitlines() if "no longer swept" in line]
+    assert len(warned) == 3, result.stderr
+    assert "expect.1 (2 better than 1 on accuracy@8) compares n_kv_heads=2" in warned[0]
+    assert "expect.2 ({model.n_kv_heads: 4} better than {model.n_kv_heads: 2}" in warned[1]
+    assert "baseline n_kv_heads=2" in warned[2]
+    study = load_study(path, overrides=["sweep.model.n_kv_heads=[4, 1]"]).study
+    assert [(e.better, e.than) for e in study.expect] == [({"model.n_kv_heads": 4}, {"model.n_kv_heads": 1})]
+    assert study.baseline is None
+    assert len(load_study(path).study.expect) == 3  # the file itself keeps every entry

@@ -22,7 +22,9 @@ import pytest
 import torch
 
 from workbench import build_model
+from workbench.report import screenshot as screenshot_tool
 from workbench.report import write_report
+from workbench.report.document import fmt_signed_interval
 from workbench.run.store import Store, run_dir
 from workbench.study import load_study
 from workbench.study.keys import canonical_json
@@ -168,16 +170,18 @@ def test_training_report_files_and_verdicts(train_report):
     assert page.headings[:3] == ["positions", "Verdicts", page.headings[2]]
     verdicts = re.findall(r'class="outcome [\w-]+">([^<]+)</span>\s*([^<]+)', html)
     assert [(label.strip()[:60], statement.strip()) for label, statement in verdicts] == [
-        ("holds", "alibi is better than sinusoidal on accuracy@10"),
-        ("does not hold", "sinusoidal is better than alibi on accuracy@10"),
-        ("inconclusive (the interval of the difference contains 0; 2 s", "rope is better than sinusoidal on accuracy@10"),
+        ("holds", "position=alibi is better than position=sinusoidal on accuracy@10"),
+        ("does not hold", "position=sinusoidal is better than position=alibi on accuracy@10"),
+        ("inconclusive (the interval of the difference contains 0; 2 s",
+         "position=rope is better than position=sinusoidal on accuracy@10"),
     ]
     # an inconclusive verdict says what its seeds can detect and what the observed difference would need
     assert "2 seeds detect ±0.567 with 80% power; the observed difference 0.01 would need more than 1000 seeds" in html
 
     # Leaderboard for the expectation metric: sorted best first, intervals, baseline differences.
     board = next(t for t in page.tables if t[0][1] == "accuracy@10 mean [95% CI]")
-    assert [row[0] for row in board[1:]] == ["alibi", "sinusoidal", "rope"]  # means 0.91, 0.51, 0.50
+    # means 0.91, 0.51, 0.50
+    assert [row[0] for row in board[1:]] == ["position=alibi", "position=sinusoidal", "position=rope"]
     alibi = board[1]
     assert alibi[1] == "0.91 [0.885, 0.935]" and alibi[2] == "3/3"
     assert alibi[3].startswith("+0.4 [")
@@ -189,7 +193,7 @@ def test_training_report_files_and_verdicts(train_report):
     status = next(t for t in page.tables if t[0][:3] == ["variant", "finished", "diverged"])
     assert status[-1] == ["total", "8", "0", "1", "0", "9"]
     failed = next(t for t in page.tables if t[0] == ["variant", "seed", "status", "step", "message"])
-    assert failed[1] == ["rope", "2", "oom", "1", "CUDA out of memory. Tried to allocate <2 GiB>"]
+    assert failed[1] == ["position=rope", "2", "oom", "1", "CUDA out of memory. Tried to allocate <2 GiB>"]
 
     # The command that reproduces it, the notes and the environment.
     assert f"workbench run {root / 'study.yaml'} --out {out}" in text
@@ -218,14 +222,14 @@ def test_training_report_figures(train_report):
     names = {Path(s).name for s in sources}
     assert {"learning_curves.png", "accuracy_vs_length.png", "time_vs_quality.png", "memory_vs_quality.png"} <= names
     # Cross-attention on 我 爱 猫, the 它 rows of both pronoun sentences, and a position picture per scheme.
-    assert {f"attention_{v}.png" for v in ACCURACY} <= names
-    assert {f"focus_{v}_{i}.png" for v in ACCURACY for i in (0, 1)} <= names
+    assert {f"attention_position_{v}.png" for v in ACCURACY} <= names
+    assert {f"focus_position_{v}_{i}.png" for v in ACCURACY for i in (0, 1)} <= names
     assert {f"position_{v}.png" for v in ACCURACY} <= names
     assert "我 爱 猫" in " ".join(page.text)
 
     md = (folder / "report.md").read_text()
     assert "![" in md and "](figures/learning_curves.png)" in md
-    assert "| alibi | 0.91 \\[0.885, 0.935\\] | 3/3 |" in md
+    assert "| position=alibi | 0.91 \\[0.885, 0.935\\] | 3/3 |" in md
     assert "<script>" not in md and "&lt;script&gt;" in md
     csv = (folder / "results.csv").read_text().splitlines()
     assert csv[0].startswith("variant,run_id,index,seed,model.position,status,")
@@ -254,7 +258,7 @@ def test_report_renders_in_headless_chromium(train_report):
     page = parse(dom)
     assert page.scripts == 0
     assert "Verdicts" in page.headings and "Leaderboard" in page.headings
-    assert any(row[0] == "alibi" for t in page.tables for row in t)
+    assert any(row[0] == "position=alibi" for t in page.tables for row in t)
     assert len(page.images) >= 10
 
 
@@ -375,22 +379,23 @@ def test_scaling_report(scaling_report):
     assert "load_1m" not in markdown  # per-run load is read for the caveat, not listed as environment
     exponents = next(t for t in page.tables if t[0][:4] == ["variant", "mode", "metric", "exponent [95% CI]"])
     found = {(r[0], r[1], r[2]): r[3] for r in exponents[1:]}
-    assert found[("full", "forward", "time_median_s")].startswith("2.00 [2.00, 2.00]")
-    assert found[("full", "decode (cache)", "time_median_s")].startswith("1.00")
-    assert found[("full", "decode (no cache)", "time_median_s")].startswith("2.00")
-    assert found[("naive", "decode (cache)", "kv_cache_bytes")].startswith("1.00")
+    assert found[("attention=full", "forward", "time_median_s")].startswith("2.00 [2.00, 2.00]")
+    assert found[("attention=full", "decode (cache)", "time_median_s")].startswith("1.00")
+    assert found[("attention=full", "decode (no cache)", "time_median_s")].startswith("2.00")
+    assert found[("attention=naive", "decode (cache)", "kv_cache_bytes")].startswith("1.00")
     # naive forward lost its largest length to OOM: fitted on three points, and listed.
-    assert found[("naive", "forward", "time_median_s")].startswith("2.00")
+    assert found[("attention=naive", "forward", "time_median_s")].startswith("2.00")
     failed = next(t for t in page.tables if t[0] == ["variant", "mode", "length", "status", "message"])
-    assert failed[1:] == [["naive", "forward", "512", "oom", "RuntimeError: out of memory"]]
+    assert failed[1:] == [["attention=naive", "forward", "512", "oom", "RuntimeError: out of memory"]]
     # Crossover, executed by the naive kernel: 4 n^2 d = 24 n d^2 at n = 6 d = 96, as the formula says;
     # useful (causal pairs): 2 n (n + 1) d = 24 n d^2 at n = 12 d - 1 = 191.
     crossover = next(t for t in page.tables if t[0][0] == "variant" and "measured crossover n" in t[0])
     cells = {(r[0], r[1]): r[2:] for r in crossover[1:]}
-    assert cells[("naive", "executed")][0].startswith("96 ") and cells[("naive", "executed")][1].startswith("96 (6 d)")
-    assert cells[("naive", "useful")][1].startswith("191 ") and cells[("naive", "useful")][0].startswith("19")
-    assert cells[("full", "useful")] == cells[("naive", "useful")]  # the same useful work
-    assert cells[("full", "executed")][1] == "–"  # a tiled kernel has no closed formula
+    naive_executed, naive_useful = cells[("attention=naive", "executed")], cells[("attention=naive", "useful")]
+    assert naive_executed[0].startswith("96 ") and naive_executed[1].startswith("96 (6 d)")
+    assert naive_useful[1].startswith("191 ") and naive_useful[0].startswith("19")
+    assert cells[("attention=full", "useful")] == cells[("attention=naive", "useful")]  # the same useful work
+    assert cells[("attention=full", "executed")][1] == "–"  # a tiled kernel has no closed formula
     # Scope line: decode measures the whole model; time figures carry their quartiles.
     assert "Scope: layer (forward); the whole model (decode)" in index.read_text()
     # Nothing is trained: the header says no learned criterion applies.
@@ -462,3 +467,90 @@ def test_the_source_commit_is_dirty_for_edited_code_not_for_rebuilt_reports(tmp_
     (tmp_path / "code.py").write_text("x = 2\n")
     assert git_commit(tmp_path) == clean + "+dirty"
     assert short_commit(clean + "+dirty") == clean[:12] + "+dirty" and short_commit(None) == "not recorded"
+
+
+def test_the_first_screen_is_a_verdict_table_and_a_figure_per_verdict_metric(train_report):
+    """Right under the question: one row per expect: entry (claim, outcome badge, difference with
+    its interval, seeds), then the verdict metric's figure; the rule and the long detail lines
+    are folded into a <details> below, in the HTML and the Markdown alike."""
+    _, _, index = train_report
+    html = index.read_text()
+    page = parse(html)
+    summary = json.loads((index.parent / "summary.json").read_text())
+    table = next(t for t in page.tables if t[0] == ["claim", "outcome", "difference [CI]", "seeds"])
+    assert len(table) - 1 == len(summary["verdicts"]) == 3
+    for row, v in zip(table[1:], summary["verdicts"]):
+        assert row[0].startswith(v["statement"]) and row[1].startswith(v["outcome"])
+        assert row[3] == " vs ".join(str(g["n"]) for g in v["groups"])
+    holds = table[1]
+    d = summary["verdicts"][0]["difference"]
+    level = f"{d['level']:.1%}".replace(".0%", "%")  # Holm-widened: three comparisons
+    assert holds[2] == f"{fmt_signed_interval(d['mean'], d['lo'], d['hi'])}{level} paired"
+    assert re.findall(r'<span class="badge ([\w-]+)">', html) == ["holds", "does-not-hold", "inconclusive"]
+    first_screen, rest = html.split("<details>", 1)
+    assert "verdict_accuracy_10.png" in first_screen and html.index("<details>") < html.index("<nav>")
+    assert "Holm" not in first_screen and "How each verdict was decided" in rest.split("</details>")[0]
+    assert png_size(index.parent / "figures" / "verdict_accuracy_10.png")[0] > 300
+
+    md = (index.parent / "report.md").read_text()
+    verdicts_md = md.split("## Verdicts")[1].split("\n## ")[0]
+    rows = [line for line in verdicts_md.splitlines() if line.startswith("| position=")]
+    assert len(rows) == 3
+    assert rows[0].startswith("| position=alibi is better than position=sinusoidal on accuracy@10 | **holds**")
+    assert verdicts_md.index("![") < verdicts_md.index("<details>") < verdicts_md.index("_Rule:")
+
+
+def test_an_outcome_the_styles_do_not_know_gets_a_neutral_badge():
+    from workbench.report.document import Report, VerdictLine
+    from workbench.report.render import render_html
+
+    line = VerdictLine(statement="a is better than b on loss@8", outcome="undetermined",
+                       label="undetermined (the gate could not be decided)", detail="", groups=[{"n": 2}, {"n": 2}])
+    html = render_html(Report(name="r", kind="train", question="q", verdicts=[line], sections=[]))
+    assert '<span class="badge undetermined">undetermined</span>' in html
+    assert "the gate could not be decided" in html and "<td class=\"num\">–</td>" in html
+    style = re.search(r"\.outcome, \.badge \{([^}]*)\}", html).group(1)
+    assert "background" in style  # the neutral look every badge starts from
+
+
+@pytest.mark.skipif(not any(map(shutil.which, screenshot_tool.CHROMIUM_NAMES)), reason="Chromium is not installed")
+def test_at_1400_by_900_the_first_screen_shows_the_verdict_table_and_a_verdict_figure(train_report, tmp_path):
+    _, _, index = train_report
+    measured = index.with_name("first-screen-measured.html")
+    measured.write_text(index.read_text().replace("</body>", MEASURE_FIRST_SCREEN))
+    dom = screenshot_tool.chromium("--window-size=1400,900", "--virtual-time-budget=3000", "--dump-dom",
+                                   measured.resolve().as_uri())
+    layout = json.loads(re.search(r'<pre id="measured">(.*?)</pre>', dom, re.S).group(1).replace("&quot;", '"'))
+    # --dump-dom lays the page out in the window less its (headless) frame; --screenshot takes
+    # the full 1400 x 900: the first screen is what lies above 900 px at 1400 px wide.
+    assert layout["view"][0] == 1400
+    assert layout["table_bottom"] <= 900 and layout["figure_top"] < 900  # both on the first screen
+    assert layout["figure_loaded"] and layout["figure_width"] > 250
+    assert layout["details_open"] is False  # the rule is folded
+    png = screenshot_tool.screenshot(index.parent, tmp_path / "first.png")
+    assert png_size(png) == (1400, 900)
+
+
+# Measured once the page (its images too) has loaded, written into the page for --dump-dom.
+MEASURE_FIRST_SCREEN = """<script>
+addEventListener("load", () => {
+  const table = document.querySelector(".verdict-table"), img = document.querySelector(".verdict-figures img");
+  const out = document.createElement("pre");
+  out.id = "measured";
+  out.textContent = JSON.stringify({view: [innerWidth, innerHeight], table_bottom: table.getBoundingClientRect().bottom,
+    figure_top: img.getBoundingClientRect().top, figure_loaded: img.complete && img.naturalWidth > 0,
+    figure_width: img.getBoundingClientRect().width, details_open: document.querySelector("details").open});
+  document.body.append(out);
+});
+</script></body>"""
+
+
+def test_screenshot_mistakes_are_one_line(tmp_path):
+    from click.testing import CliRunner
+
+    from workbench.cli import main
+
+    for args, fragment in ((["screenshot", str(tmp_path), "--size", "1400"], "--size: expected WIDTHxHEIGHT"),
+                           (["screenshot", str(tmp_path)], "is not a report page")):
+        result = CliRunner().invoke(main, args)
+        assert result.exit_code == 2 and fragment in result.stderr and len(result.stderr.strip().splitlines()) == 1

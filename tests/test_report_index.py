@@ -35,8 +35,8 @@ def test_summary_counts_runs_and_spans_the_sweep():
     verdict = VerdictLine("rope is better than none on accuracy@4", "holds", "holds", "detail", "note")
     s = summary(Report("x", "train", "q?", [verdict], []), runs)
     assert s["statuses"] == {"diverged": 1, "finished": 1} and s["run_span_s"] == 60 and s["run_cpu_s"] == 60
-    assert s["verdicts"] == [{"statement": verdict.statement, "outcome": "holds", "label": "holds", "note": "note",
-                              "difference": {}, "learned": [], "groups": [], "expect": {}, "look": None,
+    assert s["verdicts"] == [{"statement": verdict.statement, "outcome": "holds", "label": "holds", "detail": "detail",
+                              "note": "note", "difference": {}, "learned": [], "groups": [], "expect": {}, "look": None,
                               "post_hoc": ""}]
     # the rule it was issued under, and its first result (what a margin or a findings row registered later is after)
     assert s["rule"] == VERDICT_RULE and s["first_result"] == "2026-01-01T10:00:10+00:00"

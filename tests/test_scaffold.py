@@ -103,3 +103,30 @@ def test_pip_installed_it_passes_the_workbench_contract_suite(tmp_path):
                             env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0 and " passed" in result.stdout, result.stdout[-3000:] + result.stderr[-2000:]
     assert int(result.stdout.split(" passed")[0].split()[-1]) >= 10, result.stdout[-2000:]
+
+
+def test_the_test_extra_installs_what_the_contract_tests_import(generated):
+    """`pip install -e 'workbench-NAME[test]'` then `pytest tests/test_model_contract.py -k NAME`
+    (the README's commands): every package those tests import is the workbench's own runtime
+    dependency or in the generated `[test]` extra."""
+    import ast
+    import re
+    import tomllib
+    from importlib.metadata import packages_distributions, requires
+
+    root, _ = generated("ffn", "extra_check")
+    extra = tomllib.loads((root / "pyproject.toml").read_text())["project"]["optional-dependencies"]["test"]
+    name = re.compile(r"[A-Za-z0-9._-]+")
+    runtime = {name.match(r).group().lower() for r in requires("transformer-workbench") if "extra ==" not in r}
+    installed = {name.match(r).group().lower() for r in extra} | runtime
+    imported = set()
+    for path in (ROOT / "tests" / "test_model_contract.py", ROOT / "tests" / "conftest.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                imported |= {a.name.split(".")[0] for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                imported.add(node.module.split(".")[0])
+    third_party = imported - set(sys.stdlib_module_names) - {"conftest", "workbench", "workbench_plugins", "__future__"}
+    distributions = packages_distributions()
+    missing = {m for m in third_party if not {d.lower() for d in distributions.get(m, [m])} & installed}
+    assert not missing, f"the [test] extra ({extra}) lacks what tests/test_model_contract.py imports: {missing}"

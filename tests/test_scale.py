@@ -161,9 +161,10 @@ def test_the_ladder_report_fits_each_variant_and_says_where_they_cross(ladder_re
     _, index = ladder_report
     page = parse(index.read_text())
     fits = next(t for t in page.tables if t[0][:2] == ["variant", "E [95% CI]"])
-    assert [row[0] for row in fits[1:]] == ["gelu", "swiglu"]
+    assert [row[0] for row in fits[1:]] == ["ffn=gelu", "ffn=swiglu"]
     text = " ".join(page.text)
-    assert re.search(r"gelu and swiglu: the fitted curves (cross at [\d.,e+]+ FLOPs|do not cross within the measured range)",
+    assert re.search(r"ffn=gelu and ffn=swiglu: the fitted curves "
+                     r"(cross at [\d.,e+]+ FLOPs|do not cross within the measured range)",
                      text)
     assert (index.parent / "figures" / "loss_vs_compute.png").exists()
 

@@ -206,7 +206,7 @@ def test_tiny_tune_study_chooses_per_point_and_resumes_without_retraining(tmp_pa
     tuning_part = report.split("## Tuning")[1].split("## Leaderboard")[0]
     for position in ("none", "rope"):
         chosen = final.loc[final["model.position"] == position, "train.lr"].item()
-        assert f"| {position} | lr={chosen:g} |" in tuning_part
+        assert f"| position={position} | lr={chosen:g} |" in tuning_part
     assert "| bracketed |" in tuning_part
     # 10 steps: no candidate's validation loss beats the baselines; that qualifies the gates beside the
     # verdict, it decides nothing (one final seed per group: no interval, nothing decided)

@@ -24,7 +24,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from workbench.errors import WorkbenchError, WorkbenchWarning
+from workbench.errors import SpecError, WorkbenchError, WorkbenchWarning
 from workbench.registry import NOUN_OF_AXIS, distribution_of, variants
 from workbench.variants import AXES
 
@@ -120,10 +120,13 @@ def list_variants(axis: str | None, as_json: bool) -> None:
     console = Console()
     for a in [axis] if axis else AXES:
         table = Table(title=f"{NOUN_OF_AXIS[a]}s ({a})", title_justify="left")
-        for column in ("name", "parameters (type = default)", "description"):
-            table.add_column(column)
-        # Names and packages are looked up verbatim: never cut them, wrap the prose instead.
-        table.columns[0].no_wrap = True
+        # Names are looked up verbatim: never cut one, at any width (a pipe gets 80 columns). A
+        # column is at least as wide as its longest name, and a longer word folds onto the next
+        # line instead of ending in "…".
+        params = [p["name"] + ":" for r in rows if r["axis"] == a for p in r["parameters"]]
+        table.add_column("name", no_wrap=True)
+        table.add_column("parameters (type = default)", overflow="fold", min_width=max(map(len, params), default=1))
+        table.add_column("description", overflow="fold")
         table.add_column("package", no_wrap=True, min_width=max((len(r["package"]) for r in rows), default=7))
         for row in (r for r in rows if r["axis"] == a):
             params = "\n".join(
@@ -375,6 +378,20 @@ def report_command(out_dir: str, reports_dir: str | None, no_pictures: bool, wit
     index = write_report(out_dir, reports_dir or default_reports_dir(out_dir, stored_study_name(out_dir)),
                          pictures=not no_pictures, with_data=with_data)
     click.echo(f"report: {index} (and {index.parent / 'report.md'})")
+
+
+@main.command("screenshot")
+@click.argument("report")
+@click.option("--out", default=None, help="the PNG to write (default: REPORT/first-screen.png)")
+@click.option("--size", default="1400x900", show_default=True, help="browser window, WIDTHxHEIGHT in pixels")
+def screenshot_command(report: str, out: str | None, size: str) -> None:
+    """The first screen of a report (REPORT: its folder or index.html) in headless Chromium, as a PNG."""
+    from workbench.report.screenshot import screenshot
+
+    width, sep, height = size.partition("x")
+    if not (sep and width.isdigit() and height.isdigit() and int(width) > 0 and int(height) > 0):
+        raise SpecError("--size", f"expected WIDTHxHEIGHT in pixels, e.g. 1400x900, got {size!r}")
+    click.echo(f"screenshot: {screenshot(report, out, int(width), int(height))}")
 
 
 @main.command("compare")

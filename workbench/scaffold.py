@@ -15,6 +15,7 @@ body with their idea, keeping the interface.
 
 from __future__ import annotations
 
+import json
 import re
 import textwrap
 from pathlib import Path
@@ -24,6 +25,9 @@ from workbench.registry import HOOK_OF_AXIS, NOUN_OF_AXIS, variants
 from workbench.variants import AXES
 
 NAME = re.compile(r"^[a-z][a-z0-9_]*$")
+# What a generated package's tests and the workbench's contract tests (tests/test_model_contract.py,
+# run against the plugin) import beyond the workbench itself: the package's `[test]` extra.
+CONTRACT_TEST_REQUIREMENTS = ("pytest>=8", "hypothesis>=6.100")
 
 # Per axis: imports, the Params class body, the variant class body (after `name`/`Params`).
 BODIES = {
@@ -216,7 +220,7 @@ requires-python = ">=3.11"
 dependencies = ["transformer-workbench"]
 
 [project.optional-dependencies]
-test = ["pytest>=8"]
+test = {json.dumps(list(CONTRACT_TEST_REQUIREMENTS))}
 
 [tool.setuptools]
 py-modules = ["{module}"]
@@ -234,7 +238,7 @@ def readme_text(axis: str, name: str, dist: str) -> str:
         The `{name}` {NOUN_OF_AXIS[axis]} for Transformer Workbench.
 
         ```bash
-        pip install -e '.[test]'     # then `workbench list {axis}` shows {name}; [test] brings pytest
+        pip install -e '.[test]'     # then `workbench list {axis}` shows {name}; [test] brings pytest and hypothesis
         python -m pytest tests       # this package's tests
         ```
 

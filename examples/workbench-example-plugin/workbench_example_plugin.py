@@ -28,6 +28,7 @@ class KerpleLog(PositionScheme):
     name = "kerple"
     Params = KerpleParams
     has_score_bias = True
+    picture_note = "a learned penalty growing with the log of the distance"
 
     def __init__(self, params: KerpleParams, **dims):
         super().__init__(params, **dims)

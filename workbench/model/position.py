@@ -36,7 +36,9 @@ class PositionLimitError(ValueError):
 class PositionScheme(Variant, nn.Module):
     axis = "position"
     has_score_bias: ClassVar[bool] = False  # lets attention skip building offsets when unused
-    picture_note: ClassVar[str | None] = None  # what the report's picture of the scheme shows (default: per hook)
+    # What the report's picture of the scheme shows (workbench.report.pictures.position_items),
+    # in the scheme's own words: only the scheme knows what its values mean. Empty: no gloss.
+    picture_note: ClassVar[str] = ""
 
     def __init__(self, params, *, d_model: int, n_heads: int, head_dim: int, causal: bool = False):
         super().__init__()
@@ -58,8 +60,12 @@ class PositionScheme(Variant, nn.Module):
         return q, k
 
     def score_bias(self, rel: Tensor) -> Tensor:
-        """rel = q_pos - k_pos with a head axis: [B, 1 or h, ...] -> bias [B, h, ...], head j's
-        from rel[:, j] (a variant whose pattern differs per head, sparse, passes h)."""
+        """rel: integer offsets q_pos - k_pos, [B', H, ...] with B' = 1 or B, H = 1 or h, and any
+        trailing axes (dense attention passes [B', 1, nq, nk], FlexAttention's table [1, 1, 2n - 1],
+        block attention [1, 1, T, block, c], sparse attention each head's own offsets [1, h, T, bs, c]).
+        Returns the bias [B', h, ...] (same trailing axes), head i's bias at rel[:, 0] when H = 1 and
+        at rel[:, i] when H = h: broadcast per-head values as view(1, h, 1, ...), never index heads
+        out of axis 1. tests/test_model_contract.py checks every registered scheme against this."""
         raise NotImplementedError(f"{self.name} adds no score bias")
 
     def check_length(self, pos: Tensor) -> None:

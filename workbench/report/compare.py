@@ -35,6 +35,7 @@ from workbench.report.index import write_summary
 from workbench.report.pictures import ModelPictures
 from workbench.report.train_report import TrainReport
 from workbench.report.train_runs import TrainInputs
+from workbench.report.variants import short_key
 from workbench.results import flatten
 from workbench.model.spec import VARIANT_AXES
 from workbench.study import RUN_MEASURES, STORED, TrainStudy, unwrap
@@ -166,11 +167,11 @@ def comparison_inputs(out_dirs: Sequence[str | Path], name: str, baseline: Any =
 
 
 def folder_variants(runs: pd.DataFrame, keys: Sequence[str], folder_of: dict[str, Path], folder: Path) -> str:
-    """The variants whose runs a folder holds, as the report labels them."""
+    """The variants whose runs a folder holds, as the report labels them, apart by " | " (a label
+    of several keys holds commas itself)."""
     mine = runs[[folder_of[r] == folder for r in runs["run_id"]]]
-    labels = [", ".join(f"{k.rsplit('.', 1)[-1]}={row[k]}" for k in keys) if len(keys) > 1 else str(row[keys[0]])
-              for _, row in mine.iterrows()] if keys else []
-    return ", ".join(dict.fromkeys(labels)) or "runs found in an earlier folder"
+    labels = [", ".join(f"{short_key(k)}={row[k]}" for k in keys) for _, row in mine.iterrows()]
+    return " | ".join(dict.fromkeys(labels)) or "runs found in an earlier folder"
 
 
 def carried_baseline(studies: Sequence[Any], sweep: dict[str, list[Any]]) -> Any:

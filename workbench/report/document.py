@@ -80,6 +80,35 @@ class VerdictLine:
     look: dict | None = None  # adaptive seeds: the look it was read at (look, of, seeds); None: fixed seeds
     post_hoc: str = ""  # its margin was registered after the study's first result (workbench.report.registration)
 
+    # ---- the first screen's verdict table reads these -------------------------------------
+
+    @property
+    def reason(self) -> str:
+        """What the label adds to the outcome ("only rope learned"), or ""."""
+        rest = self.label.removeprefix(self.outcome).strip()
+        return rest[1:-1] if rest.startswith("(") and rest.endswith(")") else rest
+
+    @property
+    def difference_text(self) -> str:
+        """'+0.572 [0.549, 0.595]', the difference of the group means with its interval."""
+        d = {k: math.nan if v is None else v for k, v in self.difference.items()}
+        if math.isnan(d.get("mean", math.nan)):
+            return "–"
+        return fmt_signed_interval(d["mean"], d.get("lo", math.nan), d.get("hi", math.nan))
+
+    @property
+    def interval_kind(self) -> str:
+        """'95% paired': the difference's interval, as the table's second line names it."""
+        level, method = self.difference.get("level"), self.difference.get("method")
+        if level is None or self.difference_text == "–":
+            return ""
+        return f"{level:.1%}".replace(".0%", "%") + (f" {method}" if method else "")
+
+    @property
+    def seeds_text(self) -> str:
+        """Each compared group's seeds, in the statement's order ('3 vs 3')."""
+        return " vs ".join(str(g["n"]) for g in self.groups) or "–"
+
 
 @dataclass
 class Report:
@@ -89,6 +118,7 @@ class Report:
     verdicts: list[VerdictLine]
     sections: list[Section]
     learned: list[str] = field(default_factory=list)  # the header's lines: what "learned" means, who met it
+    verdict_figures: list[Figure] = field(default_factory=list)  # the first screen's, one per verdict metric
 
 
 # ---- number formatting (one place, so tables, captions and figures agree) ---------------------

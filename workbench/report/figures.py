@@ -88,6 +88,23 @@ def band(bounds: Bounds) -> Callable[[pd.Series], tuple[float, float]]:
     return functools.partial(t_band, bounds=bounds)
 
 
+# Fewer seeds per variant get no t band: with 2 its half-width is 12.7 standard errors and it
+# hides the curves; the seeds' thin lines around their mean show their spread as it is.
+MIN_BAND_SEEDS = 5
+
+
+def banded(data: pd.DataFrame) -> bool:  # (variant, seed, ...) rows: does every variant have the seeds?
+    return not data.empty and int(data.groupby("variant")["seed"].nunique().min()) >= MIN_BAND_SEEDS
+
+
+def spread_text(data: pd.DataFrame) -> str:
+    """A caption's words for how a figure shows the spread over seeds (a band only when `banded`)."""
+    if banded(data):
+        return "each seed as a thin line; per variant the mean over seeds with a 95% t band, kept inside the metric's range"
+    return (f"each seed as a thin line around its variant's mean (no t band below {MIN_BAND_SEEDS} seeds per variant: "
+            "it would span most of the panel)")
+
+
 def constant(values: pd.Series) -> bool:
     """Every value the same (exact_match 0 everywhere): a plot of it shows nothing."""
     return values.dropna().nunique() <= 1
@@ -138,7 +155,8 @@ def learning_curves(curves: pd.DataFrame, palette: Palette, path: Path, *, panel
                     per_seed: bool = False) -> Path | None:
     """curves: long rows (variant, seed, x, metric, value; x defaults to the step) -> one panel
     per metric in `panels` order: each seed's thin line, and per variant the mean with its 95%
-    seed band (clipped to the panel's `bounds`); with `per_seed` only a line per run (seeds whose
+    seed band (clipped to the panel's `bounds`; none below MIN_BAND_SEEDS seeds); with `per_seed`
+    only a line per run (seeds whose
     x values differ, such as seconds, have no mean). A panel whose values are all equal is left out."""
     if "x" not in curves:
         curves = curves.assign(x=curves["step"])
@@ -157,7 +175,8 @@ def learning_curves(curves: pd.DataFrame, palette: Palette, path: Path, *, panel
             seed_lines(ax, part, palette, "x")
             sns.lineplot(data=part, x="x", y="value", hue="variant",
                          hue_order=[v for v in palette if v in set(part["variant"])], palette=palette,
-                         errorbar=band((bounds or {}).get(metric, UNBOUNDED)), marker="o" if few_points else None, ax=ax)
+                         errorbar=band((bounds or {}).get(metric, UNBOUNDED)) if banded(part) else None,
+                         marker="o" if few_points else None, ax=ax)
         ax.set(xlabel=xlabel, ylabel=metric, title=metric)
         if "loss" in metric and (part["value"] > 0).all():
             ax.set_yscale("log")
@@ -171,7 +190,7 @@ def learning_curves(curves: pd.DataFrame, palette: Palette, path: Path, *, panel
 def quality_vs_length(by_length: pd.DataFrame, palette: Palette, path: Path, *, metric: str,
                       train_length: int | None = None, bounds: Bounds = UNBOUNDED) -> Path | None:
     """by_length: rows (variant, seed, length, value) for one metric evaluated at several
-    lengths -> each seed's thin line and the mean with its seed band per variant; the training
+    lengths -> each seed's thin line and the mean with its seed band per variant (none when not `banded`); the training
     length is marked. None for fewer than two lengths, or when every value is the same."""
     if by_length["length"].nunique() < 2 or constant(by_length["value"]):
         return None
@@ -179,7 +198,7 @@ def quality_vs_length(by_length: pd.DataFrame, palette: Palette, path: Path, *, 
     seed_lines(ax, by_length, palette, "length")
     sns.lineplot(data=by_length, x="length", y="value", hue="variant",
                  hue_order=[v for v in palette if v in set(by_length["variant"])], palette=palette,
-                 errorbar=band(bounds), marker="o", ax=ax)
+                 errorbar=band(bounds) if banded(by_length) else None, marker="o", ax=ax)
     ax.set_xscale("log", base=2)
     lengths = sorted(by_length["length"].unique())
     ax.set_xticks(lengths, [str(int(n)) for n in lengths])
@@ -266,12 +285,11 @@ def loss_vs_compute(points: pd.DataFrame, curves: Mapping[str, Callable[[np.ndar
 def loglog(rows: pd.DataFrame, palette: Palette, path: Path, *, y: str, ylabel: str, title: str,
            exponents: Mapping[str, str] | None = None, x: str = "length", xlabel: str = "sequence length n (tokens)",
            reference: Mapping[str, pd.DataFrame] | None = None, spread: tuple[str, str] | None = None,
-           spread_label: str = "quartiles", legend_title: str | None = None) -> Path | None:
+           spread_label: str = "quartiles") -> Path | None:
     """rows: (variant, x, y) measurements -> log-log lines per variant; `exponents` maps a
     variant to its fitted-exponent text for the legend; `reference` adds dashed lines;
-    `spread` names (low, high) columns drawn as a band around each line (e.g. quartiles);
-    `legend_title` names what the variant labels are values of (`n_kv_heads`). Values are
-    drawn as given: callers convert bytes and seconds to a readable unit first."""
+    `spread` names (low, high) columns drawn as a band around each line (e.g. quartiles). Values
+    are drawn as given: callers convert bytes and seconds to a readable unit first."""
     data = rows.dropna(subset=[y])
     data = data[data[y] > 0]
     if data[x].nunique() < 2:
@@ -291,7 +309,7 @@ def loglog(rows: pd.DataFrame, palette: Palette, path: Path, *, y: str, ylabel: 
     plain_tick_labels(ax)
     band = f"; band: {spread_label}" if spread else ""
     ax.set(xlabel=f"{xlabel}, log scale", ylabel=f"{ylabel}, log scale{band}", title=title)
-    ax.legend(fontsize="small", title=legend_title)
+    ax.legend(fontsize="small")
     return save(fig, path)
 
 

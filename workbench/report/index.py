@@ -78,7 +78,8 @@ def summary(report: Report, runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "question": report.question,
         "rule": VERDICT_RULE,
         "first_result": min((r["recorded_at"] for r in runs if r.get("recorded_at")), default=None),
-        "verdicts": [{"statement": v.statement, "outcome": v.outcome, "label": v.label, "note": v.note,
+        "verdicts": [{"statement": v.statement, "outcome": v.outcome, "label": v.label, "detail": v.detail,
+                      "note": v.note,
                       "difference": json_numbers(v.difference), "learned": [json_numbers(g) for g in v.gates],
                       "groups": [json_numbers(g) for g in v.groups], "expect": v.expect, "look": v.look,
                       "post_hoc": v.post_hoc}

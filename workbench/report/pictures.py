@@ -217,20 +217,26 @@ class ModelPictures:
             panels = [(f"head {h}", m) for h, m in matrix]
             n = panels[0][1].shape[0]
             ticks = [str(i) for i in range(n)]
-            penalty_only = all(m.max() <= 0 for _, m in panels)  # ALiBi's: 0 is the top of the scale
+            vmin, vmax, cmap = bias_scale(np.stack([m for _, m in panels]))
             figures.heatmaps(panels, path, x_tokens=ticks, y_tokens=ticks, xlabel=labels[0], ylabel=labels[1],
-                             title=labels[2], cmap="magma", vmin=None, vmax=0.0 if penalty_only else None,
-                             colorbar_label=labels[3])
+                             title=labels[2], cmap=cmap, vmin=vmin, vmax=vmax, colorbar_label=labels[3])
         else:
             figures.matrix_heatmap(matrix, path, xlabel=labels[0], ylabel=labels[1], title=labels[2],
                                    colorbar_label=labels[3])
-        explain = type(scheme).picture_note or {
-            "embed": "low dimensions oscillate fast, high ones slowly (sinusoidal); a learned table shows what training made of it",
-            "rotate": "constant along diagonals: the score depends only on the offset m - n",
-            "score_bias": "a linear penalty on distance, steeper for heads with larger slopes",
-        }[kind]
-        return [Figure(path.relative_to(dest).as_posix(), f"{caption_run}: {labels[2]} ({explain}).",
+        note = f" ({scheme.picture_note})" if scheme.picture_note else ""
+        return [Figure(path.relative_to(dest).as_posix(), f"{caption_run}: {labels[2]}{note}.",
                        f"position scheme {name}")]
+
+
+def bias_scale(values: np.ndarray) -> tuple[float, float, str]:
+    """(vmin, vmax, colormap) for score-bias panels, from the values drawn: one scale for every
+    head so heads compare; a one-signed bias runs from 0 to its extreme (a penalty such as
+    ALiBi's, magma), a bias of both signs is centred on 0 (a learned bias, diverging)."""
+    lo, hi = float(values.min()), float(values.max())
+    if lo >= 0 or hi <= 0:
+        return min(lo, 0.0), max(hi, 0.0), "magma"
+    edge = max(-lo, hi)
+    return -edge, edge, "RdBu_r"
 
 
 def real_lengths(batch: dict[str, Tensor], family: str) -> dict[str, int]:

@@ -39,7 +39,7 @@ from workbench.report.document import (
     fmt_bytes,
     fmt_seconds,
 )
-from workbench.report.variants import Variants, short_key, value_text
+from workbench.report.variants import Variants, value_text
 
 COORDINATES = ("scope", "mode", "length", "kv_cache")
 # The header's Learned line: a cost study trains nothing, so there is no chance level to beat.
@@ -233,8 +233,7 @@ class ScalingReport:
         scaled, ylabel = in_unit(part, cost)
         spread = cost.spread if cost.spread and all(c in part for c in cost.spread) else None
         drawn = figures.loglog(scaled, palette or self.palette, path, y=cost.column, ylabel=ylabel, title=title,
-                               exponents=exponents, xlabel=xlabel, spread=spread,
-                               legend_title=self.legend_title)
+                               exponents=exponents, xlabel=xlabel, spread=spread)
         instrument = self.instruments(part, cost.instrument)
         band = " Band: quartiles of the timed calls." if spread else ""
         return self.figure(drawn, f"{caption} Instrument: {instrument or 'n/a'}.{band}", alt)
@@ -319,12 +318,6 @@ class ScalingReport:
                 return self.study.model_of(raw)
         return None
 
-    @property
-    def legend_title(self) -> str | None:
-        """With one swept key a variant is labelled by its bare value ("1"): name the key."""
-        keys = self.variants.keys
-        return short_key(keys[0]) if len(keys) == 1 else None
-
     def decode(self) -> Section | None:
         part = self.ok[self.ok["mode"] == "decode"]
         if part.empty:
@@ -367,7 +360,7 @@ class ScalingReport:
                                   ylabel=ylabel, title="KV-cache bytes against context length",
                                   exponents={f"{v} (KV cache)": t for v, t in
                                              self.legend_exponents("decode", "kv_cache_bytes", True).items()},
-                                  xlabel="context length (tokens)", legend_title=self.legend_title)
+                                  xlabel="context length (tokens)")
             items.append(self.figure(path, "Bytes the KV cache holds (2 x layers x K/V heads x head_dim x tokens x "
                                            "batch x bytes per element).", "KV-cache bytes"))
             rows = []

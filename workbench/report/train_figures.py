@@ -5,18 +5,20 @@ against training FLOPs, workbench.cost.fit)."""
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 from pathlib import Path
 
 import pandas as pd
 
 from workbench.report import figures
-from workbench.report.document import Figure, Item, Paragraph, Section, Table, fmt, fmt_interval
+from workbench.report.document import Figure, Item, Paragraph, Section, Table, VerdictLine, fmt, fmt_interval
 from workbench.report.intervals import mean_ci
 from workbench.report.variants import Variants
+from workbench.report.verdict_figure import verdict_groups
 from workbench.cost.fit import fit_power_law, power_law_crossing
 from workbench.report.compute_curves import AXIS_LABELS, against
-from workbench.results import ATTENTION_ENTROPY, PROGRESS
+from workbench.results import ATTENTION_ENTROPY, FAILURE_SHARE, PROGRESS
 from workbench.report.train_runs import TrainRuns, split_metric
 
 
@@ -27,6 +29,35 @@ class TrainFigures(TrainRuns):
         if path is None:
             return None
         return Figure(path.relative_to(self.dest).as_posix(), caption, alt)
+
+    def verdict_figures(self, lines: Sequence[VerdictLine]) -> list[Figure]:
+        """The first screen's figures, one per verdict metric: each compared group's seeds as
+        dots and its mean with the interval of its verdict line, with the learned-at-all gate's
+        threshold and the strongest baseline where a verdict on that metric was gated on it."""
+        by_metric: dict[str, list[VerdictLine]] = {}
+        for line in lines:
+            column = self.expect_column(self.study.expect[line.expect["index"]])
+            if column != FAILURE_SHARE:  # a share of seeds has no per-seed values to draw
+                by_metric.setdefault(column, []).append(line)
+        out = []
+        for metric, mine in by_metric.items():
+            records = {g["group"]: g for line in mine for g in line.groups}
+            groups = [(label, self.values(label, metric).tolist(), *(math.nan if records[label][k] is None
+                                                                      else records[label][k] for k in ("mean", "lo", "hi")))
+                      for label in self.variants.labels if label in records]
+            gates = [g for line in mine for g in line.gates if g["metric"] == metric and not g["untested"]]
+            gate = gates[0] if gates else None
+            slug = re.sub(r"[^A-Za-z0-9]+", "_", metric).strip("_")
+            path = verdict_groups(groups, self.palette, self.dest / "figures" / f"verdict_{slug}.png",
+                                          metric=metric, bounds=self.range_of(metric),
+                                          threshold=gate["needed"] if gate else None,
+                                          baseline=(gate["baseline"], gate["chance"]) if gate else None)
+            lines_text = (f"; dashed: the learned-at-all threshold, dotted: the strongest baseline ({gate['baseline']})"
+                          if gate else "")
+            figure = self.figure(path, f"{metric} of the compared groups: each seed a dot, the mean with its 95% t "
+                                       f"interval{lines_text}.", f"{metric} per group and seed")
+            out += [figure] if figure else []
+        return out
 
     def figures_section(self) -> Section:
         fig_dir = self.dest / "figures"
@@ -46,8 +77,7 @@ class TrainFigures(TrainRuns):
                                         xlabel=AXIS_LABELS[self.study.curves_against], per_seed=per_seed),
                 f"Learning curves against {AXIS_LABELS[self.study.curves_against]}: "
                 + ("one line per run (its seeds had spent different amounts at the same step, so no mean or band)"
-                   if per_seed else "each seed as a thin line; per variant the mean over seeds with a 95% t band, "
-                   "kept inside the metric's range") + " (all runs, including those that stopped early)."
+                   if per_seed else figures.spread_text(curves)) + " (all runs, including those that stopped early)."
                 + self.flat_note(flat, curves), "learning curves per variant"))
         for name in dict.fromkeys(split_metric(m)[0] for m in self.metrics):
             long = self.by_length(name)
@@ -61,8 +91,8 @@ class TrainFigures(TrainRuns):
                 figures.quality_vs_length(long, self.palette, fig_dir / f"{name}_vs_length.png", metric=name,
                                           train_length=self.study.task.get("train_length"),
                                           bounds=self.range_of(name)),
-                f"{name} against evaluation length (extrapolation beyond the dashed training length): each seed "
-                "as a thin line, the mean with a 95% t band over seeds.", f"{name} against evaluation length"))
+                f"{name} against evaluation length (extrapolation beyond the dashed training length): "
+                f"{figures.spread_text(long)}.", f"{name} against evaluation length"))
         headline = self.headline[0] if self.headline else None
         if headline is not None:
             summary = self.cost_summary(headline)

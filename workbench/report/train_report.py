@@ -44,7 +44,8 @@ class TrainReport(TrainVerdicts, TrainTables, TrainFigures):
         sections.append(self.environment())
         lines = [self.verdict_line(v, index) for v, index in decided]
         return Report(name=self.study.name, kind="train", question=self.study.description or "(no description)",
-                      verdicts=lines, sections=[s for s in sections if s is not None], learned=self.learned_lines())
+                      verdicts=lines, sections=[s for s in sections if s is not None], learned=self.learned_lines(),
+                      verdict_figures=self.verdict_figures(lines))
 
     def settling_section(self) -> Section | None:
         """Whether the budget sufficed: the verdict metrics over the last 20% of the steps."""

@@ -35,7 +35,8 @@ class TrainTables(LearnedGates):
         s = self.study
         items: list[Item] = []
         task = dict(s.task)
-        items.append(Paragraph(f"Task: {task.pop('name')}; " + ", ".join(f"{k}={v}" for k, v in sorted(task.items()))))
+        items.append(Paragraph(f"Task: {task.pop('name')}; " + ", ".join(
+            f"{k}={self.setting(f'task.{k}', v)}" for k, v in sorted(task.items()))))
         items.append(Paragraph(self.budget_text()))
         if s.train.budget is not None and s.train.budget.kind != "seconds":
             items.append(self.steps_table())
@@ -65,20 +66,30 @@ class TrainTables(LearnedGates):
                 f"(looks at {', '.join(map(str, looks))} seeds, each at the alpha an O'Brien-Fleming-type spending "
                 "function adds there)")
 
+    def setting(self, key: str, value: object) -> str:
+        """A setting as Setup states it: its value, or each value it takes where it is swept (a
+        comparison of folders that trained 200 and 800 steps sweeps train.steps), never the
+        value of one run for all."""
+        if key in self.keys:
+            return " or ".join(value_text(v) for v in self.study.sweep.values(key)) + " (swept)"
+        return value if isinstance(value, str) else value_text(value)
+
     def budget_text(self) -> str:
         s, train = self.study, self.study.train
-        optimiser = (f"lr {train.lr:g}, {train.schedule} schedule, {train.warmup_steps} warmup steps, "
-                     f"precision {train.precision}")
+        optimiser = (f"lr {self.setting('train.lr', f'{train.lr:g}')}, {self.setting('train.schedule', train.schedule)} "
+                     f"schedule, {self.setting('train.warmup_steps', train.warmup_steps)} warmup steps, "
+                     f"precision {self.setting('train.precision', train.precision)}")
+        batch = self.setting("train.batch_size", train.batch_size)
         if train.budget is None:
-            steps = train.resolved(s.task["train_length"])["steps"]
-            return f"Budget per run: {steps:,} steps of {train.batch_size} sequences ({optimiser}); {self.seeds_text()}."
+            steps = self.setting("train.steps", f"{train.resolved(s.task['train_length'])['steps']:,}")
+            return f"Budget per run: {steps} steps of {batch} sequences ({optimiser}); {self.seeds_text()}."
         how = {"flops": "counted training FLOPs (useful FLOPs of the forward, x3 for a training step); each variant "
                         "trains for the steps its own cost per step buys (table below)",
                "tokens": "real training tokens; each variant trains for the steps they buy (table below)",
                "seconds": "training seconds (evaluation excluded); each run stops when they are spent"}[train.budget.kind]
         per_rung = any(key.startswith("train.budget.") for key in s.scale or {})
         return (f"Budget per run: {train.budget.text()}" + (" as train: gives it (the ladder sets each rung's own: see Across "
-                "scale)" if per_rung else "") + f" of {how}; batches of {train.batch_size} sequences ({optimiser}); "
+                "scale)" if per_rung else "") + f" of {how}; batches of {batch} sequences ({optimiser}); "
                 f"{self.seeds_text()}.")
 
     def steps_table(self) -> Table:

@@ -1,9 +1,9 @@
 """Variants of a study: the distinct points of its sweep, their labels, and which variant a
 `baseline:` or `expect:` point denotes for each other.
 
-A run's variant is its values on the swept keys (seeds aside). With one swept key the label
-is the value itself (`alibi`); with several it names each key by its last part
-(`position=alibi, norm=pre`). A point such as `{model.position: sinusoidal}` fixes some keys;
+A run's variant is its values on the swept keys (seeds aside). Its label names each key by
+its last part with its value (`position=alibi`, `n_kv_heads=4`, `position=alibi, norm=pre`),
+so a verdict line or a legend says what was varied, not only a bare `4`. A point such as `{model.position: sinusoidal}` fixes some keys;
 a variant's counterpart under that point is the variant with those keys replaced and every
 other swept key unchanged, so with position x depth swept, "alibi beats sinusoidal" is
 checked at each depth separately instead of pooling depths.
@@ -54,8 +54,6 @@ class Variants:
     def label(self, point: Sequence[str]) -> str:
         if not self.keys:
             return "all runs"
-        if len(self.keys) == 1:
-            return point[0]
         return ", ".join(f"{short_key(k)}={v}" for k, v in zip(self.keys, point))
 
     @property

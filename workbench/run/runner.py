@@ -49,6 +49,7 @@ from workbench.results import KEPT, PROGRESS_FILE, RESULT_FILE, Count, Number, R
 from workbench.results import first_problem, load_json, read_regular
 from workbench.run.folder import WriterLock, refuse_links
 from workbench.run.store import DB_FILE, RUNS_DIR, Store, check_runs_dir, run_dir, runs_root
+from workbench.run.tracking import TENSORBOARD_DIR
 from workbench.study import StudyFile, load_study
 from workbench.study.keys import canonical_json
 
@@ -141,6 +142,7 @@ def clear_outputs(out_dir: Path, run_ids: list[str]) -> None:
     for name in STORE_FILES:
         (out_dir / name).unlink(missing_ok=True)
     shutil.rmtree(out_dir / RUNS_DIR, ignore_errors=True)
+    shutil.rmtree(out_dir / TENSORBOARD_DIR, ignore_errors=True)  # the runs' TensorBoard logs (tracking.py)
 
 
 def recorded_result(run: RunConfig, out_dir: Path, warn=print):

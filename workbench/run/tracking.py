@@ -1,8 +1,9 @@
 """Experiment trackers (`train.logger`): Lightning's own loggers, one tracker run per workbench run.
 
     csv          the run folder's logs/ (Lightning's CSVLogger; hparams.yaml holds the config)
-    tensorboard  the run folder's logs/: curves, the config as hparams, and the final metrics
-                 against it in TensorBoard's HParams tab
+    tensorboard  OUT/tensorboard/<study>/<run name>/: curves, the config as hparams, and the final
+                 metrics against it in TensorBoard's HParams tab; TensorBoard names a run by its
+                 folder, so `tensorboard --logdir OUT/tensorboard` lists `<study>/<run name>`
     mlflow       one MLflow experiment per study, one MLflow run per workbench run, finished when
                  the run ends; store: MLFLOW_TRACKING_URI, else OUT/mlflow.db (SQLite) for the sweep
     wandb        one W&B group per study, one W&B run per workbench run (wandb.finish at its end);
@@ -33,6 +34,7 @@ LOGGER_MODULES = {"tensorboard": ("tensorboard", "tensorboardX"), "mlflow": ("ml
 MLFLOW_STORE = "mlflow.db"  # the sweep's own MLflow store in OUT, without MLFLOW_TRACKING_URI
 TRACKER_FILE = "tracker.json"  # in a run folder: the MLflow run a resumed run continues
 MAX_TRACKER_BYTES = 4096
+TENSORBOARD_DIR = "tensorboard"  # in OUT: one folder per study, one per run, named as the run
 
 
 @dataclass(frozen=True)
@@ -44,6 +46,7 @@ class TrackerRun:
     seed: int
     run_id: str
     mlflow_uri: str  # the sweep's MLflow store
+    tensorboard_dir: str = ""  # the sweep's TensorBoard folder (OUT/tensorboard); "" outside a sweep
 
     @property
     def name(self) -> str:
@@ -61,7 +64,8 @@ def mlflow_uri(out_dir: Path) -> str:
 
 def tracker_run(run: RunConfig, study: str, out_dir: Path) -> TrackerRun:
     variant = " ".join(f"{k}={v}" for k, v in run.swept.items())
-    return TrackerRun(study=study, variant=variant, seed=run.seed, run_id=run.run_id, mlflow_uri=mlflow_uri(out_dir))
+    return TrackerRun(study=study, variant=variant, seed=run.seed, run_id=run.run_id, mlflow_uri=mlflow_uri(out_dir),
+                      tensorboard_dir=str(Path(out_dir) / TENSORBOARD_DIR))
 
 
 def check_logger(train: Mapping[str, Any]) -> None:
@@ -122,13 +126,17 @@ def experiment_name(study: str) -> str:
 def make_logger(kind: str, run_dir: Path, config: dict[str, Any], tracker: TrackerRun | None = None):
     """Lightning's logger of this kind for one run, with the flattened run config as its
     hyperparameters. Without `tracker` (a run trained outside a sweep) the run is named by
-    its folder and MLflow writes to the folder's own store."""
+    its folder and MLflow and TensorBoard write into the folder."""
     tracker = tracker or TrackerRun(study="workbench", variant=run_dir.name, seed=config.get("seed", 0),
-                                    run_id=run_dir.name, mlflow_uri=mlflow_uri(run_dir))
+                                    run_id=run_dir.name, mlflow_uri=mlflow_uri(run_dir),
+                                    tensorboard_dir=str(run_dir / TENSORBOARD_DIR))
     if kind == "tensorboard":
         from pytorch_lightning.loggers import TensorBoardLogger
 
-        logger = TensorBoardLogger(save_dir=run_dir, name="logs", default_hp_metric=False)
+        # A fixed version (the run's name, a path separator aside) instead of version_N: a resumed
+        # session appends to its run's folder, so TensorBoard shows one run per workbench run.
+        logger = TensorBoardLogger(save_dir=tracker.tensorboard_dir or run_dir / TENSORBOARD_DIR, name=tracker.study,
+                                   version=tracker.name.replace(os.sep, "_"), default_hp_metric=False)
     elif kind == "mlflow":
         logger = mlflow_logger(run_dir, tracker)
     elif kind == "wandb":

@@ -39,6 +39,7 @@ from pydantic.json_schema import SkipJsonSchema
 from workbench import kinds
 from workbench.errors import SpecError
 from workbench.registry import get_variant, variants
+from workbench.study.task_paths import with_task_paths
 from workbench.results import DESCRIPTIVE_METRICS, FAILURE_SHARE, TO_TARGET
 from workbench.model.spec import VARIANT_AXES, ModelSpec, resolve_choice, spec_error_from
 from workbench.study.keys import digest, label
@@ -431,9 +432,6 @@ def study_kinds() -> dict[str, type[StudyBase]]:
     return {name: kind.study for name, kind in kinds.study_kinds().items()}
 
 
-# ---- loading --------------------------------------------------------------------------------
-
-
 @dataclass
 class StudyFile:
     """A loaded study with where it came from, so later checks can point into the file."""
@@ -466,33 +464,6 @@ class StudyFile:
     @property
     def study_hash(self) -> str:
         return digest(self.study.run_defining())
-
-
-def with_task_paths(data: dict[str, Any], folder: Path) -> dict[str, Any]:
-    """The study data with the files its task names, in the task section and in swept
-    `task.*` values, taken relative to `folder` (the study file's), not to the working
-    directory (`Task.resolve_paths`)."""
-    task = data.get("task")
-    if not (isinstance(task, Mapping) and isinstance(task.get("name"), str) and task["name"] in variants("task")):
-        return data
-    cls = variants("task")[task["name"]]
-
-    def values(key: Any, given: Any) -> Any:
-        if not (isinstance(key, str) and key.startswith("task.") and isinstance(given, list)):
-            return given
-        field = key.removeprefix("task.")
-        return [cls.resolve_paths({field: value}, folder)[field] for value in given]
-
-    def group(keys: Any) -> Any:
-        return {k: values(k, v) for k, v in keys.items()} if isinstance(keys, Mapping) else keys
-
-    out = {**data, "task": cls.resolve_paths(dict(task), folder)}
-    sweep = data.get("sweep")
-    if isinstance(sweep, Mapping):
-        zipped = sweep.get("zip")
-        out["sweep"] = {**group(sweep), **({"zip": [group(g) for g in zipped] if isinstance(zipped, list)
-                                             else group(zipped)} if "zip" in sweep else {})}
-    return out
 
 
 def load_study(path: str | Path, profile: str | None = None, overrides: tuple[str, ...] | list[str] = ()) -> StudyFile:

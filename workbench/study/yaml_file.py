@@ -13,7 +13,7 @@ from typing import Any
 import yaml
 
 from workbench.errors import SpecError, WorkbenchError, WorkbenchWarning, closest
-from workbench.study.keys import set_dotted
+from workbench.study.keys import canonical_json, label, set_dotted
 
 
 class StudyError(WorkbenchError):
@@ -262,14 +262,73 @@ def apply_overrides(data: dict[str, Any], overrides: tuple[str, ...], file: str,
             key, value = parse_override(text)
         except SpecError as err:
             raise StudyError(file, None, err) from None
+        before = data.get("sweep")
         set_study_key(data, key, value)
         lines.lines[key] = 0  # an error in an overridden field names the field, not a line of the file
+        if key.startswith("sweep.") and isinstance(before, Mapping):
+            leave_out_orphaned_claims(data, before, key.removeprefix("sweep."), text)
         swept = swept_under(data.get("sweep"), key)
         if swept is not None:
             warnings.warn(f"--set {text}: {swept} is swept, so the sweep's values replace this one in every run "
                           f"(and it is not checked); to change what is swept: --set 'sweep.{swept}=[a, b]'",
                           WorkbenchWarning, stacklevel=2)
     return data
+
+
+def leave_out_orphaned_claims(data: dict[str, Any], before: Mapping[str, Any], swept: str, text: str) -> None:
+    """After `--set sweep.KEY=[...]` narrowed a sweep: the `expect:` entries (and a `baseline:`)
+    that name a value of KEY no longer swept have nothing to compare, so they are left out of
+    this run's study, each named in a one-line warning (the file keeps them for the full sweep)."""
+    old, new = before.get(swept), (data.get("sweep") or {}).get(swept)
+    if not isinstance(old, list) or not isinstance(new, list):
+        return
+    gone = {canonical_json(label(v)) for v in old} - {canonical_json(label(v)) for v in new}
+    if not gone:
+        return
+    sweep = data["sweep"]
+    groups = sweep.get("zip", [])
+    groups = [groups] if isinstance(groups, Mapping) else groups if isinstance(groups, list) else []
+    keys = [k for k in sweep if k != "zip"] + [k for g in groups if isinstance(g, Mapping) for k in g]
+    compared = [k for k in keys if k not in (data.get("scale") or {})]
+
+    def dropped_value(point: Any) -> str | None:
+        """The value of KEY the point names, when it is one no longer swept (as sweep_point reads a point)."""
+        if isinstance(point, Mapping) and point and all(k in keys for k in point):
+            if swept not in point:
+                return None
+            value = point[swept]
+        elif compared == [swept]:
+            value = point
+        else:
+            return None
+        return f"{swept.rsplit('.', 1)[-1]}={label(value)}" if canonical_json(label(value)) in gone else None
+
+    expect = data.get("expect")
+    if isinstance(expect, list):
+        kept = []
+        for index, entry in enumerate(expect):
+            names = [dropped_value(entry.get(side)) for side in ("better", "than")] if isinstance(entry, Mapping) else []
+            orphan = next((n for n in names if n), None)
+            if orphan is None:
+                kept.append(entry)
+                continue
+            warnings.warn(f"--set {text}: expect.{index} ({point_text(entry.get('better'))} better than "
+                          f"{point_text(entry.get('than'))} on "
+                          f"{entry.get('metric')}) compares {orphan}, no longer swept: left out of this run's verdicts",
+                          WorkbenchWarning, stacklevel=3)
+        data["expect"] = kept
+    orphan = dropped_value(data.get("baseline")) if data.get("baseline") is not None else None
+    if orphan is not None:
+        warnings.warn(f"--set {text}: the baseline {orphan} is no longer swept: this run's report has no deltas to "
+                      "a baseline", WorkbenchWarning, stacklevel=3)
+        data["baseline"] = None
+
+
+def point_text(point: Any) -> str:
+    """An `expect:` point as a study writes it: `4`, `{model.n_kv_heads: 4}`."""
+    if isinstance(point, Mapping) and "name" not in point:
+        return "{" + ", ".join(f"{k}: {label(v)}" for k, v in point.items()) + "}"
+    return str(label(point))
 
 
 def swept_under(sweep: Any, key: str) -> str | None:

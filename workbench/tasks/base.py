@@ -175,6 +175,14 @@ class Task(Variant):
     def decode(self, ids: Sequence[int]) -> list[str]:
         return [self.vocab[int(i)] for i in ids]
 
+    def text_words(self, text: str) -> list[str]:
+        """Text as vocabulary words (workbench.report.notebook.Tokenizer): a symbol task's words are
+        apart by whitespace; a task whose words are pieces of text (bytes) overrides both."""
+        return text.split()
+
+    def words_text(self, words: Sequence[str]) -> str:
+        return " ".join(words)
+
     # ---- what subclasses provide ------------------------------------------------------------
 
     def example(self, rng: np.random.Generator, length: int, training: bool) -> Example:
@@ -300,6 +308,10 @@ class Task(Variant):
         target = [*ex.target, self.eos_id] if self.decoder_eos else list(ex.target)
         tokens = [self.bos_id, *ex.source, self.sep_id, *target]
         return tokens, [False] * (len(ex.source) + 2) + [True] * len(target)
+
+    def decoder_prompt(self, source: Sequence[int]) -> list[int]:
+        """What format_decoder puts before the target, for a decoder to answer `source` (generation)."""
+        return [self.bos_id, *source, self.sep_id]
 
     def format_encoder_decoder(self, ex: Example) -> tuple[list[int], list[int]]:
         return list(ex.source), [self.bos_id, *ex.target, self.eos_id]

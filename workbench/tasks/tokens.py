@@ -71,6 +71,9 @@ class ByteTokenizer:
     def token_names(self) -> list[str]:
         return [byte_name(b) for b in range(256)]
 
+    def decode(self, ids: list[int]) -> str:
+        return bytes(ids).decode("utf-8", errors="replace")
+
 
 class HFTokenizer:
     """A HuggingFace `tokenizers` tokenizer (no special tokens added: the task has its own)."""
@@ -95,6 +98,9 @@ class HFTokenizer:
 
     def token_names(self) -> list[str]:
         return [self.tokenizer.id_to_token(i) or f"<id {i}>" for i in range(self.vocab_size)]
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=False)
 
 
 def train_bpe(texts: Iterator[bytes], vocab_size: int) -> HFTokenizer:
