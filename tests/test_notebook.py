@@ -51,7 +51,7 @@ def test_a_byte_model_tokenizer_round_trips_text_without_offsets():
     task = make_task({"task": {"name": "text_lm", "train_length": 16}, "seed": 0})
     tokenizer = Tokenizer(task)
     ids = tokenizer.encode("héllo\n")
-    assert ids == [b + task.first_byte for b in "héllo\n".encode()]  # the offset is the tokenizer's business
+    assert ids == [b + task.first_token for b in "héllo\n".encode()]  # the offset is the tokenizer's business
     assert tokenizer.decode([task.bos_id, *ids, task.eos_id]) == "héllo\n"
     assert task.decoder_prompt(ids) == ids  # a text is continued as it stands
 

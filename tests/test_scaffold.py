@@ -94,7 +94,9 @@ def test_pip_installed_it_passes_the_workbench_contract_suite(tmp_path):
                     str(tmp_path / "workbench-scaffold-attn")], check=True, capture_output=True, timeout=300)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")])),
                OMP_NUM_THREADS="1")
-    listed = subprocess.run([sys.executable, "-m", "workbench.cli", "list", "attention"], env=env, cwd=ROOT,
+    # a wide terminal: this checks the install (tests/test_cli_list.py checks the layout at 80 columns)
+    listed = subprocess.run([sys.executable, "-m", "workbench.cli", "list", "attention"], env={**env, "COLUMNS": "160"},
+                            cwd=ROOT,
                             capture_output=True, text=True, timeout=120)
     assert "scaffold_attn" in listed.stdout and "workbench-scaffold-attn 0.1.0" in listed.stdout
     result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0",

@@ -245,9 +245,9 @@ class RayExecutor(Executor):
         machine = self.machine()
         line = (f"ray: each run reserves {' or '.join(f'{g:g}' for g in reserved)} GPU(s) ({source}) and "
                 f"{self.cpus:g} CPU(s); {machine.name}: {machine.description}")
-        spread = sorted({train["num_nodes"] for train in trains if train["num_nodes"] > 1})
+        spread = sorted({train.get("num_nodes", 1) for train in trains if train.get("num_nodes", 1) > 1})
         for nodes in spread:
-            self.check_nodes(nodes, max(self.gpus_for(t) for t in trains if t["num_nodes"] == nodes))
+            self.check_nodes(nodes, max(self.gpus_for(t) for t in trains if t.get("num_nodes", 1) == nodes))
         if spread:
             line += f"; a run over {' or '.join(map(str, spread))} nodes reserves that on each of its nodes"
         return line
@@ -275,7 +275,7 @@ class RayExecutor(Executor):
             for job in jobs:
                 if self.on_start:
                     self.on_start(job)
-                if job.config["train"]["num_nodes"] > 1:
+                if job.config["train"].get("num_nodes", 1) > 1:
                     group = self._launch_over_nodes(ray, job, threads)
                     groups.append(group)
                     pending.update({task: (job, group, rank) for rank, task in enumerate(group.tasks)})
@@ -318,7 +318,7 @@ class RayExecutor(Executor):
         node, the rendezvous chosen on node 0, then one train_node task in each bundle."""
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        nodes, gpus = job.config["train"]["num_nodes"], self.gpus_for(job.config["train"])
+        nodes, gpus = job.config["train"].get("num_nodes", 1), self.gpus_for(job.config["train"])
         bundle = {"CPU": self.cpus, **({"GPU": gpus} if gpus else {})}
         placement = ray.util.placement_group([bundle] * nodes, strategy="STRICT_SPREAD")
 

@@ -159,7 +159,8 @@ def recorded_result(run: RunConfig, out_dir: Path, warn=print):
         warn(f"{path} is not a readable result ({first_problem(err)}): training that run again")
         return None
     except (OSError, ValueError, TypeError, WorkbenchError) as err:
-        warn(f"{path} is not a readable result ({str(err).splitlines()[0][:160]}): training that run again")
+        reason = str(err).splitlines()[0].removeprefix(f"{path} ")  # the path is said once, a long one too
+        warn(f"{path} is not a readable result ({reason[:160]}): training that run again")
         return None
     return result if result.status in KEPT and result.run_id == run.run_id else None
 
