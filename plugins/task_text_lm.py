@@ -76,7 +76,7 @@ from workbench.results import VALIDATION
 from workbench.tasks import INPUT_IGNORING, SPECIALS, Example, Task, TaskParams
 from workbench.tasks.corpus import Document, Source, document_texts, file_pieces
 from workbench.tasks.ngram import WittenBell, fits
-from workbench.tasks.tokens import ByteTokenizer, Shards, Texts, byte_name, prepare
+from workbench.tasks.tokens import ByteTokenizer, Shards, Texts, prepare
 
 # Plain-file stdlib modules present in CPython 3.10 to 3.13 (~1.1 MB train, ~0.1 MB valid).
 TRAIN_FILES = (

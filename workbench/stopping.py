@@ -24,7 +24,6 @@ from __future__ import annotations
 import os
 import signal
 import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any

@@ -34,7 +34,7 @@ from pydantic import ValidationError
 from workbench import stopping
 from workbench.run import store
 from workbench.run.folder import refuse_links
-from workbench.results import CONFIG_FILE, FINAL_WEIGHTS, git_commit, short_commit
+from workbench.results import CONFIG_FILE, FINAL_WEIGHTS, Status, git_commit, short_commit
 from workbench.errors import WorkbenchError, WorkbenchWarning
 from workbench.kinds import get_kind
 from workbench import registry  # not `variants`: that name is also the submodule report.variants
@@ -216,7 +216,7 @@ def ship_data(out_dir: Path, dest: Path) -> None:
     finally:
         source.close()
         target.close()
-    finished = [r for r in store.Store(out_dir, create=False).runs() if r["status"] == "finished"]
+    finished = [r for r in store.Store(out_dir, create=False).runs() if r["status"] == Status.FINISHED]
     lowest: dict[str, dict[str, Any]] = {}
     for r in sorted(finished, key=lambda r: r["seed"]):
         lowest.setdefault(json.dumps(r["swept"], sort_keys=True), r)

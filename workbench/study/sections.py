@@ -9,7 +9,7 @@ from datetime import datetime
 from collections.abc import Mapping
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
 from workbench.errors import SpecError
 from workbench.study.yaml_file import limit, suggest
