@@ -173,7 +173,7 @@ def test_the_checker_sees_a_circle():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 
-@pytest.mark.parametrize("module", ["workbench.report.train_report", "workbench.report.train_runs",
+@pytest.mark.parametrize("module", ["workbench.recipes.train.report", "workbench.recipes.train.runs",
                                     "workbench.run.store", "workbench.run.runner"])
 def test_readers_of_the_record_do_not_import_the_training_module(module):
     assert "workbench.run.train" not in graph()[module]

@@ -18,7 +18,7 @@ import torch
 from conftest import FAMILIES, TINY_PARAMS, build, choice, registered, tiny_spec, tokens
 from workbench.errors import WorkbenchError
 from workbench.model.transformer import CrossAttention, SelfAttention, attention_entropy, record_attention
-from workbench.report.train_runs import metric_columns, metric_range
+from workbench.recipes.train.runs import metric_columns, metric_range
 from workbench.run.evaluate import evaluate_lengths, measure_attention_entropy
 from workbench.study import TrainStudy, load_study
 from workbench.study.sweep import expand

@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 from test_report import save_study
 from workbench.cli import main
-from workbench.report.compare import comparison_inputs
+from workbench.recipes.train.compare import comparison_inputs
 from workbench.run.store import Store
 from workbench.study import load_study
 from workbench.study.sweep import expand

@@ -269,8 +269,8 @@ class HintedCopy(TASKS["copy"]):
 
 
 def test_a_third_party_task_declares_baselines_and_the_gate_uses_the_strongest():
-    from workbench.report.train_report import TrainReport
-    from workbench.report.train_runs import TrainInputs
+    from workbench.recipes.train.report import TrainReport
+    from workbench.recipes.train.runs import TrainInputs
     from workbench.study import TrainStudy
 
     with installed_plugin("hinted_copy_plugin", register_tasks=[HintedCopy]):

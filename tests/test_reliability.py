@@ -756,7 +756,7 @@ def test_a_device_or_endless_file_is_not_read_as_a_study():
 
 
 def test_a_report_name_that_is_a_path_is_refused(finished_out, tmp_path):
-    from workbench.report.compare import write_comparison
+    from workbench.recipes.train.compare import write_comparison
 
     _, out = copy_of(finished_out, tmp_path)
     with pytest.raises(WorkbenchError, match=r"--name: '\.\./x' is not a report name"):

@@ -412,7 +412,7 @@ def compare_command(out_dirs: tuple[str, ...], name: str | None, reports_dir: st
     variant added later against an earlier sweep. Variants are told apart by every setting
     that differs between the runs; the header names each folder with its variants. Chance
     levels, deltas and verdicts follow the same rules as a study's report."""
-    from workbench.report.compare import write_comparison, yaml_value
+    from workbench.recipes.train.compare import write_comparison, yaml_value
 
     index = write_comparison(out_dirs, reports_dir, name, pictures=not no_pictures,
                              baseline=yaml_value(baseline) if baseline is not None else None, expect=expect)

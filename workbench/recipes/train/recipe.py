@@ -3,7 +3,7 @@
     validate  expand every run (and tuning run); list the hardware each training setting needs
     run       tuning runs first when the study has `tune:`, then the final runs, through the
               executor (workbench.run.runner.execute_runs); finished and diverged runs are kept
-    report    workbench.report.train_report from the store, with attention pictures from
+    report    workbench.recipes.train.report from the store, with attention pictures from
               the saved final weights
 """
 
@@ -14,7 +14,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from workbench import hookimpl
+from workbench.hookspecs import hookimpl
 from workbench.run.executor import make_executor
 from workbench.hardware import Machine, Need, train_needs
 from workbench.kinds import RunOptions, StudyKind
@@ -133,8 +133,8 @@ class TrainKind(StudyKind):
         from workbench.report import ReportSkipWarning, merged_environment, missing_variants, reproduce_command
         from workbench.report import timing_caveat
         from workbench.report.pictures import ModelPictures
-        from workbench.report.train_report import TrainReport
-        from workbench.report.train_runs import TrainInputs
+        from workbench.recipes.train.report import TrainReport
+        from workbench.recipes.train.runs import TrainInputs
 
         runs = store.load_results(out_dir)
         missing = missing_variants(store.load_run_configs(out_dir))
@@ -183,8 +183,8 @@ def add_seeds(study_file: StudyFile, chosen: dict[str, dict[str, Any]] | None, s
     maximum (workbench.report.sequential: the loop and the rule the report reads back)."""
     # The report layer loads only here.
     from workbench.report.sequential import grow_seeds
-    from workbench.report.train_runs import TrainInputs
-    from workbench.report.train_verdicts import TrainVerdicts
+    from workbench.recipes.train.runs import TrainInputs
+    from workbench.recipes.train.verdicts import TrainVerdicts
     from workbench.run.store import load_results
 
     study = study_file.study

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from workbench import hookimpl
+from workbench.hookspecs import hookimpl
 from workbench.errors import WorkbenchError
 from workbench.hardware import Machine, Need, scaling_needs
 from workbench.kinds import RunOptions, StudyKind
@@ -57,7 +57,7 @@ class ScalingKind(StudyKind):
 
     def report(self, out_dir: Path, info: dict[str, Any], study: ScalingStudy, dest: Path, pictures: bool):
         # The report layer (matplotlib, seaborn) loads only when a report is built, not with the plugins.
-        from workbench.report.scaling_report import scaling_report_from_store
+        from workbench.recipes.scaling.report import scaling_report_from_store
 
         return scaling_report_from_store(out_dir, study, info, dest)
 

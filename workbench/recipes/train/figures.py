@@ -19,7 +19,7 @@ from workbench.report.verdict_figure import verdict_groups
 from workbench.cost.fit import fit_power_law, power_law_crossing
 from workbench.report.compute_curves import AXIS_LABELS, against
 from workbench.results import ATTENTION_ENTROPY, FAILURE_SHARE, PROGRESS
-from workbench.report.train_runs import TrainRuns, split_metric
+from workbench.recipes.train.runs import TrainRuns, split_metric
 
 
 class TrainFigures(TrainRuns):

@@ -5,7 +5,7 @@ Every table keeps every variant: one whose runs all failed is listed with "–" 
 status counts, and each failed, diverged or out-of-memory run appears with its message and
 the step it reached.
 
-TrainReport puts the report's parts together: the runs (workbench.report.train_runs), the
+TrainReport puts the report's parts together: the runs (workbench.recipes.train.runs), the
 learned-at-all gates (train_gates), the verdicts (train_verdicts), the tables (train_tables),
 the figures (train_figures) and whether the budget sufficed (convergence).
 """
@@ -17,10 +17,10 @@ import pandas as pd
 from workbench.report.convergence import settling, settling_section
 from workbench.report.document import Paragraph, Report, Section
 from workbench.report.tuning import TuningSection
-from workbench.report.train_runs import metric_direction, metric_range
-from workbench.report.train_verdicts import TrainVerdicts
-from workbench.report.train_tables import TrainTables
-from workbench.report.train_figures import TrainFigures
+from workbench.recipes.train.runs import metric_direction, metric_range
+from workbench.recipes.train.verdicts import TrainVerdicts
+from workbench.recipes.train.tables import TrainTables
+from workbench.recipes.train.figures import TrainFigures
 
 
 class TrainReport(TrainVerdicts, TrainTables, TrainFigures):

@@ -23,8 +23,8 @@ from workbench.report.registration import post_hoc
 from workbench.results import FAILURE_SHARE
 from workbench.study.keys import label, point_labels
 from workbench.study.sweep import point_key
-from workbench.report.train_runs import interval_text, metric_direction
-from workbench.report.train_gates import LearnedGates
+from workbench.recipes.train.runs import interval_text, metric_direction
+from workbench.recipes.train.gates import LearnedGates
 
 
 def gate_record(g: Learned) -> dict[str, Any]:

@@ -33,8 +33,8 @@ from workbench.registry import variants
 from workbench.report import fresh_folder, merged_environment, report_destination, study_of, timing_caveat, write_files
 from workbench.report.index import write_summary
 from workbench.report.pictures import ModelPictures
-from workbench.report.train_report import TrainReport
-from workbench.report.train_runs import TrainInputs
+from workbench.recipes.train.report import TrainReport
+from workbench.recipes.train.runs import TrainInputs
 from workbench.report.variants import short_key
 from workbench.results import flatten
 from workbench.model.spec import VARIANT_AXES

@@ -19,7 +19,7 @@ from workbench.report.variants import short_key, value_text
 from workbench.results import FAILURE_SHARE, KEPT, Status
 from workbench.study import RUN_MEASURES
 from workbench.study.sweep import resolve_point
-from workbench.report.train_runs import TrainRuns, interval_text, metric_direction, split_metric
+from workbench.recipes.train.runs import TrainRuns, interval_text, metric_direction, split_metric
 
 
 class LearnedGates(TrainRuns):

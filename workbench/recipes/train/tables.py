@@ -16,8 +16,8 @@ from workbench.report.intervals import difference
 from workbench.report.sequential import seed_looks
 from workbench.report.variants import value_text
 from workbench.results import DESCRIPTIVE_METRICS, FAILURES, Status
-from workbench.report.train_runs import interval_text, metric_direction, split_metric
-from workbench.report.train_gates import LearnedGates
+from workbench.recipes.train.runs import interval_text, metric_direction, split_metric
+from workbench.recipes.train.gates import LearnedGates
 
 # Run measures shown next to each leaderboard (column in the store -> heading, formatter).
 MEASURES: dict[str, tuple[str, Callable[[float], str]]] = {
