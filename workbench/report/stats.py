@@ -48,17 +48,6 @@ RULE = (
     f"reads '{Outcome.NOT_REACHED}' when a finished run of either group never reached it."
 )
 
-# Metric base names (before '@length') where smaller is better; everything else (accuracy,
-# bleu, exact match, ...) is higher-is-better.
-LOWER_IS_BETTER = ("loss", "perplexity", "ppl", "nll", "error", "cer", "wer", "time", "latency", "memory", "bytes")
-
-
-def higher_is_better(metric: str) -> bool:
-    """accuracy@128 -> True, val_loss -> False: by the metric's base name."""
-    base = metric.split("@")[0].lower()
-    return not any(word in base for word in LOWER_IS_BETTER)
-
-
 # ---- planning seeds ---------------------------------------------------------------------------
 
 POWER = 0.8
@@ -320,10 +309,10 @@ def verdicts(comparisons: Sequence[Comparison], alpha: float = ALPHA, plan: bool
     return [v for v in out if v is not None]
 
 
-def verdict(better_values, than_values, metric: str, better: str, than: str, higher: bool | None = None,
+def verdict(better_values, than_values, metric: str, better: str, than: str, *, higher: bool,
             bounds: tuple[float, float] = UNBOUNDED, margin: float | None = None) -> Verdict:
-    """One comparison on its own (m = 1, no gate). Series over seeds (index = seed) pair when
-    they hold the same seeds; plain lists are compared with Welch's interval."""
-    higher = higher_is_better(metric) if higher is None else higher
+    """One comparison on its own (m = 1, no gate), `higher`: the metric's direction (its
+    declaration, workbench.results.Metric). Series over seeds (index = seed) pair when they hold
+    the same seeds; plain lists are compared with Welch's interval."""
     return verdicts([Comparison(metric, better, than, better_values, than_values, higher=higher, bounds=bounds,
                                 margin=margin)])[0]
