@@ -39,5 +39,6 @@ def test_the_shipped_outcomes_keep_their_words_and_what_decides():
 def test_a_label_carries_the_reason_only_where_the_outcome_has_one():
     assert Outcome.INCONCLUSIVE.label("the interval contains 0") == "inconclusive (the interval contains 0)"
     assert Outcome.HOLDS.label("the difference lies above 0") == "holds"
-    assert Outcome.CEILING.label("both at the best value") == CEILING_LABEL == "ceiling: the task does not separate them"
+    assert Outcome.CEILING.label("both at the best value") == CEILING_LABEL
+    assert CEILING_LABEL == "ceiling: the task does not separate them"
     assert Outcome.DOES_NOT_HOLD.css_class == "does-not-hold"

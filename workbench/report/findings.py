@@ -292,12 +292,12 @@ def findings_section(path: Path, studies: Mapping[str, Any], reports_dir: Path) 
         f"One row per finding in `{path.as_posix()}`, beside the verdict of the study's `expect:` entry that",
         "tests it: each group's mean over seeds with its 95% t interval, the difference with its (Holm-widened)",
         "interval, and the verdict. Agreement is computed from the kind of the paper's claim: a difference",
-        f"({Outcome.HOLDS} -> agrees, {Outcome.DOES_NOT_HOLD} or {Outcome.EQUIVALENT} -> does not agree), a direction "
-        f"({Outcome.HOLDS} -> agrees,",
-        f"{Outcome.DOES_NOT_HOLD} -> does not agree, {Outcome.EQUIVALENT} -> not comparable), an equivalence "
-        f"({Outcome.EQUIVALENT} -> agrees, {Outcome.HOLDS}",
-        f"or {Outcome.DOES_NOT_HOLD} -> does not agree); {Outcome.INCONCLUSIVE}, {Outcome.NOT_TESTED}, {Outcome.CEILING}, "
-        f"{Outcome.IDENTICAL} or not run -> not",
+        (f"({Outcome.HOLDS} -> agrees, {Outcome.DOES_NOT_HOLD} or {Outcome.EQUIVALENT} -> does not agree), "
+         f"a direction ({Outcome.HOLDS} -> agrees,"),
+        (f"{Outcome.DOES_NOT_HOLD} -> does not agree, {Outcome.EQUIVALENT} -> not comparable), "
+         f"an equivalence ({Outcome.EQUIVALENT} -> agrees, {Outcome.HOLDS}"),
+        (f"or {Outcome.DOES_NOT_HOLD} -> does not agree); {Outcome.INCONCLUSIVE}, {Outcome.NOT_TESTED}, "
+         f"{Outcome.CEILING}, {Outcome.IDENTICAL} or not run -> not"),
         "comparable. A row registered after its study's first result is post hoc: shown, not counted.",
         "",
         "| " + " | ".join(header) + " |",

@@ -219,16 +219,16 @@ def intro(studies_dir: Path, reports_dir: Path) -> str:
         "# Studies and their reports",
         "",
         f"One row per study in `{studies_dir.as_posix()}/`. Verdicts come from each study's `expect:` entries:",
-        f"when only one compared group learned (beat the task's strongest baseline), **{Outcome.HOLDS} (only A "
-        "learned)** or",
-        f"**{Outcome.DOES_NOT_HOLD} (only B learned)**; when neither, **{Outcome.NOT_TESTED}**; both at the best score "
-        "on every seed,",
-        f"**{Outcome.CEILING}**; otherwise, from the interval of the difference over seeds (paired or Welch, "
-        "Holm-corrected):",
-        f"**{Outcome.HOLDS}** when it lies on the expected side of 0, **{Outcome.DOES_NOT_HOLD}** on the other side, "
-        f"**{Outcome.EQUIVALENT}** when",
-        f"inside the entry's `margin:`, **{Outcome.INCONCLUSIVE}** when it contains 0. The exact rule is printed under "
-        "each",
+        ("when only one compared group learned (beat the task's strongest baseline), "
+         f"**{Outcome.HOLDS} (only A learned)** or"),
+        (f"**{Outcome.DOES_NOT_HOLD} (only B learned)**; when neither, **{Outcome.NOT_TESTED}**; "
+         "both at the best score on every seed,"),
+        (f"**{Outcome.CEILING}**; otherwise, from the interval of the difference over seeds "
+         "(paired or Welch, Holm-corrected):"),
+        (f"**{Outcome.HOLDS}** when it lies on the expected side of 0, **{Outcome.DOES_NOT_HOLD}** on the other side, "
+         f"**{Outcome.EQUIVALENT}** when"),
+        (f"inside the entry's `margin:`, **{Outcome.INCONCLUSIVE}** when it contains 0. "
+         "The exact rule is printed under each"),
         "report's Verdicts.",
         "",
         f"Regenerate a report: `workbench run {studies_dir.as_posix()}/<name>.yaml`; regenerate this table:",

@@ -57,8 +57,9 @@ def metric_declaration(metric: str, task_name: str) -> Metric:
         task = get_variant("task", task_name)
     except Exception:  # noqa: BLE001 - a task no longer installed: the built-in declarations
         if base not in METRICS:
-            raise WorkbenchError(f"{metric}: task {task_name!r}, which declares it, is not installed, and it is not "
-                                 f"a built-in metric ({', '.join(METRICS)}): install the task to report on it") from None
+            raise WorkbenchError(f"{metric}: task {task_name!r}, which declares it, is not installed, and it is "
+                                 f"not a built-in metric ({', '.join(METRICS)}): install the task to report on it"
+                                 ) from None
         return METRICS[base]
     return task.metric(base)
 
