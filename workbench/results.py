@@ -58,7 +58,6 @@ PROGRESS_FILE = "progress.json"  # a running run's step and loss, for the driver
 EVAL, VALIDATION = "eval", "validation"
 
 
-
 @dataclass(frozen=True)
 class Metric:
     """What a recorded number means to a report, as whoever records it declares (a task its

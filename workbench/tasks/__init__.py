@@ -31,6 +31,6 @@ from workbench.tasks.symbols import SymbolParams, SymbolTask, symbol_names
 
 __all__ = [
     "FAMILIES", "IGNORE", "INPUT_IGNORING", "METRICS", "ORDER_BLIND", "PREFIX_AWARE", "SPECIALS", "Example",
-    "LengthRangeParams", "SymbolParams", "SymbolTask", "Tally", "Task", "TaskParams", "blind_scores", "declared", "draw_within",
-    "length_window", "pad", "real", "rng_for", "symbol_names",
+    "LengthRangeParams", "SymbolParams", "SymbolTask", "Tally", "Task", "TaskParams", "blind_scores", "declared",
+    "draw_within", "length_window", "pad", "real", "rng_for", "symbol_names",
 ]
