@@ -16,7 +16,7 @@ from __future__ import annotations
 from pydantic import Field
 
 from workbench import hookimpl
-from workbench.tasks import Example, LengthRangeParams, Task, draw_within, length_window
+from workbench.tasks import Example, LengthRangeParams, Task, declared, draw_within, length_window
 
 OPERATORS = ("[MAX", "[MIN", "[MED", "[SM")
 END = "]"
@@ -65,7 +65,7 @@ class ListOps(Task):
     name = "classify"
     Params = ListOpsParams
     families = ("encoder", "decoder")
-    metrics = {"accuracy": True}
+    metrics = declared("accuracy")
     sequence_labels = True
     decoder_eos = False  # the label token is the whole answer
 

@@ -73,7 +73,7 @@ from pydantic import Field, field_validator, model_serializer
 from workbench import hookimpl
 from workbench.errors import SpecError, WorkbenchError
 from workbench.results import VALIDATION
-from workbench.tasks import INPUT_IGNORING, SPECIALS, Example, Task, TaskParams
+from workbench.tasks import INPUT_IGNORING, SPECIALS, Example, Task, TaskParams, declared
 from workbench.tasks.corpus import Document, Source, document_texts, file_pieces
 from workbench.tasks.ngram import WittenBell, fits
 from workbench.tasks.tokens import ByteTokenizer, Shards, Texts, prepare
@@ -197,7 +197,7 @@ class TextLM(Task):
     name = "text_lm"
     Params = TextParams
     families = ("decoder",)
-    metrics = {"bpc": False, "bpc_tail": False, "perplexity": False, "distinct_2": True, "repetition_4": False}
+    metrics = declared("bpc", "bpc_tail", "perplexity", "distinct_2", "repetition_4")
     hold_out = False  # the split is by document (or by position in one file), not by example
     gate_baselines = (INPUT_IGNORING, BIGRAM)  # why the 2-gram: the module docstring
 

@@ -32,7 +32,7 @@ import numpy as np
 from pydantic import Field
 
 from workbench import hookimpl
-from workbench.tasks import Example, LengthRangeParams, Task, draw_within, length_window
+from workbench.tasks import Example, LengthRangeParams, Task, declared, draw_within, length_window
 
 # ---- lexicon --------------------------------------------------------------------------------
 
@@ -347,7 +347,7 @@ class Translate(Task):
     name = "translate"
     Params = TranslateParams
     families = ("encoder_decoder", "decoder")
-    metrics = {"bleu": True, "accuracy": True, "exact_match": True}
+    metrics = declared("bleu", "accuracy", "exact_match")
 
     def __init__(self, params: TranslateParams, **kw):
         super().__init__(params, **kw)

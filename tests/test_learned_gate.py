@@ -149,7 +149,7 @@ def test_every_task_derives_baselines_inside_its_metric_ranges(name):
         for scores in baselines.values():
             assert "loss" in scores and set(scores) <= {*task.metrics, "loss"}
             for metric, value in scores.items():
-                lo, hi = task.ranges[metric]
+                lo, hi = task.metric(metric).range
                 assert lo <= value <= hi, (family, metric, value)
 
 

@@ -57,6 +57,13 @@ def test_every_hookspec_has_an_axis():
     assert set(registry.HOOK_OF_AXIS) == set(AXES)
 
 
+def test_the_model_spec_names_the_model_axes_of_the_one_list():
+    from workbench.model.spec import VARIANT_AXES, ModelSpec
+    from workbench.variants import MODEL_AXES
+
+    assert VARIANT_AXES == MODEL_AXES and set(MODEL_AXES) <= set(ModelSpec.model_fields)
+
+
 def misspelled_plugin() -> types.ModuleType:
     module = types.ModuleType("misspelled_plugin")
 

@@ -500,17 +500,24 @@ def test_the_first_screen_is_a_verdict_table_and_a_figure_per_verdict_metric(tra
     assert verdicts_md.index("![") < verdicts_md.index("<details>") < verdicts_md.index("_Rule:")
 
 
-def test_an_outcome_the_styles_do_not_know_gets_a_neutral_badge():
+def test_an_outcome_without_a_badge_of_its_own_gets_the_neutral_one():
     from workbench.report.document import Report, VerdictLine
+    from workbench.report.outcomes import Outcome
     from workbench.report.render import render_html
 
-    line = VerdictLine(statement="a is better than b on loss@8", outcome="undetermined",
-                       label="undetermined (the gate could not be decided)", detail="", groups=[{"n": 2}, {"n": 2}])
+    line = VerdictLine(statement="a is better than b on loss@8", outcome=Outcome.IDENTICAL,
+                       label="identical (both groups gave the same loss@8 on every seed)", detail="",
+                       groups=[{"n": 2}, {"n": 2}])
     html = render_html(Report(name="r", kind="train", question="q", verdicts=[line], sections=[]))
-    assert '<span class="badge undetermined">undetermined</span>' in html
-    assert "the gate could not be decided" in html and "<td class=\"num\">–</td>" in html
+    assert '<span class="badge identical">identical</span>' in html
+    assert "both groups gave the same loss@8" in html and "<td class=\"num\">–</td>" in html
     style = re.search(r"\.outcome, \.badge \{([^}]*)\}", html).group(1)
     assert "background" in style  # the neutral look every badge starts from
+    assert ".identical {" not in html
+    for outcome in Outcome:  # each badge the type colours is styled by its class
+        if outcome.badge:
+            assert f".{outcome.css_class} {{ background: {outcome.badge.background}; color: {outcome.badge.text}; }}" \
+                in html
 
 
 @pytest.mark.skipif(not any(map(shutil.which, screenshot_tool.CHROMIUM_NAMES)), reason="Chromium is not installed")

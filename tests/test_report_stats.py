@@ -75,8 +75,8 @@ def test_same_seeds_pair_and_the_interval_is_scipys_paired_one():
     assert d.lo > 0  # paired: separated; Welch on the same numbers is not
     welch = stats.ttest_ind(a, b, equal_var=False).confidence_interval(0.95)
     assert welch.low < 0 < welch.high
-    assert verdict(a, b, "accuracy", "A", "B").outcome == "holds"
-    assert verdict(list(a), list(b), "accuracy", "A", "B").outcome == "inconclusive"  # lists: no seeds, Welch
+    assert verdict(a, b, "accuracy", "A", "B", higher=True).outcome == "holds"
+    assert verdict(list(a), list(b), "accuracy", "A", "B", higher=True).outcome == "inconclusive"  # lists: no seeds, Welch
 
 
 @pytest.mark.parametrize("b_seeds", [(0, 1, 4, 5), (0, 1, 2)])

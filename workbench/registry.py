@@ -10,25 +10,13 @@ import pluggy
 
 from workbench import hookspecs
 from workbench.errors import WorkbenchWarning, closest, unknown_name
-from workbench.variants import AXES
+from workbench.variants import AXES, AXIS, MODEL_AXES
 
 ENTRY_POINT_GROUP = "workbench"
 BUILTIN_PACKAGE = "workbench_plugins."  # plugins/, as installed
 
-HOOK_OF_AXIS = {
-    "position": "register_position_schemes",
-    "attention": "register_attention_variants",
-    "norm": "register_norm_placements",
-    "ffn": "register_ffn_types",
-    "task": "register_tasks",
-}
-NOUN_OF_AXIS = {
-    "position": "position scheme",
-    "attention": "attention variant",
-    "norm": "norm placement",
-    "ffn": "FFN type",
-    "task": "task",
-}
+HOOK_OF_AXIS = {name: axis.hook for name, axis in AXIS.items()}
+NOUN_OF_AXIS = {name: axis.noun for name, axis in AXIS.items()}
 
 
 class PluginLoadWarning(WorkbenchWarning):
@@ -137,6 +125,6 @@ def run_providers(config: dict) -> dict[str, str]:
     """The package behind each variant and the task of one resolved run config, keyed
     `variant.<axis>`: recorded in the run's environment, and compared on resume, so a plugin
     that starts to provide a name (or a new version of one) is seen, not silently mixed in."""
-    names = {axis: config["model"][axis]["name"] for axis in ("position", "attention", "norm", "ffn")}
+    names = {axis: config["model"][axis]["name"] for axis in MODEL_AXES}
     names["task"] = config["task"]["name"]
     return {f"variant.{axis}": provider(axis, name) for axis, name in names.items()}

@@ -57,6 +57,27 @@ PROGRESS_FILE = "progress.json"  # a running run's step and loss, for the driver
 # The split a run evaluates on: tuning runs evaluate on validation sets, every other on eval sets.
 EVAL, VALIDATION = "eval", "validation"
 
+
+@dataclass(frozen=True)
+class Metric:
+    """What a recorded number means to a report, as whoever records it declares (a task its
+    scores: workbench.tasks.Task.metrics; a run its measures: RUN_MEASURES). The one rule for
+    which end is better: every report, tuning and early-stopping decision asks this."""
+
+    higher_is_better: bool | None  # None: a descriptive measure, neither end is better
+    # (lowest, highest) possible value: reports keep intervals inside it, and the better end is
+    # the perfect score the learned-at-all margin is measured towards
+    range: tuple[float, float] = (-math.inf, math.inf)
+
+
+# What a run spends (time, memory, parameters, FLOPs): never negative, lower is better.
+SPENT = Metric(higher_is_better=False, range=(0.0, math.inf))
+# Columns every run records (besides metrics), usable in `expect` records.
+RUN_MEASURES: dict[str, Metric] = {
+    "tokens_per_s": Metric(higher_is_better=True, range=(0.0, math.inf)), "peak_memory_bytes": SPENT,
+    "n_params": SPENT, "wall_time_s": SPENT, "train_time_s": SPENT,
+}
+
 # Normalised attention entropy at the training length (workbench.model.transformer.attention_entropy),
 # recorded when a study sets `train.attention_entropy: true`. Descriptive: no better direction.
 ATTENTION_ENTROPY = "attention_entropy"
@@ -64,12 +85,14 @@ DESCRIPTIVE_METRICS = (ATTENTION_ENTROPY,)
 # An `expect:` metric computed by the report, not recorded by runs: the share of a group's
 # seeds that diverged or did not learn (lower is better).
 FAILURE_SHARE = "failure_share"
+SHARE_OF_FAILED = Metric(higher_is_better=False, range=(0.0, 1.0))
 
 # What a run has spent, recorded with every logged and evaluated step (curves split "progress"),
 # so curves can be drawn against training tokens, counted FLOPs or training seconds.
 PROGRESS = "progress"
 PROGRESS_MEASURES = ("tokens", "flops", "seconds")
-# What a run spent until its evaluations first reached a stated score (workbench.report.compute_curves).
+# What a run spent until its evaluations first reached a stated score (workbench.report.compute_curves);
+# each is SPENT.
 TO_TARGET = {f"{measure}_to_target": measure for measure in PROGRESS_MEASURES}
 
 TUNE, FINAL = "tune", "final"  # the stage of a run: a tuning run, or a final one

@@ -12,11 +12,28 @@ import math
 import types
 import typing
 from collections.abc import Mapping
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, model_validator
 
-AXES = ("position", "attention", "norm", "ffn", "task")
+
+class Axis(NamedTuple):
+    """One kind of pluggable choice, as `workbench list`, errors and the plugin scaffold name it."""
+
+    noun: str  # one variant of it, in words
+    hook: str  # the hook its plugins register through (workbench.hookspecs)
+
+
+# Every axis, written once: the model's (each a `model:` field naming a variant), then the task.
+AXIS = {
+    "position": Axis("position scheme", "register_position_schemes"),
+    "attention": Axis("attention variant", "register_attention_variants"),
+    "norm": Axis("norm placement", "register_norm_placements"),
+    "ffn": Axis("FFN type", "register_ffn_types"),
+    "task": Axis("task", "register_tasks"),
+}
+AXES = tuple(AXIS)
+MODEL_AXES = tuple(axis for axis in AXES if axis != "task")
 
 
 # ---- StrictModel: the base of every model a study file (and a stored study) is validated with

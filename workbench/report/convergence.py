@@ -24,7 +24,9 @@ from workbench.report.document import Paragraph, Section, Table, fmt
 from workbench.report.stats import perfect_on_every_seed
 
 SHARE_BEFORE_END = 0.8  # "the last 20% of steps" (issue 23)
-CEILING = "at the ceiling (every seed at the best value)"
+# How a group settled (not a verdict's outcome: workbench.report.outcomes)
+FLAT, STILL_CHANGING = "flat", "still changing"
+SETTLED_AT_BEST = "at the ceiling (every seed at the best value)"
 
 
 @dataclass(frozen=True)
@@ -42,12 +44,12 @@ class Settling:
     @property
     def outcome(self) -> str:
         if self.at_best:
-            return CEILING
+            return SETTLED_AT_BEST
         if self.seeds == 0:
             return "not checked (no evaluation in the first 80% of the steps)"
         if math.isnan(self.spread):
             return "not checked (one seed: no spread)"
-        return "flat" if abs(self.change) <= self.spread else "still changing"
+        return FLAT if abs(self.change) <= self.spread else STILL_CHANGING
 
 
 def settling(curves: pd.DataFrame, runs: pd.DataFrame, metrics: Sequence[str],
@@ -88,7 +90,7 @@ def settling(curves: pd.DataFrame, runs: pd.DataFrame, metrics: Sequence[str],
 def settling_section(found: Sequence[Settling]) -> Section | None:
     if not found:
         return None
-    moving = [s for s in found if s.outcome == "still changing"]
+    moving = [s for s in found if s.outcome == STILL_CHANGING]
     summary = (f"{len(found) - len(moving)} of {len(found)} group and metric pairs are flat, at the ceiling or "
                "unchecked; still "
                "changing: " + ", ".join(f"{s.variant} on {s.metric} ({s.change:+.3g})" for s in moving)

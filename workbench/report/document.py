@@ -11,6 +11,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Literal
 
+from workbench.report.outcomes import Outcome
+
 
 @dataclass
 class Paragraph:
@@ -69,8 +71,8 @@ class VerdictLine:
     """One `expect:` entry's outcome, formatted for the top of the report."""
 
     statement: str  # "alibi is better than sinusoidal on accuracy@128"
-    outcome: str  # an Outcome's words (workbench.report.outcomes)
-    label: str  # outcome with its reason for inconclusive and not tested ones
+    outcome: Outcome
+    label: str  # outcome with its reason where it has one (Outcome.label), and what the gates add
     detail: str  # the two intervals, the difference and the learned-at-all check
     note: str = ""
     gates: list[dict] = field(default_factory=list)  # each group's score at the training length vs chance

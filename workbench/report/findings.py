@@ -15,10 +15,8 @@ The studies folder's `findings/published.yaml` lists findings of papers, each ti
         comparable: true         # false (with `why`) when our setup cannot test their claim
         why: ""                  # one line; required whenever the row does not read 'agrees'
 
-Agreement is computed from the verdict in `reports/<study>/summary.json`: holds -> agrees,
-does not hold -> does not agree (the other way round with `paper_expects: opposite`);
-equivalent -> does not agree (a finding states a difference; the entry's margin rules one out);
-inconclusive, not tested, ceiling, no verdict yet, or `comparable: false` -> not comparable. The file
+Agreement is computed from the verdict in `reports/<study>/summary.json` by the kind of the
+paper's claim (`agreement`); no verdict yet, or `comparable: false`, is not comparable. The file
 is checked against the study files (every study and `expect:` entry must exist); a row that
 does not agree and has no `why` stops the index with an error naming it.
 """
@@ -37,6 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from workbench.errors import SpecError, WorkbenchError, unknown_name
 from workbench.report.document import fmt, fmt_interval, fmt_signed_interval
+from workbench.report.outcomes import DECIDED, Outcome
 from workbench.report.render import md_cell
 from workbench.model.spec import spec_error_from
 from workbench.report.registration import minute, post_hoc
@@ -177,14 +176,13 @@ def agreement(outcome: str | None, finding: Finding) -> str:
     - equivalence: equivalent -> agrees, holds or does not hold -> does not agree (a difference).
     Anything else (inconclusive, not tested, ceiling, identical, no verdict), or `comparable:
     false` -> not comparable."""
-    decided = ("holds", "does not hold", "equivalent")
-    if not finding.comparable or outcome not in decided:
+    if not finding.comparable or outcome not in DECIDED:
         return NOT_COMPARABLE
     if finding.kind == "equivalence":
-        return AGREES if outcome == "equivalent" else DISAGREES
-    if outcome == "equivalent":
+        return AGREES if outcome == Outcome.EQUIVALENT else DISAGREES
+    if outcome == Outcome.EQUIVALENT:
         return DISAGREES if finding.kind == "difference" else NOT_COMPARABLE
-    return AGREES if (outcome == "holds") == (finding.paper_expects == "same") else DISAGREES
+    return AGREES if (outcome == Outcome.HOLDS) == (finding.paper_expects == "same") else DISAGREES
 
 
 def row_post_hoc(finding: Finding, summary: Mapping[str, Any] | None) -> str:
@@ -223,10 +221,10 @@ def verdict_text(v: Mapping[str, Any]) -> str:
             text += f" ({level} {d.get('method', '')})"
         parts.append(text)
     outcome = v["outcome"]
-    if outcome == "not tested":
+    if outcome == Outcome.NOT_TESTED:
         missed = list(dict.fromkeys(g["group"] for g in v.get("learned", []) if not g.get("learned")))
         outcome += f" (did not learn: {'; '.join(missed)})" if missed else ""
-    else:  # e.g. 'holds (only alibi learned)', 'inconclusive (...)', 'ceiling: ...'
+    else:  # the label, with its reason where it has one ('only alibi learned')
         outcome = v.get("label", outcome)
     return f"{v['statement']}: {'; '.join(parts)}; {outcome}"
 
@@ -294,9 +292,12 @@ def findings_section(path: Path, studies: Mapping[str, Any], reports_dir: Path) 
         f"One row per finding in `{path.as_posix()}`, beside the verdict of the study's `expect:` entry that",
         "tests it: each group's mean over seeds with its 95% t interval, the difference with its (Holm-widened)",
         "interval, and the verdict. Agreement is computed from the kind of the paper's claim: a difference",
-        "(holds -> agrees, does not hold or equivalent -> does not agree), a direction (holds -> agrees, does",
-        "not hold -> does not agree, equivalent -> not comparable), an equivalence (equivalent -> agrees, holds",
-        "or does not hold -> does not agree); inconclusive, not tested, ceiling, identical or not run -> not",
+        (f"({Outcome.HOLDS} -> agrees, {Outcome.DOES_NOT_HOLD} or {Outcome.EQUIVALENT} -> does not agree), "
+         f"a direction ({Outcome.HOLDS} -> agrees,"),
+        (f"{Outcome.DOES_NOT_HOLD} -> does not agree, {Outcome.EQUIVALENT} -> not comparable), "
+         f"an equivalence ({Outcome.EQUIVALENT} -> agrees, {Outcome.HOLDS}"),
+        (f"or {Outcome.DOES_NOT_HOLD} -> does not agree); {Outcome.INCONCLUSIVE}, {Outcome.NOT_TESTED}, "
+         f"{Outcome.CEILING}, {Outcome.IDENTICAL} or not run -> not"),
         "comparable. A row registered after its study's first result is post hoc: shown, not counted.",
         "",
         "| " + " | ".join(header) + " |",

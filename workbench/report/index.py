@@ -28,7 +28,7 @@ import pandas as pd
 from workbench.cost import fit
 from workbench.report.document import Report, fmt_seconds
 from workbench.report.findings import FINDINGS_FILE, SUMMARY_FILE, findings_section
-from workbench.report.outcomes import VERDICT_RULE
+from workbench.report.outcomes import VERDICT_RULE, Outcome
 from workbench.report.registration import minute
 from workbench.results import Status
 from workbench.study import load_study
@@ -94,7 +94,7 @@ def summary(report: Report, runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 def issued_label(verdict: dict[str, Any], summary: dict[str, Any], study) -> str:
     """A verdict's label as the index shows it. One issued before the current rule and decided by
-    the learned gate alone ('holds (only A learned)', 'not tested') says so; so does a margin the
+    the learned gate alone (a difference 'only A learned', or not tested) says so; so does a margin the
     study file declares post hoc where the report records no first-result time (a report that
     records it states a post-hoc margin in the label itself)."""
     label = verdict["label"]
@@ -106,8 +106,8 @@ def issued_label(verdict: dict[str, Any], summary: dict[str, Any], study) -> str
         label += f" [post hoc margin: registered{when}, after the study's results (from the project's history)]"
     if summary.get("rule") == VERDICT_RULE:
         return label
-    gate_only = verdict["outcome"] == "not tested" or (
-        verdict["outcome"] in ("holds", "does not hold") and " learned)" in label)
+    gate_only = verdict["outcome"] == Outcome.NOT_TESTED or (
+        verdict["outcome"] in (Outcome.HOLDS, Outcome.DOES_NOT_HOLD) and " learned)" in label)
     return f"{label} [earlier rule: decided by the learned gate alone; not re-issued]" if gate_only else label
 
 
@@ -219,11 +219,16 @@ def intro(studies_dir: Path, reports_dir: Path) -> str:
         "# Studies and their reports",
         "",
         f"One row per study in `{studies_dir.as_posix()}/`. Verdicts come from each study's `expect:` entries:",
-        "when only one compared group learned (beat the task's strongest baseline), **holds (only A learned)** or",
-        "**does not hold (only B learned)**; when neither, **not tested**; both at the best score on every seed,",
-        "**ceiling**; otherwise, from the interval of the difference over seeds (paired or Welch, Holm-corrected):",
-        "**holds** when it lies on the expected side of 0, **does not hold** on the other side, **equivalent** when",
-        "inside the entry's `margin:`, **inconclusive** when it contains 0. The exact rule is printed under each",
+        ("when only one compared group learned (beat the task's strongest baseline), "
+         f"**{Outcome.HOLDS} (only A learned)** or"),
+        (f"**{Outcome.DOES_NOT_HOLD} (only B learned)**; when neither, **{Outcome.NOT_TESTED}**; "
+         "both at the best score on every seed,"),
+        (f"**{Outcome.CEILING}**; otherwise, from the interval of the difference over seeds "
+         "(paired or Welch, Holm-corrected):"),
+        (f"**{Outcome.HOLDS}** when it lies on the expected side of 0, **{Outcome.DOES_NOT_HOLD}** on the other side, "
+         f"**{Outcome.EQUIVALENT}** when"),
+        (f"inside the entry's `margin:`, **{Outcome.INCONCLUSIVE}** when it contains 0. "
+         "The exact rule is printed under each"),
         "report's Verdicts.",
         "",
         f"Regenerate a report: `workbench run {studies_dir.as_posix()}/<name>.yaml`; regenerate this table:",

@@ -16,7 +16,7 @@ seeds all scored the same has no spread; it counts as that value exactly (an exa
 accuracy 1.0 on every seed, rather than an estimate).
 
 The gate never decides a comparison on its own (workbench.report.stats): it qualifies a
-decided difference ("only A learned"), says "not tested" only when the data show that neither
+decided difference ("only A learned"), reads Outcome.NOT_TESTED only when the data show that neither
 group learned, and, undetermined, sends an adaptive study to more seeds.
 """
 

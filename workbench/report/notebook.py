@@ -30,6 +30,7 @@ from workbench.model.weights import load_final_model, make_task
 from workbench.report import write_report
 from workbench.report.document import VerdictLine
 from workbench.report.findings import SUMMARY_FILE
+from workbench.report.outcomes import Outcome
 from workbench.run import store
 from workbench.run.runner import run_study
 
@@ -52,7 +53,7 @@ class StudyRun:
     def verdicts(self) -> list[VerdictLine]:
         """Each `expect:` entry's verdict as the report decided it (its summary.json)."""
         records = json.loads((self.report.parent / SUMMARY_FILE).read_text(encoding="utf-8"))["verdicts"]
-        return [VerdictLine(statement=r["statement"], outcome=r["outcome"], label=r["label"],
+        return [VerdictLine(statement=r["statement"], outcome=Outcome(r["outcome"]), label=r["label"],
                             detail=r.get("detail", ""), note=r.get("note", ""), gates=r.get("learned", []),
                             difference=r.get("difference", {}), groups=r.get("groups", []), expect=r.get("expect", {}))
                 for r in records]

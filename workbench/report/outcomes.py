@@ -1,6 +1,7 @@
-"""What a verdict can conclude: one type for the statistics, the ladder, the findings and the
-index, so that an outcome's words, whether it decides the claim, and whether it ends an
-adaptive study's comparison are written once.
+"""What a verdict can conclude: one type for the statistics, the ladder, the findings, the
+templates and the index, so that an outcome's words, whether it decides the claim, whether it
+ends an adaptive study's comparison, how its label reads and how its badge looks are written
+once. Adding an outcome is one line here.
 
 An outcome is a `str` (a `StrEnum`): it compares equal to its words and is stored in
 summary.json as them, so reports written before this type existed read the same.
@@ -9,22 +10,39 @@ summary.json as them, so reports written before this type existed read the same.
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import NamedTuple
+
+
+class Badge(NamedTuple):
+    """The colours of an outcome's badge in the HTML report (CSS colours)."""
+
+    background: str
+    text: str
 
 
 class Outcome(StrEnum):
-    HOLDS = "holds"
-    DOES_NOT_HOLD = "does not hold"
-    EQUIVALENT = "equivalent"
-    INCONCLUSIVE = "inconclusive"
-    NOT_TESTED = "not tested"  # the data show that neither group learned
-    CEILING = "ceiling"  # both groups at the metric's best value on every seed
-    IDENTICAL = "identical"  # both groups gave the same value on every seed: the same computation
-    NOT_REACHED = "not reached"  # a *_to_target comparison where a finished run never reached the target
+    # words, whether a test of the difference concluded about the claim (what error control is
+    # about), whether its label carries the reason in parentheses, its badge (None: the neutral one)
+    HOLDS = "holds", True, False, Badge("#d8f3dc", "#1b4332")
+    DOES_NOT_HOLD = "does not hold", True, False, Badge("#ffd6d6", "#7a0000")
+    INCONCLUSIVE = "inconclusive", False, True, Badge("#fff1c1", "#5c4400")
+    # the data show that neither group learned
+    NOT_TESTED = "not tested", False, True, Badge("#e4e4e4", "#333")
+    EQUIVALENT = "equivalent", True, False, Badge("#dbe9ff", "#0b2e6b")
+    # both groups at the metric's best value on every seed
+    CEILING = "ceiling", False, False, Badge("#ece4ff", "#33206b")
+    # both groups gave the same value on every seed: the same computation
+    IDENTICAL = "identical", False, True, None
+    # a *_to_target comparison where a finished run never reached the target
+    NOT_REACHED = "not reached", False, True, None
 
-    @property
-    def decides(self) -> bool:
-        """A test of the difference concluded about the claim (what error control is about)."""
-        return self in (Outcome.HOLDS, Outcome.DOES_NOT_HOLD, Outcome.EQUIVALENT)
+    def __new__(cls, words: str, decides: bool, explained: bool, badge: Badge | None) -> Outcome:
+        member = str.__new__(cls, words)
+        member._value_ = words
+        member.decides = decides
+        member.explained = explained
+        member.badge = badge
+        return member
 
     @property
     def final(self) -> bool:
@@ -33,13 +51,19 @@ class Outcome(StrEnum):
         return self is not Outcome.INCONCLUSIVE
 
     @property
-    def explained(self) -> bool:
-        """Its label carries the reason in parentheses."""
-        return self in (Outcome.INCONCLUSIVE, Outcome.NOT_TESTED, Outcome.NOT_REACHED, Outcome.IDENTICAL)
+    def css_class(self) -> str:
+        """The HTML class its badge is styled by ('does-not-hold')."""
+        return self.value.replace(" ", "-")
+
+    def label(self, reason: str) -> str:
+        """The outcome as a verdict reads it: with its reason where it carries one."""
+        if self is Outcome.CEILING:
+            return CEILING_LABEL
+        return f"{self} ({reason})" if self.explained else str(self)
 
 
 DECIDED = tuple(o for o in Outcome if o.decides)
+CEILING_LABEL = f"{Outcome.CEILING}: the task does not separate them"
 # The verdict rule a summary.json was issued under: since this one, the learned gate qualifies a
 # decided difference and never decides alone (an index marks reports issued before it).
 VERDICT_RULE = "2026-12-01: every decision by a test of the difference; gates qualify"
-CEILING_LABEL = "ceiling: the task does not separate them"

@@ -12,6 +12,7 @@ from functools import lru_cache
 import jinja2
 
 from workbench.report.document import Report
+from workbench.report.outcomes import Outcome
 from workbench.report.stats import RULE
 
 VERDICT_RULE = RULE  # one text, kept next to the code it describes
@@ -49,7 +50,8 @@ def _environment(markdown: bool) -> jinja2.Environment:
 
 
 def render_html(report: Report) -> str:
-    return _environment(False).get_template("report.html.j2").render(report=report, verdict_rule=VERDICT_RULE)
+    return _environment(False).get_template("report.html.j2").render(report=report, verdict_rule=VERDICT_RULE,
+                                                                      outcomes=Outcome)
 
 
 def render_markdown(report: Report) -> str:

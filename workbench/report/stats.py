@@ -1,8 +1,8 @@
 """Verdicts for a study's `expect:` entries: `RULE` states the verdict rule in the words the
 reports print under Verdicts, and `verdicts()` is that rule, step by step, on the intervals of
 workbench.report.intervals and the learned-at-all gates of workbench.report.learned_gate. Every
-claim decision ("holds", "does not hold", "equivalent") rests on a test of the difference at the
-look's and Holm's level; the gates only qualify it. An inconclusive verdict says what its seeds
+claim decision (an outcome that `decides`, workbench.report.outcomes) rests on a test of the
+difference at the look's and Holm's level; the gates only qualify it. An inconclusive verdict says what its seeds
 detect and would need (the power of the t test). Adaptive seeds: workbench.report.sequential.
 """
 
@@ -29,34 +29,24 @@ RULE = (
     f"seeds, Welch's otherwise (failure shares: Fisher's exact test). Holm's correction covers every `expect:` "
     f"comparison of the study, fixed before the run (one that ends before a test counts with p = 1): taken in "
     f"order of p-value, the i-th of m uses the interval at level 1 - {ALPHA:g}/(m - i + 1), and is decided only "
-    f"while every comparison before it was. 'holds' when that interval lies entirely on the expected side of 0, "
-    f"'does not hold' when entirely on the other side; with a `margin:`, 'equivalent' when the 1 - 2*{ALPHA:g}/m "
-    f"interval lies inside ±margin (two one-sided tests); otherwise 'inconclusive', with the smallest difference "
+    f"while every comparison before it was. '{Outcome.HOLDS}' when that interval lies entirely on the expected side "
+    f"of 0, '{Outcome.DOES_NOT_HOLD}' when entirely on the other side; with a `margin:`, '{Outcome.EQUIVALENT}' when "
+    f"the 1 - 2*{ALPHA:g}/m interval lies inside ±margin (two one-sided tests); otherwise '{Outcome.INCONCLUSIVE}', "
+    f"with the smallest difference "
     f"the seeds detect at 80% power and the seeds the observed one would need. Beside it, did each group learn? "
     f"A group learned when the {LEVEL:.0%} interval of its mean score (the look's level with adaptive seeds) lies "
     f"past a threshold: the strongest of the task's baselines (predictors that cannot solve it) moved "
     f"{MARGIN:.0%} of the way to a perfect score, at the training length and at the compared length; it did not "
     f"learn when the interval lies short of it, and is undetermined otherwise. The gates never decide: a decided "
-    f"difference whose winner learned and whose other group did not reads 'holds (only A learned)'; "
+    f"difference whose winner learned and whose other group did not reads '{Outcome.HOLDS} (only A learned)'; "
     f"'{Outcome.NOT_TESTED}' only when the data show that neither group learned. Both groups at the metric's best "
-    f"value on every seed: 'ceiling: the task does not separate them'; the same value in both groups on every "
+    f"value on every seed: '{CEILING_LABEL}'; the same value in both groups on every "
     f"seed: '{Outcome.IDENTICAL}'. Cost measures need no gate. Adaptive seeds: each look tests at the alpha an "
     f"O'Brien-Fleming-type spending function (Lan & DeMets 1983) adds at that look, gates and intervals included, "
-    f"and a comparison keeps the first look that ends it; an inconclusive comparison's groups get the next "
+    f"and a comparison keeps the first look that ends it; an {Outcome.INCONCLUSIVE} comparison's groups get the next "
     f"look's seeds. A comparison of what runs spent to reach a stated score (flops_to_target, lower is better) "
     f"reads '{Outcome.NOT_REACHED}' when a finished run of either group never reached it."
 )
-
-# Metric base names (before '@length') where smaller is better; everything else (accuracy,
-# bleu, exact match, ...) is higher-is-better.
-LOWER_IS_BETTER = ("loss", "perplexity", "ppl", "nll", "error", "cer", "wer", "time", "latency", "memory", "bytes")
-
-
-def higher_is_better(metric: str) -> bool:
-    """accuracy@128 -> True, val_loss -> False: by the metric's base name."""
-    base = metric.split("@")[0].lower()
-    return not any(word in base for word in LOWER_IS_BETTER)
-
 
 # ---- planning seeds ---------------------------------------------------------------------------
 
@@ -141,7 +131,7 @@ class Comparison:
     bounds: tuple[float, float] = UNBOUNDED
     gates: tuple[Gate, ...] = ()  # both groups at the training length (and the compared one); () = no gate
     note: str = ""
-    margin: float | None = None  # the smallest difference of interest: within ±margin is "equivalent"
+    margin: float | None = None  # the smallest difference of interest: within ±margin is EQUIVALENT
     counts: bool = False  # values are 0/1 per seed (1: the seed failed): compare the shares of failed seeds
     seeds_run: int = 0  # seeds both groups ran (any outcome): the looks an adaptive study has data for
     unreached: tuple[str, ...] = ()  # *_to_target: per group with finished runs short of the target, in words
@@ -189,13 +179,11 @@ class Verdict:
 
     @property
     def label(self) -> str:
-        if self.outcome == CEILING:
-            return CEILING_LABEL
         if self.only:
             return f"{self.outcome} (only {self.only} learned)"
         if self.undetermined and self.outcome.decides:
             return f"{self.outcome} (whether {' and '.join(self.undetermined)} learned is undetermined)"
-        return f"{self.outcome} ({self.reason})" if self.outcome.explained else str(self.outcome)
+        return self.outcome.label(self.reason)
 
     @property
     def statement(self) -> str:
@@ -271,7 +259,7 @@ def verdicts(comparisons: Sequence[Comparison], alpha: float = ALPHA, plan: bool
         elif c.shares is None and all(perfect_on_every_seed(v, c.higher, c.bounds)
                                       for v in (c.better_values, c.than_values)):
             out.append(make(CEILING, "both groups scored the metric's best value on every seed"))
-        elif neither:  # two groups at chance may score alike by chance: say that, not "identical"
+        elif neither:  # two groups at chance may score alike by chance: say that, not IDENTICAL
             same = "; both gave the same value on every seed" if diff.constant and diff.mean == 0 else ""
             out.append(make(NOT_TESTED, "neither group learned: " + gate_texts(gates, c.better) + "; "
                             + gate_texts(gates, c.than) + same))
@@ -321,10 +309,10 @@ def verdicts(comparisons: Sequence[Comparison], alpha: float = ALPHA, plan: bool
     return [v for v in out if v is not None]
 
 
-def verdict(better_values, than_values, metric: str, better: str, than: str, higher: bool | None = None,
+def verdict(better_values, than_values, metric: str, better: str, than: str, *, higher: bool,
             bounds: tuple[float, float] = UNBOUNDED, margin: float | None = None) -> Verdict:
-    """One comparison on its own (m = 1, no gate). Series over seeds (index = seed) pair when
-    they hold the same seeds; plain lists are compared with Welch's interval."""
-    higher = higher_is_better(metric) if higher is None else higher
+    """One comparison on its own (m = 1, no gate), `higher`: the metric's direction (its
+    declaration, workbench.results.Metric). Series over seeds (index = seed) pair when they hold
+    the same seeds; plain lists are compared with Welch's interval."""
     return verdicts([Comparison(metric, better, than, better_values, than_values, higher=higher, bounds=bounds,
                                 margin=margin)])[0]

@@ -117,7 +117,7 @@ class RunRecorder(Callback):
         value = metrics.get(rule["metric"])
         if value is None or math.isnan(value):
             return False
-        higher = self.task.metrics.get(rule["metric"].split("@")[0], False)
+        higher = self.task.metric(rule["metric"]).higher_is_better
         gain = math.inf if self.best is None else (value - self.best if higher else self.best - value)
         if gain > rule["min_delta"]:
             self.best, self.evals_without_gain = value, 0

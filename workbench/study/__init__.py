@@ -40,7 +40,7 @@ from workbench import kinds
 from workbench.errors import SpecError
 from workbench.registry import get_variant, variants
 from workbench.study.task_paths import with_task_paths
-from workbench.results import DESCRIPTIVE_METRICS, FAILURE_SHARE, TO_TARGET
+from workbench.results import DESCRIPTIVE_METRICS, FAILURE_SHARE, RUN_MEASURES, TO_TARGET
 from workbench.model.spec import VARIANT_AXES, ModelSpec, resolve_choice, spec_error_from
 from workbench.study.keys import digest, label
 from workbench.study.schema import study_json_schema
@@ -54,8 +54,6 @@ __all__ = ["load_study", "study_json_schema", "StudyFile", "StudyBase", "TrainSt
 
 SWEEPABLE_SECTIONS = ("task", "model", "train")
 SCALE_JSON_SCHEMA = {"anyOf": [{"type": "object", "additionalProperties": {"type": "array", "minItems": 2}}, {"type": "null"}]}
-# Columns every run records (besides metrics), usable in `expect` records.
-RUN_MEASURES = ("tokens_per_s", "peak_memory_bytes", "n_params", "wall_time_s", "train_time_s")
 
 
 def task_section(value: Any) -> dict[str, Any]:

@@ -129,9 +129,8 @@ def extensions(study: TrainStudy, tunings: Iterable[PointTuning]) -> dict[str, l
 
 
 def higher_is_better(study: TrainStudy, metric: str) -> bool:
-    """The direction of a tuning metric: loss is lower-is-better, a task metric as the task declares."""
-    name = metric.partition("@")[0]
-    return False if name == "loss" else bool(get_variant("task", study.task["name"]).metrics[name])
+    """The direction of a tuning metric, as the study's task declares it."""
+    return get_variant("task", study.task["name"]).metric(metric).higher_is_better
 
 
 def labels(values: Mapping[str, Any]) -> dict[str, Any]:

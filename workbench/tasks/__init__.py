@@ -26,11 +26,11 @@ from workbench.tasks.base import (
     rng_for,
 )
 from workbench.tasks.baselines import INPUT_IGNORING, ORDER_BLIND, PREFIX_AWARE, blind_scores
-from workbench.tasks.metrics import METRIC_RANGES, Tally
+from workbench.tasks.metrics import METRICS, Tally, declared
 from workbench.tasks.symbols import SymbolParams, SymbolTask, symbol_names
 
 __all__ = [
-    "FAMILIES", "IGNORE", "INPUT_IGNORING", "METRIC_RANGES", "ORDER_BLIND", "PREFIX_AWARE", "SPECIALS", "Example",
-    "LengthRangeParams", "SymbolParams", "SymbolTask", "Tally", "Task", "TaskParams", "blind_scores", "draw_within",
-    "length_window", "pad", "real", "rng_for", "symbol_names",
+    "FAMILIES", "IGNORE", "INPUT_IGNORING", "METRICS", "ORDER_BLIND", "PREFIX_AWARE", "SPECIALS", "Example",
+    "LengthRangeParams", "SymbolParams", "SymbolTask", "Tally", "Task", "TaskParams", "blind_scores", "declared",
+    "draw_within", "length_window", "pad", "real", "rng_for", "symbol_names",
 ]

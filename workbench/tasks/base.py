@@ -42,9 +42,9 @@ from torch import Tensor
 
 from workbench.errors import SpecError, WorkbenchError
 # What a run evaluates on: the evaluation sets, or (a tuning run) the validation sets.
-from workbench.results import EVAL, VALIDATION
+from workbench.results import EVAL, VALIDATION, Metric
 from workbench.tasks.baselines import INPUT_IGNORING, counted_blind_scores
-from workbench.tasks.metrics import METRIC_RANGES, Tally
+from workbench.tasks.metrics import EVERY_TASK, Tally, declared
 from workbench.variants import Params, Variant
 
 FAMILIES = ("decoder", "encoder_decoder", "encoder")
@@ -138,11 +138,11 @@ class Task(Variant):
     axis = "task"
     Params = TaskParams
     families: ClassVar[tuple[str, ...]] = FAMILIES
-    metrics: ClassVar[dict[str, bool]] = {"accuracy": True, "exact_match": True}
+    # the scores it reports besides loss, each with its direction and range; the first is its primary one
+    metrics: ClassVar[dict[str, Metric]] = declared("accuracy", "exact_match")
     sequence_labels: ClassVar[bool] = False  # encoder: one class per sequence instead of per token
     decoder_eos: ClassVar[bool] = True  # decoder: the target ends with a scored <eos>
     hold_out: ClassVar[bool] = True  # training skips examples whose source is in a held-out set
-    ranges: ClassVar[dict[str, tuple[float, float]]] = METRIC_RANGES  # a task with new metrics extends it
     gate_baselines: ClassVar[tuple[str, ...] | None] = None
     """names of the baselines the learned gate measures against (the strongest of them); None: every
     baseline; the others are shown beside each group but do not gate"""
@@ -328,6 +328,17 @@ class Task(Variant):
         raise NotImplementedError(f"{self.name} has no sequence labels")
 
     # ---- loss and metrics -------------------------------------------------------------------
+
+    @classmethod
+    def metric(cls, name: str) -> Metric:
+        """What the score `name` means ('accuracy@64' reads accuracy): as the task declares it in
+        `metrics`; loss and attention entropy, which every task reports, as built in."""
+        base = name.split("@")[0]
+        found = cls.metrics.get(base) or EVERY_TASK.get(base)
+        if found is None:
+            raise WorkbenchError(f"task {cls.name!r} declares no metric {base!r}; it reports "
+                                 f"{', '.join([*cls.metrics, 'loss'])}")
+        return found
 
     def scored_ids(self, batch: dict[str, Tensor], family: str) -> tuple[Tensor, Tensor]:
         """The target ids [B, T] a family's logits are scored against, and the scored mask [B, T]

@@ -1,5 +1,5 @@
-"""What a task's evaluation scores: each metric's range, and the sums a teacher-forced
-evaluation adds up (`Task.evaluate`)."""
+"""What a task's evaluation scores: each built-in metric's declaration (its direction and range,
+workbench.results.Metric), and the sums a teacher-forced evaluation adds up (`Task.evaluate`)."""
 
 from __future__ import annotations
 
@@ -10,15 +10,33 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from workbench.results import ATTENTION_ENTROPY
+from workbench.results import ATTENTION_ENTROPY, Metric
 
-# (lowest, highest) value of each built-in metric: reports keep intervals inside this range,
-# and the better end is the perfect score that the learned-at-all margin is measured towards.
-METRIC_RANGES: dict[str, tuple[float, float]] = {
-    "accuracy": (0.0, 1.0), "exact_match": (0.0, 1.0), "loss": (0.0, math.inf), "bleu": (0.0, 100.0),
-    "bpc": (0.0, math.inf), "perplexity": (1.0, math.inf), "distinct_2": (0.0, 1.0), "repetition_4": (0.0, 1.0),
-    "symbol_accuracy": (0.0, 1.0), ATTENTION_ENTROPY: (0.0, 1.0),
+SHARE = (0.0, 1.0)
+# Every built-in metric: the scores `Task` computes for every task (loss included), those the
+# shipped tasks add, and the descriptive attention entropy. A task declares its own from these
+# (`declared`) or with a Metric of its own; a report on a task no longer installed reads these.
+METRICS: dict[str, Metric] = {
+    "accuracy": Metric(higher_is_better=True, range=SHARE),
+    "exact_match": Metric(higher_is_better=True, range=SHARE),
+    "loss": Metric(higher_is_better=False, range=(0.0, math.inf)),  # nats per target token
+    "bleu": Metric(higher_is_better=True, range=(0.0, 100.0)),
+    "bpc": Metric(higher_is_better=False, range=(0.0, math.inf)),
+    "bpc_tail": Metric(higher_is_better=False),  # declared without a range: its intervals and gate are unbounded
+    "perplexity": Metric(higher_is_better=False, range=(1.0, math.inf)),
+    "distinct_2": Metric(higher_is_better=True, range=SHARE),
+    "repetition_4": Metric(higher_is_better=False, range=SHARE),
+    "symbol_accuracy": Metric(higher_is_better=True, range=SHARE),
+    ATTENTION_ENTROPY: Metric(higher_is_better=None, range=SHARE),
 }
+
+
+def declared(*names: str) -> dict[str, Metric]:
+    """The built-in declarations of `names`, in that order (a task's first metric is its primary one)."""
+    return {name: METRICS[name] for name in names}
+
+
+EVERY_TASK = declared("loss", ATTENTION_ENTROPY)  # what every task reports, or records when asked
 
 
 @dataclass

@@ -11,8 +11,10 @@ from typing import ClassVar
 import numpy as np
 from pydantic import Field
 
+from workbench.results import Metric
 from workbench.tasks.base import SPECIALS, Example, LengthRangeParams, Task
 from workbench.tasks.baselines import BASELINE_SEED, BASELINE_STRINGS, ORDER_BLIND, PREFIX_AWARE, blind_scores
+from workbench.tasks.metrics import declared
 
 
 def symbol_names(n: int) -> list[str]:
@@ -41,7 +43,7 @@ class SymbolTask(Task):
     """
 
     Params = SymbolParams
-    metrics: ClassVar[dict[str, bool]] = {**Task.metrics, "symbol_accuracy": True}
+    metrics: ClassVar[dict[str, Metric]] = {**Task.metrics, **declared("symbol_accuracy")}
 
     def __init__(self, params: SymbolParams, **kw):
         super().__init__(params, **kw)

@@ -14,20 +14,18 @@ from typing import Any
 
 import pandas as pd
 
+from workbench.errors import WorkbenchError
 from workbench.registry import get_variant
 from workbench.report import figures
 from workbench.report.document import Item, fmt, fmt_interval
-from workbench.report.intervals import UNBOUNDED, Interval, mean_ci
-from workbench.report.stats import higher_is_better
+from workbench.report.intervals import Interval, mean_ci
 from workbench.report.tuning import split_stages
 from workbench.report.variants import Variants
 from workbench.report.compute_curves import to_target_by_run
-from workbench.results import DESCRIPTIVE_METRICS, FAILURE_SHARE, TO_TARGET, Status
-from workbench.study import RUN_MEASURES
-from workbench.tasks import METRIC_RANGES
+from workbench.results import (DESCRIPTIVE_METRICS, FAILURE_SHARE, RUN_MEASURES, SHARE_OF_FAILED, SPENT, TO_TARGET,
+                               Metric, Status)
+from workbench.tasks import METRICS
 from workbench.study.tuning import PointTuning
-
-MEASURE_HIGHER = {"tokens_per_s": True}  # every other run measure: lower is better
 
 
 @dataclass
@@ -44,31 +42,36 @@ class TrainInputs:
     timing_caveat: str | None = None  # workbench.report.timing_caveat of the runs: timings from a shared machine
 
 
-def metric_direction(metric: str, task_name: str) -> bool:
-    """True when higher is better: the task declares its metrics' directions, loss is lower;
-    what a run spent to reach a target (flops_to_target) is lower."""
+def metric_declaration(metric: str, task_name: str) -> Metric:
+    """What a report column means (workbench.results.Metric): a task's score as its task
+    declares it, a run measure as the run does; what a run spent to reach a target
+    (flops_to_target) is spent; the share of failed seeds is a share, lower is better."""
     if metric.split(":")[0] in TO_TARGET:
-        return False
+        return SPENT
     base = metric.split("@")[0]
     if base in RUN_MEASURES:
-        return MEASURE_HIGHER.get(base, False)
-    if base in ("loss", FAILURE_SHARE):
-        return False
+        return RUN_MEASURES[base]
+    if base == FAILURE_SHARE:
+        return SHARE_OF_FAILED
     try:
-        declared = get_variant("task", task_name).metrics
-    except Exception:  # noqa: BLE001 - a task no longer installed: fall back to the name
-        declared = {}
-    return declared.get(base, higher_is_better(base))
+        task = get_variant("task", task_name)
+    except Exception:  # noqa: BLE001 - a task no longer installed: the built-in declarations
+        if base not in METRICS:
+            raise WorkbenchError(f"{metric}: task {task_name!r}, which declares it, is not installed, and it is "
+                                 f"not a built-in metric ({', '.join(METRICS)}): install the task to report on it"
+                                 ) from None
+        return METRICS[base]
+    return task.metric(base)
+
+
+def metric_direction(metric: str, task_name: str) -> bool | None:
+    """True when higher is better (None: a descriptive measure)."""
+    return metric_declaration(metric, task_name).higher_is_better
 
 
 def metric_range(metric: str, task_name: str) -> tuple[float, float]:
-    """(lowest, highest) possible value of a metric, as its task declares (unbounded if unknown)."""
-    base = metric.split("@")[0]
-    try:
-        ranges = get_variant("task", task_name).ranges
-    except Exception:  # noqa: BLE001 - a task no longer installed: the built-in ranges
-        ranges = METRIC_RANGES
-    return ranges.get(base, UNBOUNDED)
+    """(lowest, highest) possible value of a metric, as its declaration states."""
+    return metric_declaration(metric, task_name).range
 
 
 def metric_columns(runs: pd.DataFrame, task_cls_metrics: Sequence[str]) -> list[str]:
@@ -190,9 +193,7 @@ class TrainRuns:
         return pd.Series(mine[metric].to_numpy(dtype=float), index=mine["seed"].to_numpy()).dropna()
 
     def range_of(self, metric: str) -> tuple[float, float]:
-        # Run measures (time, memory, throughput, parameters) are never negative.
-        spent = split_metric(metric)[0] in RUN_MEASURES or metric.split(":")[0] in TO_TARGET
-        return (0.0, math.inf) if spent else metric_range(metric, self.task_name)
+        return metric_range(metric, self.task_name)
 
     def interval(self, variant: str, metric: str) -> Interval:
         return mean_ci(self.values(variant, metric), bounds=self.range_of(metric))
