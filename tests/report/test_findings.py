@@ -19,7 +19,7 @@ from workbench.report.findings import FINDINGS_FILE, agreement, load_findings
 from workbench.report.index import build_index, summary
 from workbench.study import load_study
 
-STUDIES = Path(__file__).resolve().parents[1] / "studies"
+STUDIES = Path(__file__).resolve().parents[2] / "studies"
 
 STUDY = """\
 name: positions
