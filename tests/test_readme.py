@@ -22,7 +22,7 @@ PAGES = [README, *sorted(DOCS.glob("*.md"))]
 PACKAGE = ROOT / "workbench"
 NOT_PYTHON = {"workbench.status"}  # the MLflow tag a run's status is recorded under
 # docs/data.md's study reads a corpus folder beside it and trains a BPE tokenizer on it (15 s);
-# tests/test_text_corpus.py builds that folder and prepares and runs the study end to end.
+# tests/tasks/test_text_corpus.py builds that folder and prepares and runs the study end to end.
 RUN_ELSEWHERE = {"my-lm"}
 
 
@@ -179,6 +179,13 @@ def test_the_link_check_sees_a_missing_page_or_heading(tmp_path):
     problems = [problem.split(": ", 1)[1] for problem in broken_links(page)]
     assert problems[0] == "no heading #nowhere in other.md" and problems[1].startswith("no file")
     assert len(problems) == 2
+
+
+def test_every_test_file_named_exists():
+    """The guarantees and the references name the tests that keep them; a moved test is renamed there."""
+    named = {(page_name(page), path) for page in PAGES
+             for path in re.findall(r"\b(tests/[\w/]+\.py)", page.read_text(encoding="utf-8"))}
+    assert len(named) >= 5 and sorted((page, path) for page, path in named if not (ROOT / path).is_file()) == []
 
 
 def test_every_page_of_docs_is_reachable_from_the_readme():
