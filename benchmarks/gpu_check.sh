@@ -149,11 +149,11 @@ fi
 # the rehearsal checks this step's wiring without repeating the suite's CPU cases).
 if [[ -z $TEST_ARGS ]]; then
   if [[ -n $TINY ]]; then
-    TEST_ARGS="tests/test_flex_attention.py::test_flex_equals_dense_on_cuda
-      tests/test_gpu_paths.py::test_a_run_on_the_gpu_finishes_and_a_diverging_one_is_recorded_at_its_first_bad_step"
+    TEST_ARGS="tests/model/test_flex_attention.py::test_flex_equals_dense_on_cuda
+      tests/run/test_gpu_paths.py::test_a_run_on_the_gpu_finishes_and_a_diverging_one_is_recorded_at_its_first_bad_step"
   else
-    TEST_ARGS="tests/test_flex_attention.py tests/test_gpu_paths.py tests/test_gpu_placement.py
-      tests/test_measure_memory_limit.py"
+    TEST_ARGS="tests/model/test_flex_attention.py tests/run/test_gpu_paths.py tests/run/test_gpu_placement.py
+      tests/cost/test_measure_memory_limit.py"
   fi
 fi
 PARALLEL=()  # FlexAttention compiles each case on the CPU: 4 workers share the GPU's 16 cores' work

@@ -1,7 +1,7 @@
 """benchmarks/gpu_check.sh, the GPU check in one call, rehearsed on the CPU: every step writes
 into the one output folder, check.json records the machine and each step's outcome, a step
 over its budget is stopped and recorded as a timeout, and a failing step does not stop the
-next. Only the script's wiring is checked here: tests/test_benchmarks_smoke.py runs every
+next. Only the script's wiring is checked here: tests/benchmarks/test_benchmarks_smoke.py runs every
 section of `python -m benchmarks.gpu --device cpu --tiny`, so the rehearsal runs one."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import torch
 
 from benchmarks import gpu_check
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "gpu_check.sh"
 
 
@@ -32,7 +32,7 @@ def test_the_cpu_rehearsal_writes_every_steps_record_into_one_folder(tmp_path):
     # Budgets far above the steps' needs: a loaded test machine must not turn wiring into timeouts.
     # One CUDA test function (24 cases, skipped here): the other one's module imports Lightning.
     done = gpu_check_sh("--device", "cpu", "--tiny", "--no-install", "--sections", "sdpa_backend",
-                        "--tests", "tests/test_flex_attention.py::test_flex_equals_dense_on_cuda", "--total", "900",
+                        "--tests", "tests/model/test_flex_attention.py::test_flex_equals_dense_on_cuda", "--total", "900",
                         "--budget", "tests=240", "--budget", "benchmark=240", "--budget", "study=240", str(tmp_path),
                         timeout=1000)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -88,7 +88,7 @@ def test_bad_options_are_refused_before_anything_runs(tmp_path):
 
 def test_the_tiny_test_selection_names_tests_that_exist():
     """--tiny names CUDA test cases by node id; a renamed test must fail here, not on the GPU."""
-    ids = re.findall(r"(tests/\w+\.py)::(\w+)", SCRIPT.read_text())
+    ids = re.findall(r"(tests/[\w/]+\.py)::(\w+)", SCRIPT.read_text())
     assert len(ids) >= 2
     for path, name in ids:
         assert re.search(rf"^def {name}\(", (ROOT / path).read_text(), flags=re.M), f"{path}::{name}"

@@ -24,7 +24,7 @@ from workbench.study import TrainStudy, load_study
 from workbench.study.sweep import expand
 from workbench.model.weights import make_task
 
-STUDIES = Path(__file__).resolve().parent.parent / "studies"
+STUDIES = Path(__file__).resolve().parents[2] / "studies"
 ATTENTION = [*registered("attention"), "unscaled"]  # every plugin, and full attention with scaled: false
 
 

@@ -19,7 +19,7 @@ from workbench import registry
 from workbench.cli import main
 from workbench.variants import AXES
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -94,7 +94,7 @@ def test_pip_installed_it_passes_the_workbench_contract_suite(tmp_path):
                     str(tmp_path / "workbench-scaffold-attn")], check=True, capture_output=True, timeout=300)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")])),
                OMP_NUM_THREADS="1")
-    # a wide terminal: this checks the install (tests/test_cli_list.py checks the layout at 80 columns)
+    # a wide terminal: this checks the install (tests/cli/test_cli_list.py checks the layout at 80 columns)
     listed = subprocess.run([sys.executable, "-m", "workbench.cli", "list", "attention"], env={**env, "COLUMNS": "160"},
                             cwd=ROOT,
                             capture_output=True, text=True, timeout=120)

@@ -15,7 +15,7 @@ from workbench.study import TrainStudy, load_study
 from workbench.study.keys import label
 from workbench.study.sweep import expand, point_key, tuning_runs
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = sorted((ROOT / "studies").glob("*.yaml"))
 # Studies about numerics: their gpu profile keeps full float32, with a comment saying why.
 FULL_FLOAT32 = {"attention-scaling-factor", "attention-scaling-lr"}

@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from workbench.cli import default_reports_dir, main
 from workbench.report.index import build_index
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_reports_go_beside_results_unless_the_default_layout_is_used():

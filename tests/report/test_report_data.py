@@ -15,7 +15,7 @@ from workbench.run.runner import run_study
 
 def test_a_report_with_its_data_rebuilds_from_that_data_alone(tmp_path, monkeypatch):
     study = tmp_path / "tiny.yaml"
-    study.write_text((Path(__file__).resolve().parents[1] / "studies" / "tiny.yaml").read_text())
+    study.write_text((Path(__file__).resolve().parents[2] / "studies" / "tiny.yaml").read_text())
     run_study(study, tmp_path / "out", quiet=True)
     result = CliRunner().invoke(main, ["report", str(tmp_path / "out"), "--out", str(tmp_path / "reports"), "--with-data"])
     assert result.exit_code == 0, result.output

@@ -19,7 +19,7 @@ from workbench.cli import main
 from workbench.study import load_study
 from workbench.study.sweep import expand, tuning_runs
 
-STUDIES = Path(__file__).resolve().parent.parent / "studies"
+STUDIES = Path(__file__).resolve().parents[2] / "studies"
 
 BASE = """\
 name: t

@@ -273,7 +273,7 @@ def test_an_interrupted_preparation_resumes_to_the_same_shards(tmp_path, monkeyp
 
 # ---- the documented study ----------------------------------------------------------------------
 
-DOCS = Path(__file__).resolve().parent.parent / "docs" / "data.md"
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "data.md"
 
 
 @pytest.mark.slow

@@ -20,7 +20,7 @@ from workbench.study import TrainStudy, load_study
 from workbench.study.keys import label
 from workbench.study.sweep import expand, point_key, tuning_runs
 
-FROZEN = Path(__file__).resolve().parent / "data" / "frozen_studies"
+FROZEN = Path(__file__).resolve().parents[1] / "data" / "frozen_studies"
 EXPECTED: dict[str, dict[str, Any]] = json.loads((FROZEN / "run_ids.json").read_text())
 
 

@@ -12,7 +12,7 @@ from workbench.errors import WorkbenchError
 from workbench.model.weights import make_task
 from workbench.report.notebook import Tokenizer
 
-NOTEBOOK = Path(__file__).resolve().parent.parent / "examples" / "notebook.ipynb"
+NOTEBOOK = Path(__file__).resolve().parents[2] / "examples" / "notebook.ipynb"
 
 
 def run_notebook(path: Path) -> dict:

@@ -1,6 +1,6 @@
 """The parts that reference models need (issue 39): tanh-approximate GELU, an embedding norm,
 T5's bucketed relative bias, and float64 position tables in a float64 model. Their agreement
-with the reference implementations themselves is tests/test_hf_parity.py."""
+with the reference implementations themselves is tests/model/test_hf_parity.py."""
 
 from __future__ import annotations
 
