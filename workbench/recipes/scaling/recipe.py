@@ -58,9 +58,9 @@ class ScalingKind(StudyKind):
 
     def report(self, out_dir: Path, info: dict[str, Any], study: ScalingStudy, dest: Path, pictures: bool):
         # The report layer (matplotlib, seaborn) loads only when a report is built, not with the plugins.
-        from workbench.recipes.scaling.report import scaling_report_from_store
+        from workbench.recipes.scaling.report import report_from_store
 
-        return scaling_report_from_store(out_dir, study, info, dest)
+        return report_from_store(out_dir, study, info, dest)
 
 
 @hookimpl
