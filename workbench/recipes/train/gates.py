@@ -1,6 +1,6 @@
 """Did each variant learn at all? The chance levels of its task's baselines at the training
 length, the learned-at-all gate (workbench.report.learned_gate), the share of seeds that
-failed, and the report's Learned section."""
+failed, and the header's Learned lines (the Learned section is tables.learned)."""
 
 from __future__ import annotations
 
