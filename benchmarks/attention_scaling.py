@@ -24,7 +24,8 @@ from rich.table import Table
 
 from benchmarks import Check, write_json
 from workbench.cost.fit import fit_exponents
-from workbench.run.scaling import ScalingStudy, run_scaling
+from workbench.recipes.scaling.study import ScalingStudy
+from workbench.run.scaling import run_scaling
 
 VARIANTS = [
     "full",

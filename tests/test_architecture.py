@@ -7,6 +7,7 @@ an import placed in a function still makes the importing module depend on the ot
 from __future__ import annotations
 
 import ast
+import functools
 import tomllib
 from pathlib import Path
 
@@ -14,43 +15,62 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "workbench"
+PLUGINS = ROOT / "plugins"  # installs as workbench_plugins (pyproject.toml)
+SOURCES = {"workbench": PACKAGE, "workbench_plugins": PLUGINS}
 
 # Lowest first. A module may import its own layer and the ones below it. Each layer between the
-# two ends is one folder (a package) of workbench/; the foundation below and the interface above
-# are modules in workbench/ itself.
+# two ends is one folder: a package of workbench/, or plugins/ (the built-in variants and tasks,
+# which read only the base classes below them); the foundation below and the interface above
+# are modules in workbench/ itself. A study kind is a recipe at the top, over the layers it puts
+# together, so following a study from its file to its report only ever goes down.
 LAYERS = {
     "foundation": ["errors", "variants", "hookspecs", "registry", "results", "kinds", "stopping", "hardware"],
     "model": ["model/"],  # transformer, spec, position, attention, norm, ffn, cache, sampling, weights
     "tasks": ["tasks/"],  # base, metrics, baselines, symbols
+    "plugins": ["plugins/"],  # position_*, attention_*, norm_*, ffn_*, task_*: leaves, imported by no module
     "cost": ["cost/"],  # measure, workload, timing, flops, memory, memory_figures, budget, fit
     "study": ["study/"],  # keys, yaml_file, train_section, sections, schema, sweep, tuning
     "run": ["run/"],  # runner, executor, executor_ray, train (with batches, run_module, recording, ...), store, scaling
-    "report": ["report/"],
+    "report": ["report/"],  # shared statistics (stats, intervals, sequential, learned_gate) and rendering
+    "recipes": ["recipes/"],  # train/ and scaling/: each study kind's loop, sections and report
     "interface": ["cli", "scaffold", "__init__", "__main__"],
 }
 MAX_LOOSE_MODULES = 12  # modules directly in workbench/: more, and a layer is hiding there
 
 
 def module_name(path: Path) -> str:
-    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    """The import name of a source file, as installed (plugins/rope.py is workbench_plugins.rope)."""
+    top = next(name for name, folder in SOURCES.items() if path.is_relative_to(folder))
+    parts = (top, *path.relative_to(SOURCES[top]).with_suffix("").parts)
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
 def modules() -> dict[str, Path]:
-    return {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+    return {module_name(p): p for folder in SOURCES.values() for p in sorted(folder.rglob("*.py"))}
+
+
+@functools.cache
+def reexports() -> dict[str, str]:
+    """Name -> module for what workbench/__init__.py re-exports (`from workbench import hookimpl`
+    is an import of workbench.hookspecs, the way plugins are told to write it)."""
+    tree = ast.parse((PACKAGE / "__init__.py").read_text())
+    return {alias.asname or alias.name: node.module for node in ast.walk(tree)
+            if isinstance(node, ast.ImportFrom) and node.module for alias in node.names}
 
 
 def imports(path: Path, known: set[str]) -> set[str]:
-    """The workbench modules `path` imports (`from workbench import x` is module workbench.x
-    when x is one, else the package itself)."""
+    """The modules of ours `path` imports (`from workbench import x` is module workbench.x when
+    x is one, the module x comes from when the package re-exports it, else the package)."""
+    ours = set(SOURCES)
     out: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
-            out |= {a.name for a in node.names if a.name.split(".")[0] == "workbench"}
-        elif isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "workbench":
+            out |= {a.name for a in node.names if a.name.split(".")[0] in ours}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] in ours:
             for alias in node.names:
                 sub = f"{node.module}.{alias.name}"
-                out.add(sub if sub in known else node.module)
+                reexported = reexports().get(alias.name) if node.module == "workbench" else None
+                out.add(sub if sub in known else reexported or node.module)
     return out & known
 
 
@@ -61,7 +81,9 @@ def graph() -> dict[str, set[str]]:
 
 def layer(module: str) -> int:
     parts = module.split(".")
-    if len(parts) == 1:
+    if parts[0] == "workbench_plugins":
+        short = "plugins/"
+    elif len(parts) == 1:
         short = "__init__"
     else:
         short = parts[1] + "/" if (PACKAGE / parts[1]).is_dir() else parts[1]
@@ -72,8 +94,8 @@ def layer(module: str) -> int:
 
 
 def folders() -> set[str]:
-    """The packages inside workbench/ (folders with an __init__.py), as LAYERS names them."""
-    return {f"{p.parent.name}/" for p in PACKAGE.glob("*/__init__.py")}
+    """The packages inside workbench/ (folders with an __init__.py) and plugins/, as LAYERS names them."""
+    return {f"{p.parent.name}/" for p in PACKAGE.glob("*/__init__.py")} | {f"{PLUGINS.name}/"}
 
 
 def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
@@ -136,7 +158,7 @@ MAX_MODULE_LINES = 500  # longer, and a module no longer reads top to bottom in 
 
 
 def test_no_module_is_a_long_scroll():
-    long = {str(p.relative_to(ROOT)): n for p in [*PACKAGE.rglob("*.py"), *(ROOT / "plugins").rglob("*.py")]
+    long = {str(p.relative_to(ROOT)): n for p in modules().values()
             if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_MODULE_LINES}
     assert long == {}, f"over {MAX_MODULE_LINES} lines: {long}; split them along their jobs"
 

@@ -32,13 +32,13 @@ def entry_points() -> dict[str, str]:
 
 
 def test_every_plugin_module_has_an_entry_point_and_vice_versa():
-    modules = {p.stem for p in (ROOT / "plugins").glob("*.py") if p.stem != "__init__"}
-    declared = entry_points()
-    targets = {value.removeprefix("workbench_plugins.") for value in declared.values()}
-    assert all(v.startswith("workbench_plugins.") for v in declared.values()), declared
-    assert modules - targets == set(), f"plugins without an entry point in pyproject.toml: {modules - targets}"
-    assert targets - modules == set(), f"entry points without a module in plugins/: {targets - modules}"
-    assert set(declared) == targets, "entry point names should be the module names"
+    """Each module of plugins/ (a variant or task) and each recipe of workbench/recipes/ (a study
+    kind) is declared, under its own name, and nothing else is."""
+    plugins = {p.stem: f"workbench_plugins.{p.stem}" for p in (ROOT / "plugins").glob("*.py") if p.stem != "__init__"}
+    recipes = {f"kind_{p.parent.name}": f"workbench.recipes.{p.parent.name}.recipe"
+               for p in (ROOT / "workbench" / "recipes").glob("*/recipe.py")}
+    assert recipes, "no recipe found under workbench/recipes/"
+    assert entry_points() == {**plugins, **recipes}
 
 
 def test_every_entry_point_is_loaded_and_implements_a_hook():

@@ -12,7 +12,8 @@ the file) and the four things the CLI does with a study:
 
 Kinds register like variants: a plugin module returns its classes from the
 `register_study_kinds` hook and is declared as an entry point in the `workbench` group. The
-built-ins are plugins/kind_train.py and plugins/kind_scaling.py.
+built-ins are the recipes workbench/recipes/train/ and workbench/recipes/scaling/, declared the
+same way.
 """
 
 from __future__ import annotations
@@ -25,7 +26,9 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from workbench.errors import unknown_name
-from workbench.registry import BUILTIN_PACKAGE, plugin_manager
+from workbench.registry import plugin_manager
+
+BUILTIN_KINDS = "workbench.recipes."  # the recipes folder, where the built-in kinds live
 
 
 @dataclass(frozen=True)
@@ -74,7 +77,7 @@ def study_kinds() -> dict[str, StudyKind]:
     """Every registered study kind by name (built-ins first, so an installed kind of the same
     name overrides a built-in, with a warning)."""
     classes = [cls for batch in plugin_manager().hook.register_study_kinds() for cls in batch]
-    classes.sort(key=lambda cls: not cls.__module__.startswith(BUILTIN_PACKAGE))
+    classes.sort(key=lambda cls: not cls.__module__.startswith(BUILTIN_KINDS))
     found: dict[str, StudyKind] = {}
     for cls in classes:
         if cls.name in found and type(found[cls.name]) is not cls:

@@ -133,7 +133,7 @@ def test_a_legend_names_the_swept_key_with_each_value(drawn, tmp_path):
     runs = pd.DataFrame({"model.n_kv_heads": [1, 4]})
     variants = Variants.of(["model.n_kv_heads"], runs, {"model.n_kv_heads": [4, 1]})
     assert variants.labels == ["n_kv_heads=4", "n_kv_heads=1"]  # never a bare "4"
-    # the scaling report converts bytes to a unit first (scaling_report.in_unit): 1 and 2 MiB
+    # the scaling report converts bytes to a unit first (recipes/scaling/report.py, in_unit): 1 and 2 MiB
     name = f"{variants.labels[1]} (KV cache)"
     rows = pd.DataFrame({"variant": [name] * 2, "length": [64, 128], "kv_cache_bytes": [1.0, 2.0]})
     figures.loglog(rows, {name: (0, 0, 0)}, tmp_path / "d.png", y="kv_cache_bytes", ylabel="KV-cache size (MiB)",

@@ -8,7 +8,6 @@ import itertools
 import json
 import math
 from collections import Counter
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -269,8 +268,9 @@ class HintedCopy(TASKS["copy"]):
 
 
 def test_a_third_party_task_declares_baselines_and_the_gate_uses_the_strongest():
-    from workbench.recipes.train.report import TrainReport
-    from workbench.recipes.train.runs import TrainInputs
+    from workbench.recipes.train.gates import Gates
+    from workbench.recipes.train.runs import TrainRuns
+    from workbench.recipes.train.verdicts import Verdicts
     from workbench.study import TrainStudy
 
     with installed_plugin("hinted_copy_plugin", register_tasks=[HintedCopy]):
@@ -283,10 +283,11 @@ def test_a_third_party_task_declares_baselines_and_the_gate_uses_the_strongest()
                              for i, (p, s, acc) in enumerate([("none", 0, 0.9), ("none", 1, 0.9), ("none", 2, 0.91),
                                                               ("rope", 0, 0.997), ("rope", 1, 0.998),
                                                               ("rope", 2, 0.999)])])
-        report = TrainReport(TrainInputs(study=study, runs=runs, curves=None, environment={}, command=""), Path("."))
-        gate = report.learned("position=rope", "accuracy")
+        train_runs = TrainRuns(study, runs)
+        gates = Gates(train_runs)
+        gate = gates.learned("position=rope", "accuracy")
         assert (gate.baseline, gate.chance) == ("hinted", pytest.approx(0.95))
         assert dict(gate.baselines)["order-blind"] < 0.95 and gate.learned
-        assert not report.learned("position=none", "accuracy").learned  # 0.9: above order-blind, below the hint
-        (v, _), = report.verdicts()
+        assert not gates.learned("position=none", "accuracy").learned  # 0.9: above order-blind, below the hint
+        (v, _), = Verdicts(train_runs, gates).decided
         assert v.label == "holds (only position=rope learned)"

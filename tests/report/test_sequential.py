@@ -245,3 +245,24 @@ def test_identical_arms_end_at_the_first_look_without_spending_seeds(tmp_path):
                or "both gave the same value on every seed" in v["label"]) for v in verdicts)
     assert [v["outcome"] for v in verdicts if v["outcome"] not in ("identical", "not tested")] == []
     assert verdicts[2]["label"].startswith("identical (both groups gave the same n_params on every seed; look 1 of 2")
+
+
+def test_which_groups_get_more_seeds_is_a_function_of_the_study_and_its_runs():
+    """The loop asks `seeds_wanted` after each round with the stored runs alone (no report is
+    built): the groups of an undecided comparison get the next look's seeds, an ended one none."""
+    import yaml
+
+    from workbench.recipes.train.verdicts import seeds_wanted
+    from workbench.study import TrainStudy
+    from workbench.study.sweep import point_key
+
+    study = TrainStudy.model_validate(yaml.safe_load(ADAPTIVE.replace("SEEDS", "{first: 2, max: 4}")))
+    speed = {("none", 0): 1000.0, ("none", 1): 1400.0, ("rope", 0): 1100.0, ("rope", 1): 1200.0,
+             ("alibi", 0): 900.0, ("alibi", 1): 950.0}
+    runs = pd.DataFrame([{"run_id": f"{p}{s}", "index": i, "seed": s, "model.position": p, "status": "finished",
+                          "tokens_per_s": v, "n_params": 5000} for i, ((p, s), v) in enumerate(speed.items())])
+    wanted = seeds_wanted(study, runs)
+    assert wanted == {point_key({"model.position": p}, ["model.position"]): 4 for p in ("none", "rope")}
+    # once the groups have the plan's maximum, nothing more is asked for
+    more = pd.concat([runs, runs.assign(seed=runs["seed"] + 2, run_id=runs["run_id"] + "b")], ignore_index=True)
+    assert seeds_wanted(study, more) == {}

@@ -7,7 +7,8 @@ import pytest
 from workbench.errors import WorkbenchError
 from workbench.cost.fit import fit_exponents
 from workbench.run.runner import run_study
-from workbench.run.scaling import ScalingStudy, measurements, run_scaling
+from workbench.recipes.scaling.study import ScalingStudy
+from workbench.run.scaling import measurements, run_scaling
 from workbench.results import git_commit
 from workbench.run.store import Store, load_results
 from workbench.study import load_study

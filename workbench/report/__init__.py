@@ -36,13 +36,13 @@ from workbench.run import store
 from workbench.run.folder import refuse_links
 from workbench.results import CONFIG_FILE, FINAL_WEIGHTS, Status, git_commit, short_commit
 from workbench.errors import WorkbenchError, WorkbenchWarning
-from workbench.kinds import get_kind
+from workbench.kinds import get_kind, study_kinds
 from workbench import registry  # not `variants`: that name is also the submodule report.variants
 from workbench.variants import MODEL_AXES
 from workbench.report.document import Paragraph, Report, Section
 from workbench.report.index import run_cpu_s, run_span_s, run_time_text, write_summary
 from workbench.report.render import render_html, render_markdown
-from workbench.study import STORED, study_kinds, unwrap
+from workbench.study import STORED, unwrap
 
 STUDY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")  # a study's `name` (workbench.study), a folder name
 
@@ -140,7 +140,7 @@ def study_of(info: Mapping[str, Any]):
         raise WorkbenchError(f"the stored study has kind {str(kind)[:40]!r}, which this workbench does not know "
                              f"(valid: {', '.join(sorted(kinds))})")
     try:
-        return kinds[kind].model_validate(data, context={STORED: True})
+        return kinds[kind].study.model_validate(data, context={STORED: True})
     except (ValidationError, WorkbenchError) as err:  # a SpecError from a validator, or pydantic's report
         problem = unwrap(err) if isinstance(err, ValidationError) else err
         raise WorkbenchError(f"the results store holds a damaged study description ({str(problem)[:200]}); "

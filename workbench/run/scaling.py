@@ -1,4 +1,5 @@
-"""Scaling studies (`kind: scaling`): cost against sequence length, one row per measurement.
+"""The measurements of a scaling study (`kind: scaling`, workbench.recipes.scaling): cost against
+sequence length, one row per measurement.
 
     name: attention-cost
     kind: scaling
@@ -20,24 +21,19 @@ same results store as training runs, so `workbench results` exports them flat; f
 
 from __future__ import annotations
 
-import copy
 import itertools
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, model_validator
+from pydantic import BaseModel, ConfigDict, Field
 
 from workbench import stopping
-from workbench.errors import SpecError
 from workbench.run.executor import Executor, Job
 from workbench.cost.measure import resolve_device, run_points
 from workbench.cost.workload import Mode, Point, Scope
 from workbench.results import RunConfig, RunResult, Status
-from workbench.model.spec import parse_spec
-from workbench.study import StudyBase, check_key
-from workbench.study.keys import digest, label, set_dotted
-from workbench.study.sections import SWEEP_JSON_SCHEMA, Sweep
+from workbench.study.keys import digest, label
 
 # limits are data: measuring them again gives the same
 KEEP_ON_RERUN = frozenset({Status.FINISHED, Status.OOM, Status.TIMEOUT})
@@ -83,55 +79,18 @@ class ScalingSection(BaseModel):
         return out
 
 
-class ScalingStudy(StudyBase):
-    """Measure cost against sequence length for every sweep point."""
+class MeasuredStudy(Protocol):
+    """What the measurements read of a scaling study (workbench.recipes.scaling.study.ScalingStudy)."""
 
-    kind: Literal["scaling"] = Field("scaling", description="scaling: cost against sequence length")
-    model: Annotated[dict[str, Any], WithJsonSchema({"x-section": "ModelSection"})] = Field(
-        default_factory=dict, description="the model spec (see the README)")
-    sweep: Annotated[Sweep, WithJsonSchema(SWEEP_JSON_SCHEMA)] = Field(default_factory=Sweep)
+    seeds: list[int]
     scaling: ScalingSection
 
+    def sweep_points(self) -> list[dict[str, Any]]: ...
 
-    @model_validator(mode="after")
-    def _checks(self):
-        for key in self.sweep.keys:
-            if not key.startswith("model."):
-                raise SpecError(self.sweep.field(key), f"a scaling study sweeps model keys only, got {key!r}",
-                                ["model.<field>"])
-            check_key(key, self.sweep.field(key), task={})
-        for model in self.models():
-            if "decode" in self.scaling.modes and model["family"] != "decoder":
-                raise SpecError("scaling.modes", f"decode needs a decoder model (family is {model['family']!r})")
-        return self
-
-    def sweep_points(self) -> list[dict[str, Any]]:
-        return self.sweep.points()
-
-    def model_of(self, point: dict[str, Any]) -> dict[str, Any]:
-        """The resolved model spec of one sweep point; a SpecError names the swept field."""
-        raw = {"model": copy.deepcopy(self.model)}
-        for key, value in point.items():
-            set_dotted(raw, key, value)
-        try:
-            return parse_spec(raw["model"]).resolved()
-        except SpecError as err:
-            field = self.sweep.field(err.field) if err.field in point else err.field
-            raise SpecError(field, err.problem, err.choices) from None
-
-    def models(self) -> list[dict[str, Any]]:
-        return [self.model_of(point) for point in self.sweep_points()]
-
-    def run_defining(self) -> dict[str, Any]:
-        execution = {"time_budget_s", "memory_limit_gb", "device", "threads", "isolate"}
-        return {"kind": self.kind, "model": self.model, "sweep": self.sweep.model_dump(), "seeds": self.seeds,
-                "scaling": self.scaling.model_dump(exclude=execution)}
+    def model_of(self, point: dict[str, Any]) -> dict[str, Any]: ...
 
 
-# ---- running --------------------------------------------------------------------------------
-
-
-def measurements(study: ScalingStudy) -> list[tuple[dict[str, Any], Point]]:
+def measurements(study: MeasuredStudy) -> list[tuple[dict[str, Any], Point]]:
     """(swept labels, point) for every sweep point x seed x mode x length, in that order."""
     out = []
     for point in study.sweep_points():
@@ -142,7 +101,7 @@ def measurements(study: ScalingStudy) -> list[tuple[dict[str, Any], Point]]:
     return out
 
 
-def run_scaling(study: ScalingStudy, on_row: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
+def run_scaling(study: MeasuredStudy, on_row: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
     """Measure every point of the study; one flat row each (swept keys, the measurement's
     coordinates, figures with their instrument labels, status). No store involved."""
     rows = []
@@ -179,7 +138,7 @@ def run_result(run_id: str, row: dict[str, Any]):
     )
 
 
-def measurement_runs(study: ScalingStudy) -> list[RunConfig]:
+def measurement_runs(study: MeasuredStudy) -> list[RunConfig]:
     """Every measurement as a run of the store: its id says what it computes, its swept
     labels include the measurement's coordinates (scope, mode, length, kv_cache)."""
     runs = []

@@ -425,11 +425,6 @@ def check_metric(metric: str, field: str, study: TrainStudy) -> None:
         raise SpecError(field, f"{metric!r}: no evaluation at length {length}", [f"{name}@{n}" for n in lengths])
 
 
-def study_kinds() -> dict[str, type[StudyBase]]:
-    """The study class of every registered study kind (workbench.kinds), by name."""
-    return {name: kind.study for name, kind in kinds.study_kinds().items()}
-
-
 @dataclass
 class StudyFile:
     """A loaded study with where it came from, so later checks can point into the file."""
@@ -480,11 +475,12 @@ def load_study(path: str | Path, profile: str | None = None, overrides: tuple[st
         data = apply_overrides(data, overrides, file, lines)
     data = with_task_paths(data, path.absolute().parent)
     kind = data.get("kind", "train")
-    if not isinstance(kind, str) or kind not in study_kinds():
+    registered = kinds.study_kinds()
+    if not isinstance(kind, str) or kind not in registered:
         raise StudyError(file, lines.line("kind"),
-                         SpecError("kind", f"unknown study kind {kind!r}" + suggest(str(kind), list(study_kinds())),
-                                   study_kinds()))
-    cls = study_kinds()[kind]
+                         SpecError("kind", f"unknown study kind {kind!r}" + suggest(str(kind), list(registered)),
+                                   registered))
+    cls = registered[kind].study
     try:
         study = cls.model_validate(data)
     except ValidationError as err:

@@ -14,9 +14,10 @@ from workbench.errors import WorkbenchError
 from workbench.hardware import Machine, Need, scaling_needs
 from workbench.kinds import RunOptions, StudyKind
 from workbench.run.runner import Summary, check_study, clear_outputs, execute_runs, sweeping
-from workbench.run.scaling import KEEP_ON_RERUN, MeasureExecutor, ScalingStudy, measurement_line, measurement_runs
+from workbench.run.scaling import KEEP_ON_RERUN, MeasureExecutor, measurement_line, measurement_runs
 from workbench.run.store import Store
 from workbench.study import StudyFile
+from workbench.recipes.scaling.study import ScalingStudy
 
 
 class ScalingKind(StudyKind):
@@ -57,9 +58,9 @@ class ScalingKind(StudyKind):
 
     def report(self, out_dir: Path, info: dict[str, Any], study: ScalingStudy, dest: Path, pictures: bool):
         # The report layer (matplotlib, seaborn) loads only when a report is built, not with the plugins.
-        from workbench.recipes.scaling.report import scaling_report_from_store
+        from workbench.recipes.scaling.report import report_from_store
 
-        return scaling_report_from_store(out_dir, study, info, dest)
+        return report_from_store(out_dir, study, info, dest)
 
 
 @hookimpl

@@ -422,7 +422,7 @@ def dense_pattern(model: dict[str, Any]) -> bool:
     return parse_spec(model).attention.cls.allowed is AttentionVariant.allowed
 
 
-def scaling_report_from_store(out_dir: Path, study, info: dict[str, Any], dest: Path) -> tuple[Report, pd.DataFrame]:
+def report_from_store(out_dir: Path, study, info: dict[str, Any], dest: Path) -> tuple[Report, pd.DataFrame]:
     runs = store.Store(out_dir, create=False).runs()
     builder = ScalingReport(study, runs, merged_environment([r["environment"] for r in runs]),
                             reproduce_command({**info, "name": study.name}, out_dir), dest)

@@ -33,7 +33,7 @@ from workbench.registry import variants
 from workbench.report import fresh_folder, merged_environment, report_destination, study_of, timing_caveat, write_files
 from workbench.report.index import write_summary
 from workbench.report.pictures import ModelPictures
-from workbench.recipes.train.report import TrainReport
+from workbench.recipes.train.report import train_report
 from workbench.recipes.train.runs import TrainInputs
 from workbench.report.variants import short_key
 from workbench.results import flatten
@@ -203,8 +203,7 @@ def write_comparison(out_dirs: Sequence[str | Path], reports_dir: str | Path, na
         command=f"workbench compare {' '.join(map(str, out_dirs))} --name {study.name}{options}",
         pictures=ModelPictures(lambda run_id: store.run_dir(folder_of[run_id], run_id)) if pictures else None,
     )
-    builder = TrainReport(inputs, dest)
-    report, results = builder.build(), builder.results_csv()
+    report, results = train_report(inputs, dest)
     index = write_files(report, results, dest)
     write_summary(dest, report, records)
     return index

@@ -1,6 +1,6 @@
 """Did each variant learn at all? The chance levels of its task's baselines at the training
 length, the learned-at-all gate (workbench.report.learned_gate), the share of seeds that
-failed, and the report's Learned section."""
+failed, and the header's Learned lines (the Learned section is tables.learned)."""
 
 from __future__ import annotations
 
@@ -12,18 +12,21 @@ import numpy as np
 import pandas as pd
 
 from workbench.registry import get_variant
-from workbench.report.document import Item, Paragraph, Section, Table, fmt
 from workbench.report.intervals import LEVEL, Share
-from workbench.report.learned_gate import MARGIN, Gate, Learned, beats, learned_criterion, make_gate, threshold
+from workbench.report.learned_gate import Gate, Learned, beats, learned_criterion, make_gate, threshold
 from workbench.report.variants import short_key, value_text
 from workbench.results import FAILURE_SHARE, KEPT, Status
 from workbench.study import RUN_MEASURES
 from workbench.study.sweep import resolve_point
-from workbench.recipes.train.runs import TrainRuns, interval_text, metric_direction, split_metric
+from workbench.recipes.train.runs import TrainRuns, metric_direction, split_metric
 
 
-class LearnedGates(TrainRuns):
-    """Each variant's baselines and learned-at-all gates, and the Learned section."""
+class Gates:
+    """Each variant's baselines and learned-at-all gates, computed from its runs."""
+
+    def __init__(self, runs: TrainRuns):
+        self.runs, self.study = runs, runs.study
+        self._baselines: dict[tuple[str, int], dict[str, dict[str, float]]] = {}
 
     @cached_property
     def resolved_points(self) -> dict[str, dict[str, Any]]:
@@ -32,8 +35,8 @@ class LearnedGates(TrainRuns):
         out = {}
         try:
             for point in self.study.sweep.points():
-                label = self.variants.label([value_text(point[k]) for k in self.keys])
-                if label in self.variants.labels and label not in out:
+                label = self.runs.variants.label([value_text(point[k]) for k in self.runs.keys])
+                if label in self.runs.variants.labels and label not in out:
                     resolved = resolve_point(self.study, point)
                     out[label] = {"task": resolved["task"], "family": resolved["model"]["family"],
                                   "train": resolved["train"]}
@@ -74,16 +77,16 @@ class LearnedGates(TrainRuns):
         name = split_metric(metric)[0]
         if name in RUN_MEASURES or name == FAILURE_SHARE:
             return None
-        first = self.variants.labels[0] if self.variants.labels else None
+        first = self.runs.variants.labels[0] if self.runs.variants.labels else None
         levels = self.baseline_levels(first, self.train_length(first)) if first is not None else {}
         known = {m for scores in levels.values() for m in scores}
-        return next((c for c in (name, *self.task_metrics, "loss") if c in known), name)
+        return next((c for c in (name, *self.runs.task_metrics, "loss") if c in known), name)
 
     @cached_property
     def gating_baselines(self):
         """The baselines the task names for its gate (`Task.gate_baselines`; None: all)."""
         try:
-            return getattr(get_variant("task", self.task_name), "gate_baselines", None)
+            return getattr(get_variant("task", self.runs.task_name), "gate_baselines", None)
         except Exception:  # noqa: BLE001 - a task no longer installed: every baseline gates
             return None
 
@@ -92,10 +95,10 @@ class LearnedGates(TrainRuns):
         scores there against the task's baselines there."""
         length = self.train_length(variant) if length is None else length
         metric = f"{name}@{length}"
-        higher = metric_direction(metric, self.task_name)
-        lo, hi = self.range_of(metric)
+        higher = metric_direction(metric, self.runs.task_name)
+        lo, hi = self.runs.range_of(metric)
         baselines = {b: scores[name] for b, scores in self.baseline_levels(variant, length).items() if name in scores}
-        return make_gate(variant, metric, self.values(variant, metric), baselines, hi if higher else lo, higher,
+        return make_gate(variant, metric, self.runs.values(variant, metric), baselines, hi if higher else lo, higher,
                          (lo, hi), self.untuned.get(variant, ""), self.gating_baselines)
 
     def learned(self, variant: str, name: str, length: int | None = None) -> Learned:
@@ -110,15 +113,15 @@ class LearnedGates(TrainRuns):
             return {}
         metric = self.study.tune.metric
         name, length = split_metric(metric)
-        higher = metric_direction(metric, self.task_name)
-        lo, hi = self.range_of(metric)
+        higher = metric_direction(metric, self.runs.task_name)
+        lo, hi = self.runs.range_of(metric)
         keys = " and ".join(short_key(k).replace("_", " ") for k in self.study.tune.keys)
         what = "learning rate" if self.study.tune.keys == ["train.lr"] else f"value of {keys}"
         out = {}
-        for tuned in self.inputs.tuning:
-            variant = self.variants.label([value_text(tuned.swept.get(k)) for k in self.keys])
+        for tuned in self.runs.tuning:
+            variant = self.runs.variants.label([value_text(tuned.swept.get(k)) for k in self.runs.keys])
             baselines = {b: scores[name] for b, scores in self.baseline_levels(variant, length).items() if name in scores}
-            if variant not in self.variants.labels or not baselines or not tuned.done:
+            if variant not in self.runs.variants.labels or not baselines or not tuned.done:
                 continue
             limit = threshold(baselines, hi if higher else lo, higher, self.gating_baselines)
             if not any(beats(c.mean, limit.needed, higher) for c in tuned.candidates if c.eligible):
@@ -130,15 +133,16 @@ class LearnedGates(TrainRuns):
         the compared length when that differs and the runs evaluated `name` there."""
         gates = [self.gate(variant, name)]
         length = split_metric(metric)[1]
-        if length is not None and length != self.train_length(variant) and f"{name}@{length}" in self.runs:
+        if length is not None and length != self.train_length(variant) and f"{name}@{length}" in self.runs.final_runs:
             gates.append(self.gate(variant, name, length))
         return tuple(gates)
 
     def failed_seeds(self, variant: str) -> pd.Series:
         """Per seed that ended (finished or diverged): 1 when it diverged or did not learn (its
         own score at the training length misses the group's gate), else 0."""
-        mine = self.runs[(self.runs["variant"] == variant) & self.runs["status"].isin(KEPT)]
-        names = list(self.gates)
+        runs = self.runs.final_runs
+        mine = runs[(runs["variant"] == variant) & runs["status"].isin(KEPT)]
+        names = list(self.per_metric)
         failed = mine["status"] == Status.DIVERGED
         if names:
             gate = self.learned(variant, names[0])
@@ -153,48 +157,17 @@ class LearnedGates(TrainRuns):
         return Share(int(failed.sum()), len(failed))
 
     @cached_property
-    def gates(self) -> dict[str, list[Learned]]:
+    def per_metric(self) -> dict[str, list[Learned]]:
         """Per gated metric (of the headline metrics), every variant's learned-at-all check, in
         sweep order: what the header's Learned lines and the Learned section show."""
-        names = list(dict.fromkeys(g for g in map(self.gate_name, self.headline) if g is not None))
-        return {name: [self.learned(variant, name) for variant in self.variants.labels] for name in names}
+        names = list(dict.fromkeys(g for g in map(self.gate_name, self.runs.headline) if g is not None))
+        return {name: [self.learned(variant, name) for variant in self.runs.variants.labels] for name in names}
 
     def learned_lines(self) -> list[str]:
         """The header's Learned lines: one per gated metric."""
-        if not self.variants.labels:
+        if not self.runs.variants.labels:
             return []
-        if not self.gates:
+        if not self.per_metric:
             return ["Learned: no criterion applies: every verdict compares cost measures (time, memory, "
                     "throughput), which need no gate"]
-        return [learned_criterion(name, gates) for name, gates in self.gates.items()]
-
-    def learned_section(self) -> Section | None:
-        """Per variant, its score at the training length beside every baseline of the task, the
-        threshold, whether it learned, and its share of seeds that diverged or did not learn."""
-        if not self.gates or not self.variants.labels:
-            return None
-        items: list[Item] = [Paragraph(
-            "Baselines: predictors that cannot solve the task, each derived from the task's own generator "
-            "(`Task.baselines`, exactly or by Monte Carlo with a fixed seed): input-ignoring (knows the layout, "
-            "not a token), prefix-aware (also reads the answer's own teacher-forced prefix), order-blind (knows "
-            "which symbols the input holds, not their order), as the task declares them. The threshold is the "
-            f"strongest baseline (of those the task names for its gate) moved {MARGIN:.0%} of the way to a "
-            "perfect score. Over all finished seeds, a group learned when the 95% interval of its mean lies past "
-            "the threshold, did not learn when it lies short of it, and is undetermined otherwise (a verdict reads "
-            "its gates at its own look and level). Failed seeds: those that diverged or whose own score missed "
-            "the threshold, with an exact (Clopper-Pearson) 95% interval of their share.")]
-        for name, gates in self.gates.items():
-            names = list(dict.fromkeys(b for g in gates for b, _ in g.baselines))
-            rows = []
-            for variant, g in zip(self.variants.labels, gates):
-                scores = dict(g.baselines)
-                rows.append([variant, g.metric, interval_text(self.interval(variant, g.metric)),
-                             *(fmt(scores.get(b, math.nan)) for b in names), fmt(g.needed),
-                             f"{g.state} ({g.untested})" if g.untested else str(g.state),
-                             self.failure_share(variant).text])
-            better = "≥" if metric_direction(name, self.task_name) else "≤"
-            items.append(Table(["variant", "at the training length", f"{name} mean [95% CI]", *names,
-                                f"learned: {better}", "learned", "failed seeds [95% CI]"], rows,
-                               caption=f"{name}: score at the training length against the task's baselines",
-                               numeric=[False, False, True, *([True] * len(names)), True, False, True]))
-        return Section("Learned at the training length", items)
+        return [learned_criterion(name, gates) for name, gates in self.per_metric.items()]

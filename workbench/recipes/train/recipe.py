@@ -10,7 +10,6 @@
 from __future__ import annotations
 
 import json
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +27,7 @@ from workbench.run.runner import (
     execute_runs,
     sweeping,
 )
-from workbench.run.store import Store
+from workbench.run.store import Store, load_results
 from workbench.run.tracking import prepare_trackers, tracker_run
 from workbench.study import StudyFile, TrainStudy
 from workbench.study.keys import canonical_json
@@ -128,32 +127,10 @@ class TrainKind(StudyKind):
         return summary
 
     def report(self, out_dir: Path, info: dict[str, Any], study: TrainStudy, dest: Path, pictures: bool):
-        # The report layer (matplotlib, seaborn) loads only when a report is built, not with the plugins.
-        from workbench.run import store
-        from workbench.report import ReportSkipWarning, merged_environment, missing_variants, reproduce_command
-        from workbench.report import timing_caveat
-        from workbench.report.pictures import ModelPictures
-        from workbench.recipes.train.report import TrainReport
-        from workbench.recipes.train.runs import TrainInputs
+        # The report layer (matplotlib, seaborn) loads only when a report is built, not with the kinds.
+        from workbench.recipes.train.report import report_from_store
 
-        runs = store.load_results(out_dir)
-        missing = missing_variants(store.load_run_configs(out_dir))
-        if missing and pictures:
-            warnings.warn(f"{', '.join(missing)} not installed: the report leaves out the attention and position "
-                          "pictures (they load the trained models); everything else is from the store",
-                          ReportSkipWarning, stacklevel=2)
-            pictures = False
-        records = Store(out_dir, create=False).runs()
-        inputs = TrainInputs(
-            study=study, runs=runs, curves=store.load_curves(out_dir),
-            environment=merged_environment([r["environment"] for r in records]),
-            command=reproduce_command({**info, "name": study.name}, out_dir),
-            pictures=ModelPictures(lambda run_id: store.run_dir(out_dir, run_id)) if pictures else None,
-            tuning=choose(study, records), timing_caveat=timing_caveat(records),
-        )
-        builder = TrainReport(inputs, dest)
-        return builder.build(), builder.results_csv()
-
+        return report_from_store(out_dir, info, study, dest, pictures)
 
 def tune(study_file: StudyFile, tuning: list[RunConfig], store: Store, executor, summary: Summary,
          progress: SweepProgress, names: dict[str, str], tracker=None) -> list[PointTuning]:
@@ -181,18 +158,14 @@ def add_seeds(study_file: StudyFile, chosen: dict[str, dict[str, Any]] | None, s
     """Adaptive seeds: after each round, give the groups of comparisons still undecided the
     seeds of the next look, until every comparison has ended or its groups reached the plan's
     maximum (workbench.report.sequential: the loop and the rule the report reads back)."""
-    # The report layer loads only here.
-    from workbench.report.sequential import grow_seeds
-    from workbench.recipes.train.runs import TrainInputs
-    from workbench.recipes.train.verdicts import TrainVerdicts
-    from workbench.run.store import load_results
+    # The verdicts' statistics (scipy, pandas) load only for an adaptive study.
+    from workbench.recipes.train.verdicts import seeds_wanted
+    from workbench.report.sequential import grow_seeds  # the loop that asks seeds_wanted after each round
 
     study = study_file.study
 
     def wanted() -> dict[str, int]:
-        inputs = TrainInputs(study=study, runs=load_results(store.out_dir), curves=None, environment={},
-                             command="", tuning=choose(study, store.runs()))
-        return TrainVerdicts(inputs, store.out_dir).seeds_wanted()
+        return seeds_wanted(study, load_results(store.out_dir), choose(study, store.runs()))
 
     def run(counts: dict[str, int], grown: dict[str, int]) -> None:
         statuses = store.statuses()

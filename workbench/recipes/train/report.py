@@ -5,60 +5,108 @@ Every table keeps every variant: one whose runs all failed is listed with "–" 
 status counts, and each failed, diverged or out-of-memory run appears with its message and
 the step it reached.
 
-TrainReport puts the report's parts together: the runs (workbench.recipes.train.runs), the
-learned-at-all gates (train_gates), the verdicts (train_verdicts), the tables (train_tables),
-the figures (train_figures) and whether the budget sufficed (convergence).
+The report is the list SECTIONS, in reading order: each section is a function of the study's
+results (workbench.recipes.train.results: the runs, their gates and verdicts) that returns a
+document section (workbench.report.document), or None where it does not apply. The table
+sections live in tables.py, the figure sections in figures.py; the header (verdict lines,
+Learned lines, verdict figures) is put together by `train_report`.
 """
 
 from __future__ import annotations
 
+import warnings
+from pathlib import Path
+from typing import Any
+
 import pandas as pd
 
+from workbench.report import ReportSkipWarning, merged_environment, missing_variants, reproduce_command, timing_caveat
 from workbench.report.convergence import settling, settling_section
 from workbench.report.document import Paragraph, Report, Section
+from workbench.report.pictures import ModelPictures
 from workbench.report.tuning import TuningSection
-from workbench.recipes.train.runs import metric_direction, metric_range
-from workbench.recipes.train.verdicts import TrainVerdicts
-from workbench.recipes.train.tables import TrainTables
-from workbench.recipes.train.figures import TrainFigures
+from workbench.run import store
+from workbench.study.tuning import choose
+from workbench.recipes.train import figures, tables
+from workbench.recipes.train.results import TrainResults
+from workbench.recipes.train.runs import TrainInputs, TrainRuns, metric_direction, metric_range
 
 
-class TrainReport(TrainVerdicts, TrainTables, TrainFigures):
-    """Computes the sections of one training study's report; figures go to `dest/figures/`."""
+def tuning(r: TrainResults) -> Section | None:
+    """With `tune:`, each sweep point's candidates and the values it chose."""
+    study, runs = r.runs.study, r.runs
+    if study.tune is None:
+        return None
+    return TuningSection(study, r.inputs.tuning, runs.variants, runs.palette, r.dest).build()
 
-    def build(self) -> Report:
-        decided = self.verdicts()
-        sections = [self.scale_section(decided), self.setup()]
-        if self.study.tune is not None:
-            tuning = TuningSection(self.study, self.inputs.tuning, self.variants, self.palette, self.dest)
-            sections.append(tuning.build())
-        sections += [self.learned_section(), self.leaderboards(), self.settling_section(), self.fits_section(),
-                     self.figures_section()]
-        if self.inputs.pictures is not None:
-            items = self.inputs.pictures(self.variants, self.finished, self.dest)
-            if items:
-                sections.append(Section("What the model does", items))
-        sections.append(self.failures())
-        if self.study.notes.strip():
-            sections.append(Section("Notes", [Paragraph(p.strip()) for p in self.study.notes.split("\n\n") if p.strip()]))
-        sections.append(self.environment())
-        lines = [self.verdict_line(v, index) for v, index in decided]
-        return Report(name=self.study.name, kind="train", question=self.study.description or "(no description)",
-                      verdicts=lines, sections=[s for s in sections if s is not None], learned=self.learned_lines(),
-                      verdict_figures=self.verdict_figures(lines))
 
-    def settling_section(self) -> Section | None:
-        """Whether the budget sufficed: the verdict metrics over the last 20% of the steps."""
-        curves = self.inputs.curves
-        if curves is None or curves.empty:
-            return None
-        metrics = list(dict.fromkeys(exp.metric for exp in self.study.expect if exp.target is None))
-        scales = {m: (metric_direction(m, self.task_name), metric_range(m, self.task_name)) for m in metrics}
-        return settling_section(settling(curves, self.finished, metrics, scales))
+def budget_settling(r: TrainResults) -> Section | None:
+    """Whether the budget sufficed: the verdict metrics over the last 20% of the steps."""
+    curves = r.inputs.curves
+    if curves is None or curves.empty:
+        return None
+    task = r.runs.task_name
+    metrics = list(dict.fromkeys(exp.metric for exp in r.runs.study.expect if exp.target is None))
+    scales = {m: (metric_direction(m, task), metric_range(m, task)) for m in metrics}
+    return settling_section(settling(curves, r.runs.finished, metrics, scales))
 
-    def results_csv(self) -> pd.DataFrame:
-        """Every run, one row each, in sweep order (tuning runs last), with its variant label first."""
-        runs = pd.concat([self.runs, self.tuning_runs])
-        frame = runs.drop(columns=["variant"])
-        frame.insert(0, "variant", runs["variant"])
-        return frame
+
+def pictures(r: TrainResults) -> Section | None:
+    """Attention and position pictures from the saved final weights, when the report draws them."""
+    if r.inputs.pictures is None:
+        return None
+    items = r.inputs.pictures(r.runs.variants, r.runs.finished, r.dest)
+    return Section("What the model does", items) if items else None
+
+
+def notes(r: TrainResults) -> Section | None:
+    """The study's own `notes:`, one paragraph per blank-line-separated block."""
+    text = r.runs.study.notes
+    if not text.strip():
+        return None
+    return Section("Notes", [Paragraph(p.strip()) for p in text.split("\n\n") if p.strip()])
+
+
+SECTIONS = (tables.across_scale, tables.setup, tuning, tables.learned, tables.leaderboards, budget_settling,
+            figures.fits_section, figures.figures_section, pictures, tables.failures, notes, tables.environment)
+
+
+def train_report(inputs: TrainInputs, dest: Path) -> tuple[Report, pd.DataFrame]:
+    """The report of one training study and its results table; figures go to `dest/figures/`."""
+    r = TrainResults(inputs, dest)
+    sections = [section for section in (make(r) for make in SECTIONS) if section is not None]
+    lines = [r.verdicts.line(v, index) for v, index in r.verdicts.decided]
+    study = r.runs.study
+    report = Report(name=study.name, kind="train", question=study.description or "(no description)",
+                    verdicts=lines, sections=sections, learned=r.gates.learned_lines(),
+                    verdict_figures=figures.verdict_figures(r, lines))
+    return report, results_table(r.runs)
+
+
+def results_table(runs: TrainRuns) -> pd.DataFrame:
+    """Every run, one row each, in sweep order (tuning runs last), with its variant label first."""
+    every = pd.concat([runs.final_runs, runs.tuning_runs])
+    frame = every.drop(columns=["variant"])
+    frame.insert(0, "variant", every["variant"])
+    return frame
+
+
+def report_from_store(out_dir: Path, info: dict[str, Any], study, dest: Path, pictures: bool):
+    """The report of the training study stored in `out_dir` (with attention pictures from the
+    saved final weights when `pictures` and every variant is installed) and its results table."""
+    runs = store.load_results(out_dir)
+    missing = missing_variants(store.load_run_configs(out_dir))
+    if missing and pictures:
+        warnings.warn(f"{', '.join(missing)} not installed: the report leaves out the attention and position "
+                      "pictures (they load the trained models); everything else is from the store",
+                      ReportSkipWarning, stacklevel=2)
+        pictures = False
+    records = store.Store(out_dir, create=False).runs()
+    inputs = TrainInputs(
+        study=study, runs=runs, curves=store.load_curves(out_dir),
+        environment=merged_environment([r["environment"] for r in records]),
+        command=reproduce_command({**info, "name": study.name}, out_dir),
+        pictures=ModelPictures(lambda run_id: store.run_dir(out_dir, run_id)) if pictures else None,
+        tuning=choose(study, records), timing_caveat=timing_caveat(records),
+    )
+    return train_report(inputs, dest)

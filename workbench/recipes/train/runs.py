@@ -103,15 +103,16 @@ def split_metric(col: str) -> tuple[str, int | None]:
 
 class TrainRuns:
     """The final runs of one training study, labelled by variant, with what every section of its
-    report reads from them; figures go to `dest/figures/`."""
+    report (and the adaptive-seed rule) reads from them."""
 
-    def __init__(self, inputs: TrainInputs, dest: Path):
-        self.inputs, self.dest = inputs, dest
-        self.study = inputs.study
+    def __init__(self, study, runs: pd.DataFrame, curves: pd.DataFrame | None = None,
+                 tuning: Sequence[PointTuning] = ()):
+        self.study, self.curves, self.tuning = study, curves, tuning
+        self.all_runs = runs  # as stored: tuning runs too
         self.task_name = self.study.task["name"]
         self.keys = list(self.study.sweep.keys)
         swept = {k: self.study.sweep.values(k) for k in self.keys}
-        runs = inputs.runs.copy()
+        runs = runs.copy()
         self.variants = Variants.of(self.keys, runs, swept)
         runs["variant"] = self.variants.label_runs(runs)
         order = ["index", "seed"] if "index" in runs else ["variant", "seed"]
@@ -120,8 +121,8 @@ class TrainRuns:
         for exp in self.study.expect:
             if exp.target is not None:
                 runs[self.expect_column(exp)] = self.to_target(exp, runs)
-        self.runs, self.tuning_runs = split_stages(runs)  # tables and verdicts: final runs only
-        self.finished = self.runs[self.runs["status"] == Status.FINISHED]
+        self.final_runs, self.tuning_runs = split_stages(runs)  # tables and verdicts: final runs only
+        self.finished = self.final_runs[self.final_runs["status"] == Status.FINISHED]
         self.palette = figures.variant_palette(self.variants.labels)
         self.palette = {v: self.palette[v] for v in self.variants.labels}  # sweep order for legends
         try:
@@ -129,8 +130,7 @@ class TrainRuns:
         except Exception:  # noqa: BLE001
             task_metrics = []
         self.task_metrics = task_metrics
-        self._baselines: dict[tuple[str, int], dict[str, dict[str, float]]] = {}
-        self.metrics = metric_columns(self.runs, task_metrics)
+        self.metrics = metric_columns(self.final_runs, task_metrics)
         self.primary = task_metrics[0] if task_metrics else "loss"
 
     def expect_column(self, exp) -> str:
@@ -145,7 +145,7 @@ class TrainRuns:
         """Each run's `exp.metric` (e.g. flops_to_target) for its target, NaN where not reached
         (those finished runs are remembered for the verdict) or where no spending was recorded."""
         column = self.expect_column(exp)
-        curves = self.inputs.curves
+        curves = self.curves
         if curves is None or curves.empty:
             return pd.Series(math.nan, index=runs.index)
         higher = metric_direction(exp.target.metric, self.task_name)
@@ -176,7 +176,7 @@ class TrainRuns:
         wanted += [m for m in self.metrics if split_metric(m)[0] == self.primary]
         out = []
         for m in wanted:
-            if m in self.runs.columns and m not in out:
+            if m in self.final_runs.columns and m not in out:
                 out.append(m)
         return out or self.metrics[:1]
 

@@ -1,6 +1,6 @@
-"""The verdicts of a training study's report: each `expect:` entry's comparisons, decided by
-workbench.report.stats (look by look with adaptive seeds), each as a verdict line, and the
-Across scale section of a scale ladder."""
+"""The verdicts of a training study: each `expect:` entry's comparisons, decided by
+workbench.report.stats (look by look with adaptive seeds), each as a verdict line; the outcomes
+at each rung of a scale ladder; and which groups get more seeds next (`seeds_wanted`)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any
 
 import pandas as pd
 
-from workbench.report.document import Paragraph, Section, Table, VerdictLine, fmt, fmt_signed_interval
+from workbench.report.document import VerdictLine, fmt, fmt_signed_interval
 from workbench.report.intervals import Interval
 from workbench.report.learned_gate import Learned
 from workbench.report.sequential import seed_looks, seeds_for_next_look, sequential_verdicts
@@ -23,8 +23,9 @@ from workbench.report.registration import post_hoc
 from workbench.results import FAILURE_SHARE
 from workbench.study.keys import label, point_labels
 from workbench.study.sweep import point_key
-from workbench.recipes.train.runs import interval_text, metric_direction
-from workbench.recipes.train.gates import LearnedGates
+from workbench.recipes.train.gates import Gates
+from workbench.recipes.train.runs import TrainRuns, interval_text, metric_direction
+from workbench.study.tuning import PointTuning
 
 
 def gate_record(g: Learned) -> dict[str, Any]:
@@ -37,8 +38,11 @@ def group_record(group: str, iv: Interval) -> dict[str, Any]:
     return {"group": group, "mean": iv.mean, "lo": iv.lo, "hi": iv.hi, "n": iv.n, "constant": iv.constant}
 
 
-class TrainVerdicts(LearnedGates):
-    """The `expect:` comparisons, their verdicts and verdict lines, and the Across scale section."""
+class Verdicts:
+    """The `expect:` comparisons of a study's runs, their verdicts and verdict lines."""
+
+    def __init__(self, runs: TrainRuns, gates: Gates):
+        self.runs, self.gates, self.study = runs, gates, runs.study
 
     def comparisons(self) -> tuple[list[Comparison], list[int]]:
         """Each `expect:` pair to decide, with the index of the entry it comes from (an entry
@@ -46,12 +50,12 @@ class TrainVerdicts(LearnedGates):
         comparisons, origins = [], []
         for index, exp in enumerate(self.study.expect):
             origins.append(index)
-            metric = self.expect_column(exp)
+            metric = self.runs.expect_column(exp)
             gated = exp.target.metric if exp.target is not None else metric  # the score a group must have learned
-            higher = metric_direction(metric, self.task_name)
-            bounds = (0.0, 1.0) if metric == FAILURE_SHARE else self.range_of(metric)
-            gate = self.gate_name(gated)
-            pairs = self.variants.pairs(exp.better, exp.than)
+            higher = metric_direction(metric, self.runs.task_name)
+            bounds = (0.0, 1.0) if metric == FAILURE_SHARE else self.runs.range_of(metric)
+            gate = self.gates.gate_name(gated)
+            pairs = self.runs.variants.pairs(exp.better, exp.than)
             if not pairs:  # neither point was run (e.g. a profile dropped it): say so
                 a = ", ".join(f"{short_key(k)}={value_text(v)}" for k, v in exp.better.items())
                 b = ", ".join(f"{short_key(k)}={value_text(v)}" for k, v in exp.than.items())
@@ -59,13 +63,15 @@ class TrainVerdicts(LearnedGates):
                 continue
             origins += [index] * (len(pairs) - 1)
             for a, b in pairs:
-                gates = () if gate is None else (*self.group_gates(a, gate, gated), *self.group_gates(b, gate, gated))
+                gates = () if gate is None else (*self.gates.group_gates(a, gate, gated),
+                                                 *self.gates.group_gates(b, gate, gated))
                 if metric == FAILURE_SHARE:
-                    values = self.failed_seeds(a), self.failed_seeds(b)
+                    values = self.gates.failed_seeds(a), self.gates.failed_seeds(b)
                 else:
-                    values = self.values(a, metric), self.values(b, metric)
-                unreached = tuple(t for t in (self.unreached_text(metric, a), self.unreached_text(metric, b)) if t)
-                ran = min(int((self.runs["variant"] == v).sum()) for v in (a, b))
+                    values = self.runs.values(a, metric), self.runs.values(b, metric)
+                unreached = tuple(t for t in (self.runs.unreached_text(metric, a), self.runs.unreached_text(metric, b))
+                                  if t)
+                ran = min(int((self.runs.final_runs["variant"] == v).sum()) for v in (a, b))
                 comparisons.append(Comparison(metric, a, b, *values, higher, bounds, gates, exp.note,
                                               margin=exp.margin, counts=metric == FAILURE_SHARE, seeds_run=ran,
                                               unreached=unreached, recorded=self.recorded(a, b)))
@@ -74,27 +80,17 @@ class TrainVerdicts(LearnedGates):
     @cached_property
     def first_result(self) -> str | None:
         """When the study's first run (tuning included) was recorded; None in stores without times."""
-        times = self.inputs.runs.get("recorded_at")
+        times = self.runs.all_runs.get("recorded_at")
         return None if times is None or times.dropna().empty else str(times.dropna().min())
 
     def recorded(self, a: str, b: str) -> pd.Series | None:
         """Per seed both groups ran, the later of their runs' recording times (ISO, UTC)."""
-        if "recorded_at" not in self.runs:
+        runs = self.runs.final_runs
+        if "recorded_at" not in runs:
             return None
-        times = [self.runs[self.runs["variant"] == v].groupby("seed")["recorded_at"].max() for v in (a, b)]
+        times = [runs[runs["variant"] == v].groupby("seed")["recorded_at"].max() for v in (a, b)]
         both = pd.concat(times, axis=1).dropna()
         return both.max(axis=1).sort_index()
-
-    def seeds_wanted(self) -> dict[str, int]:
-        """Adaptive seeds: point_key -> the seeds its group should have by the next look, for
-        the groups of every comparison still inconclusive below the plan's maximum
-        (workbench.report.sequential.seeds_for_next_look)."""
-        plan = self.study.seed_plan
-        looks = seed_looks(plan.first, plan.max)
-        comparisons, _ = self.comparisons()
-        decided = sequential_verdicts(comparisons, looks, plan=False)
-        return {self.point_keys[group]: n for group, n in seeds_for_next_look(comparisons, decided, looks).items()
-                if group in self.point_keys}
 
     @cached_property
     def point_keys(self) -> dict[str, str]:
@@ -102,10 +98,12 @@ class TrainVerdicts(LearnedGates):
         out = {}
         for point in self.study.sweep.points():
             labels = {k: label(v) for k, v in point.items()}
-            out[self.variants.label([value_text(point[k]) for k in self.keys])] = point_key(labels, self.keys)
+            keys = self.runs.keys
+            out[self.runs.variants.label([value_text(point[k]) for k in keys])] = point_key(labels, keys)
         return out
 
-    def verdicts(self) -> list[tuple[Verdict, int]]:
+    @cached_property
+    def decided(self) -> list[tuple[Verdict, int]]:
         """Each verdict with the index of the `expect:` entry it decides; an adaptive study's
         comparisons are decided look by look (workbench.report.sequential)."""
         comparisons, origins = self.comparisons()
@@ -121,16 +119,17 @@ class TrainVerdicts(LearnedGates):
         rung_order = [value_text(v) for v in self.study.scale[self.study.rung_key]]
         rows: dict[tuple[int, str], dict[str, Any]] = {}
         for v, index in decided:
-            if v.better not in self.variants.labels:
+            if v.better not in self.runs.variants.labels:
                 continue
             exp = self.study.expect[index]
-            values = dict(zip(self.variants.keys, self.variants.points[self.variants.labels.index(v.better)]))
+            variants = self.runs.variants
+            values = dict(zip(variants.keys, variants.points[variants.labels.index(v.better)]))
             context = ", ".join(f"{short_key(k)}={x}" for k, x in values.items()
                                 if k not in scale_keys and k not in exp.better and k not in exp.than)
             row = rows.setdefault((index, context), {
                 "index": index, "context": context, "outcomes": {}, "labels": {},
                 "statement": f"{self.variants_text(exp.better)} is better than {self.variants_text(exp.than)} on "
-                             f"{self.expect_column(exp)}"})
+                             f"{self.runs.expect_column(exp)}"})
             row["outcomes"][values[self.study.rung_key]] = v.outcome
             row["labels"][values[self.study.rung_key]] = v.label
         for row in rows.values():
@@ -141,23 +140,7 @@ class TrainVerdicts(LearnedGates):
     def variants_text(point: dict[str, Any]) -> str:
         return ", ".join(value_text(v) for v in point.values())
 
-    def scale_section(self, decided: Sequence[tuple[Verdict, int]]) -> Section | None:
-        if not self.study.scale:
-            return None
-        rungs = [value_text(v) for v in self.study.scale[self.study.rung_key]]
-        matching = "; ".join(f"{k}: {', '.join(value_text(x) for x in values)}" for k, values in self.study.scale.items())
-        rows = []
-        for row in self.across_scale(decided):
-            rows.append([row["statement"] + (f" ({row['context']})" if row["context"] else ""),
-                         *(row["labels"].get(r, "–") for r in rungs), row["line"]])
-        return Section("Across scale", [
-            Paragraph(f"Scale ladder: {matching} (one value per rung). Every expect: entry is decided at each rung "
-                      "by the rule under Verdicts (Holm's correction covers every rung's comparison together); the "
-                      "last column says whether the verdict holds across the rungs."),
-            Table(["expectation", *(f"{short_key(self.study.rung_key)} = {r}" for r in rungs), "across scale"], rows,
-                  caption="Each expect: entry at every rung of the ladder")])
-
-    def verdict_line(self, v: Verdict, index: int) -> VerdictLine:
+    def line(self, v: Verdict, index: int) -> VerdictLine:
         exp = self.study.expect[index]
         def group(name: str, iv: Interval) -> str:
             return f"{name}: {interval_text(iv)}" + ("" if iv.constant else f" ({iv.n} seeds)")
@@ -188,3 +171,16 @@ class TrainVerdicts(LearnedGates):
                            groups=[group_record(name, iv) for name, iv in ((v.better, v.better_ci), (v.than, v.than_ci))],
                            expect={"index": index, "metric": exp.metric, "better": point_labels(exp.better),
                                    "than": point_labels(exp.than)})
+
+
+def seeds_wanted(study, runs: pd.DataFrame, tuning: Sequence[PointTuning] = ()) -> dict[str, int]:
+    """Adaptive seeds: point_key -> the seeds its group should have by the next look, for the
+    groups of every comparison of the stored `runs` still inconclusive below the plan's maximum
+    (workbench.report.sequential.seeds_for_next_look). The loop calls it after each round."""
+    train_runs = TrainRuns(study, runs, tuning=tuning)
+    verdicts = Verdicts(train_runs, Gates(train_runs))
+    looks = seed_looks(study.seed_plan.first, study.seed_plan.max)
+    comparisons, _ = verdicts.comparisons()
+    decided = sequential_verdicts(comparisons, looks, plan=False)
+    return {verdicts.point_keys[group]: n for group, n in seeds_for_next_look(comparisons, decided, looks).items()
+            if group in verdicts.point_keys}
