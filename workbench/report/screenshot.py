@@ -2,7 +2,7 @@
 (first-screen.png beside index.html): the page in headless Chromium at a window size, 1400 x 900
 by default (a laptop's browser window).
 
-Chromium is the browser the tests check the layout in (tests/test_report.py); it is found on
+Chromium is the browser the tests check the layout in (tests/recipes/test_report.py); it is found on
 PATH under its usual names, and its absence is one line naming them.
 """
 

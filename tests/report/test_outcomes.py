@@ -9,7 +9,7 @@ from pathlib import Path
 
 from workbench.report.outcomes import CEILING_LABEL, DECIDED, Outcome
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 HOME = ROOT / "workbench" / "report" / "outcomes.py"
 # An outcome's words as a literal: quoted on their own ("holds"), or starting a quoted label
 # ('holds (only A learned)'); a CSS rule (.does-not-hold) or Markdown bold (**holds**).
