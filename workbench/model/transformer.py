@@ -2,14 +2,15 @@
 
     tokens -> token embedding -> position.embed -> embedding norm (optional) -> Block x n_layers
            -> final norm (pre) -> head
-    Block:   x = attn_norm(x, self-attention)     pre:  x + f(norm(x))
-             x = cross_norm(x, cross-attention)   post: norm(x + f(x))
-             x = ffn_norm(x, feed-forward)        (cross-attention only in encoder_decoder)
+    Block:   x = x + attn(attn_norm.before(x));   x = attn_norm.after(x)
+             x = x + cross(cross_norm.before(x)); x = cross_norm.after(x)   (encoder_decoder's decoder)
+             x = x + ffn(ffn_norm.before(x));     x = ffn_norm.after(x)
+             pre: before = norm, after = identity   post: before = identity, after = norm
 
 The four pluggable axes enter at four places: `position` (embedding, q/k rotation or score
-bias), `attention` (which keys a query reads, and the kernel), `norm` (the residual wrapper)
-and `ffn`. Families: EncoderModel (bidirectional), DecoderModel (causal LM) and
-EncoderDecoderModel (encoder + causal decoder with cross-attention).
+bias), `attention` (which keys a query reads, and the kernel), `norm` (where each residual
+branch's norm sits) and `ffn`. Families: EncoderModel (bidirectional), DecoderModel (causal LM)
+and EncoderDecoderModel (encoder + causal decoder with cross-attention).
 """
 
 from __future__ import annotations
@@ -148,6 +149,8 @@ def make_placement(spec: ModelSpec) -> nn.Module:
 
 
 class Block(nn.Module):
+    """One layer: self-attention, cross-attention (encoder_decoder's decoder), feed-forward."""
+
     def __init__(self, spec: ModelSpec, position: nn.Module, causal: bool, cross: bool):
         super().__init__()
         self.causal = causal
@@ -163,13 +166,18 @@ class Block(nn.Module):
 
     def forward(self, x: Tensor, seq: Positions, memory: Tensor | None = None,
                 memory_seq: Positions | None = None, cache: KVCache | None = None, layer: int = 0) -> Tensor:
+        # Each sublayer is a residual branch; the norm placement puts its norm on the branch's
+        # input (pre: `before`) or on the sum (post: `after`); the other one is the identity.
         self_cache = cache.self_attn[layer] if cache is not None else None
-        x = self.attn_norm(x, lambda h: self.attn(h, seq, self.causal, self_cache))
+        x = x + self.attn(self.attn_norm.before(x), seq, self.causal, self_cache)  # (B, n, d_model)
+        x = self.attn_norm.after(x)
         if self.cross is not None:
             cross_cache = cache.cross_attn[layer] if cache is not None else None
-            x = self.cross_norm(x, lambda h: self.cross(h, seq, memory, memory_seq, cross_cache))
+            x = x + self.cross(self.cross_norm.before(x), seq, memory, memory_seq, cross_cache)  # (B, n, d_model)
+            x = self.cross_norm.after(x)
         if self.ffn is not None:
-            x = self.ffn_norm(x, lambda h: self.ffn_dropout(self.ffn(h)))
+            x = x + self.ffn_dropout(self.ffn(self.ffn_norm.before(x)))  # (B, n, d_model)
+            x = self.ffn_norm.after(x)
         return x
 
 
