@@ -28,7 +28,6 @@ from workbench.model.attention import arange_positions
 from workbench.model.cache import KVCache, LayerCache
 from workbench.model.norm import make_norm
 from workbench.model.position import INIT_STD
-from workbench.registry import get_variant
 from workbench.model.sampling import GenerationConfig, next_token
 from workbench.model.spec import ModelSpec, parse_spec
 
@@ -106,9 +105,8 @@ class CrossAttention(nn.Module):
         self.kv = nn.Linear(spec.d_model, 2 * self.n_kv_heads * self.head_dim, bias=spec.bias)
         self.out = nn.Linear(self.n_heads * self.head_dim, spec.d_model, bias=spec.bias)
         self.dropout = nn.Dropout(spec.dropout)
-        full = get_variant("attention", "full")
-        params = full.Params.model_validate({"scaled": spec.attention.params.scaled})
-        self.variant = full(params, n_heads=self.n_heads, n_kv_heads=self.n_kv_heads, head_dim=self.head_dim)
+        full = spec.cross_attention
+        self.variant = full.cls(full.params, n_heads=self.n_heads, n_kv_heads=self.n_kv_heads, head_dim=self.head_dim)
         self.recorded: list[Tensor] | None = None
         self.visible: list[Tensor] | None = None
 
