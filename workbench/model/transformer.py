@@ -24,8 +24,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from workbench.model.attention import arange_positions
 from workbench.model.cache import KVCache, LayerCache
+from workbench.model.flex import arange_positions
 from workbench.model.norm import make_norm
 from workbench.model.position import INIT_STD
 from workbench.model.sampling import GenerationConfig, next_token
