@@ -26,6 +26,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 
+from workbench.model.attention import AttentionVariant
 from workbench.model.cache import KVCache, LayerCache
 from workbench.model.flex import arange_positions
 from workbench.model.norm import make_norm
@@ -57,6 +58,8 @@ WeightsHook = Callable[[Tensor, Tensor], None]
 
 class AttentionLayer(nn.Module):
     """What self- and cross-attention share: their variant's call, and hooks that see its weights."""
+
+    variant: AttentionVariant  # set by the subclass
 
     def __init__(self):
         super().__init__()
