@@ -345,10 +345,10 @@ def flex_forward_error(variant: nn.Module, q, k, v, kwargs) -> float:
     try:
         with torch.no_grad():
             q, k, v = (x.detach() for x in (q, k, v))
-            flex, dense = variant(q, k, v, **kwargs), variant.dense(q, k, v, **kwargs)
+            fast, dense = variant(q, k, v, **kwargs), variant.dense(q, k, v, **kwargs)
     finally:
         flex.FLEX_DEVICES = before
-    return ((flex - dense).abs().max() / dense.abs().max()).item()
+    return ((fast - dense).abs().max() / dense.abs().max()).item()
 
 
 def dense_error(variant: nn.Module, q, k, v, kwargs) -> dict[str, float]:
