@@ -52,7 +52,7 @@ import yaml
 from torch import nn
 
 from benchmarks import RESULTS_DIR, Check, write_json
-from workbench.model.attention import arange_positions
+from workbench.model.flex import arange_positions
 from benchmarks.vs_xtransformers import BASE, CONFIGS, alternate, random_tokens, xtransformers_available
 
 QUICKSTART = Path(__file__).resolve().parent.parent / "studies" / "quickstart.yaml"
@@ -338,17 +338,17 @@ def cuda_peak_bytes(setup: Setup, call: Callable[[], Any]) -> int:
 def flex_forward_error(variant: nn.Module, q, k, v, kwargs) -> float:
     """Largest |FlexAttention - dense| / max |dense| of the forward, with the CPU standing in for
     CUDA (eager FlexAttention has no backward on the CPU): the CPU smoke run reaches that path."""
-    from workbench.model import attention
+    from workbench.model import flex
 
-    before = attention.FLEX_DEVICES
-    attention.FLEX_DEVICES = (q.device.type,)
+    before = flex.FLEX_DEVICES
+    flex.FLEX_DEVICES = (q.device.type,)
     try:
         with torch.no_grad():
             q, k, v = (x.detach() for x in (q, k, v))
-            flex, dense = variant(q, k, v, **kwargs), variant.dense(q, k, v, **kwargs)
+            fast, dense = variant(q, k, v, **kwargs), variant.dense(q, k, v, **kwargs)
     finally:
-        attention.FLEX_DEVICES = before
-    return ((flex - dense).abs().max() / dense.abs().max()).item()
+        flex.FLEX_DEVICES = before
+    return ((fast - dense).abs().max() / dense.abs().max()).item()
 
 
 def dense_error(variant: nn.Module, q, k, v, kwargs) -> dict[str, float]:

@@ -66,15 +66,19 @@ def diagnostics(model, task, batch) -> dict[str, float]:
     real = mask.bool()
     residuals: list[torch.Tensor] = []  # the stream each sublayer's output is added to
     outputs: list[torch.Tensor] = []  # each sublayer's output (its residual branch)
-    handles = []
+    handles, placements = [], []
     for block in model.decoder.blocks:
         for placement, sublayer in ((block.attn_norm, block.attn), (block.ffn_norm, block.ffn)):
-            handles.append(placement.register_forward_pre_hook(lambda m, args: residuals.append(args[0])))
+            # Block.forward adds the sublayer's output to the stream that `before` reads.
+            placement.before = lambda x, before=placement.before: residuals.append(x) or before(x)
+            placements.append(placement)
             handles.append(sublayer.register_forward_hook(lambda m, args, out: outputs.append(out)))
     with record_attention(model) as recorded:
         logits = model(tokens, mask)[:, :-1]
     for handle in handles:
         handle.remove()
+    for placement in placements:
+        del placement.before  # the class's method again
     stats: dict[str, float] = {}
     targets, scored = task.scored_ids(batch, "decoder")
     stats["self"] = float((logits.argmax(-1) == tokens[:, :-1])[scored].float().mean())

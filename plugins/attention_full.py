@@ -7,7 +7,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from workbench import hookimpl
-from workbench.model.attention import AttentionVariant, flex_applies
+from workbench.model.attention import AttentionVariant
+from workbench.model.flex import flex_applies
 
 
 class FullAttention(AttentionVariant):

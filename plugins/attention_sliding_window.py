@@ -20,7 +20,8 @@ from torch import Tensor
 
 from workbench import hookimpl
 from workbench.model.attention import (AttentionParams, AttentionVariant, aligned_offsets, block_attention,
-                                 flex_applies, same_sequence, zero_unaligned_queries)
+                                       same_sequence, zero_unaligned_queries)
+from workbench.model.flex import flex_applies
 
 
 class SlidingWindowParams(AttentionParams):

@@ -48,8 +48,8 @@ from torch import Tensor
 
 from workbench import hookimpl
 from workbench.model.attention import (AttentionParams, AttentionVariant, aligned_offsets, block_attention,
-                                 flex_applies, masked_softmax, repeat_kv, same_sequence,
-                                 zero_unaligned_queries)
+                                       masked_softmax, repeat_kv, same_sequence, zero_unaligned_queries)
+from workbench.model.flex import flex_applies
 
 _PRIME = 2**31 - 1  # hash arithmetic stays below 2^48: exact in int64 on every device
 

@@ -10,8 +10,6 @@ the identity, and with a tied head the token embeddings collapse before the subl
 (studies/norm-placement.yaml, notes; benchmarks/post_norm_probe.py). Pre-Norm, whose stream
 stays at the embeddings' scale, is not affected."""
 
-from collections.abc import Callable
-
 from torch import Tensor
 
 from workbench import hookimpl
@@ -24,8 +22,8 @@ class PostNorm(NormPlacement):
     name = "post"
     final_norm = False
 
-    def forward(self, x: Tensor, sublayer: Callable[[Tensor], Tensor]) -> Tensor:
-        return self.norm(x + sublayer(x))
+    def after(self, x: Tensor) -> Tensor:
+        return self.norm(x)
 
 
 @hookimpl

@@ -1,8 +1,6 @@
 """Pre-Norm (GPT-2 onwards): x + f(norm(x)). The residual path is an identity from input to
 output, which is why deep stacks train without warmup; the stack ends with a final norm."""
 
-from collections.abc import Callable
-
 from torch import Tensor
 
 from workbench import hookimpl
@@ -15,8 +13,8 @@ class PreNorm(NormPlacement):
     name = "pre"
     final_norm = True
 
-    def forward(self, x: Tensor, sublayer: Callable[[Tensor], Tensor]) -> Tensor:
-        return x + sublayer(self.norm(x))
+    def before(self, x: Tensor) -> Tensor:
+        return self.norm(x)
 
 
 @hookimpl

@@ -7,8 +7,8 @@
         README.md
 
 Each axis gets a small *working* variant named after a reference (a scaled sinusoidal
-encoding, attention with a softmax temperature, Pre-Norm with a scaled residual branch, a
-two-layer MLP with a choice of activation, a shifted-copy symbol task), so the package passes
+encoding, attention with a softmax temperature, Pre-Norm with a second norm on the residual
+sum, a two-layer MLP with a choice of activation, a shifted-copy symbol task), so the package passes
 its own tests and the workbench's contract tests as generated; the user then replaces the
 body with their idea, keeping the interface.
 """
@@ -69,21 +69,28 @@ from workbench.model.attention import AttentionParams, AttentionVariant
     # and forward() for a fast path.
 ''', "Softmax attention over every allowed key, with a temperature on the scores."),
     "norm": ('''\
-from collections.abc import Callable
-
 from pydantic import Field
-from torch import Tensor
+from torch import Tensor, nn
 
-from workbench.model.norm import NormParams, NormPlacement
+from workbench.model.norm import NormParams, NormPlacement, make_norm
 ''', '''\
-    residual_scale: float = Field(1.0, gt=0, description="multiplies the sublayer's output before the residual add")
+    sum_norm: bool = Field(True, description="also normalise the residual sum after the add (false: Pre-Norm)")
 ''', '''\
     final_norm = True  # the stack ends with a norm before the output head, as in Pre-Norm
 
-    def forward(self, x: Tensor, sublayer: Callable[[Tensor], Tensor]) -> Tensor:
-        """Pre-Norm (x + f(norm(x))) with the branch scaled: x + residual_scale * f(norm(x))."""
-        return x + self.params.residual_scale * sublayer(self.norm(x))
-''', "Pre-Norm with a fixed scale on the residual branch."),
+    def __init__(self, params, *, d_model: int):
+        super().__init__(params, d_model=d_model)
+        self.sum_norm = make_norm(params, d_model) if params.sum_norm else nn.Identity()
+
+    # Block.forward does the residual add: x = after(x + f(before(x))), both the identity by default.
+    def before(self, x: Tensor) -> Tensor:
+        """What the sublayer reads: norm(x), as in Pre-Norm."""
+        return self.norm(x)
+
+    def after(self, x: Tensor) -> Tensor:
+        """The residual sum x + f(norm(x)), normalised again when sum_norm is set."""
+        return self.sum_norm(x)
+''', "Pre-Norm with an optional second norm on the residual sum (Pre- and Post-Norm at once)."),
     "ffn": ('''\
 from typing import Literal
 

@@ -200,9 +200,10 @@ def test_flex_attention_points_count_block_mask_tiles(attention, monkeypatch):
     FlexAttention, the useful count is the allowed pairs and the executed count the block
     mask's computed 128 x 128 tiles."""
     from workbench.model import attention as attention_module
+    from workbench.model import flex
     from workbench.cost import measure
 
-    monkeypatch.setattr(attention_module, "FLEX_DEVICES", ("cpu",))
+    monkeypatch.setattr(flex, "FLEX_DEVICES", ("cpu",))
     # The CPU tensor-bytes instrument (a dispatch mode) cannot run eager FlexAttention either; on
     # CUDA peak memory is torch.cuda.max_memory_allocated. This test is about FLOPs.
     monkeypatch.setattr(measure, "peak_memory", lambda fn, device: (fn(), (0, "not measured"))[1])

@@ -9,8 +9,8 @@ import pytest
 import torch
 from test_attention_variants import H, alibi_bias, make
 
-from workbench.model import attention
-from workbench.model.attention import block_mask_from_allowed, flex_applies
+from workbench.model import attention, flex
+from workbench.model.flex import block_mask_from_allowed, flex_applies
 
 pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
 VARIANTS = {
@@ -19,7 +19,7 @@ VARIANTS = {
     "full": {},
 }
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-HD = attention.FLEX_MIN_HEAD_DIM  # the compiled kernel's smallest head (torch 2.11 - 2.13 on CUDA)
+HD = flex.FLEX_MIN_HEAD_DIM  # the compiled kernel's smallest head (torch 2.11 - 2.13 on CUDA)
 
 
 def qkv(B, n, n_kv_heads, device="cpu", dtype=torch.float32, grad=False):
@@ -73,16 +73,16 @@ def test_selection_cuda_training_shapes_only(monkeypatch):
     q = torch.zeros(2, H, 8, HD)
     pos = torch.arange(8).expand(2, 8)
     assert not flex_applies(q, pos, pos, None)  # the CPU keeps the tiled path
-    monkeypatch.setattr(attention, "FLEX_DEVICES", ("cpu",))  # stand in for CUDA
+    monkeypatch.setattr(flex, "FLEX_DEVICES", ("cpu",))  # stand in for CUDA
     assert flex_applies(q, pos, pos, None)
     mask = torch.ones(2, 8, dtype=torch.bool)
     mask[1, :2] = False
     assert not flex_applies(q, pos, pos, mask)  # padding
     assert not flex_applies(q, (mask.cumsum(-1) - 1).clamp(min=0), (mask.cumsum(-1) - 1).clamp(min=0), None)
     assert not flex_applies(q[:, :, :1], pos[:, -1:], pos, None)  # a decoding step reads a cache
-    small_heads = torch.zeros(2, H, 8, attention.FLEX_MIN_HEAD_DIM // 2)
+    small_heads = torch.zeros(2, H, 8, flex.FLEX_MIN_HEAD_DIM // 2)
     assert not flex_applies(small_heads, pos, pos, None)  # the kernel refuses head_dim < 16: own path
-    with attention.flex_disabled():  # while torch's FLOP counter runs (workbench.cost.flops)
+    with flex.flex_disabled():  # while torch's FLOP counter runs (workbench.cost.flops)
         assert not flex_applies(q, pos, pos, None)
     assert flex_applies(q, pos, pos, None)
 
@@ -90,7 +90,7 @@ def test_selection_cuda_training_shapes_only(monkeypatch):
 def test_model_positions_are_known_to_count_from_zero_without_reading_them():
     """A model's positions (no padding) are recognised as 0..n-1 from how they were made, so the
     FlexAttention check does not wait for the GPU in every layer; other tensors are read."""
-    from workbench.model.attention import arange_positions, counts_from_zero
+    from workbench.model.flex import arange_positions, counts_from_zero
 
     assert counts_from_zero(arange_positions(2, 6, "meta"))  # a meta tensor has no values to read
     assert counts_from_zero(torch.arange(6).expand(2, 6))
@@ -102,10 +102,10 @@ def test_recompile_limit_clears_the_cache_with_a_warning_instead_of_falling_back
     """Past dynamo's recompile limit, compiled flex_attention would silently run eagerly (the n x n
     scores materialised). The CPU's compiled FlexAttention (forward) stands in for CUDA's, with a
     limit of 1: the second kind of call warns, compiles again and still equals the reference."""
-    monkeypatch.setattr(attention, "FLEX_DEVICES", ("cpu",))
-    monkeypatch.setattr(attention, "FLEX_COMPILED_DEVICES", ("cpu",))
-    monkeypatch.setattr(attention, "FLEX_RECOMPILE_LIMIT", 1)
-    monkeypatch.setattr(attention, "_compiled_flex", None)
+    monkeypatch.setattr(flex, "FLEX_DEVICES", ("cpu",))
+    monkeypatch.setattr(flex, "FLEX_COMPILED_DEVICES", ("cpu",))
+    monkeypatch.setattr(flex, "FLEX_RECOMPILE_LIMIT", 1)
+    monkeypatch.setattr(flex, "_compiled_flex", None)
     n = 128
     pos = torch.arange(n).expand(1, n)
     kwargs = dict(q_pos=pos, k_pos=pos, key_mask=None, causal=True, score_bias=None)
@@ -133,7 +133,7 @@ def test_flex_forward_equals_dense_on_cpu(name, causal, n_kv_heads, monkeypatch)
     bias = alibi_bias(torch.float32)  # a function of offsets and heads only: any head_dim
     kwargs = dict(q_pos=pos, k_pos=pos, key_mask=None, causal=causal, score_bias=bias)
     calls = []
-    monkeypatch.setattr(attention, "FLEX_DEVICES", ("cpu",))
+    monkeypatch.setattr(flex, "FLEX_DEVICES", ("cpu",))
     monkeypatch.setattr(type(variant), "flex", lambda self, *a, **kw: calls.append(1) or attention.AttentionVariant.flex(self, *a, **kw))
     with torch.no_grad():
         out = variant(q, k, v, **kwargs)
@@ -186,7 +186,7 @@ def test_flex_adds_a_learned_bias_as_the_dense_path_does_on_cpu(name, causal, mo
     q, k, v = qkv(2, n, 1)
     pos = torch.arange(n).expand(2, n)
     kwargs = dict(q_pos=pos, k_pos=pos, key_mask=None, causal=causal, score_bias=t5_bias(causal).score_bias)
-    monkeypatch.setattr(attention, "FLEX_DEVICES", ("cpu",))
+    monkeypatch.setattr(flex, "FLEX_DEVICES", ("cpu",))
     assert flex_applies(q, pos, pos, None)
     with torch.no_grad():
         torch.testing.assert_close(variant(q, k, v, **kwargs), variant.dense(q, k, v, **kwargs), atol=1e-5, rtol=1e-5)

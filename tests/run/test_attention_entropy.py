@@ -56,6 +56,28 @@ def zero_query_key(model) -> None:
 RIGHT_PADDED = torch.tensor([[True] * 10, [True] * 6 + [False] * 4])
 
 
+def test_a_weights_hook_sees_every_call_until_its_handle_is_removed():
+    """What record_attention stands on: a layer hands each forward's weights and visible pairs
+    to its hooks, the model's output stays that of the fast path (to float tolerance), and once
+    the handle is removed the layer keeps nothing and calls nothing."""
+    model = build(tiny_spec("decoder", n_layers=1))
+    attn = next(m for m in model.modules() if isinstance(m, SelfAttention))
+    x, calls = tokens(2, 7), []
+    with torch.no_grad():
+        fast = model(x)
+        handle = attn.register_weights_hook(lambda weights, visible: calls.append((weights, visible)))
+        hooked = [model(x), model(x)]
+        handle.remove()
+        model(x)
+    assert len(calls) == 2 and not attn.weights_hooks
+    weights, visible = calls[0]
+    causal = torch.ones(7, 7, dtype=torch.bool).tril()
+    assert weights.shape == (2, attn.n_heads, 7, 7) and torch.equal(visible.expand_as(weights), causal.expand_as(weights))
+    assert not bool(weights[..., ~causal].any())
+    torch.testing.assert_close(weights.sum(-1), torch.ones(2, attn.n_heads, 7))
+    torch.testing.assert_close(hooked[0], fast, atol=1e-6, rtol=1e-5)
+
+
 @pytest.mark.parametrize("attention", ATTENTION)
 @pytest.mark.parametrize("family", FAMILIES)
 def test_uniform_attention_reads_one(family, attention):

@@ -24,8 +24,9 @@ import torch
 from torch import Tensor, nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from workbench.model.attention import FLEX_BLOCK, AttentionVariant, flex_disabled, flex_eligible
+from workbench.model.attention import AttentionVariant
 from workbench.model.ffn import FeedForward
+from workbench.model.flex import FLEX_BLOCK, flex_disabled, flex_eligible
 from workbench.model.transformer import CrossAttention, SelfAttention
 
 

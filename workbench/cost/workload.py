@@ -24,8 +24,8 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 from torch import Tensor, nn
 
-from workbench.model.attention import arange_positions
 from workbench.model.cache import KVCache
+from workbench.model.flex import arange_positions
 from workbench.model.transformer import Block, DecoderModel, Positions, SelfAttention, build_model
 from workbench.model.spec import ModelSpec, parse_spec
 

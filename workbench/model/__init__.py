@@ -3,7 +3,8 @@
     transformer.py  the models, top to bottom (read it first); `build_model(spec)`
     spec.py         the model spec a study's `model:` section holds, validated
     position.py     position schemes' base class (embedding, q/k rotation, score bias)
-    attention.py    attention variants' base class and kernels (SDPA, FlexAttention)
+    attention.py    attention variants' base class and kernels (dense reference, blocked tiles)
+    flex.py         FlexAttention tooling (CUDA): a variant's pattern as a block mask, the compiled kernel
     norm.py         norm placements' base class, RMSNorm
     ffn.py          feed-forward sublayers
     cache.py        the KV cache of incremental decoding

@@ -1,12 +1,17 @@
 """Norm placements: where the normalisation sits around each residual branch.
 
-    pre:  x = x + f(norm(x))          (GPT-2, LLaMA; a final norm before the head)
-    post: x = norm(x + f(x))          (the original Transformer, BERT; no final norm)
+Block.forward does every residual add itself; a placement decides what the sublayer reads
+(`before`) and what becomes of the sum (`after`):
+
+    x = x + f(placement.before(x))
+    x = placement.after(x)
+
+    pre:  before = norm, after = identity  ->  x + f(norm(x))   (GPT-2, LLaMA; a final norm before the head)
+    post: before = identity, after = norm  ->  norm(x + f(x))   (Vaswani et al. 2017, BERT; no final norm)
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import ClassVar, Literal
 
 import torch
@@ -62,7 +67,8 @@ class _RMSNormFunction(torch.autograd.Function):
 
 
 class NormPlacement(Variant, nn.Module):
-    """Wraps one sublayer with its residual connection and norm."""
+    """Where one residual branch's norm sits: on the sublayer's input, on the residual sum, or
+    both. Both default to the identity; a placement overrides where its norm goes."""
 
     axis = "norm"
     Params = NormParams
@@ -73,5 +79,10 @@ class NormPlacement(Variant, nn.Module):
         self.params = params
         self.norm = make_norm(params, d_model)
 
-    def forward(self, x: Tensor, sublayer: Callable[[Tensor], Tensor]) -> Tensor:
-        raise NotImplementedError
+    def before(self, x: Tensor) -> Tensor:
+        """What the sublayer reads from the residual stream x [B, n, d_model]."""
+        return x
+
+    def after(self, x: Tensor) -> Tensor:
+        """The residual stream after the add, x + f(before(x)) [B, n, d_model]."""
+        return x

@@ -132,6 +132,12 @@ class ModelSpec(StrictModel):
         return self
 
     @property
+    def cross_attention(self) -> Choice:
+        """encoder_decoder's cross-attention: full attention (a query reads every real encoder
+        position), scaled as the self-attention is, so the unscaled ablation reaches every score."""
+        return resolve_choice("attention", {"name": "full", "scaled": self.attention.params.scaled}, "model.attention")
+
+    @property
     def encoder_layers(self) -> int:
         return self.n_encoder_layers or self.n_layers
 

@@ -2,32 +2,35 @@
 
     tokens -> token embedding -> position.embed -> embedding norm (optional) -> Block x n_layers
            -> final norm (pre) -> head
-    Block:   x = attn_norm(x, self-attention)     pre:  x + f(norm(x))
-             x = cross_norm(x, cross-attention)   post: norm(x + f(x))
-             x = ffn_norm(x, feed-forward)        (cross-attention only in encoder_decoder)
+    Block:   x = x + attn(attn_norm.before(x));   x = attn_norm.after(x)
+             x = x + cross(cross_norm.before(x)); x = cross_norm.after(x)   (encoder_decoder's decoder)
+             x = x + ffn(ffn_norm.before(x));     x = ffn_norm.after(x)
+             pre: before = norm, after = identity   post: before = identity, after = norm
 
 The four pluggable axes enter at four places: `position` (embedding, q/k rotation or score
-bias), `attention` (which keys a query reads, and the kernel), `norm` (the residual wrapper)
-and `ffn`. Families: EncoderModel (bidirectional), DecoderModel (causal LM) and
-EncoderDecoderModel (encoder + causal decoder with cross-attention).
+bias), `attention` (which keys a query reads, and the kernel), `norm` (where each residual
+branch's norm sits) and `ffn`. Families: EncoderModel (bidirectional), DecoderModel (causal LM)
+and EncoderDecoderModel (encoder + causal decoder with cross-attention).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor, nn
+from torch.utils.hooks import RemovableHandle
 
-from workbench.model.attention import arange_positions
+from workbench.model.attention import AttentionVariant
 from workbench.model.cache import KVCache, LayerCache
+from workbench.model.flex import arange_positions
 from workbench.model.norm import make_norm
 from workbench.model.position import INIT_STD
-from workbench.registry import get_variant
 from workbench.model.sampling import GenerationConfig, next_token
 from workbench.model.spec import ModelSpec, parse_spec
 
@@ -49,7 +52,43 @@ class Positions:
         return cls((mask.cumsum(-1) - 1).clamp(min=0), mask)
 
 
-class SelfAttention(nn.Module):
+# hook(weights [B, h, nq, nk], visible [B, 1 or h, nq, nk]): see AttentionLayer.register_weights_hook
+WeightsHook = Callable[[Tensor, Tensor], None]
+
+
+class AttentionLayer(nn.Module):
+    """What self- and cross-attention share: their variant's call, and hooks that see its weights."""
+
+    variant: AttentionVariant  # set by the subclass
+
+    def __init__(self):
+        super().__init__()
+        self.weights_hooks: OrderedDict[int, WeightsHook] = OrderedDict()  # RemovableHandle needs a weakref
+
+    def register_weights_hook(self, hook: WeightsHook) -> RemovableHandle:
+        """Call `hook(weights, visible)` at every forward: the attention weights [B, h, nq, nk]
+        (detached) and visible [B, 1 or h, nq, nk], True where a real query may read the key
+        (the variant's pattern, causal and padding masks). While a hook is registered the layer
+        runs its variant's explicit `dense` path (scores materialised: small inputs only).
+        `handle.remove()` unregisters it, as with torch's module hooks."""
+        handle = RemovableHandle(self.weights_hooks)
+        self.weights_hooks[handle.id] = hook
+        return handle
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, query_mask: Tensor | None, **kwargs) -> Tensor:
+        """The variant on q, k, v -> (B, h, nq, hd); through `dense` while a weights hook is registered."""
+        if not self.weights_hooks:
+            return self.variant(q, k, v, **kwargs)
+        y, weights = self.variant.dense(q, k, v, **kwargs, return_weights=True)
+        visible = self.variant.visible_keys(kwargs["q_pos"], kwargs["k_pos"], kwargs["key_mask"], kwargs["causal"])
+        if query_mask is not None:  # padding queries read nothing
+            visible = visible & query_mask[:, None, :, None]
+        for hook in self.weights_hooks.values():
+            hook(weights.detach(), visible)
+        return y
+
+
+class SelfAttention(AttentionLayer):
     """Multi-head self-attention: one projection reshaped into heads (not slices of x)."""
 
     def __init__(self, spec: ModelSpec, position: nn.Module):
@@ -64,8 +103,6 @@ class SelfAttention(nn.Module):
         self.variant = spec.attention.cls(
             spec.attention.params, n_heads=self.n_heads, n_kv_heads=self.n_kv_heads, head_dim=self.head_dim
         )
-        self.recorded: list[Tensor] | None = None  # set by record_attention(), with self.visible
-        self.visible: list[Tensor] | None = None
 
     def forward(self, x: Tensor, seq: Positions, causal: bool, cache: LayerCache | None = None) -> Tensor:
         B, n, _ = x.shape
@@ -88,13 +125,13 @@ class SelfAttention(nn.Module):
         else:  # one decoding step: read every cached key
             cache.append(k, v, seq.pos, seq.mask)
             k, v, k_pos, key_mask = cache.k, cache.v, cache.pos, cache.mask
-        y = attend(self, q, k, v, seq.mask, q_pos=seq.pos, k_pos=k_pos, key_mask=key_mask, causal=causal,
-                   score_bias=bias)  # (B, h, n, hd)
+        y = self.attend(q, k, v, seq.mask, q_pos=seq.pos, k_pos=k_pos, key_mask=key_mask, causal=causal,
+                        score_bias=bias)  # (B, h, n, hd)
         y = y.transpose(1, 2).reshape(B, n, h * hd)
         return self.dropout(self.out(y))
 
 
-class CrossAttention(nn.Module):
+class CrossAttention(AttentionLayer):
     """Decoder queries read the encoder output with full attention and no position signal
     (positions already live in both streams)."""
 
@@ -105,11 +142,8 @@ class CrossAttention(nn.Module):
         self.kv = nn.Linear(spec.d_model, 2 * self.n_kv_heads * self.head_dim, bias=spec.bias)
         self.out = nn.Linear(self.n_heads * self.head_dim, spec.d_model, bias=spec.bias)
         self.dropout = nn.Dropout(spec.dropout)
-        full = get_variant("attention", "full")
-        params = full.Params.model_validate({"scaled": spec.attention.params.scaled})
-        self.variant = full(params, n_heads=self.n_heads, n_kv_heads=self.n_kv_heads, head_dim=self.head_dim)
-        self.recorded: list[Tensor] | None = None
-        self.visible: list[Tensor] | None = None
+        full = spec.cross_attention
+        self.variant = full.cls(full.params, n_heads=self.n_heads, n_kv_heads=self.n_kv_heads, head_dim=self.head_dim)
 
     def forward(self, x: Tensor, seq: Positions, memory: Tensor, memory_seq: Positions,
                 cache: LayerCache | None = None) -> Tensor:
@@ -122,25 +156,10 @@ class CrossAttention(nn.Module):
             k, v = self.kv(memory).view(B, -1, 2 * g, hd).transpose(1, 2).chunk(2, dim=1)  # (B, g, m, hd) x2
             if cache is not None:
                 cache.append(k, v, memory_seq.pos, memory_seq.mask)
-        y = attend(self, q, k, v, seq.mask, q_pos=seq.pos, k_pos=memory_seq.pos, key_mask=memory_seq.mask,
-                   causal=False, score_bias=None)  # (B, h, n, hd)
+        y = self.attend(q, k, v, seq.mask, q_pos=seq.pos, k_pos=memory_seq.pos, key_mask=memory_seq.mask,
+                        causal=False, score_bias=None)  # (B, h, n, hd)
         y = y.transpose(1, 2).reshape(B, n, h * hd)
         return self.dropout(self.out(y))
-
-
-def attend(layer: SelfAttention | CrossAttention, q: Tensor, k: Tensor, v: Tensor, query_mask: Tensor | None,
-           **kwargs) -> Tensor:
-    """The layer's attention variant on q, k, v -> (B, h, nq, hd). Within record_attention() it
-    runs the explicit `dense` path and keeps the weights and the visible (query, key) pairs."""
-    if layer.recorded is None:
-        return layer.variant(q, k, v, **kwargs)
-    y, weights = layer.variant.dense(q, k, v, **kwargs, return_weights=True)
-    visible = layer.variant.visible_keys(kwargs["q_pos"], kwargs["k_pos"], kwargs["key_mask"], kwargs["causal"])
-    if query_mask is not None:  # padding queries read nothing
-        visible = visible & query_mask[:, None, :, None]
-    layer.recorded.append(weights.detach())
-    layer.visible.append(visible)
-    return y
 
 
 def make_placement(spec: ModelSpec) -> nn.Module:
@@ -148,6 +167,8 @@ def make_placement(spec: ModelSpec) -> nn.Module:
 
 
 class Block(nn.Module):
+    """One layer: self-attention, cross-attention (encoder_decoder's decoder), feed-forward."""
+
     def __init__(self, spec: ModelSpec, position: nn.Module, causal: bool, cross: bool):
         super().__init__()
         self.causal = causal
@@ -163,13 +184,18 @@ class Block(nn.Module):
 
     def forward(self, x: Tensor, seq: Positions, memory: Tensor | None = None,
                 memory_seq: Positions | None = None, cache: KVCache | None = None, layer: int = 0) -> Tensor:
+        # Each sublayer is a residual branch; the norm placement puts its norm on the branch's
+        # input (pre: `before`) or on the sum (post: `after`); the other one is the identity.
         self_cache = cache.self_attn[layer] if cache is not None else None
-        x = self.attn_norm(x, lambda h: self.attn(h, seq, self.causal, self_cache))
+        x = x + self.attn(self.attn_norm.before(x), seq, self.causal, self_cache)  # (B, n, d_model)
+        x = self.attn_norm.after(x)
         if self.cross is not None:
             cross_cache = cache.cross_attn[layer] if cache is not None else None
-            x = self.cross_norm(x, lambda h: self.cross(h, seq, memory, memory_seq, cross_cache))
+            x = x + self.cross(self.cross_norm.before(x), seq, memory, memory_seq, cross_cache)  # (B, n, d_model)
+            x = self.cross_norm.after(x)
         if self.ffn is not None:
-            x = self.ffn_norm(x, lambda h: self.ffn_dropout(self.ffn(h)))
+            x = x + self.ffn_dropout(self.ffn(self.ffn_norm.before(x)))  # (B, n, d_model)
+            x = self.ffn_norm.after(x)
         return x
 
 
@@ -375,23 +401,30 @@ class RecordedAttention(dict):
     pattern, causal and padding masks). A weight of 0 on a visible key is a saturated softmax,
     not a mask."""
 
-    def __init__(self, layers: Mapping[str, nn.Module]):
-        super().__init__({name: m.recorded for name, m in layers.items()})
-        self.visible = {name: m.visible for name, m in layers.items()}
+    def __init__(self, names: list[str]):
+        super().__init__({name: [] for name in names})
+        self.visible: dict[str, list[Tensor]] = {name: [] for name in names}
+
+    def hook(self, name: str) -> WeightsHook:
+        """The weights hook that appends layer `name`'s calls."""
+        def record(weights: Tensor, visible: Tensor) -> None:
+            self[name].append(weights)
+            self.visible[name].append(visible)
+        return record
 
 
 @contextmanager
 def record_attention(model: nn.Module):
     """Within the block, attention layers record their weights [B, h, nq, nk] (explicit scores:
     small inputs only). Yields a RecordedAttention: {layer name: [weights per forward call]}."""
-    layers = {name: m for name, m in model.named_modules() if isinstance(m, (SelfAttention, CrossAttention))}
-    for m in layers.values():
-        m.recorded, m.visible = [], []
+    layers = {name: m for name, m in model.named_modules() if isinstance(m, AttentionLayer)}
+    recorded = RecordedAttention(list(layers))
+    handles = [m.register_weights_hook(recorded.hook(name)) for name, m in layers.items()]
     try:
-        yield RecordedAttention(layers)
+        yield recorded
     finally:
-        for m in layers.values():
-            m.recorded = m.visible = None
+        for handle in handles:
+            handle.remove()
 
 
 def attention_entropy(recorded: RecordedAttention) -> tuple[float, int]:
