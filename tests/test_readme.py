@@ -219,7 +219,9 @@ def test_the_code_layout_table_names_every_folder_and_module():
             by_folder[found[0]] = text
     assert sorted(by_folder) == sorted(folders), "one row per folder of workbench/"
     for folder, text in by_folder.items():
-        modules = {p.stem for p in (PACKAGE / folder).glob("*.py")} - {"__init__"}
+        # a folder of folders (recipes/) names its sub-folders and their modules
+        modules = {p.stem for p in (PACKAGE / folder).rglob("*.py")} - {"__init__"}
+        modules |= {p.parent.name for p in (PACKAGE / folder).glob("*/__init__.py")}
         named = set(re.findall(r"`([a-z_0-9]+)`", text)) - {"workbench"}  # the command
         root = {p.stem for p in PACKAGE.glob("*.py")}
         assert modules <= named, f"{folder}/: the table does not name {sorted(modules - named)}"

@@ -9,7 +9,7 @@ import pytest
 
 from workbench.errors import WorkbenchError
 from workbench.registry import get_variant
-from workbench.report.train_runs import metric_direction, metric_range
+from workbench.recipes.train.runs import metric_direction, metric_range
 
 INF = math.inf
 SHARE = (0.0, 1.0)
