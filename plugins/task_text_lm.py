@@ -74,10 +74,24 @@ from workbench import hookimpl
 from workbench.errors import SpecError, WorkbenchError, WorkbenchWarning
 from workbench.results import VALIDATION
 from workbench.tasks import INPUT_IGNORING, SPECIALS, Example, Task, TaskParams
-from workbench.tasks.corpus import Document, Source, document_texts, file_pieces, has_wildcard, names_anything
+from workbench.tasks.corpus import (
+    Document,
+    Source,
+    document_texts,
+    file_pieces,
+    has_wildcard,
+    names_anything,
+)
 from workbench.tasks.metrics import token_nll
 from workbench.tasks.ngram import WittenBell, fits
-from workbench.tasks.tokens import ByteTokenizer, HFTokenizer, Shards, Texts, prepare, prepared
+from workbench.tasks.tokens import (
+    ByteTokenizer,
+    HFTokenizer,
+    Shards,
+    Texts,
+    prepare,
+    prepared,
+)
 
 # Plain-file stdlib modules present in CPython 3.10 to 3.13 (~1.1 MB train, ~0.1 MB valid).
 TRAIN_FILES = (

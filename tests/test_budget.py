@@ -86,7 +86,7 @@ def test_an_unpadded_batch_costs_its_size_times_one_sequence_and_a_padded_one_is
 
     model = build_model(tiny_spec(vocab_size=32, d_model=32, n_heads=2, attention=attention))
     batch = {"tokens": tokens(4, 16), "padding_mask": torch.ones(4, 16, dtype=torch.bool)}
-    loss = lambda b: model(b["tokens"], b["padding_mask"]).sum()  # noqa: E731
+    loss = lambda b: model(b["tokens"], b["padding_mask"]).sum()
     whole = train_step_flops(model, lambda: loss(batch))
     assert step_cost(model, loss, batch) == StepCost(flops=whole, tokens=64, sequences=4)
     batch["padding_mask"][1:, 12:] = False  # three shorter rows
