@@ -62,21 +62,36 @@ import os
 import pathlib
 import sys
 import sysconfig
+import warnings
 from collections.abc import Sequence
 from typing import Any, Literal
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from pydantic import Field, field_validator, model_serializer
 
 from workbench import hookimpl
-from workbench.errors import SpecError, WorkbenchError
+from workbench.errors import SpecError, WorkbenchError, WorkbenchWarning
 from workbench.results import VALIDATION
 from workbench.tasks import INPUT_IGNORING, SPECIALS, Example, Task, TaskParams, declared
-from workbench.tasks.corpus import Document, Source, document_texts, file_pieces
+from workbench.tasks.corpus import (
+    Document,
+    Source,
+    document_texts,
+    file_pieces,
+    has_wildcard,
+    names_anything,
+)
+from workbench.tasks.metrics import token_nll
 from workbench.tasks.ngram import WittenBell, fits
-from workbench.tasks.tokens import ByteTokenizer, Shards, Texts, prepare
+from workbench.tasks.tokens import (
+    ByteTokenizer,
+    HFTokenizer,
+    Shards,
+    Texts,
+    prepare,
+    prepared,
+)
 
 # Plain-file stdlib modules present in CPython 3.10 to 3.13 (~1.1 MB train, ~0.1 MB valid).
 TRAIN_FILES = (
@@ -140,6 +155,10 @@ class TextParams(TaskParams):
                              "records or a saved `datasets` folder, relative to the study file; default: Python "
                              "stdlib sources (see module)")
     text_field: str = Field("text", description="jsonl / parquet / datasets: the field holding a document's text")
+    if_missing: Literal["error", "default"] = Field(
+        "error", description="when `path` names nothing on this machine: error, or default: train on the default "
+        "corpus (Python stdlib sources, by byte) instead, with a warning; such runs keep if_missing in their task "
+        "section, without path")
     tokenizer: str = Field("bytes", description="bytes, bpe (trained on the training documents) or a "
                            "tokenizer.json path (relative to the study file)")
     vocab_size: int = Field(4096, ge=257, le=2**20, description="bpe: the most tokens the trained vocabulary holds")
@@ -171,7 +190,8 @@ class TextParams(TaskParams):
         return {k: v for k, v in out.items() if k not in LATER_FIELDS or v != type(self).model_fields[k].default}
 
 
-LATER_FIELDS = ("text_field", "tokenizer", "vocab_size")
+LATER_FIELDS = ("text_field", "if_missing", "tokenizer", "vocab_size")
+FALLBACK_DROPS = ("path", "text_field", "tokenizer", "vocab_size")  # what the default corpus does not use
 
 
 def ngrams(seq: Sequence[int], n: int) -> list[tuple[int, ...]]:
@@ -201,40 +221,78 @@ class TextLM(Task):
     hold_out = False  # the split is by document (or by position in one file), not by example
     gate_baselines = (INPUT_IGNORING, BIGRAM)  # why the 2-gram: the module docstring
 
-    def __init__(self, params: TextParams, **kw):
+    def __init__(self, params: TextParams, plan_only: bool = False, **kw):
         super().__init__(params, **kw)
         self.first_token = len(SPECIALS)  # token id of the tokenizer's id 0
+        shards = None
         if params.path is None and params.tokenizer == "bytes":  # small: read whole, as always
             root = stdlib_root()
             self.train_text, self.valid_text = read_files(root, TRAIN_FILES), read_files(root, VALID_FILES)
             self.tokenizer = ByteTokenizer()
             self.corpus_key, names, ratios = f"stdlib:{root}", self.tokenizer.token_names(), (1.0, 1.0)
-        else:
-            shards = self.shards()
+        elif (shards := self.shards(prepare_now=not plan_only)) is not None:
             self.train_text, self.valid_text = shards.tokens("train"), shards.tokens("val")
             self.tokenizer = shards.tokenizer()
             self.corpus_key = shards.folder.name
             names = [n if n not in SPECIALS else f"{n}#{i}" for i, n in enumerate(self.tokenizer.token_names())]
             ratios = (shards.tokens_per_byte("train"), shards.tokens_per_byte("val"))
-        self._set_vocab(names)
+        else:  # planning a run before the corpus is tokenized (`planned`)
+            self.train_text, self.valid_text = (np.broadcast_to(np.uint8(0), (n,)) for n in self.split_bytes())
+            self.tokenizer = {"bytes": ByteTokenizer, "bpe": lambda: None}.get(
+                params.tokenizer, lambda: HFTokenizer.load(pathlib.Path(params.tokenizer)))()
+            self.corpus_key, names, ratios = "", [], (math.nan, math.nan)
+        size = self.model_tokens()
+        self._set_vocab(names + [f"<unused {i}>" for i in range(len(names), size)])
         self.tokens_per_byte = ratios[1]  # of the split scored
         if self.split == VALIDATION:  # a tuning run: score on the training text's tail, never on the evaluation text
             cut = int(len(self.train_text) * (1 - self.params.valid_fraction))
             self.train_text, self.valid_text = self.train_text[:cut], self.train_text[cut:]
             self.tokens_per_byte = ratios[0]
 
-    def shards(self, progress: bool | None = None) -> Shards:
-        """The corpus tokenized on disk (tokenized first when it is not yet): a bar on a terminal."""
+    @classmethod
+    def planned(cls, params: TextParams) -> TextLM:
+        """Without tokenizing: a corpus not yet prepared is checked as far as its file sizes
+        tell (task.path names files, a tokenizer.json loads, each split holds at least a
+        window's length in bytes, which bounds its tokens), and its texts are zero tokens of
+        those byte counts, for the shapes of batches. `workbench prepare` (or a run) tokenizes."""
+        return cls(params, seed=0, plan_only=True)
+
+    def model_tokens(self) -> int:
+        """The tokenizer's ids the model has rows for, known before any tokenizing: a trained
+        BPE's declared `vocab_size` (ids it did not use stay unused: a small corpus may stop
+        the merges early), a named tokenizer.json's size, or the 256 bytes."""
         p = self.params
-        if p.path is None:
-            texts = stdlib_texts()
-        else:
-            path = os.path.expanduser(p.path)
-            if not os.path.exists(path) and not any(c in path for c in "*?["):
-                raise SpecError("task.path", f"no such file or folder: {path}")
-            texts = source_texts(Source(path, p.text_field), p.valid_fraction)
+        if p.tokenizer == "bpe":
+            return p.vocab_size
+        return self.tokenizer.vocab_size
+
+    def texts(self) -> Texts:
+        """The corpus the task tokenizes, checked for the files it names."""
+        p = self.params
         if p.tokenizer.endswith(".json") and not os.path.isfile(p.tokenizer):
             raise SpecError("task.tokenizer", f"no such file: {p.tokenizer}")
+        if p.path is None:
+            return stdlib_texts()
+        path = os.path.expanduser(p.path)
+        if not os.path.exists(path) and not has_wildcard(path):
+            raise SpecError("task.path", f"no such file or folder: {path}")
+        return source_texts(Source(path, p.text_field), p.valid_fraction)
+
+    def split_bytes(self) -> tuple[int, int]:
+        """Upper bounds of the two splits' text in bytes, from file sizes (workbench.tasks.corpus)."""
+        p = self.params
+        if p.path is None:
+            root = stdlib_root()
+            return tuple(sum(os.stat(root / n).st_size + 1 for n in names) for names in (TRAIN_FILES, VALID_FILES))
+        return Source(os.path.expanduser(p.path), p.text_field).split_bytes(p.valid_fraction)
+
+    def shards(self, progress: bool | None = None, prepare_now: bool = True) -> Shards | None:
+        """The corpus tokenized on disk (tokenized first when it is not yet, with a bar on a
+        terminal); without `prepare_now`, None when it is not yet."""
+        p = self.params
+        texts = self.texts()
+        if not prepare_now:
+            return prepared(texts, p.tokenizer, p.vocab_size)
         return prepare(texts, p.tokenizer, p.vocab_size, sys.stderr.isatty() if progress is None else progress)
 
     def prepare(self) -> str:
@@ -247,13 +305,26 @@ class TextLM(Task):
 
     @classmethod
     def resolve_paths(cls, section: dict[str, Any], folder: pathlib.Path) -> dict[str, Any]:
-        """`path` and a tokenizer.json relative to `folder` (the study file's)."""
+        """`path` and a tokenizer.json relative to `folder` (the study file's), and the declared
+        fallback: with `if_missing: default`, a `path` that names nothing here is replaced by the
+        default corpus, by byte (a warning says so; the section keeps `if_missing`, so these runs
+        have ids of their own), and a `path` that is here drops `if_missing` (the runs are those
+        of the study as written, with the ids they have without it)."""
         out = dict(section)
         for key in ("path", "tokenizer"):
             value = out.get(key)
             if isinstance(value, str) and (key == "path" or value.endswith(".json")):
                 value = os.path.expanduser(value)
                 out[key] = value if os.path.isabs(value) else os.path.join(folder, value)
+        if out.get("if_missing") == "default" and isinstance(out.get("path"), str):
+            if names_anything(out["path"]):
+                del out["if_missing"]
+            else:
+                warnings.warn(WorkbenchWarning(
+                    f"task.path: nothing at {out['path']} on this machine; as task.if_missing is 'default', the study "
+                    "trains on the default corpus (Python stdlib sources, by byte) instead, and its runs record that"),
+                    stacklevel=2)
+                out = {k: v for k, v in out.items() if k not in FALLBACK_DROPS}
         return out
 
     def text_words(self, text: str) -> list[str]:
@@ -307,7 +378,7 @@ class TextLM(Task):
         nats = count = 0.0
         for batch in batches:  # a second forward, only at lengths past training
             logits, targets, mask = (x[:, first:] for x in self.scored(model, batch, family))
-            loss = F.cross_entropy(logits.float().transpose(1, 2), targets, reduction="none")  # [B, tail]
+            loss = token_nll(logits, targets)  # [B, tail]
             nats += float(loss[mask].sum())
             count += int(mask.sum())
         return self.bits_per_byte(nats / count)
@@ -346,7 +417,7 @@ class TextLM(Task):
         return BASELINES[key]
 
     def score_baselines(self, length: int) -> dict[str, dict[str, float]]:
-        size = len(self.vocab) - self.first_token
+        size = self.tokenizer.vocab_size  # the ids it can emit (a BPE's unused ids are not outcomes)
         windows = np.stack([np.asarray(self.valid_text[s: s + length]) for s in self.eval_starts(length)])
         orders = [n for n in NGRAM_ORDERS if fits(size, n)]
         model = WittenBell(self.train_text, max(orders), size)  # the lower orders are its counts

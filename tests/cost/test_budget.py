@@ -78,6 +78,24 @@ def test_train_step_flops_is_three_forwards_as_the_cost_study_counts_a_train_ste
     assert train_step_flops(model, lambda: model(x)) == measured["flops"]
 
 
+@pytest.mark.parametrize("attention", ["full", {"name": "sliding_window", "window": 4}])
+def test_an_unpadded_batch_costs_its_size_times_one_sequence_and_a_padded_one_is_counted_whole(attention):
+    """step_cost counts an unpadded batch on its first sequence (cheap at a GPU profile's size):
+    the figure equals counting every sequence; a padded batch is counted as it is."""
+    from workbench.cost.budget import step_cost
+
+    model = build_model(tiny_spec(vocab_size=32, d_model=32, n_heads=2, attention=attention))
+    batch = {"tokens": tokens(4, 16), "padding_mask": torch.ones(4, 16, dtype=torch.bool)}
+    loss = lambda b: model(b["tokens"], b["padding_mask"]).sum()
+    whole = train_step_flops(model, lambda: loss(batch))
+    assert step_cost(model, loss, batch) == StepCost(flops=whole, tokens=64, sequences=4)
+    batch["padding_mask"][1:, 12:] = False  # three shorter rows
+    padded = step_cost(model, loss, batch)
+    assert padded.flops == train_step_flops(model, lambda: loss(batch)) and padded.tokens == 16 + 3 * 12
+    if attention == "full":  # its pairs differ per row here: the first row alone would overcount
+        assert padded.flops < 4 * train_step_flops(model, lambda: loss({k: v[:1] for k, v in batch.items()}))
+
+
 def test_counting_changes_nothing_a_run_computes():
     spec = tiny_spec(dropout=0.1)
     model = build_model(spec).train()

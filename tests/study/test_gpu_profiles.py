@@ -44,6 +44,8 @@ def test_the_default_profile_keeps_the_run_ids_of_the_shipped_results(path, tmp_
     study = load_study(path)
     if not isinstance(study.study, TrainStudy):
         pytest.skip("a scaling study: its measurements have no run ids")
+    if study.study.task.get("if_missing") == "default":  # kept only when the declared fallback was taken
+        pytest.skip("its corpus is not on this machine: the runs are the fallback's, with ids of their own")
     if study.study.tune is not None:
         data = yaml.safe_load(path.read_text())
         data.pop("profiles", None)

@@ -16,10 +16,12 @@ import pytest
 from click.testing import CliRunner
 
 from workbench.cli import main
-from workbench.errors import SpecError
+from workbench.errors import SpecError, WorkbenchWarning
 from workbench.results import VALIDATION
 from workbench.run.store import load_results
+from workbench.run.train import make_task
 from workbench.study import load_study
+from workbench.study.sweep import expand
 from workbench.tasks import INPUT_IGNORING
 from workbench.tasks import tokens as tokens_module
 from workbench.tasks.corpus import Source
@@ -297,3 +299,56 @@ def test_the_documented_folder_and_bpe_study_prepares_and_runs(tmp_path, monkeyp
     frame = load_results("runs/my-lm")
     assert len(frame) == 2 and (frame["status"] == "finished").all()
     assert frame["bpc@64"].notna().all()
+
+
+# ---- a declared fallback corpus, and planning runs without tokenizing --------------------------
+
+LM_STUDY = ("name: lm\ntask: {{name: text_lm, train_length: 16, n_eval: 4, path: {path}, tokenizer: bpe, vocab_size: 300, "
+            "decode_samples: 0{extra}}}\nmodel: {{d_model: 16, n_layers: 1, n_heads: 2}}\n"
+            "train: {{budget: {{flops: 1.0e+8}}, batch_size: 2}}\nseeds: [0]\n")
+
+
+def test_a_missing_corpus_falls_back_to_the_default_one_only_when_the_study_declares_it(tmp_path):
+    (tmp_path / "fallback.yaml").write_text(LM_STUDY.format(path='"nowhere/**/*.rst.txt"', extra=", if_missing: default"))
+    with pytest.warns(WorkbenchWarning, match=r"task.path: nothing at .*nowhere/\*\*/\*\.rst\.txt.*default corpus"):
+        study_file = load_study(tmp_path / "fallback.yaml")
+    section = study_file.study.task  # resolved: the fallback dropped path, tokenizer and vocab_size (bytes)
+    assert (section["path"], section["if_missing"]) == (None, "default")
+    assert "tokenizer" not in section and "vocab_size" not in section
+    [run] = expand(study_file)
+    assert run.config["task"]["if_missing"] == "default" and run.config["model"]["vocab_size"] == 4 + 256
+    assert make_task(run.config).corpus_key.startswith("stdlib:")
+    ran = CliRunner().invoke(main, ["validate", str(tmp_path / "fallback.yaml")])
+    assert ran.exit_code == 0 and "default corpus" in ran.output, ran.output
+
+    (tmp_path / "strict.yaml").write_text(LM_STUDY.format(path='"nowhere/**/*.rst.txt"', extra=""))
+    ran = CliRunner().invoke(main, ["validate", str(tmp_path / "strict.yaml")])
+    assert ran.exit_code == 2 and "task.path: no such file, folder or matching files" in ran.output, ran.output
+
+
+def test_a_corpus_that_is_there_keeps_the_run_ids_the_study_has_without_a_fallback(tmp_path):
+    folder_corpus(tmp_path)
+    (tmp_path / "with.yaml").write_text(LM_STUDY.format(path="corpus", extra=", if_missing: default"))
+    (tmp_path / "without.yaml").write_text(LM_STUDY.format(path="corpus", extra=""))
+    assert [r.run_id for r in expand(load_study(tmp_path / "with.yaml"))] == \
+        [r.run_id for r in expand(load_study(tmp_path / "without.yaml"))]
+
+
+def test_validate_plans_runs_without_training_the_tokenizer_and_the_ids_hold_once_prepared(tmp_path, monkeypatch):
+    monkeypatch.setenv(tokens_module.DATA_DIR_ENV, str(tmp_path / "shards"))
+    folder_corpus(tmp_path)
+    (tmp_path / "study.yaml").write_text(LM_STUDY.format(path="corpus", extra=""))
+    planned = expand(load_study(tmp_path / "study.yaml"))
+    assert not list((tmp_path / "shards").glob("*/meta.json"))  # nothing tokenized
+    assert planned[0].config["model"]["vocab_size"] == 4 + 300  # the declared vocabulary, known before training
+    ran = CliRunner().invoke(main, ["prepare", str(tmp_path / "study.yaml")])
+    assert ran.exit_code == 0, ran.output
+    prepared = expand(load_study(tmp_path / "study.yaml"))
+    assert [(r.run_id, r.config) for r in prepared] == [(r.run_id, r.config) for r in planned]
+    task_obj = make_task(prepared[0].config)
+    assert len(task_obj.vocab) == 4 + 300 and task_obj.tokenizer.vocab_size <= 300  # unused ids stay unused
+
+    (tmp_path / "short.yaml").write_text(LM_STUDY.format(path="corpus", extra="").replace("train_length: 16",
+                                                                                           "train_length: 9000"))
+    ran = CliRunner().invoke(main, ["validate", str(tmp_path / "short.yaml")])
+    assert ran.exit_code == 2 and "fewer than length 9000" in ran.output, ran.output

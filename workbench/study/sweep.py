@@ -105,7 +105,7 @@ def resolve_point(study: TrainStudy, point: dict[str, Any]) -> dict[str, Any]:
         set_dotted(raw, key, value)
     task = task_section(raw["task"])
     task_cls = get_variant("task", task["name"])
-    task_obj = task_cls(task_cls.Params.model_validate({k: v for k, v in task.items() if k != "name"}), seed=0)
+    task_obj = task_cls.planned(task_cls.Params.model_validate({k: v for k, v in task.items() if k != "name"}))
     family = raw["model"].get("family", "decoder")
     overrides = task_obj.model_overrides(family)
     for key, value in overrides.items():
@@ -134,7 +134,7 @@ def point_step_cost(model_json: str, task_json: str, batch_size: int) -> StepCos
     per model and task, on a forked random state so that expanding a study draws nothing."""
     model, task = json.loads(model_json), json.loads(task_json)
     task_cls = get_variant("task", task["name"])
-    task_obj = task_cls(task_cls.Params.model_validate({k: v for k, v in task.items() if k != "name"}), seed=0)
+    task_obj = task_cls.planned(task_cls.Params.model_validate({k: v for k, v in task.items() if k != "name"}))
     with torch.random.fork_rng(devices=[]):
         net = build_model(model)
     batch = task_obj.train_batch(0, batch_size, model["family"])

@@ -36,7 +36,6 @@ from typing import Any, ClassVar
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from pydantic import Field, model_validator
 from torch import Tensor
 
@@ -44,7 +43,7 @@ from workbench.errors import SpecError, WorkbenchError
 # What a run evaluates on: the evaluation sets, or (a tuning run) the validation sets.
 from workbench.results import EVAL, VALIDATION, Metric
 from workbench.tasks.baselines import INPUT_IGNORING, counted_blind_scores
-from workbench.tasks.metrics import EVERY_TASK, Tally, declared
+from workbench.tasks.metrics import EVERY_TASK, Tally, declared, token_nll
 from workbench.variants import Params, Variant
 
 FAMILIES = ("decoder", "encoder_decoder", "encoder")
@@ -194,6 +193,13 @@ class Task(Variant):
         """The study's task section (raw, before validation) with the files it names made
         relative to `folder`, the study file's; a task that reads no files returns it as is."""
         return section
+
+    @classmethod
+    def planned(cls, params: TaskParams) -> Task:
+        """The task as resolving a run needs it (its vocabulary and the shapes of its batches,
+        for `validate` and the step cost of a budget), which may skip what only training needs,
+        such as tokenizing a corpus; a task that generates its data is itself."""
+        return cls(params, seed=0)
 
     def prepare(self) -> str | None:
         """Make the task's data ready on disk (e.g. tokenize a corpus) and say in one line what
@@ -374,7 +380,7 @@ class Task(Variant):
         logits, targets, mask = self.scored(model, batch, family)
         # Masked mean over all positions: selecting the scored ones (logits[mask]) would make the
         # host wait for the GPU in every training step (the selection's size is data).
-        nll = F.cross_entropy(logits.transpose(1, 2).float(), targets.clamp(min=0), reduction="none")  # [B, T]
+        nll = token_nll(logits, targets)  # [B, T]
         return (nll * mask).sum() / mask.sum()
 
     @torch.no_grad()

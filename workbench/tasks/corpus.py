@@ -53,6 +53,17 @@ class Document:
     index: int | None = None  # the record's index in its file; None: the whole file
 
 
+def has_wildcard(path: str) -> bool:
+    return any(c in path for c in "*?[")
+
+
+def names_anything(path: str) -> bool:
+    """Whether `path` is a file or folder here, or a glob that matches at least one file."""
+    if not has_wildcard(path):
+        return os.path.exists(path)
+    return any(Path(p).is_file() for p in glob.iglob(path, recursive=True))
+
+
 def is_datasets_folder(path: Path) -> bool:
     return path.is_dir() and any((path / marker).is_file() for marker in DATASETS_MARKERS)
 
@@ -86,7 +97,7 @@ class Source:
         if path.is_file():
             return path.parent
         parts = Path(self.path).parts
-        fixed = next(i for i, part in enumerate(parts) if any(c in part for c in "*?["))
+        fixed = next(i for i, part in enumerate(parts) if has_wildcard(part))
         return Path(*parts[:fixed])  # the glob's folders before its first wildcard
 
     def fingerprint(self) -> str:
@@ -121,6 +132,22 @@ class Source:
         n_valid = min(len(documents) - 1, math.ceil(valid_fraction * len(documents)))
         valid = set(ranked[:n_valid])
         return [d for d in documents if d not in valid], [d for d in documents if d in valid]
+
+
+    def split_bytes(self, valid_fraction: float) -> tuple[int, int]:
+        """Upper bounds of the (training, validation) text in bytes, from file sizes alone
+        (nothing is read): exact for files split by document and for one file cut by position;
+        where records are split, the files' total bounds each split (their count is unread)."""
+        files = self.files()
+        if any(is_datasets_folder(f) or f.suffix in RECORD_SUFFIXES for f in files):
+            total = sum(p.stat().st_size for f in files for p in ([f] if f.is_file() else f.rglob("*")) if p.is_file())
+            return total, total
+        split = self.split(valid_fraction)
+        if split is None:
+            size = files[0].stat().st_size
+            cut = int(size * (1 - valid_fraction))  # as source_texts cuts it
+            return cut, size - cut
+        return tuple(sum(d.file.stat().st_size for d in docs) for docs in split)
 
 
 def record_count(file: Path, field: str) -> int:

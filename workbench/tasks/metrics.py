@@ -39,6 +39,15 @@ def declared(*names: str) -> dict[str, Metric]:
 EVERY_TASK = declared("loss", ATTENTION_ENTROPY)  # what every task reports, or records when asked
 
 
+def token_nll(logits: Tensor, targets: Tensor) -> Tensor:
+    """Cross-entropy in nats per token, [B, T], from logits [B, T, C] (targets < 0 score 0's
+    class; callers mask them). Computed over the [B*T, C] rows: the class dimension stays the
+    contiguous one, where a transposed [B, C, T] input made log-softmax stride across memory
+    (5x slower forward + backward at a 2,048-token vocabulary on the CPU, 2x at bytes)."""
+    rows = F.cross_entropy(logits.float().flatten(0, 1), targets.clamp(min=0).flatten(), reduction="none")
+    return rows.view(targets.shape)
+
+
 @dataclass
 class Tally:
     """Sums over an evaluation set, so metrics weight every token / row equally. The sums stay
@@ -54,7 +63,7 @@ class Tally:
     COUNTS = ("tokens", "correct", "symbols", "symbols_correct", "rows", "exact")
 
     def add(self, logits: Tensor, targets: Tensor, mask: Tensor) -> None:
-        nll = F.cross_entropy(logits.transpose(1, 2).float(), targets.clamp(min=0), reduction="none")
+        nll = token_nll(logits, targets)
         right = (logits.argmax(-1) == targets) | ~mask
         symbols = mask & (targets != self.eos_id) if self.eos_id is not None else mask
         scored_rows = mask.any(-1)

@@ -194,11 +194,20 @@ class Shards:
         return ByteTokenizer() if name == "bytes" else HFTokenizer.load(self.folder / "tokenizer.json")
 
 
-def prepare(texts: Texts, tokenizer: str, vocab_size: int, progress: bool = False) -> Shards:
-    """The shard folder of `texts` under `tokenizer`, tokenizing (or finishing) it first if needed."""
+def prepared(texts: Texts, tokenizer: str, vocab_size: int) -> Shards | None:
+    """The shard folder of `texts` under `tokenizer` when it is ready, else None (nothing is written)."""
     folder = data_dir() / settings_key(texts, tokenizer, vocab_size)
     if (folder / "meta.json").is_file():
         return Shards(folder, json.loads((folder / "meta.json").read_text()))
+    return None
+
+
+def prepare(texts: Texts, tokenizer: str, vocab_size: int, progress: bool = False) -> Shards:
+    """The shard folder of `texts` under `tokenizer`, tokenizing (or finishing) it first if needed."""
+    ready = prepared(texts, tokenizer, vocab_size)
+    if ready is not None:
+        return ready
+    folder = data_dir() / settings_key(texts, tokenizer, vocab_size)
     folder.mkdir(parents=True, exist_ok=True)
     with open(folder / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
