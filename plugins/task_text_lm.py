@@ -139,8 +139,8 @@ def source_texts(source: Source, valid_fraction: float) -> Texts:
     split = functools.cache(lambda: source.split(valid_fraction))
 
     def part(which: int):
-        if split() is None:  # one plain text file, cut by position
-            file = pathlib.Path(source.path)
+        if split() is None:  # one plain text file (named, or alone in its folder), cut by position
+            (file,) = source.files()
             cut = int(file.stat().st_size * (1 - valid_fraction))
             return file_pieces(file, *((0, cut), (cut, None))[which])
         return document_texts(split()[which], source.text_field)

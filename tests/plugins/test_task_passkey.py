@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from workbench.errors import WorkbenchError
 from workbench.registry import variants
 from workbench.tasks.base import Task
 from workbench_plugins.task_passkey import DIGITS, FILLER, QUESTION
@@ -69,3 +70,16 @@ def test_input_ignoring_baseline_is_one_over_the_number_of_keys(family, key_leng
     assert chance["accuracy"] == pytest.approx((0.1 * key_length + eos) / (key_length + eos))
     counted = Task.chance(task, family, 40)  # the generic estimate, counted on the held-out set
     assert counted["accuracy"] == pytest.approx(chance["accuracy"], abs=0.02)
+
+
+def test_training_refuses_an_example_space_its_evaluation_sets_hold_out():
+    # A 1-digit key in 32 filler tokens has 10 keys x 8 sentence boundaries: 256 held-out rows
+    # cover nearly all of them, so training would cycle through the few left.
+    tiny = Passkey(Passkey.Params(train_length=32, n_eval=256, key_length=1), seed=0)
+    with pytest.raises(WorkbenchError, match=r"held out for evaluation.*task.n_eval=256"):
+        for index in range(8):
+            tiny.train_batch(index, 64, "decoder")
+    roomy = make(key_length=2)  # 100 keys: the held-out rows are a small share
+    for index in range(8):
+        roomy.train_batch(index, 64, "decoder")
+    assert roomy._held_draws < 0.5 * roomy._draws

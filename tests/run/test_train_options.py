@@ -108,9 +108,9 @@ def train(tmp_path, setting: str, name: str):
 
 
 def test_gradient_accumulation_trains_the_same_batches_in_micro_batches(tmp_path):
-    whole = train(tmp_path, "callbacks: [{path: test_trainer_options.StepCounter, args: {start: 0}}]", "whole")
+    whole = train(tmp_path, "callbacks: [{path: test_train_options.StepCounter, args: {start: 0}}]", "whole")
     assert whole.status == "finished" and StepCounter.calls == 20  # a user callback by import path ran
-    split = train(tmp_path, "grad_accumulation: 4, callbacks: [test_trainer_options.StepCounter]", "split")
+    split = train(tmp_path, "grad_accumulation: 4, callbacks: [test_train_options.StepCounter]", "split")
     assert split.status == "finished" and StepCounter.calls == 20 and split.steps_done == 20  # 80 micro-batches
     assert split.tokens == whole.tokens  # the same sequences, in quarters
     assert split.train_flops == pytest.approx(whole.train_flops, rel=1e-9)  # counted per micro-batch

@@ -219,6 +219,15 @@ def test_a_single_file_is_cut_by_position_as_before(tmp_path):
     assert tuning.train_text.tobytes() + tuning.valid_text.tobytes() == data[:cut]
 
 
+def test_a_folder_of_one_file_is_that_file_cut_by_position(tmp_path):
+    (tmp_path / "corpus").mkdir()
+    (tmp_path / "corpus" / "one.txt").write_bytes(prose(4, 500).encode())
+    text = task(path=str(tmp_path / "corpus"))
+    data = (tmp_path / "corpus" / "one.txt").read_bytes()
+    cut = int(len(data) * 0.9)
+    assert text.train_text.tobytes() == data[:cut] and text.valid_text.tobytes() == data[cut:]
+
+
 def test_task_paths_are_relative_to_the_study_file(tmp_path, monkeypatch):
     study_dir = tmp_path / "my"
     folder_corpus(study_dir)

@@ -47,6 +47,10 @@ from workbench.tasks.metrics import EVERY_TASK, Tally, declared, token_nll
 from workbench.variants import Params, Variant
 
 FAMILIES = ("decoder", "encoder_decoder", "encoder")
+# Training refuses a task whose held-out examples are more than this share of its training draws
+# (checked once this many were drawn): its example space is too small for its evaluation sets.
+HELD_SHARE_LIMIT = 0.5
+HELD_CHECK_DRAWS = 256
 IGNORE = -100  # label of an encoder position that is not scored (torch's cross_entropy default)
 SPECIALS = ("<pad>", "<bos>", "<eos>", "<sep>")  # ids 0..3 in every built-in vocabulary
 
@@ -159,6 +163,7 @@ class Task(Variant):
         self._eval_cache: dict[int, list[Example]] = {}
         self._valid_cache: dict[int, list[Example]] = {}
         self._held_out: set[tuple[int, ...]] | None = None
+        self._draws = self._held_draws = 0  # training draws, and those the held-out set refused
 
     # ---- vocabulary -------------------------------------------------------------------------
 
@@ -232,8 +237,19 @@ class Task(Variant):
         held = self.held_out_sources() if self.hold_out else set()
         for _ in range(attempts):
             ex = self.example(rng, self.params.train_length, training=True)
+            self._draws += 1
             if ex.source not in held:
                 return ex
+            self._held_draws += 1
+            if self._draws >= HELD_CHECK_DRAWS and self._held_draws > HELD_SHARE_LIMIT * self._draws:
+                # Most of the example space is held out: training would cycle through the few
+                # examples left, a run that learns nothing about the task and says nothing.
+                raise WorkbenchError(
+                    f"task {self.name}: {self._held_draws / self._draws:.0%} of the training examples drawn "
+                    f"at train_length {self.params.train_length} are held out for evaluation, so training "
+                    "sees only the few left; the example space is too small for "
+                    f"task.n_eval={self.params.n_eval} (raise the lengths or the alphabet, or lower task.n_eval)"
+                )
         raise WorkbenchError(
             f"task {self.name}: {attempts} training examples in a row were in the held-out set; "
             "the example space is too small for n_eval (raise the lengths or the alphabet)"
