@@ -51,8 +51,9 @@ def write(tmp_path: Path, text: str, name: str = "study.yaml") -> Path:
 
 
 def test_validation_sets_avoid_the_evaluation_sets_and_training_avoids_both():
-    # 2 symbols, length 3: 8 strings, so unfiltered draws would collide all the time.
-    params = TASKS["copy"].Params(alphabet_size=2, min_length=3, train_length=3, n_eval=3)
+    # 3 symbols, length 3: 27 strings, so unfiltered draws would collide all the time (with
+    # fewer, the held-out rows would be most of the space, which training refuses).
+    params = TASKS["copy"].Params(alphabet_size=3, min_length=3, train_length=3, n_eval=3)
     tuning = TASKS["copy"](params, seed=0, split=VALIDATION)
     plain = TASKS["copy"](params, seed=0)
     evaluation = {ex.source for ex in plain.eval_examples(3)}
