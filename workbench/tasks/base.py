@@ -47,10 +47,8 @@ from workbench.tasks.metrics import EVERY_TASK, Tally, declared, token_nll
 from workbench.variants import Params, Variant
 
 FAMILIES = ("decoder", "encoder_decoder", "encoder")
-# Training refuses a task whose held-out examples are more than this share of its training draws
-# (checked once this many were drawn): its example space is too small for its evaluation sets.
-HELD_SHARE_LIMIT = 0.5
-HELD_CHECK_DRAWS = 256
+# Training refuses a task once over half of its first 256+ draws were held out (too small a space).
+HELD_SHARE_LIMIT, HELD_CHECK_DRAWS = 0.5, 256
 IGNORE = -100  # label of an encoder position that is not scored (torch's cross_entropy default)
 SPECIALS = ("<pad>", "<bos>", "<eos>", "<sep>")  # ids 0..3 in every built-in vocabulary
 
@@ -242,14 +240,11 @@ class Task(Variant):
                 return ex
             self._held_draws += 1
             if self._draws >= HELD_CHECK_DRAWS and self._held_draws > HELD_SHARE_LIMIT * self._draws:
-                # Most of the example space is held out: training would cycle through the few
-                # examples left, a run that learns nothing about the task and says nothing.
-                raise WorkbenchError(
+                raise WorkbenchError(  # else training cycles through the few examples left
                     f"task {self.name}: {self._held_draws / self._draws:.0%} of the training examples drawn "
-                    f"at train_length {self.params.train_length} are held out for evaluation, so training "
-                    "sees only the few left; the example space is too small for "
-                    f"task.n_eval={self.params.n_eval} (raise the lengths or the alphabet, or lower task.n_eval)"
-                )
+                    f"at train_length {self.params.train_length} are held out for evaluation, so training sees "
+                    f"only the few left; the example space is too small for task.n_eval={self.params.n_eval} "
+                    "(raise the lengths or the alphabet, or lower task.n_eval)")
         raise WorkbenchError(
             f"task {self.name}: {attempts} training examples in a row were in the held-out set; "
             "the example space is too small for n_eval (raise the lengths or the alphabet)"
