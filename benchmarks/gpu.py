@@ -232,7 +232,7 @@ def train_flops(model: nn.Module, n_heads: int, head_dim: int, batch: int, seq: 
     layer, causal attention's two products over the n (n + 1) / 2 allowed pairs (2 * 2 * head_dim
     per pair and query head).
     Element-wise work, the loss and the optimizer count zero (the usual MFU definition).
-    tests/test_benchmarks_smoke.py checks it against FlopCounterMode."""
+    tests/benchmarks/test_benchmarks_smoke.py checks it against FlopCounterMode."""
     from workbench.model.transformer import SelfAttention
 
     linear = sum(m.weight.numel() for m in model.modules() if isinstance(m, nn.Linear))

@@ -8,7 +8,7 @@ keys. As in T5, one table serves every layer of a stack (the encoder and the dec
 have their own), and cross-attention has none.
 
 Follows Hugging Face transformers' `T5Attention._relative_position_bucket` exactly (tests
-compare buckets and logits, tests/test_hf_parity.py). Deviation: the table starts N(0, 0.02)
+compare buckets and logits, tests/model/test_hf_parity.py). Deviation: the table starts N(0, 0.02)
 like every matrix here (`model.Transformer._init_weights`); T5 starts it N(0, d_model^-0.5).
 """
 

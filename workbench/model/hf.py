@@ -1,5 +1,5 @@
 """Hugging Face `transformers` <-> workbench: the architectures both express, their configs, and
-the weight mappings. One module for the parity tests (tests/test_hf_parity.py), `workbench
+the weight mappings. One module for the parity tests (tests/model/test_hf_parity.py), `workbench
 export RUN_DIR --to hf OUT` (`to_hf`) and `workbench.from_hf` (`from_hf`).
 
 The architectures (GPT-2, Llama, Mistral, BLOOM, BERT, BART, T5) and what each needs of a spec

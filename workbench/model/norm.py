@@ -36,7 +36,7 @@ class RMSNorm(nn.RMSNorm):
     """nn.RMSNorm (Zhang & Sennrich 2019: x / sqrt(mean(x^2) + eps) * weight), same parameters
     and values, with a hand-written backward. PyTorch's CPU rms_norm is composed of ~5 kernels
     forward and ~12 backward (LayerNorm has a fused kernel); this one takes 3 and 6, measured
-    1.8x faster forward + backward on the CPU. tests/test_model_properties.py pins values and
+    1.8x faster forward + backward on the CPU. tests/model/test_transformer_properties.py pins values and
     gradients to nn.RMSNorm. Used on the CPU only, where it was measured: other devices keep
     PyTorch's own kernel."""
 

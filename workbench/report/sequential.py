@@ -8,7 +8,7 @@ bound the chance of any false decision over all looks is at most that alpha.
 
 The runner's add-seeds loop and the report call the same functions: `seeds_for_next_look` says
 which groups get more seeds, `grow_seeds` is the loop itself (the runner passes a function that
-trains the runs; tests/test_sequential.py passes one that draws synthetic scores), and
+trains the runs; tests/report/test_sequential.py passes one that draws synthetic scores), and
 `sequential_verdicts` is what the report prints.
 """
 

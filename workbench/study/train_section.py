@@ -17,7 +17,7 @@ from workbench.variants import StrictModel
 
 
 # Lightning's registered strategy names, by their first word (ddp_spawn, deepspeed_stage_2, ...);
-# tests/test_reliability.py checks them against Lightning's StrategyRegistry.
+# tests/run/test_reliability.py checks them against Lightning's StrategyRegistry.
 LIGHTNING_STRATEGIES = ("auto", "ddp", "deepspeed", "fsdp", "single", "xla")
 # Lightning's strategies that start their ranks with multiprocessing instead of a command line:
 # their rank 0 trains in a process whose recorded curves never return to the run.
