@@ -238,8 +238,12 @@ class TextLM(Task):
             ratios = (shards.tokens_per_byte("train"), shards.tokens_per_byte("val"))
         else:  # planning a run before the corpus is tokenized (`planned`)
             self.train_text, self.valid_text = (np.broadcast_to(np.uint8(0), (n,)) for n in self.split_bytes())
-            self.tokenizer = {"bytes": ByteTokenizer, "bpe": lambda: None}.get(
-                params.tokenizer, lambda: HFTokenizer.load(pathlib.Path(params.tokenizer)))()
+            if params.tokenizer == "bytes":
+                self.tokenizer = ByteTokenizer()
+            elif params.tokenizer == "bpe":
+                self.tokenizer = None  # not trained yet: model_tokens reads its declared size
+            else:
+                self.tokenizer = HFTokenizer.load(pathlib.Path(params.tokenizer))
             self.corpus_key, names, ratios = "", [], (math.nan, math.nan)
         size = self.model_tokens()
         self._set_vocab(names + [f"<unused {i}>" for i in range(len(names), size)])

@@ -133,7 +133,6 @@ class Source:
         valid = set(ranked[:n_valid])
         return [d for d in documents if d not in valid], [d for d in documents if d in valid]
 
-
     def split_bytes(self, valid_fraction: float) -> tuple[int, int]:
         """Upper bounds of the (training, validation) text in bytes, from file sizes alone
         (nothing is read): exact for files split by document and for one file cut by position;

@@ -132,6 +132,7 @@ class TrainKind(StudyKind):
 
         return report_from_store(out_dir, info, study, dest, pictures)
 
+
 def tune(study_file: StudyFile, tuning: list[RunConfig], store: Store, executor, summary: Summary,
          progress: SweepProgress, names: dict[str, str], tracker=None) -> list[PointTuning]:
     """Run the tuning runs; while a point's choice sits at the edge of its grid, run the next
