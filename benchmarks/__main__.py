@@ -2,7 +2,8 @@
 x-transformers and against this machine's matmul limit. Prints rich tables, writes JSON.
 
 Sections (issue 7): train (throughput + MFU), local (long-sequence sliding window),
-decode (cached greedy generation), overhead (Lightning runner vs a plain loop).
+decode (cached greedy generation), overhead (Lightning runner vs a plain loop); and (issue 44)
+decide (seeds and CPU minutes to a verdict, today's rule beside the earlier one: benchmarks/decide.py).
 Every comparison alternates the implementations in this one process and reports medians,
 so load from other processes on a shared machine falls on both alike.
 """
@@ -24,7 +25,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from benchmarks import RESULTS_DIR, Check, machine, mfu
+from benchmarks import RESULTS_DIR, Check, decide, machine, mfu
 from benchmarks.minimal import MinimalGPT
 from benchmarks.vs_xtransformers import (CONFIGS, IMPLS, build_pair, decode_throughput,
                                          make_train_step, parameter_check, random_tokens, train_throughput,
@@ -32,7 +33,7 @@ from benchmarks.vs_xtransformers import (CONFIGS, IMPLS, build_pair, decode_thro
 from workbench.errors import WorkbenchError
 from workbench.model.spec import parse_spec
 
-SECTIONS = ("train", "local", "decode", "overhead")
+SECTIONS = ("train", "local", "decode", "overhead", "decide")
 RESULTS = RESULTS_DIR / "vs_xtransformers.json"
 
 
@@ -212,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     console = Console(width=150)  # wide enough for the tables when piped to a file
-    comparisons = [s for s in args.only if s != "overhead"]
+    comparisons = [s for s in args.only if s not in ("overhead", "decide")]
     if comparisons and not xtransformers_available():
         console.print("x-transformers is not installed: pip install 'transformer-workbench[bench]'")
         return 2
@@ -231,6 +232,8 @@ def main(argv: list[str] | None = None) -> int:
         results["decode"] = decode_section(sizes, console)
     if "overhead" in args.only:
         results["overhead"] = overhead_section(sizes, console, args.quick)
+    if "decide" in args.only:  # the verdict rule's cost to decide: benchmarks/decide.py
+        results["decide"] = decide.section(console, args.quick)
     targets = checks(results)
     results["checks"] = [dict(asdict(c), passed=c.passed) for c in targets]
     table = Table(title="Issue 7 targets")

@@ -36,7 +36,8 @@ def test_summary_counts_runs_and_spans_the_sweep():
     s = summary(Report("x", "train", "q?", [verdict], []), runs)
     assert s["statuses"] == {"diverged": 1, "finished": 1} and s["run_span_s"] == 60 and s["run_cpu_s"] == 60
     assert s["verdicts"] == [{"statement": verdict.statement, "outcome": "holds", "label": "holds", "detail": "detail",
-                              "note": "note", "difference": {}, "learned": [], "groups": [], "expect": {}, "look": None,
+                              "note": "note", "tests_claim": True, "difference": {}, "learned": [], "groups": [], "expect": {},
+                              "look": None,
                               "post_hoc": ""}]
     # the rule it was issued under, and its first result (what a margin or a findings row registered later is after)
     assert s["rule"] == VERDICT_RULE and s["first_result"] == "2026-01-01T10:00:10+00:00"
@@ -57,12 +58,28 @@ def test_index_rows_read_summaries_and_mark_studies_not_run(tmp_path):
     text = build_index(studies, reports)
     ran = next(line for line in text.splitlines() if line.startswith("| [ran]"))
     assert "(ran/report.md)" in ran and "E1, E2, E3, E6, P9" in ran
-    assert "**does not hold**: rope is better than none on accuracy@4" in ran
+    # a summary that records no rule was issued before 2026-12-01: every verdict says so
+    assert ("**does not hold [issued under a rule before 2026-12-01; not re-issued]**: rope is better than none "
+            "on accuracy@4") in ran
     assert "2.5 min wall, 4.5 min CPU, 4 runs (1 diverged)" in ran
     pending = next(line for line in text.splitlines() if line.startswith("| pending"))
     assert "| not run |" in pending
     result = CliRunner().invoke(main, ["report-index", "--studies", str(studies), "--reports", str(reports)])
     assert result.exit_code == 0 and (reports / "README.md").read_text() == text
+    # issued under the rule of 2026-12-01 (before the gate stopped ending tests): marked with that rule, and a verdict
+    # the gate ended says so; under today's rule, plain
+    for rule, outcome, shown in (
+            ("2026-12-01: every decision by a test of the difference; gates qualify", "does not hold",
+             "**does not hold [issued under the rule of 2026-12-01; not re-issued]**"),
+            ("2026-12-01: every decision by a test of the difference; gates qualify", "not tested",
+             "**not tested [issued under the rule of 2026-12-01; the learned gate ended its test; not re-issued]**"),
+            (VERDICT_RULE, "does not hold", "**does not hold**")):
+        summary = json.loads((reports / "ran" / "summary.json").read_text())
+        summary["rule"] = rule
+        summary["verdicts"][0].update(outcome=outcome, label=outcome)
+        (reports / "ran" / "summary.json").write_text(json.dumps(summary))
+        ran = next(line for line in build_index(studies, reports).splitlines() if line.startswith("| [ran]"))
+        assert f"{shown}: rope is better than none on accuracy@4" in ran, rule
 
 
 def test_scaling_findings_fit_exponents_per_variant():

@@ -4,6 +4,7 @@ learned-at-all gate, verdicts, variant pairing."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 import re
 
 import numpy as np
@@ -183,18 +184,25 @@ def test_the_gate_qualifies_a_decided_difference_and_never_decides_alone():
     assert v.label == "holds (whether B learned is undetermined)"
 
 
-def test_not_tested_needs_data_showing_that_neither_group_learned():
-    low, high = [0.10, 0.11, 0.10], [0.10, 0.12, 0.11]
-    neither = (gate("B", "accuracy@8", low, 0.1), gate("C", "accuracy@8", high, 0.1))
-    v = verdicts([Comparison("accuracy@8", "B", "C", by_seed(low), by_seed(high), higher=True, bounds=(0.0, 1.0),
+def test_neither_group_learned_qualifies_the_tested_outcome_and_never_ends_the_test():
+    low, lower = [0.10, 0.11, 0.10], [0.05, 0.062, 0.049]
+    neither = (gate("B", "accuracy@8", low, 0.1), gate("C", "accuracy@8", lower, 0.1))
+    v = verdicts([Comparison("accuracy@8", "B", "C", by_seed(low), by_seed(lower), higher=True, bounds=(0.0, 1.0),
                              gates=neither)])[0]
-    assert v.outcome == "not tested"
-    assert v.label.startswith("not tested (neither group learned: B: accuracy@8 0.103") and "C: accuracy@8 0.11" in v.label
-    # one of them undetermined (its interval reaches the threshold 0.19): not "not tested"
+    # the difference (about +0.05 on every seed) is tested and decided; the gates say it does not test the claim
+    assert v.outcome == "holds" and v.diff.p < 0.05 and not v.tests_claim
+    assert v.label.startswith("holds (neither group learned: B: accuracy@8 0.103") and "C: accuracy@8 0.0537" in v.label
+    same = [0.10, 0.12, 0.11]
+    v = verdicts([Comparison("accuracy@8", "B", "C", by_seed(low), by_seed(same), higher=True, bounds=(0.0, 1.0),
+                             gates=(neither[0], gate("C", "accuracy@8", same, 0.1)))])[0]
+    assert v.outcome == "inconclusive" and not v.outcome.final and not v.tests_claim  # more seeds may decide it
+    assert v.label.startswith("inconclusive (the interval of the difference contains 0; ")
+    assert "; neither group learned: B: accuracy@8" in v.label
+    # one of them undetermined (its interval reaches the threshold 0.19): the claim is tested
     spread = [0.05, 0.30, 0.10]
     v = verdicts([Comparison("accuracy@8", "B", "C", by_seed(low), by_seed(spread), higher=True, bounds=(0.0, 1.0),
                              gates=(neither[0], gate("C", "accuracy@8", spread, 0.1)))])[0]
-    assert v.outcome == "inconclusive"
+    assert v.outcome == "inconclusive" and v.tests_claim and "neither" not in v.label
     # lower is better: a loss must fall 10% of the way from chance to 0, its interval too
     ln4 = math.log(4)
     assert gate("A", "loss@8", [1.20, 1.19, 1.21], ln4, higher=False, perfect=0.0).at().learned
@@ -308,17 +316,41 @@ def test_an_inconclusive_verdict_states_its_detectable_difference_and_the_seeds_
     assert power(d.mean(), needed) >= 0.8 > power(d.mean(), needed - 1)
 
 
-def test_holms_family_is_every_expect_entry_even_those_not_tested():
+def test_holms_family_is_every_hypothesis_even_of_entries_that_end_before_a_test():
     a, b = by_seed([0.90, 0.91, 0.95]), by_seed([0.50, 0.52, 0.51])
     tested = Comparison("accuracy@8", "A", "B", a, b, higher=True, bounds=(0.0, 1.0))
-    untested_gates = (gate("C", "accuracy@8", [0.1, 0.11, 0.1], 0.1), gate("D", "accuracy@8", [0.1, 0.1, 0.11], 0.1))
-    untested = Comparison("accuracy@8", "C", "D", a, b, higher=True, bounds=(0.0, 1.0), gates=untested_gates)
+    same = Comparison("accuracy@8", "C", "D", a, a.copy(), higher=True, bounds=(0.0, 1.0))
     alone = verdicts([tested])[0]
-    with_untested = verdicts([tested, untested])
-    assert with_untested[1].outcome == "not tested"
+    with_identical = verdicts([tested, same])
+    assert with_identical[1].outcome == "identical"
     assert alone.diff.level == pytest.approx(0.95)
-    assert with_untested[0].diff.level == pytest.approx(0.975)  # m = 2: the untested entry still counts
-    assert with_untested[0].p_holm == pytest.approx(min(1.0, 2 * alone.diff.p))
+    assert with_identical[0].diff.level == pytest.approx(0.975)  # M = 2: the identical entry still counts
+    assert with_identical[0].p_holm == pytest.approx(min(1.0, 2 * alone.diff.p))
+    # an entry with a margin brings two hypotheses (no difference; outside ±margin), of which at most one can
+    # be true: Shaffer's count of possibly true hypotheses stays 2
+    with_margin = verdicts([tested, replace(same, margin=0.05)])
+    assert with_margin[0].diff.level == pytest.approx(0.975)
+    assert with_margin[0].p_holm == pytest.approx(min(1.0, 2 * alone.diff.p))
+
+
+def test_equivalence_is_in_holms_family_and_reads_before_a_decided_difference():
+    # equal groups, tight: the difference is not decided, equivalence within ±0.02 is
+    a, b = by_seed([0.900, 0.905, 0.898, 0.902]), by_seed([0.901, 0.903, 0.899, 0.900])
+    v = verdicts([Comparison("accuracy@8", "A", "B", a, b, higher=True, bounds=(0.0, 1.0), margin=0.02)])[0]
+    # one entry: its two hypotheses cannot both be true, so each is read at the full 0.05 (Shaffer 1986): TOST's 90%
+    assert v.outcome == "equivalent" and v.diff.level == pytest.approx(0.90)
+    assert -0.02 < v.diff.lo and v.diff.hi < 0.02 and v.label == "equivalent"
+    # a decided difference smaller than the margin: both hypotheses rejected; equivalence reads first and says so
+    shifted = a + 0.005 + by_seed([0.0, 0.0001, -0.0001, 0.0])
+    v = verdicts([Comparison("accuracy@8", "A", "B", shifted, a, higher=True, bounds=(0.0, 1.0), margin=0.02)])[0]
+    assert v.outcome == "equivalent" and "the difference is decided too, above 0" in v.reason
+    # the same difference without a margin holds
+    assert verdicts([Comparison("accuracy@8", "A", "B", shifted, a, higher=True, bounds=(0.0, 1.0))])[0].outcome == "holds"
+    # equivalence's p is that of the two one-sided tests: at most a exactly when the 1 - 2a interval is inside
+    from workbench.report.intervals import difference
+    d = difference(shifted, a, level=0.9)
+    for margin in (0.004, 0.00505, 0.0051, 0.006, 0.02):
+        assert (d.equivalence_p(margin) <= 0.05) == (-margin < d.lo and d.hi < margin), margin
 
 
 def test_failure_shares_compare_with_fishers_exact_test_and_clopper_pearson_intervals():
@@ -351,3 +383,12 @@ def test_the_t_intervals_and_p_values_are_scipys(seed):
         test = stats.ttest_ind(x, y[:-1], equal_var=False)
         iv = welch_diff(x, y[:-1], level)
         assert (iv.lo, iv.hi, iv.p) == pytest.approx((*test.confidence_interval(level), test.pvalue), rel=1e-10)
+
+
+def test_a_level_prints_with_the_digits_its_alpha_needs_everywhere_it_is_shown():
+    from workbench.report.document import VerdictLine, level_text
+
+    assert [level_text(x) for x in (0.95, 0.975, 0.99965, 1 - 4.2e-7)] == ["95%", "97.5%", "99.965%", "99.99996%"]
+    line = VerdictLine("a is better than b on x", "holds", "holds", "", difference={
+        "mean": 0.159, "lo": 0.121, "hi": 0.197, "level": 0.99965, "method": "paired"})
+    assert line.interval_kind == "99.965% paired"  # it printed "100% paired"

@@ -14,6 +14,15 @@ from typing import Literal
 from workbench.report.outcomes import Outcome
 
 
+def level_text(level: float) -> str:
+    """A confidence level as a percentage with the digits its alpha needs: 95%, 97.5%, 99.997%."""
+    for digits in range(8):
+        text = f"{level * 100:.{digits}f}"
+        if abs(float(text) - level * 100) <= 0.05 * (1 - level) * 100:
+            return f"{text}%"
+    return f"{level:.10%}"
+
+
 @dataclass
 class Paragraph:
     text: str
@@ -81,6 +90,7 @@ class VerdictLine:
     expect: dict = field(default_factory=dict)  # the `expect:` entry decided: index, metric, better, than
     look: dict | None = None  # adaptive seeds: the look it was read at (look, of, seeds); None: fixed seeds
     post_hoc: str = ""  # its margin was registered after the study's first result (workbench.report.registration)
+    tests_claim: bool = True  # False when neither group learned: shown, not counted as testing the claim
 
     # ---- the first screen's verdict table reads these -------------------------------------
 
@@ -104,7 +114,7 @@ class VerdictLine:
         level, method = self.difference.get("level"), self.difference.get("method")
         if level is None or self.difference_text == "–":
             return ""
-        return f"{level:.1%}".replace(".0%", "%") + (f" {method}" if method else "")
+        return level_text(level) + (f" {method}" if method else "")
 
     @property
     def seeds_text(self) -> str:

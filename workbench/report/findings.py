@@ -34,7 +34,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from workbench.errors import SpecError, WorkbenchError, unknown_name
-from workbench.report.document import fmt, fmt_interval, fmt_signed_interval
+from workbench.report.document import fmt, fmt_interval, fmt_signed_interval, level_text
 from workbench.report.outcomes import DECIDED, Outcome
 from workbench.report.render import md_cell
 from workbench.model.spec import spec_error_from
@@ -166,7 +166,7 @@ def entry_text(metric: str, better: Mapping[str, Any], than: Mapping[str, Any]) 
 # ---- the table -----------------------------------------------------------------------------------
 
 
-def agreement(outcome: str | None, finding: Finding) -> str:
+def agreement(outcome: str | None, finding: Finding, tests_claim: bool = True) -> str:
     """Our verdict against the paper's claim, by the claim's kind (`paper_expects: opposite`
     reverses a direction):
     - difference: holds -> agrees, does not hold -> does not agree, equivalent -> does not agree
@@ -174,9 +174,10 @@ def agreement(outcome: str | None, finding: Finding) -> str:
     - direction: holds -> agrees, does not hold -> does not agree, equivalent -> not comparable
       (a difference inside the margin has no direction to check);
     - equivalence: equivalent -> agrees, holds or does not hold -> does not agree (a difference).
-    Anything else (inconclusive, not tested, ceiling, identical, no verdict), or `comparable:
-    false` -> not comparable."""
-    if not finding.comparable or outcome not in DECIDED:
+    Anything else (inconclusive, ceiling, identical, no verdict; a verdict where neither group
+    learned, `tests_claim` false, whatever its outcome; an earlier rule's Outcome.NOT_TESTED), or
+    `comparable: false` -> not comparable."""
+    if not finding.comparable or outcome not in DECIDED or not tests_claim:
         return NOT_COMPARABLE
     if finding.kind == "equivalence":
         return AGREES if outcome == Outcome.EQUIVALENT else DISAGREES
@@ -217,8 +218,7 @@ def verdict_text(v: Mapping[str, Any]) -> str:
     if d.get("mean") is not None:
         text = f"difference {fmt_signed_interval(number(d['mean']), number(d.get('lo')), number(d.get('hi')))}"
         if not math.isnan(number(d.get("lo"))):  # an interval: say at which level and how
-            level = f"{number(d.get('level')):.1%}".replace(".0%", "%")
-            text += f" ({level} {d.get('method', '')})"
+            text += f" ({level_text(number(d.get('level')))} {d.get('method', '')})"
         parts.append(text)
     outcome = v["outcome"]
     if outcome == Outcome.NOT_TESTED:
@@ -259,7 +259,8 @@ def table_row(row: Row, reports_dir: Path) -> tuple[list[str], str | None]:
             auto_why = ("its summary.json predates this table: regenerate the report (`workbench report OUT`)"
                         if old else f"no verdict on this expect: entry in {summary_path.as_posix()}: rerun the study")
     ours = [verdict_text(v) for v in verdicts] or [f"{entry_text(row.metric, row.better, row.than)}: no verdict"]
-    agreements = list(dict.fromkeys(agreement(v["outcome"], f) for v in verdicts)) or [NOT_COMPARABLE]
+    agreements = list(dict.fromkeys(agreement(v["outcome"], f, v.get("tests_claim", True))
+                                    for v in verdicts)) or [NOT_COMPARABLE]
     late = row_post_hoc(f, summary if summary_path.exists() else None)
     if late:  # shown, not counted
         agreements = [f"{POST_HOC} ({'; '.join(agreements)}; {late})"]
@@ -296,8 +297,8 @@ def findings_section(path: Path, studies: Mapping[str, Any], reports_dir: Path) 
          f"a direction ({Outcome.HOLDS} -> agrees,"),
         (f"{Outcome.DOES_NOT_HOLD} -> does not agree, {Outcome.EQUIVALENT} -> not comparable), "
          f"an equivalence ({Outcome.EQUIVALENT} -> agrees, {Outcome.HOLDS}"),
-        (f"or {Outcome.DOES_NOT_HOLD} -> does not agree); {Outcome.INCONCLUSIVE}, {Outcome.NOT_TESTED}, "
-         f"{Outcome.CEILING}, {Outcome.IDENTICAL} or not run -> not"),
+        (f"or {Outcome.DOES_NOT_HOLD} -> does not agree); {Outcome.INCONCLUSIVE}, {Outcome.CEILING}, "
+         f"{Outcome.IDENTICAL}, a verdict where neither group learned, or not run -> not"),
         "comparable. A row registered after its study's first result is post hoc: shown, not counted.",
         "",
         "| " + " | ".join(header) + " |",

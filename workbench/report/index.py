@@ -79,7 +79,7 @@ def summary(report: Report, runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "rule": VERDICT_RULE,
         "first_result": min((r["recorded_at"] for r in runs if r.get("recorded_at")), default=None),
         "verdicts": [{"statement": v.statement, "outcome": v.outcome, "label": v.label, "detail": v.detail,
-                      "note": v.note,
+                      "note": v.note, "tests_claim": v.tests_claim,
                       "difference": json_numbers(v.difference), "learned": [json_numbers(g) for g in v.gates],
                       "groups": [json_numbers(g) for g in v.groups], "expect": v.expect, "look": v.look,
                       "post_hoc": v.post_hoc}
@@ -93,10 +93,10 @@ def summary(report: Report, runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 
 def issued_label(verdict: dict[str, Any], summary: dict[str, Any], study) -> str:
-    """A verdict's label as the index shows it. One issued before the current rule and decided by
-    the learned gate alone (a difference 'only A learned', or not tested) says so; so does a margin the
-    study file declares post hoc where the report records no first-result time (a report that
-    records it states a post-hoc margin in the label itself)."""
+    """A verdict's label as the index shows it. One issued before the current rule says so (and
+    when it was decided by the learned gate alone, a difference 'only A learned' or not tested,
+    says that too); so does a margin the study file declares post hoc where the report records
+    no first-result time (a report that records it states a post-hoc margin in the label itself)."""
     label = verdict["label"]
     index = (verdict.get("expect") or {}).get("index")
     entries = getattr(study, "expect", [])
@@ -104,11 +104,14 @@ def issued_label(verdict: dict[str, Any], summary: dict[str, Any], study) -> str
     if exp is not None and exp.margin and exp.post_hoc and summary.get("first_result") is None:
         when = f" {minute(exp.registered)}" if exp.registered else ""
         label += f" [post hoc margin: registered{when}, after the study's results (from the project's history)]"
-    if summary.get("rule") == VERDICT_RULE:
+    rule = summary.get("rule")
+    if rule == VERDICT_RULE:
         return label
-    gate_only = verdict["outcome"] == Outcome.NOT_TESTED or (
-        verdict["outcome"] in (Outcome.HOLDS, Outcome.DOES_NOT_HOLD) and " learned)" in label)
-    return f"{label} [earlier rule: decided by the learned gate alone; not re-issued]" if gate_only else label
+    issued = f"the rule of {rule.split(':')[0]}" if rule else "a rule before 2026-12-01"
+    how = ("; the learned gate ended its test" if verdict["outcome"] == Outcome.NOT_TESTED
+           else "; decided by the learned gate alone" if rule is None and verdict["outcome"] in (
+               Outcome.HOLDS, Outcome.DOES_NOT_HOLD) and " learned)" in label else "")
+    return f"{label} [issued under {issued}{how}; not re-issued]"
 
 
 def json_numbers(record: dict[str, Any]) -> dict[str, Any]:
@@ -218,16 +221,14 @@ def intro(studies_dir: Path, reports_dir: Path) -> str:
     return "\n".join([
         "# Studies and their reports",
         "",
-        f"One row per study in `{studies_dir.as_posix()}/`. Verdicts come from each study's `expect:` entries:",
-        ("when only one compared group learned (beat the task's strongest baseline), "
-         f"**{Outcome.HOLDS} (only A learned)** or"),
-        (f"**{Outcome.DOES_NOT_HOLD} (only B learned)**; when neither, **{Outcome.NOT_TESTED}**; "
-         "both at the best score on every seed,"),
-        (f"**{Outcome.CEILING}**; otherwise, from the interval of the difference over seeds "
-         "(paired or Welch, Holm-corrected):"),
-        (f"**{Outcome.HOLDS}** when it lies on the expected side of 0, **{Outcome.DOES_NOT_HOLD}** on the other side, "
-         f"**{Outcome.EQUIVALENT}** when"),
-        (f"inside the entry's `margin:`, **{Outcome.INCONCLUSIVE}** when it contains 0. "
+        f"One row per study in `{studies_dir.as_posix()}/`. Verdicts come from each study's `expect:` entries, each",
+        "decided by a test of the difference over seeds (paired or Welch, Holm-corrected over the study's entries):",
+        (f"**{Outcome.HOLDS}** when its interval lies on the expected side of 0, **{Outcome.DOES_NOT_HOLD}** on the "
+         f"other side, **{Outcome.EQUIVALENT}** when"),
+        (f"inside the entry's `margin:`, **{Outcome.INCONCLUSIVE}** when it contains 0; **{Outcome.CEILING}** when "
+         "both groups scored the best value on every seed."),
+        ("Whether each group learned (beat the task's strongest baseline) qualifies the outcome and never ends the "
+         "test: **(only A learned)**, or **(neither group learned)**, which does not count as testing the claim. "
          "The exact rule is printed under each"),
         "report's Verdicts.",
         "",

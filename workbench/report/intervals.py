@@ -48,15 +48,18 @@ class Interval:
     method: str = ""  # for a difference: "paired" or "Welch"
     p: float = math.nan  # for a difference: two-sided p-value of "no difference"
     level: float = LEVEL
+    se: float = math.nan  # for a t interval: its standard error and degrees of freedom
+    df: float = math.nan
 
-
-def level_text(level: float) -> str:
-    """A confidence level as a percentage with the digits its alpha needs: 95%, 97.5%, 99.997%."""
-    for digits in range(8):
-        text = f"{level * 100:.{digits}f}"
-        if abs(float(text) - level * 100) <= 0.05 * (1 - level) * 100:
-            return f"{text}%"
-    return f"{level:.10%}"
+    def equivalence_p(self, margin: float) -> float:
+        """p-value of "the difference lies outside ±margin" by two one-sided t tests (Schuirmann
+        1987): the larger of the two one-sided p's. At most a when the 1 - 2a interval lies
+        inside ±margin. NaN without a t interval."""
+        if not (self.se > 0 and math.isfinite(self.df)):
+            return math.nan
+        below = float(special.stdtr(self.df, -(self.mean + margin) / self.se))  # H0: difference <= -margin
+        above = float(special.stdtr(self.df, (self.mean - margin) / self.se))  # H0: difference >= +margin
+        return max(below, above)
 
 
 def finite(values: Sequence[float] | np.ndarray | pd.Series) -> np.ndarray:
@@ -145,7 +148,7 @@ def _welch_diff(a: tuple[float, ...], b: tuple[float, ...], level: float, bounds
     df = (vx + vy) ** 2 / (vx ** 2 / (len(x) - 1) + vy ** 2 / (len(y) - 1))
     lo, hi = t_interval(diff, se, df, level)
     return Interval(diff, *clipped(diff, lo, hi, difference_bounds(bounds)), n,
-                    method="Welch", p=t_pvalue(diff / se, df), level=level)
+                    method="Welch", p=t_pvalue(diff / se, df), level=level, se=se, df=df)
 
 
 def paired_diff(a: pd.Series, b: pd.Series, level: float = LEVEL, bounds: tuple[float, float] = UNBOUNDED) -> Interval:
@@ -167,11 +170,11 @@ def _paired_diff(differences: tuple[float, ...], level: float, bounds: tuple[flo
     se = float(d.std(ddof=1)) / math.sqrt(len(d))
     lo, hi = t_interval(diff, se, len(d) - 1, level)
     return Interval(diff, *clipped(diff, lo, hi, difference_bounds(bounds)), len(d),
-                    method="paired", p=t_pvalue(diff / se, len(d) - 1), level=level)
+                    method="paired", p=t_pvalue(diff / se, len(d) - 1), level=level, se=se, df=len(d) - 1)
 
 
 def same_seeds(a: pd.Series, b: pd.Series) -> bool:
-    return len(a) >= 2 and len(a) == len(b) and a.index.is_unique and bool(a.index.sort_values().equals(b.index.sort_values()))
+    return len(a) >= 2 and len(a) == len(b) and a.index.is_unique and set(a.index) == set(b.index)
 
 
 def difference(a, b, level: float = LEVEL, bounds: tuple[float, float] = UNBOUNDED) -> Interval:

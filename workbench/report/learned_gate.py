@@ -15,9 +15,10 @@ duality as Schuirmann's two one-sided tests, which `stats` uses for equivalence)
 seeds all scored the same has no spread; it counts as that value exactly (an exact score, e.g.
 accuracy 1.0 on every seed, rather than an estimate).
 
-The gate never decides a comparison on its own (workbench.report.stats): it qualifies a
-decided difference ("only A learned"), reads Outcome.NOT_TESTED only when the data show that neither
-group learned, and, undetermined, sends an adaptive study to more seeds.
+The gate never decides a comparison on its own and never ends its test (workbench.report.stats):
+it qualifies a decided difference ("only A learned"), marks a verdict whose groups the data
+show both did not learn ("neither group learned": it does not test the claim), and,
+undetermined, sends an adaptive study to more seeds.
 """
 
 from __future__ import annotations
@@ -29,8 +30,8 @@ from enum import StrEnum
 
 import pandas as pd
 
-from workbench.report.document import fmt
-from workbench.report.intervals import LEVEL, first_seeds, level_text, mean_ci
+from workbench.report.document import fmt, level_text
+from workbench.report.intervals import LEVEL, first_seeds, mean_ci
 
 # A group learned when its score at the training length is better than the strongest baseline by
 # at least this share of the distance from that baseline to the perfect score (1 for accuracy,
@@ -186,7 +187,9 @@ def learned_criterion(name: str, gates: Sequence[Learned]) -> str:
     def limit(metric: str, needed: float, higher: bool) -> str:
         return f"{metric} {'≥' if higher else '≤'} {fmt(needed)}"
 
-    level = level_text(known[0].level)
+    levels = sorted({g.level for g in known})
+    level = (level_text(levels[0]) if len(levels) == 1
+             else f"({', '.join(map(level_text, levels))}: each group's last look)")
     if len(thresholds) == 1:
         (metric, baseline, chance, needed, higher, perfect), _ = next(iter(thresholds.items()))
         rule = (f"{limit(metric, needed, higher)}, {MARGIN:.0%} of the way from {baseline} {fmt(chance)} "

@@ -26,7 +26,8 @@ class Outcome(StrEnum):
     HOLDS = "holds", True, False, Badge("#d8f3dc", "#1b4332")
     DOES_NOT_HOLD = "does not hold", True, False, Badge("#ffd6d6", "#7a0000")
     INCONCLUSIVE = "inconclusive", False, True, Badge("#fff1c1", "#5c4400")
-    # the data show that neither group learned
+    # an earlier rule's outcome (before 2026-12-02: "neither group learned" ended the test); read in
+    # reports issued then, never issued now (the gates qualify the tested outcome: Verdict.neither)
     NOT_TESTED = "not tested", False, True, Badge("#e4e4e4", "#333")
     EQUIVALENT = "equivalent", True, False, Badge("#dbe9ff", "#0b2e6b")
     # both groups at the metric's best value on every seed
@@ -64,6 +65,8 @@ class Outcome(StrEnum):
 
 DECIDED = tuple(o for o in Outcome if o.decides)
 CEILING_LABEL = f"{Outcome.CEILING}: the task does not separate them"
-# The verdict rule a summary.json was issued under: since this one, the learned gate qualifies a
-# decided difference and never decides alone (an index marks reports issued before it).
-VERDICT_RULE = "2026-12-01: every decision by a test of the difference; gates qualify"
+# The verdict rule a summary.json was issued under (an index marks reports issued before it). Since
+# 2026-12-01 the learned gate qualifies a decided difference and never decides alone; since
+# 2026-12-02 it never ends the test either, equivalences are in Holm's family, and adaptive looks
+# spend alpha Pocock-type.
+VERDICT_RULE = "2026-12-02: gates qualify and never end the test; equivalence in Holm; Pocock-type looks"

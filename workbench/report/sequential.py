@@ -1,10 +1,12 @@
 """Adaptive seeds (`seeds: {first, max}`): repeated looks with alpha spending.
 
-Looks are at `first` seeds per group, then twice as many each round, ending at `max`. Each look
-applies the verdict rule (workbench.report.stats.verdicts) at the alpha an O'Brien-Fleming-type
-spending function adds there, gates and group intervals included; a comparison keeps the first
-look that ends it (`Outcome.final`). The looks' alphas sum to the study's alpha, so by the union
-bound the chance of any false decision over all looks is at most that alpha.
+Looks are at `first` seeds per group, then about 1.5 times as many each round, ending at `max`
+(`LOOKS`: 3, 4, 6, 9, 14, 20). Each look applies the verdict rule (workbench.report.stats.verdicts)
+at the alpha a Pocock-type spending function (Lan & DeMets 1983) adds there, gates and group
+intervals included; a comparison keeps the first look that ends it (`Outcome.final`). The looks'
+alphas sum to the study's alpha, so by the union bound the chance of any false decision over all
+looks is at most that alpha. `EARLIER_LOOKS` is the rule before 2026-12-02 (O'Brien-Fleming-type,
+doubling), kept so that the two can be compared on the same per-seed values.
 
 The runner's add-seeds loop and the report call the same functions: `seeds_for_next_look` says
 which groups get more seeds, `grow_seeds` is the loop itself (the runner passes a function that
@@ -17,7 +19,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import pandas as pd
 from scipy import stats as st
@@ -27,40 +29,80 @@ from workbench.report.intervals import ALPHA
 from workbench.report.stats import CONTAINS_ZERO, Comparison, Verdict, plan_text, verdicts
 
 
-def seed_looks(first: int, most: int) -> list[int]:
-    """Seeds per group at each look of an adaptive study: `first`, then twice as many each
-    round, ending at `most`; e.g. 3, 6, 12, 20. Few looks keep the alpha each one gets large."""
+def obrien_fleming(fraction: float, alpha: float = ALPHA) -> float:
+    """Alpha spent by information fraction t, O'Brien-Fleming-type (Lan & DeMets 1983):
+    2 - 2 Phi(z_{1 - alpha/2} / sqrt(t)). Spends almost nothing early (4e-7 at t = 0.15)."""
+    return 0.0 if fraction <= 0 else float(2 - 2 * st.norm.cdf(st.norm.ppf(1 - alpha / 2) / math.sqrt(fraction)))
+
+
+def pocock(fraction: float, alpha: float = ALPHA) -> float:
+    """Alpha spent by information fraction t, Pocock-type (Lan & DeMets 1983):
+    alpha ln(1 + (e - 1) t). Spends nearly evenly over the looks (0.0115 at t = 0.15), so an
+    effect every seed shows can end at the first look."""
+    return 0.0 if fraction <= 0 else alpha * math.log(1 + (math.e - 1) * min(fraction, 1.0))
+
+
+def doubling(first: int, most: int) -> list[int]:
+    """Seeds at each look: `first`, then twice as many each round, ending at `most` (3, 6, 12, 20)."""
     looks = [first]
     while looks[-1] < most:
         looks.append(min(most, 2 * looks[-1]))
     return looks
 
 
-def spent(fraction: float, alpha: float = ALPHA) -> float:
-    """Alpha spent by information fraction t: the O'Brien-Fleming-type spending function of
-    Lan & DeMets (1983), 2 - 2 Phi(z_{1 - alpha/2} / sqrt(t))."""
-    return 0.0 if fraction <= 0 else float(2 - 2 * st.norm.cdf(st.norm.ppf(1 - alpha / 2) / math.sqrt(fraction)))
+def growing_by_half(first: int, most: int) -> list[int]:
+    """Seeds at each look: from `first` to `most` in equal steps on a log scale, each about
+    1.5 times the one before (3, 4, 6, 9, 14, 20; 3, 4, 6, 8, 12). Smaller steps than doubling
+    let a comparison end nearer the seeds it needs; more looks cost little alpha under a
+    spending function that spreads it."""
+    rounds = max(1, math.ceil(math.log(most / first) / math.log(1.5) - 1e-9))
+    looks = [first]
+    for k in range(1, rounds + 1):
+        looks.append(min(most, max(looks[-1] + 1, round(first * (most / first) ** (k / rounds)))))
+    return looks
 
 
-def look_alphas(looks: Sequence[int], alpha: float = ALPHA) -> list[float]:
-    """The alpha each look tests at: what the spending function adds since the previous look.
-    They sum to alpha, so by the union bound the chance of any false decision over all looks
-    stays at most alpha, whatever the correlation between looks."""
-    return list(_look_alphas(tuple(looks), alpha))
+@dataclass(frozen=True)
+class LookRule:
+    """When an adaptive study looks (`schedule(first, max)`: seeds per group at each look) and
+    what each look spends (`spending(t, alpha)`: the alpha spent by information fraction t)."""
+
+    name: str
+    spending: Callable[[float, float], float]
+    schedule: Callable[[int, int], list[int]]
+
+    def looks(self, first: int, most: int) -> list[int]:
+        return self.schedule(first, most)
+
+    def alphas(self, looks: Sequence[int], alpha: float = ALPHA) -> list[float]:
+        """The alpha each look tests at: what the spending function adds since the previous
+        look. They sum to alpha, so by the union bound the chance of any false decision over
+        all looks stays at most alpha, whatever the correlation between looks."""
+        return list(_look_alphas(self.spending, tuple(looks), alpha))
 
 
 @functools.lru_cache(maxsize=64)
-def _look_alphas(looks: tuple[int, ...], alpha: float) -> tuple[float, ...]:
+def _look_alphas(spending, looks: tuple[int, ...], alpha: float) -> tuple[float, ...]:
     fractions = [n / looks[-1] for n in looks]
-    return tuple(spent(t, alpha) - spent(prev, alpha) for prev, t in zip([0.0, *fractions], fractions))
+    return tuple(spending(t, alpha) - spending(prev, alpha) for prev, t in zip([0.0, *fractions], fractions))
 
 
-def sequential_verdicts(comparisons: Sequence[Comparison], looks: Sequence[int], plan: bool = True) -> list[Verdict]:
+# The rule every adaptive study runs under (chosen 2026-12-02, issue 44: the same error rate, fewer
+# seeds where every seed shows the effect; docs/verdicts.md has the simulation's figures), and the
+# rule before it, kept so that `python -m benchmarks --only decide` and tests/report/test_sequential.py
+# can show both on the same per-seed values.
+LOOKS = LookRule("Pocock-type alpha spending, looks growing by half", pocock, growing_by_half)
+EARLIER_LOOKS = LookRule("O'Brien-Fleming-type alpha spending, looks doubling (the rule of 2026-12-01)",
+                         obrien_fleming, doubling)
+
+
+def sequential_verdicts(comparisons: Sequence[Comparison], looks: Sequence[int], plan: bool = True,
+                        rule: LookRule = LOOKS) -> list[Verdict]:
     """Verdicts of an adaptive study: at each look (its first n seeds, for the comparisons
     whose groups ran them) RULE runs at that look's spent alpha; a comparison keeps the first
     look that ends it, otherwise its last look's verdict. Each verdict records its look.
     `plan`: an inconclusive verdict states what its seeds would need (the runner does not ask)."""
-    alphas = look_alphas(looks)
+    alphas = rule.alphas(looks)
     final: list[Verdict | None] = [None] * len(comparisons)
     last: list[Comparison] = list(comparisons)  # each comparison as its deciding (or last) look saw it
     for j, (n, alpha) in enumerate(zip(looks, alphas)):

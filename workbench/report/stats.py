@@ -1,8 +1,8 @@
 """Verdicts for a study's `expect:` entries: `RULE` states the verdict rule in the words the
 reports print under Verdicts, and `verdicts()` is that rule, step by step, on the intervals of
 workbench.report.intervals and the learned-at-all gates of workbench.report.learned_gate. Every
-claim decision (an outcome that `decides`, workbench.report.outcomes) rests on a test of the
-difference at the look's and Holm's level; the gates only qualify it. An inconclusive verdict says what its seeds
+claim decision (an outcome that `decides`, workbench.report.outcomes) rests on a test at the
+look's and Holm's level; the gates only qualify it and never end the test. An inconclusive verdict says what its seeds
 detect and would need (the power of the t test). Adaptive seeds: workbench.report.sequential.
 """
 
@@ -17,35 +17,38 @@ import pandas as pd
 from scipy import stats as st
 from scipy.optimize import brentq
 
-from workbench.report.document import fmt
+from workbench.report.document import fmt, level_text
 from workbench.report.intervals import (ALPHA, LEVEL, UNBOUNDED, Interval, Share, difference, finite, first_seeds,
-                                        holm, level_text, mean_ci, share_difference)
+                                        mean_ci, share_difference)
 from workbench.report.learned_gate import MARGIN, Gate, GateState, Learned
 from workbench.report.outcomes import CEILING_LABEL, Outcome
 
 RULE = (
     f"Rule: a verdict compares two groups (one sweep point each, its finished seeds) and is decided only by a "
     f"test of the difference of their means: a t interval, paired over seeds when both groups finished the same "
-    f"seeds, Welch's otherwise (failure shares: Fisher's exact test). Holm's correction covers every `expect:` "
-    f"comparison of the study, fixed before the run (one that ends before a test counts with p = 1): taken in "
-    f"order of p-value, the i-th of m uses the interval at level 1 - {ALPHA:g}/(m - i + 1), and is decided only "
-    f"while every comparison before it was. '{Outcome.HOLDS}' when that interval lies entirely on the expected side "
-    f"of 0, '{Outcome.DOES_NOT_HOLD}' when entirely on the other side; with a `margin:`, '{Outcome.EQUIVALENT}' when "
-    f"the 1 - 2*{ALPHA:g}/m interval lies inside ±margin (two one-sided tests); otherwise '{Outcome.INCONCLUSIVE}', "
-    f"with the smallest difference "
-    f"the seeds detect at 80% power and the seeds the observed one would need. Beside it, did each group learn? "
-    f"A group learned when the {LEVEL:.0%} interval of its mean score (the look's level with adaptive seeds) lies "
-    f"past a threshold: the strongest of the task's baselines (predictors that cannot solve it) moved "
-    f"{MARGIN:.0%} of the way to a perfect score, at the training length and at the compared length; it did not "
-    f"learn when the interval lies short of it, and is undetermined otherwise. The gates never decide: a decided "
-    f"difference whose winner learned and whose other group did not reads '{Outcome.HOLDS} (only A learned)'; "
-    f"'{Outcome.NOT_TESTED}' only when the data show that neither group learned. Both groups at the metric's best "
-    f"value on every seed: '{CEILING_LABEL}'; the same value in both groups on every "
-    f"seed: '{Outcome.IDENTICAL}'. Cost measures need no gate. Adaptive seeds: each look tests at the alpha an "
-    f"O'Brien-Fleming-type spending function (Lan & DeMets 1983) adds at that look, gates and intervals included, "
-    f"and a comparison keeps the first look that ends it; an {Outcome.INCONCLUSIVE} comparison's groups get the next "
-    f"look's seeds. A comparison of what runs spent to reach a stated score (flops_to_target, lower is better) "
-    f"reads '{Outcome.NOT_REACHED}' when a finished run of either group never reached it."
+    f"seeds, Welch's otherwise (failure shares: Fisher's exact test). Holm's step-down covers every hypothesis of "
+    f"the study, fixed before the run: each `expect:` entry's 'no difference' and, with a `margin:`, its 'outside "
+    f"±margin' (one that ends before a test counts with p = 1); taken in order of p-value, each is read at level "
+    f"{ALPHA:g}/t, t the number of entries still holding an unrejected hypothesis (at most one of an entry's two "
+    f"can be true: Shaffer 1986), and only while every one before it was rejected. '{Outcome.HOLDS}' when the "
+    f"difference's interval at that level lies entirely on the expected side of 0, '{Outcome.DOES_NOT_HOLD}' when "
+    f"entirely on the other side; with a `margin:`, '{Outcome.EQUIVALENT}' when both one-sided tests of ±margin "
+    f"reject at their level (the 1 - 2a interval lies inside ±margin), which reads first, since the margin is the "
+    f"smallest difference of interest; otherwise '{Outcome.INCONCLUSIVE}', with the smallest difference the seeds "
+    f"detect at 80% power and the seeds the observed one would need. Beside it, did each group learn? A group "
+    f"learned when the interval of its mean score at the look's level ({LEVEL:.0%} with a fixed list of seeds) lies "
+    f"past a threshold: the strongest of the task's baselines (predictors that cannot solve it) moved {MARGIN:.0%} "
+    f"of the way to a perfect score, at the training length and at the compared length; it did not learn when the "
+    f"interval lies short of it, and is undetermined otherwise. The gates never decide and never end the test: a "
+    f"decided difference whose winner learned and whose other group did not reads '{Outcome.HOLDS} (only A "
+    f"learned)'; when the data show that neither group learned, the tested outcome carries '(neither group learned)' "
+    f"and does not count as testing the claim. Both groups at the metric's best value on every seed: "
+    f"'{CEILING_LABEL}'; the same value in both groups on every seed: '{Outcome.IDENTICAL}'. Cost measures need no "
+    f"gate. Adaptive seeds: looks at `first` seeds, then about 1.5 times as many each round up to `max`; each look "
+    f"tests at the alpha a Pocock-type spending function (Lan & DeMets 1983) adds at that look, gates and intervals "
+    f"included, and a comparison keeps the first look that ends it; an {Outcome.INCONCLUSIVE} comparison's groups "
+    f"get the next look's seeds. A comparison of what runs spent to reach a stated score (flops_to_target, lower is "
+    f"better) reads '{Outcome.NOT_REACHED}' when a finished run of either group never reached it."
 )
 
 # ---- planning seeds ---------------------------------------------------------------------------
@@ -113,9 +116,9 @@ def plan_text(c: Comparison, diff: Interval) -> str:
 
 # ---- verdicts ---------------------------------------------------------------------------------
 
-HOLDS, DOES_NOT_HOLD, INCONCLUSIVE, EQUIVALENT, CEILING, IDENTICAL, NOT_TESTED, NOT_REACHED = (
+HOLDS, DOES_NOT_HOLD, INCONCLUSIVE, EQUIVALENT, CEILING, IDENTICAL, NOT_REACHED = (
     Outcome.HOLDS, Outcome.DOES_NOT_HOLD, Outcome.INCONCLUSIVE, Outcome.EQUIVALENT, Outcome.CEILING,
-    Outcome.IDENTICAL, Outcome.NOT_TESTED, Outcome.NOT_REACHED)
+    Outcome.IDENTICAL, Outcome.NOT_REACHED)
 
 
 @dataclass(frozen=True)
@@ -172,18 +175,36 @@ class Verdict:
     gates: tuple[Learned, ...] = ()  # read at the verdict's look
     only: str = ""  # the one group that learned, when the other did not (a decided difference only)
     undetermined: tuple[str, ...] = ()  # groups whose gate neither passed nor failed, beside a decided difference
+    neither: str = ""  # the data show that neither group learned: both gates, in words ("" otherwise)
     look: int = 0  # adaptive seeds: the look (1-based) the verdict is read at; 0: a fixed set of seeds
     looks: int = 0
     seeds: int = 0  # seeds per group at that look
     decided_at: str = ""  # when the last run it reads was recorded (ISO, UTC)
 
     @property
-    def label(self) -> str:
+    def tests_claim(self) -> bool:
+        """Whether the comparison tests its claim: not when neither group learned (two models
+        that learned nothing may differ, but not in what the claim is about). Such a verdict
+        keeps its outcome and is not counted as a decided claim (findings, the index)."""
+        return not self.neither
+
+    @property
+    def qualifier(self) -> str:
+        """What the gates add to the outcome, in words ("" when nothing)."""
+        if self.neither:
+            return f"neither group learned: {self.neither}"
         if self.only:
-            return f"{self.outcome} (only {self.only} learned)"
+            return f"only {self.only} learned"
         if self.undetermined and self.outcome.decides:
-            return f"{self.outcome} (whether {' and '.join(self.undetermined)} learned is undetermined)"
-        return self.outcome.label(self.reason)
+            return f"whether {' and '.join(self.undetermined)} learned is undetermined"
+        return ""
+
+    @property
+    def label(self) -> str:
+        if not self.qualifier:
+            return self.outcome.label(self.reason)
+        return f"{self.outcome} ({self.reason}; {self.qualifier})" if self.outcome.explained else \
+            f"{self.outcome} ({self.qualifier})"
 
     @property
     def statement(self) -> str:
@@ -214,7 +235,7 @@ def qualified(v: Verdict, c: Comparison) -> Verdict:
     """A decided difference with what the gates say beside it: 'only A learned' when the winner
     learned and the other did not; the groups whose gate is undetermined."""
     states = {group: group_state(v.gates, group) for group in (c.better, c.than)}
-    if None in states.values():
+    if None in states.values() or v.neither:
         return v
     winner, loser = (c.better, c.than) if v.outcome == HOLDS else (c.than, c.better)
     if (v.outcome in (HOLDS, DOES_NOT_HOLD) and states[winner] is GateState.LEARNED
@@ -226,17 +247,49 @@ def qualified(v: Verdict, c: Comparison) -> Verdict:
 CONTAINS_ZERO = "the interval of the difference contains 0"
 
 
+@dataclass(frozen=True)
+class Hypothesis:
+    """One null hypothesis in the study's Holm family: a comparison's "no difference", or with a
+    `margin:` also its "the difference lies outside ±margin" (two one-sided tests)."""
+
+    index: int  # the comparison it belongs to
+    equivalence: bool
+    p: float  # 1.0 for a comparison that ended before a test
+
+
+def step_down(hypotheses: Sequence[Hypothesis], alpha: float) -> dict[tuple[int, bool], tuple[float | None, float]]:
+    """Holm's step-down (Holm 1979) with Shaffer's refinement for logically related hypotheses
+    (Shaffer 1986, "Modified sequentially rejective multiple test procedures", JASA 81: 826-831).
+    Taken in order of p, the r-th hypothesis is read at alpha / t_r, and only while every one
+    before it was rejected; t_r is the most of the remaining hypotheses that can be true at once.
+    A comparison's "no difference" and "outside ±margin" cannot both be true (margin > 0), so
+    t_r counts the comparisons that still hold an unrejected hypothesis: Holm's M when no entry
+    has a margin. Returns each hypothesis' (level, or None where the step-down stopped before
+    it; adjusted p: the smallest alpha at which the procedure rejects it)."""
+    order = sorted(hypotheses, key=lambda h: h.p)
+    out: dict[tuple[int, bool], tuple[float | None, float]] = {}
+    running, stopped = 0.0, False
+    for rank, h in enumerate(order):
+        possible = len({later.index for later in order[rank:]})
+        running = max(running, min(1.0, possible * h.p))
+        out[(h.index, h.equivalence)] = (None if stopped else alpha / possible, running)
+        stopped = stopped or not h.p <= alpha / possible
+    return out
+
+
 def verdicts(comparisons: Sequence[Comparison], alpha: float = ALPHA, plan: bool = True) -> list[Verdict]:
     """Apply RULE to a study's comparisons at family level `alpha` (an adaptive study's look
-    alpha). Gates and group intervals are read at 1 - alpha. Holm's family is every comparison:
-    one that ends before a test (not reached, not tested, ceiling, identical, too few seeds)
-    counts in m with p = 1. `plan`: an inconclusive verdict states what its seeds detect and what
-    it would need (`plan_text`)."""
-    m = len(comparisons)
-    out: list[Verdict | None] = []
-    tested: dict[int, tuple[Comparison, Interval, Interval, tuple[Learned, ...]]] = {}
-    pvalues = [1.0] * m
-    for i, c in enumerate(comparisons):
+    alpha). Gates and group intervals are read at 1 - alpha.
+
+    The family is every hypothesis of the study: each comparison's "no difference" and, for one
+    with a `margin:`, its "outside ±margin", in one step-down (`step_down`: Holm's, with Shaffer's
+    count of the hypotheses that can be true at once), so the family-wise error of differences
+    and equivalences together is at most alpha. A comparison that ends before a test (not
+    reached, ceiling, identical, too few seeds) counts with p = 1. `plan`: an inconclusive verdict
+    states what its seeds detect and what it would need (`plan_text`)."""
+    out: list[Verdict] = []
+    tested: dict[int, Interval] = {}  # comparison -> its difference, for those that reach a test
+    for c in comparisons:
         gates = tuple(g.at(1 - alpha) for g in c.gates)
         if c.shares is not None:
             a, b = (s.interval for s in c.shares)
@@ -244,69 +297,69 @@ def verdicts(comparisons: Sequence[Comparison], alpha: float = ALPHA, plan: bool
         else:
             a, b = (mean_ci(v, level=1 - alpha, bounds=c.bounds) for v in (c.better_values, c.than_values))
             diff = difference(c.better_values, c.than_values, bounds=c.bounds)
-
-        def make(outcome: Outcome, reason: str, c=c, a=a, b=b, diff=diff, gates=gates) -> Verdict:
-            return Verdict(c.metric, c.better, c.than, outcome, reason, a, b, diff, gates=gates,
-                           decided_at=c.data_complete)
-
+        neither = ("; ".join(gate_texts(gates, g) for g in (c.better, c.than))
+                   if gates and all(group_state(gates, g) is GateState.NOT_LEARNED for g in (c.better, c.than))
+                   else "")
+        verdict = Verdict(c.metric, c.better, c.than, INCONCLUSIVE, "", a, b, diff, gates=gates, neither=neither,
+                          decided_at=c.data_complete)
         empty = [name for name, iv in ((c.better, a), (c.than, b)) if iv.n == 0]
         few = [name for name, iv in ((c.better, a), (c.than, b)) if iv.n == 1]
-        neither = gates and all(group_state(gates, g) is GateState.NOT_LEARNED for g in (c.better, c.than))
         if c.unreached:
-            out.append(make(NOT_REACHED, "; ".join(c.unreached)))
+            verdict = replace(verdict, outcome=NOT_REACHED, reason="; ".join(c.unreached))
         elif empty:
-            out.append(make(INCONCLUSIVE, f"no finished run of {empty[0]} reports {c.metric}"))
+            verdict = replace(verdict, reason=f"no finished run of {empty[0]} reports {c.metric}")
         elif c.shares is None and all(perfect_on_every_seed(v, c.higher, c.bounds)
                                       for v in (c.better_values, c.than_values)):
-            out.append(make(CEILING, "both groups scored the metric's best value on every seed"))
-        elif neither:  # two groups at chance may score alike by chance: say that, not IDENTICAL
-            same = "; both gave the same value on every seed" if diff.constant and diff.mean == 0 else ""
-            out.append(make(NOT_TESTED, "neither group learned: " + gate_texts(gates, c.better) + "; "
-                            + gate_texts(gates, c.than) + same))
+            verdict = replace(verdict, outcome=CEILING, reason="both groups scored the metric's best value on every seed")
         elif diff.constant and diff.mean == 0:
-            out.append(make(IDENTICAL, f"both groups gave the same {c.metric} on every seed"))
+            verdict = replace(verdict, outcome=IDENTICAL, reason=f"both groups gave the same {c.metric} on every seed")
         elif few and c.shares is None:
-            out.append(make(INCONCLUSIVE, f"{few[0]} has 1 finished seed; an interval needs 2"))
+            verdict = replace(verdict, reason=f"{few[0]} has 1 finished seed; an interval needs 2")
         elif diff.constant:
-            out.append(make(INCONCLUSIVE, "every seed gave the same difference: no spread, no interval"))
+            verdict = replace(verdict, reason="every seed gave the same difference: no spread, no interval")
         else:
-            tested[i] = (c, a, b, gates)
-            pvalues[i] = diff.p
-            out.append(None)
-    adjusted = holm(pvalues)
-    order = np.argsort(pvalues, kind="stable")
-    for rank, k in enumerate(order):
-        if k not in tested:
-            continue
-        c, a, b, gates = tested[k]
-        level = 1 - alpha / (m - rank)
-        if c.shares is not None:
-            diff = share_difference(*c.shares)
-        else:
-            diff = difference(c.better_values, c.than_values, level=level, bounds=c.bounds)  # p: before Holm
+            tested[len(out)] = diff
+        out.append(verdict)
+    margins = [i for i, c in enumerate(comparisons) if c.margin and c.shares is None]
+    def p(i: int, margin: float | None = None) -> float:  # 1.0 for one that ended before its test
+        value = math.nan if i not in tested else tested[i].p if margin is None else tested[i].equivalence_p(margin)
+        return value if math.isfinite(value) else 1.0
 
-        def make(outcome: Outcome, reason: str, c=c, a=a, b=b, diff=diff, p=adjusted[k], gates=gates) -> Verdict:
-            return Verdict(c.metric, c.better, c.than, outcome, reason, a, b, diff, p_holm=p, gates=gates,
-                           decided_at=c.data_complete)
+    hypotheses = ([Hypothesis(i, False, p(i)) for i in range(len(comparisons))]
+                  + [Hypothesis(i, True, p(i, comparisons[i].margin)) for i in margins])
+    levels = step_down(hypotheses, alpha)
+    for i in tested:
+        (level, p_holm), (equivalence_level, p_equivalence) = levels[(i, False)], levels.get((i, True), (None, math.nan))
+        out[i] = decide(comparisons[i], out[i], level, equivalence_level, p_holm, p_equivalence,
+                        alpha / len(comparisons), plan)
+    return out
 
-        if c.margin and c.shares is None:
-            # Two one-sided tests at Bonferroni's alpha/m each (Schuirmann 1987): equivalent when
-            # the 1 - 2 alpha/m interval lies inside ±margin.
-            tost = difference(c.better_values, c.than_values, level=1 - 2 * alpha / m, bounds=c.bounds)
-            if -c.margin < tost.lo and tost.hi < c.margin:
-                out[k] = qualified(replace(make(EQUIVALENT, f"the {level_text(tost.level)} interval lies within "
-                                                            f"±{fmt(c.margin)}"), diff=tost), c)
-                continue
-        if adjusted[k] > alpha:
-            stopped = not math.isnan(diff.lo) and (diff.lo > 0 or diff.hi < 0)  # an earlier one did not separate
-            why = ("Holm: an earlier comparison did not separate" if stopped
-                   else f"Fisher's exact p = {fmt(diff.p)}" if c.shares is not None else CONTAINS_ZERO)
-            out[k] = make(INCONCLUSIVE, why + (plan_text(c, diff) if plan and why == CONTAINS_ZERO else ""))
-            continue
-        above = diff.mean > 0
-        where = f"the difference lies entirely {'above' if above else 'below'} 0"
-        out[k] = qualified(make(HOLDS if above == c.higher else DOES_NOT_HOLD, where), c)
-    return [v for v in out if v is not None]
+
+def decide(c: Comparison, v: Verdict, level: float | None, equivalence_level: float | None, p_holm: float,
+           p_equivalence_holm: float, least: float, plan: bool) -> Verdict:
+    """A tested comparison's verdict from its step-down levels (None: the step-down stopped
+    before it, whose interval is then shown at `least`, the first hypothesis' level). A comparison
+    whose two hypotheses are both rejected (a decided difference within the margin) reads
+    EQUIVALENT: the margin is the smallest difference of interest; its reason says the
+    difference was decided too."""
+    shown = level if level is not None else least
+    diff = (share_difference(*c.shares) if c.shares is not None
+            else difference(c.better_values, c.than_values, level=1 - shown, bounds=c.bounds))
+    decided = level is not None and diff.p <= level
+    if equivalence_level is not None and diff.equivalence_p(c.margin) <= equivalence_level:
+        tost = difference(c.better_values, c.than_values, level=1 - 2 * equivalence_level, bounds=c.bounds)
+        also = f"; the difference is decided too, {'above' if diff.mean > 0 else 'below'} 0" if decided else ""
+        return qualified(replace(v, outcome=EQUIVALENT, diff=tost, p_holm=p_equivalence_holm,
+                                 reason=f"the {level_text(tost.level)} interval lies within ±{fmt(c.margin)}{also}"), c)
+    v = replace(v, diff=diff, p_holm=p_holm)
+    if not decided:
+        separates = not math.isnan(diff.lo) and (diff.lo > 0 or diff.hi < 0)
+        why = ("Holm: an earlier comparison did not separate" if level is None and separates
+               else f"Fisher's exact p = {fmt(diff.p)}" if c.shares is not None else CONTAINS_ZERO)
+        return replace(v, reason=why + (plan_text(c, diff) if plan and why == CONTAINS_ZERO else ""))
+    above = diff.mean > 0
+    return qualified(replace(v, outcome=HOLDS if above == c.higher else DOES_NOT_HOLD,
+                             reason=f"the difference lies entirely {'above' if above else 'below'} 0"), c)
 
 
 def verdict(better_values, than_values, metric: str, better: str, than: str, *, higher: bool,

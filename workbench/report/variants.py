@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import pandas as pd
@@ -32,6 +33,12 @@ def value_text(value: Any) -> str:
     return str(label(value))
 
 
+def value_texts(column: pd.Series) -> list[str]:
+    """`value_text` of every value of a results column, each distinct value converted once."""
+    texts = {}
+    return [texts[v] if v in texts else texts.setdefault(v, value_text(v)) for v in column.tolist()]
+
+
 @dataclass(frozen=True)
 class Variants:
     """The swept keys and, in sweep order, every variant's values on them."""
@@ -48,7 +55,7 @@ class Variants:
         def rank(point: tuple[str, ...]) -> tuple:
             return tuple((order[k].index(v) if v in order[k] else len(order[k]), v) for k, v in zip(keys, point))
 
-        present = {tuple(value_text(row[k]) for k in keys) for _, row in runs.iterrows()} if keys else {()}
+        present = set(zip(*(value_texts(runs[k]) for k in keys))) if keys else {()}
         return cls(keys, tuple(sorted(present, key=rank)))
 
     def label(self, point: Sequence[str]) -> str:
@@ -56,7 +63,7 @@ class Variants:
             return "all runs"
         return ", ".join(f"{short_key(k)}={v}" for k, v in zip(self.keys, point))
 
-    @property
+    @cached_property
     def labels(self) -> list[str]:
         return [self.label(p) for p in self.points]
 
@@ -64,7 +71,9 @@ class Variants:
         """The variant label of every run (row)."""
         if runs.empty:
             return pd.Series([], dtype=str, index=runs.index)
-        return runs.apply(lambda row: self.label([value_text(row[k]) for k in self.keys]), axis=1)
+        texts = list(zip(*(value_texts(runs[k]) for k in self.keys)))
+        labels = {point: self.label(point) for point in set(texts)}
+        return pd.Series([labels[point] for point in texts], index=runs.index, dtype=object)
 
     def counterpart(self, variant: str, point: Mapping[str, Any]) -> str | None:
         """The variant equal to `variant` except on the keys `point` fixes; None if not run."""

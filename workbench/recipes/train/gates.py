@@ -4,6 +4,8 @@ failed, and the header's Learned lines (the Learned section is tables.learned)."
 
 from __future__ import annotations
 
+import functools
+import json
 import math
 from functools import cached_property
 from typing import Any
@@ -13,12 +15,37 @@ import pandas as pd
 
 from workbench.registry import get_variant
 from workbench.report.intervals import LEVEL, Share
+from workbench.report.sequential import LOOKS
 from workbench.report.learned_gate import Gate, Learned, beats, learned_criterion, make_gate, threshold
 from workbench.report.variants import short_key, value_text
 from workbench.results import FAILURE_SHARE, KEPT, Status
 from workbench.study import RUN_MEASURES
+from workbench.study.keys import canonical_json
 from workbench.study.sweep import resolve_point
 from workbench.recipes.train.runs import TrainRuns, metric_direction, split_metric
+
+
+@functools.lru_cache(maxsize=1024)
+def task_baselines(task: str, seed: int, family: str, length: int) -> dict[str, dict[str, float]]:
+    """`Task.baselines` of the task section `task` (JSON) built for `seed`: computed once per
+    process, since the runner asks after every round of seeds and a report asks per group."""
+    spec = json.loads(task)
+    cls = get_variant("task", spec.pop("name"))
+    return cls(cls.Params.model_validate(spec), seed=seed).baselines(family, length)
+
+
+_SECTIONS: dict[tuple[str, str], dict[str, Any]] = {}
+
+
+def point_sections(sections: str, point_json: str, study, point: dict[str, Any]) -> dict[str, Any]:
+    """A sweep point's resolved task section, model family and training section, resolved once
+    per process for the study's sections (`sections`, JSON) and the point: the adaptive-seed loop
+    asks after every round, and resolving validates the whole configuration."""
+    key = (sections, point_json)
+    if key not in _SECTIONS:
+        resolved = resolve_point(study, point)
+        _SECTIONS[key] = {"task": resolved["task"], "family": resolved["model"]["family"], "train": resolved["train"]}
+    return _SECTIONS[key]
 
 
 class Gates:
@@ -27,19 +54,20 @@ class Gates:
     def __init__(self, runs: TrainRuns):
         self.runs, self.study = runs, runs.study
         self._baselines: dict[tuple[str, int], dict[str, dict[str, float]]] = {}
+        self._gates: dict[tuple[str, str, int], Gate] = {}
 
     @cached_property
     def resolved_points(self) -> dict[str, dict[str, Any]]:
         """Each variant's resolved task section and model family, as its runs were configured
         ({} when the study no longer resolves here, e.g. a plugin is gone)."""
         out = {}
+        labels = set(self.runs.variants.labels)
+        sections = canonical_json([self.study.task, self.study.model, self.study.train.model_dump(exclude_unset=True)])
         try:
             for point in self.study.sweep.points():
                 label = self.runs.variants.label([value_text(point[k]) for k in self.runs.keys])
-                if label in self.runs.variants.labels and label not in out:
-                    resolved = resolve_point(self.study, point)
-                    out[label] = {"task": resolved["task"], "family": resolved["model"]["family"],
-                                  "train": resolved["train"]}
+                if label in labels and label not in out:
+                    out[label] = point_sections(sections, canonical_json(point), self.study, point)
         except Exception:  # noqa: BLE001 - the gate then reads "no chance level" instead of failing the report
             return {}
         return out
@@ -53,11 +81,9 @@ class Gates:
             self._baselines[key] = {}
             point = self.resolved_points.get(variant)
             if point is not None:
-                spec = dict(point["task"])
+                spec = json.dumps(point["task"], sort_keys=True, default=str)
                 try:
-                    cls = get_variant("task", spec.pop("name"))
-                    levels = [cls(cls.Params.model_validate(spec), seed=seed).baselines(point["family"], length)
-                              for seed in self.study.seeds]
+                    levels = [task_baselines(spec, seed, point["family"], length) for seed in self.study.seeds]
                 except Exception:  # noqa: BLE001 - e.g. a task no longer installed, a corpus file gone
                     levels = []
                 if levels:
@@ -92,8 +118,13 @@ class Gates:
 
     def gate(self, variant: str, name: str, length: int | None = None) -> Gate:
         """`variant`'s gate on `name` at `length` (default: its training length): its per-seed
-        scores there against the task's baselines there."""
+        scores there against the task's baselines there (built once: a group is in many comparisons)."""
         length = self.train_length(variant) if length is None else length
+        if (variant, name, length) not in self._gates:
+            self._gates[(variant, name, length)] = self.built_gate(variant, name, length)
+        return self._gates[(variant, name, length)]
+
+    def built_gate(self, variant: str, name: str, length: int) -> Gate:
         metric = f"{name}@{length}"
         higher = metric_direction(metric, self.runs.task_name)
         lo, hi = self.runs.range_of(metric)
@@ -102,8 +133,18 @@ class Gates:
                          (lo, hi), self.untuned.get(variant, ""), self.gating_baselines)
 
     def learned(self, variant: str, name: str, length: int | None = None) -> Learned:
-        """Whether `variant` learned, over all its finished seeds at the report's 95% level."""
-        return self.gate(variant, name, length).at(LEVEL)
+        """Whether `variant` learned: with a fixed list of seeds over all its finished seeds at
+        95%; with adaptive seeds at the last look its seeds reached, on that look's seeds and at
+        its level, as a verdict read at that look shows the same group (one gate per group and look)."""
+        gate = self.gate(variant, name, length)
+        plan = self.study.seed_plan
+        if plan is None:
+            return gate.at(LEVEL)
+        looks = LOOKS.looks(plan.first, plan.max)
+        ran = self.runs.seeds_run.get(variant, 0)
+        look, alpha = next(((n, a) for n, a in reversed(list(zip(looks, LOOKS.alphas(looks)))) if n <= ran),
+                           (looks[0], LOOKS.alphas(looks)[0]))
+        return gate.truncated(look).at(1 - alpha)
 
     @cached_property
     def untuned(self) -> dict[str, str]:

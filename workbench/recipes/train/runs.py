@@ -9,9 +9,11 @@ import math
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from workbench.errors import WorkbenchError
@@ -109,6 +111,7 @@ class TrainRuns:
                  tuning: Sequence[PointTuning] = ()):
         self.study, self.curves, self.tuning = study, curves, tuning
         self.all_runs = runs  # as stored: tuning runs too
+        self._values: dict[tuple[str, str], pd.Series] = {}  # (variant, metric) -> its finished seeds' values
         self.task_name = self.study.task["name"]
         self.keys = list(self.study.sweep.keys)
         swept = {k: self.study.sweep.values(k) for k in self.keys}
@@ -123,8 +126,6 @@ class TrainRuns:
                 runs[self.expect_column(exp)] = self.to_target(exp, runs)
         self.final_runs, self.tuning_runs = split_stages(runs)  # tables and verdicts: final runs only
         self.finished = self.final_runs[self.final_runs["status"] == Status.FINISHED]
-        self.palette = figures.variant_palette(self.variants.labels)
-        self.palette = {v: self.palette[v] for v in self.variants.labels}  # sweep order for legends
         try:
             task_metrics = list(get_variant("task", self.task_name).metrics)
         except Exception:  # noqa: BLE001
@@ -132,6 +133,17 @@ class TrainRuns:
         self.task_metrics = task_metrics
         self.metrics = metric_columns(self.final_runs, task_metrics)
         self.primary = task_metrics[0] if task_metrics else "loss"
+
+    @cached_property
+    def palette(self) -> dict[str, Any]:
+        """Each variant's colour, in sweep order for legends (only figures ask)."""
+        colours = figures.variant_palette(self.variants.labels)
+        return {v: colours[v] for v in self.variants.labels}
+
+    @cached_property
+    def seeds_run(self) -> dict[str, int]:
+        """Seeds each variant ran (any outcome): the looks an adaptive study has data for."""
+        return self.final_runs["variant"].value_counts().to_dict()
 
     def expect_column(self, exp) -> str:
         """The runs-table column an `expect:` entry compares: its metric, or for a *_to_target
@@ -156,8 +168,10 @@ class TrainRuns:
 
     def unreached_text(self, column: str, variant: str) -> str | None:
         """'gelu: 2 of 3 finished seeds never reached bpc@32 ≤ 2.5', or None when all reached."""
+        if not self.unreached.get(column):
+            return None
         mine = self.finished[self.finished["variant"] == variant]
-        missed = mine["run_id"].isin(self.unreached.get(column, set())).sum()
+        missed = mine["run_id"].isin(self.unreached[column]).sum()
         if not missed:
             return None
         return f"{variant}: {missed} of {len(mine)} finished seeds never reached {column.split(': ', 1)[1]}"
@@ -185,12 +199,22 @@ class TrainRuns:
             return None
         return self.variants.counterpart(variant, self.study.baseline)
 
+    @cached_property
+    def finished_by_variant(self) -> dict[str, pd.DataFrame]:
+        """The finished runs of each variant (the adaptive-seed loop reads them after every round)."""
+        return {variant: rows for variant, rows in self.finished.groupby("variant", sort=False)}
+
     def values(self, variant: str, metric: str) -> pd.Series:
         """Finished runs' values of `metric`, indexed by seed (failed metrics dropped)."""
-        mine = self.finished[self.finished["variant"] == variant]
-        if metric not in mine:
-            return pd.Series([], dtype=float)
-        return pd.Series(mine[metric].to_numpy(dtype=float), index=mine["seed"].to_numpy()).dropna()
+        if (variant, metric) not in self._values:
+            mine = self.finished_by_variant.get(variant)
+            if mine is None or metric not in mine:
+                values = pd.Series([], dtype=float)
+            else:
+                x, seeds = mine[metric].to_numpy(dtype=float), mine["seed"].to_numpy()
+                values = pd.Series(x[~np.isnan(x)], index=seeds[~np.isnan(x)])
+            self._values[(variant, metric)] = values
+        return self._values[(variant, metric)]
 
     def range_of(self, metric: str) -> tuple[float, float]:
         return metric_range(metric, self.task_name)

@@ -14,7 +14,7 @@ import yaml
 from workbench.report.document import (Code, Item, Paragraph, Section, Table, fmt, fmt_bytes, fmt_seconds,
                                        fmt_signed_interval)
 from workbench.report.intervals import difference
-from workbench.report.sequential import seed_looks
+from workbench.report.sequential import LOOKS
 from workbench.report.learned_gate import MARGIN
 from workbench.report.variants import short_key, value_text
 from workbench.results import DESCRIPTIVE_METRICS, FAILURES, Status
@@ -61,10 +61,11 @@ def seeds_text(r: TrainResults) -> str:
     plan = r.runs.study.seed_plan
     if plan is None:
         return f"seeds {', '.join(map(str, r.runs.study.seeds))}"
-    looks = seed_looks(plan.first, plan.max)
+    looks = LOOKS.looks(plan.first, plan.max)
+    alphas = ", ".join(fmt(a) for a in LOOKS.alphas(looks))
     return (f"adaptive seeds: {plan.first} per group, more for groups of undecided comparisons up to {plan.max} "
-            f"(looks at {', '.join(map(str, looks))} seeds, each at the alpha an O'Brien-Fleming-type spending "
-            "function adds there)")
+            f"(looks at {', '.join(map(str, looks))} seeds, each at the alpha a Pocock-type spending function "
+            f"adds there: {alphas})")
 
 
 def setting(r: TrainResults, key: str, value: object) -> str:
@@ -228,6 +229,13 @@ def environment(r: TrainResults) -> Section:
     return Section("Environment", [Table(["", "value"], rows)])
 
 
+def gate_scope(r: TrainResults) -> str:
+    """On which seeds and at which level the Learned section reads each group's gate."""
+    if r.runs.study.seed_plan is None:
+        return "Over all finished seeds, at 95%"
+    return "On the seeds of the last look each group's seeds reached, at that look's level"
+
+
 def learned(r: TrainResults) -> Section | None:
     """Per variant, its score at the training length beside every baseline of the task, the
     threshold, whether it learned, and its share of seeds that diverged or did not learn."""
@@ -239,7 +247,7 @@ def learned(r: TrainResults) -> Section | None:
         "not a token), prefix-aware (also reads the answer's own teacher-forced prefix), order-blind (knows "
         "which symbols the input holds, not their order), as the task declares them. The threshold is the "
         f"strongest baseline (of those the task names for its gate) moved {MARGIN:.0%} of the way to a "
-        "perfect score. Over all finished seeds, a group learned when the 95% interval of its mean lies past "
+        f"perfect score. {gate_scope(r)}, a group learned when the interval of its mean lies past "
         "the threshold, did not learn when it lies short of it, and is undetermined otherwise (a verdict reads "
         "its gates at its own look and level). Failed seeds: those that diverged or whose own score missed "
         "the threshold, with an exact (Clopper-Pearson) 95% interval of their share.")]

@@ -12,10 +12,10 @@ from typing import Any
 
 import pandas as pd
 
-from workbench.report.document import VerdictLine, fmt, fmt_signed_interval
+from workbench.report.document import VerdictLine, fmt, fmt_signed_interval, level_text
 from workbench.report.intervals import Interval
 from workbench.report.learned_gate import Learned
-from workbench.report.sequential import seed_looks, seeds_for_next_look, sequential_verdicts
+from workbench.report.sequential import LOOKS, seeds_for_next_look, sequential_verdicts
 from workbench.report.stats import Comparison, Verdict, verdicts
 from workbench.report.variants import short_key, value_text
 from workbench.report.ladder import cross_scale_line
@@ -71,7 +71,7 @@ class Verdicts:
                     values = self.runs.values(a, metric), self.runs.values(b, metric)
                 unreached = tuple(t for t in (self.runs.unreached_text(metric, a), self.runs.unreached_text(metric, b))
                                   if t)
-                ran = min(int((self.runs.final_runs["variant"] == v).sum()) for v in (a, b))
+                ran = min(self.runs.seeds_run.get(v, 0) for v in (a, b))
                 comparisons.append(Comparison(metric, a, b, *values, higher, bounds, gates, exp.note,
                                               margin=exp.margin, counts=metric == FAILURE_SHARE, seeds_run=ran,
                                               unreached=unreached, recorded=self.recorded(a, b)))
@@ -109,7 +109,7 @@ class Verdicts:
         comparisons, origins = self.comparisons()
         plan = self.study.seed_plan
         decided = (verdicts(comparisons) if plan is None
-                   else sequential_verdicts(comparisons, seed_looks(plan.first, plan.max)))
+                   else sequential_verdicts(comparisons, LOOKS.looks(plan.first, plan.max)))
         return list(zip(decided, origins))
 
     def across_scale(self, decided: Sequence[tuple[Verdict, int]]) -> list[dict[str, Any]]:
@@ -148,8 +148,7 @@ class Verdicts:
         d = v.diff
         detail = f"{group(v.better, v.better_ci)}; {group(v.than, v.than_ci)}"
         if not math.isnan(d.mean):
-            level = f"{d.level:.1%}".replace(".0%", "%")
-            how = f"{level} {d.method} t interval" if not math.isnan(d.lo) else f"{d.method}, no interval"
+            how = f"{level_text(d.level)} {d.method} t interval" if not math.isnan(d.lo) else f"{d.method}, no interval"
             holm = f", Holm-adjusted p {fmt(v.p_holm)}" if not math.isnan(v.p_holm) else ""
             shown = fmt(d.mean) if math.isnan(d.lo) else fmt_signed_interval(d.mean, d.lo, d.hi)
             detail += f"; difference {shown} ({how}{holm})"
@@ -162,7 +161,7 @@ class Verdicts:
         late = post_hoc(exp.registered, self.first_result) if exp.margin else ""
         label = f"{v.label} [post hoc margin: {late}]" if late else v.label
         return VerdictLine(statement=v.statement, outcome=v.outcome, label=label, detail=detail, note=exp.note,
-                           post_hoc=late,
+                           post_hoc=late, tests_claim=v.tests_claim,
                            gates=[gate_record(g) for g in v.gates],
                            difference={"mean": d.mean, "lo": d.lo, "hi": d.hi, "level": d.level, "method": d.method,
                                        "p": d.p, "p_holm": v.p_holm},
@@ -179,7 +178,7 @@ def seeds_wanted(study, runs: pd.DataFrame, tuning: Sequence[PointTuning] = ()) 
     (workbench.report.sequential.seeds_for_next_look). The loop calls it after each round."""
     train_runs = TrainRuns(study, runs, tuning=tuning)
     verdicts = Verdicts(train_runs, Gates(train_runs))
-    looks = seed_looks(study.seed_plan.first, study.seed_plan.max)
+    looks = LOOKS.looks(study.seed_plan.first, study.seed_plan.max)
     comparisons, _ = verdicts.comparisons()
     decided = sequential_verdicts(comparisons, looks, plan=False)
     return {verdicts.point_keys[group]: n for group, n in seeds_for_next_look(comparisons, decided, looks).items()

@@ -1,0 +1,223 @@
+"""What a verdict costs to reach: seeds and CPU minutes, today's rule beside the earlier one, on the
+same stored per-seed values (`python -m benchmarks --only decide`, or `python -m benchmarks.decide`).
+
+Replays. Two studies were trained with 12 fixed seeds, and their results tables are kept as CSV
+(benchmarks/results/decide-*.csv): the quickstart (studies/quickstart.yaml, 4 position schemes)
+and a CPU-sized language model (benchmarks/decide/lm.yaml). Each is replayed as an adaptive study
+(`seeds: {first: 3, max: 12}`) through the runner's own add-seeds loop (`replay`): after every
+round the loop asks which groups want more seeds and reveals their next stored runs, as training
+them would. Seeds are revealed in a random order (a permutation of the 12 stored seeds, the same
+for both groups of a seed, so pairs stay pairs); for each of `ORDERS` orders the two rules run in
+turn on the same order. Per verdict: how often each rule decides within 12 seeds, the median seeds
+per group at its decision, and the median CPU minutes its two groups' revealed runs spent (the
+runs' own cpu_time_s, which load on a shared machine does not inflate).
+
+Moderated variances (Smyth 2004, limma's empirical Bayes), measured and not adopted: shrinking
+each comparison's variance of the paired differences towards the study's pooled one gives more
+degrees of freedom at 3 seeds, but a study has a handful of comparisons, too few to estimate the
+prior; `moderation_check` shows the false-decision rate that follows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import yaml
+from rich.console import Console
+from rich.table import Table
+from scipy import optimize, special
+
+from benchmarks import RESULTS_DIR
+from workbench.recipes.train.gates import Gates
+from workbench.recipes.train.runs import TrainRuns
+from workbench.recipes.train.verdicts import Verdicts, seeds_wanted
+from workbench.report.sequential import (EARLIER_LOOKS, LOOKS, LookRule, grow_seeds, seeds_for_next_look,
+                                         sequential_verdicts)
+from workbench.report.stats import Verdict
+from workbench.study import TrainStudy
+from workbench.study.keys import label
+from workbench.study.sweep import point_key
+
+ROOT = Path(__file__).resolve().parent.parent
+CASES = {  # name -> (study file, its stored results)
+    "quickstart": (ROOT / "studies" / "quickstart.yaml", RESULTS_DIR / "decide-quickstart.csv"),
+    "lm": (ROOT / "benchmarks" / "decide" / "lm.yaml", RESULTS_DIR / "decide-lm.csv"),
+}
+ORDERS, QUICK_ORDERS = 200, 10
+FIRST, MOST = 3, 12
+RULES = {"today": LOOKS, "earlier": EARLIER_LOOKS}
+
+
+def adaptive(path: Path, first: int = FIRST, most: int = MOST) -> TrainStudy:
+    """The study file's study with `seeds: {first, max}` in place of its list."""
+    data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    return TrainStudy.model_validate({**data, "seeds": {"first": first, "max": most}})
+
+
+def replay(study: TrainStudy, runs: pd.DataFrame, rule: LookRule = LOOKS) -> tuple[list[Verdict], pd.DataFrame]:
+    """The verdicts an adaptive study reaches when `runs`, every run it could train (drawn or trained
+    in advance, seeds 0 .. max - 1), are revealed to it seed by seed through the runner's add-seeds
+    loop (`grow_seeds`), and the runs it revealed. Under today's rule the loop asks `seeds_wanted`, as
+    the runner does; under another the same comparisons (`Verdicts.comparisons`) with that rule's looks."""
+    plan, swept = study.seed_plan, list(study.sweep.keys)
+    looks = rule.looks(plan.first, plan.max)
+    point_of = [point_key({k: label(v) for k, v in row.items()}, swept) for row in runs[swept].to_dict("records")]
+    revealed = dict.fromkeys(point_of, plan.first)
+    seeds = runs["seed"].to_numpy()
+
+    def stored() -> pd.DataFrame:  # what load_results would return after this round
+        return runs[seeds < np.array([revealed[p] for p in point_of])]
+
+    def comparisons():
+        train_runs = TrainRuns(study, stored())
+        return Verdicts(train_runs, Gates(train_runs)).comparisons()[0]
+
+    def wanted() -> dict[str, int]:
+        if rule is LOOKS:
+            return seeds_wanted(study, stored())
+        c = comparisons()
+        return seeds_for_next_look(c, sequential_verdicts(c, looks, plan=False, rule=rule), looks)
+
+    grow_seeds(wanted, lambda counts, grown: revealed.update(grown), plan.first)
+    return sequential_verdicts(comparisons(), looks, plan=False, rule=rule), stored()
+
+
+def reordered(runs: pd.DataFrame, order: Sequence[int]) -> pd.DataFrame:
+    """`runs` with seed `order[i]` renamed i: the seeds revealed in that order, pairs kept."""
+    rename = {old: new for new, old in enumerate(order)}
+    return runs.assign(seed=runs["seed"].map(rename)).sort_values(["index"]).reset_index(drop=True)
+
+
+def cost(verdict: Verdict, revealed: pd.DataFrame, keys: Sequence[str]) -> float:
+    """CPU minutes the verdict's two groups spent up to its look (all they revealed, undecided)."""
+    from workbench.report.variants import Variants
+
+    labels = Variants.of(keys, revealed).label_runs(revealed)
+    mine = revealed[labels.isin([verdict.better, verdict.than])]
+    if verdict.outcome.decides:
+        mine = mine[mine["seed"] < verdict.seeds]
+    return float(mine["cpu_time_s"].sum()) / 60
+
+
+def replays(name: str, orders: int, rng: np.random.Generator) -> dict[str, Any]:
+    """Each rule on the same `orders` random orders of the stored seeds: per verdict, the share
+    decided, the median seeds to decide and the median CPU minutes."""
+    path, table = CASES[name]
+    study = adaptive(path)
+    runs = pd.read_csv(table)
+    stored_seeds = sorted(runs["seed"].unique())
+    if len(stored_seeds) < MOST:
+        raise SystemExit(f"{table}: {len(stored_seeds)} seeds stored; the replay needs {MOST}")
+    found: dict[str, list[list[tuple[Verdict, float]]]] = {r: [] for r in RULES}
+    for _ in range(orders):
+        order = rng.permutation(stored_seeds)[:MOST]
+        shuffled = reordered(runs[runs["seed"].isin(order)], order)
+        for rule_name, rule in RULES.items():  # alternating, on the same order
+            verdicts, revealed = replay(study, shuffled, rule)
+            found[rule_name].append([(v, cost(v, revealed, study.sweep.keys)) for v in verdicts])
+    out = {}
+    for rule_name, studies in found.items():
+        entries = []
+        for k in range(len(studies[0])):
+            outcomes = [s[k][0] for s in studies]
+            decided = [v for v in outcomes if v.outcome.decides]
+            entries.append({
+                "statement": outcomes[0].statement,
+                "decided": len(decided) / len(outcomes),
+                "outcomes": pd.Series([str(v.outcome) for v in outcomes]).value_counts().to_dict(),
+                "median_seeds": float(np.median([v.seeds if v.outcome.decides else math.inf for v in outcomes])),
+                "median_cpu_min": float(np.median([c for _, c in (s[k] for s in studies)])),
+            })
+        out[rule_name] = entries
+    return out
+
+
+def moderated_t(differences: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """limma's moderated t of each row's mean (Smyth 2004): each row's variance shrunk towards a
+    scaled inverse chi-square prior whose degrees of freedom d0 and scale are fitted to all rows by
+    the method of moments (limma's fitFDist). Returns (t, degrees of freedom)."""
+    n = differences.shape[1]
+    d = n - 1
+    s2 = differences.var(axis=1, ddof=1)
+    e = np.log(s2) - special.digamma(d / 2) + np.log(d / 2)
+    excess = e.var(ddof=1) - special.polygamma(1, d / 2)
+    if excess <= 0:  # variances no more spread than sampling alone: full pooling
+        d0, s02 = math.inf, float(np.exp(e.mean()))
+        posterior = np.full_like(s2, s02)
+    else:
+        half = optimize.brentq(lambda x: special.polygamma(1, x) - excess, 1e-8, 1e8)
+        d0 = 2 * half
+        s02 = float(np.exp(e.mean() + special.digamma(d0 / 2) - np.log(d0 / 2)))
+        posterior = (d0 * s02 + d * s2) / (d0 + d)
+    t = differences.mean(axis=1) / np.sqrt(posterior / n)
+    return t, np.full_like(t, d + d0 if math.isfinite(d0) else 1e6)
+
+
+def moderation_check(rng: np.random.Generator, studies: int = 20000, alpha: float = 0.01) -> list[dict[str, Any]]:
+    """False decisions at a nominal `alpha` of 4 null comparisons of 3 paired seeds each, with
+    the plain paired t (each comparison's own 2 degrees of freedom) and with limma's moderated t:
+    equal variances, and one comparison whose arm is 3x noisier (its differences' SD sqrt(5) times)."""
+    rows = []
+    for case, sds in (("equal variances", [1.0, 1.0, 1.0, 1.0]), ("one arm 3x noisier", [math.sqrt(5), 1, 1, 1])):
+        plain, moderated = np.zeros(4), np.zeros(4)
+        for _ in range(studies):
+            x = rng.normal(0.0, 1.0, (4, 3)) * np.array(sds)[:, None]
+            t = x.mean(axis=1) / np.sqrt(x.var(axis=1, ddof=1) / 3)
+            plain += 2 * special.stdtr(2, -np.abs(t)) < alpha
+            tm, df = moderated_t(x)
+            moderated += 2 * special.stdtr(df, -np.abs(tm)) < alpha
+        rows.append({"case": case, "nominal": alpha, "plain_t": (plain / studies).round(4).tolist(),
+                     "moderated_t": (moderated / studies).round(4).tolist()})
+    return rows
+
+
+def section(console: Console, quick: bool = False) -> dict[str, Any]:
+    rng = np.random.default_rng(2026)
+    results: dict[str, Any] = {"first": FIRST, "max": MOST, "rules": {k: r.name for k, r in RULES.items()},
+                               "looks": {k: r.looks(FIRST, MOST) for k, r in RULES.items()}}
+    for name in CASES:
+        found = replays(name, QUICK_ORDERS if quick else ORDERS, rng)
+        results[name] = found
+        table = Table(title=f"{name}: seeds to a decision over {QUICK_ORDERS if quick else ORDERS} orders of the stored "
+                            f"seeds (adaptive, first {FIRST}, max {MOST})")
+        for col in ("verdict", "rule", "decided", "median seeds", "median CPU min", "outcomes"):
+            table.add_column(col)
+        for k, entry in enumerate(found["today"]):
+            for rule_name in RULES:
+                e = found[rule_name][k]
+                table.add_row(e["statement"] if rule_name == "today" else "", rule_name, f"{e['decided']:.0%}",
+                              f"{e['median_seeds']:g}", f"{e['median_cpu_min']:.1f}",
+                              ", ".join(f"{o} {n}" for o, n in e["outcomes"].items()))
+        console.print(table)
+    results["moderation"] = moderation_check(rng, 2000 if quick else 20000)
+    table = Table(title="Moderated variances (limma, Smyth 2004) vs the plain paired t: 4 null comparisons, 3 seeds")
+    for col in ("case", "nominal", "plain t, per comparison", "moderated t, per comparison"):
+        table.add_column(col)
+    for row in results["moderation"]:
+        table.add_row(row["case"], f"{row['nominal']:g}", " ".join(f"{x:.2%}" for x in row["plain_t"]),
+                      " ".join(f"{x:.2%}" for x in row["moderated_t"]))
+    console.print(table)
+    return results
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.decide", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help=f"{QUICK_ORDERS} orders instead of {ORDERS}")
+    parser.add_argument("--out", type=Path, default=RESULTS_DIR / "decide.json", help="JSON output")
+    args = parser.parse_args(argv)
+    console = Console(width=150)
+    results = section(console, args.quick)
+    args.out.write_text(json.dumps(results, indent=1, default=str))
+    console.print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
