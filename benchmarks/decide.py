@@ -38,8 +38,7 @@ from benchmarks import RESULTS_DIR
 from workbench.recipes.train.gates import Gates
 from workbench.recipes.train.runs import TrainRuns
 from workbench.recipes.train.verdicts import Verdicts, seeds_wanted
-from workbench.report.sequential import (EARLIER_LOOKS, LOOKS, LookRule, grow_seeds, seeds_for_next_look,
-                                         sequential_verdicts)
+from workbench.report.sequential import EARLIER_LOOKS, LOOKS, LookRule, grow_seeds, sequential_verdicts
 from workbench.report.stats import Verdict
 from workbench.study import TrainStudy
 from workbench.study.keys import label
@@ -64,8 +63,8 @@ def adaptive(path: Path, first: int = FIRST, most: int = MOST) -> TrainStudy:
 def replay(study: TrainStudy, runs: pd.DataFrame, rule: LookRule = LOOKS) -> tuple[list[Verdict], pd.DataFrame]:
     """The verdicts an adaptive study reaches when `runs`, every run it could train (drawn or trained
     in advance, seeds 0 .. max - 1), are revealed to it seed by seed through the runner's add-seeds
-    loop (`grow_seeds`), and the runs it revealed. Under today's rule the loop asks `seeds_wanted`, as
-    the runner does; under another the same comparisons (`Verdicts.comparisons`) with that rule's looks."""
+    loop (`grow_seeds`, asking `seeds_wanted` after each round as the runner does, under `rule`), and
+    the runs it revealed."""
     plan, swept = study.seed_plan, list(study.sweep.keys)
     looks = rule.looks(plan.first, plan.max)
     point_of = [point_key({k: label(v) for k, v in row.items()}, swept) for row in runs[swept].to_dict("records")]
@@ -79,13 +78,8 @@ def replay(study: TrainStudy, runs: pd.DataFrame, rule: LookRule = LOOKS) -> tup
         train_runs = TrainRuns(study, stored())
         return Verdicts(train_runs, Gates(train_runs)).comparisons()[0]
 
-    def wanted() -> dict[str, int]:
-        if rule is LOOKS:
-            return seeds_wanted(study, stored())
-        c = comparisons()
-        return seeds_for_next_look(c, sequential_verdicts(c, looks, plan=False, rule=rule), looks)
-
-    grow_seeds(wanted, lambda counts, grown: revealed.update(grown), plan.first)
+    grow_seeds(lambda: seeds_wanted(study, stored(), rule=rule), lambda counts, grown: revealed.update(grown),
+               plan.first)
     return sequential_verdicts(comparisons(), looks, plan=False, rule=rule), stored()
 
 

@@ -15,7 +15,7 @@ import pandas as pd
 from workbench.report.document import VerdictLine, fmt, fmt_signed_interval, level_text
 from workbench.report.intervals import Interval
 from workbench.report.learned_gate import Learned
-from workbench.report.sequential import LOOKS, seeds_for_next_look, sequential_verdicts
+from workbench.report.sequential import LOOKS, LookRule, seeds_for_next_look, sequential_verdicts
 from workbench.report.stats import Comparison, Verdict, verdicts
 from workbench.report.variants import short_key, value_text
 from workbench.report.ladder import cross_scale_line
@@ -172,14 +172,15 @@ class Verdicts:
                                    "than": point_labels(exp.than)})
 
 
-def seeds_wanted(study, runs: pd.DataFrame, tuning: Sequence[PointTuning] = ()) -> dict[str, int]:
+def seeds_wanted(study, runs: pd.DataFrame, tuning: Sequence[PointTuning] = (), rule: LookRule = LOOKS) -> dict[str, int]:
     """Adaptive seeds: point_key -> the seeds its group should have by the next look, for the
     groups of every comparison of the stored `runs` still inconclusive below the plan's maximum
-    (workbench.report.sequential.seeds_for_next_look). The loop calls it after each round."""
+    (workbench.report.sequential.seeds_for_next_look). The loop calls it after each round; `rule`
+    another look rule than the runner's (benchmarks.decide compares two on the same runs)."""
     train_runs = TrainRuns(study, runs, tuning=tuning)
     verdicts = Verdicts(train_runs, Gates(train_runs))
-    looks = LOOKS.looks(study.seed_plan.first, study.seed_plan.max)
+    looks = rule.looks(study.seed_plan.first, study.seed_plan.max)
     comparisons, _ = verdicts.comparisons()
-    decided = sequential_verdicts(comparisons, looks, plan=False)
+    decided = sequential_verdicts(comparisons, looks, plan=False, rule=rule)
     return {verdicts.point_keys[group]: n for group, n in seeds_for_next_look(comparisons, decided, looks).items()
             if group in verdicts.point_keys}
