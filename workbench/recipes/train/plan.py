@@ -149,8 +149,8 @@ class Pilot:
         """Per group: the mean CPU seconds of its pilot runs that ended (the mean of the others'
         for a group none of whose runs recorded it)."""
         runs = self.runs.final_runs
-        ended = runs[runs["status"].isin(KEPT)] if "cpu_time_s" in runs else runs.iloc[:0]
-        means = ended.groupby("variant")["cpu_time_s"].mean().dropna().to_dict() if len(ended) else {}
+        ended = runs[runs["status"].isin(KEPT)]
+        means = ended.groupby("variant")["cpu_time_s"].mean().dropna().to_dict() if "cpu_time_s" in ended else {}
         fallback = float(np.mean(list(means.values()))) if means else math.nan
         return {group: float(means.get(group, fallback)) for group in self.runs.variants.labels}
 
@@ -239,13 +239,16 @@ def cpu_min(s: Simulated, cpu: dict[str, float], groups: Sequence[str], tuning_s
 
 
 def runs_text(s: Simulated, groups: Sequence[str], adaptive: bool) -> str:
-    expected = sum(s.group_seeds[g] for g in groups)
-    return f"{fmt(expected)} runs expected (at most {s.seeds * len(groups)})" if adaptive else f"{s.seeds * len(groups)} runs"
+    most = s.seeds * len(groups)
+    if not adaptive:
+        return f"{most} runs"
+    return f"{fmt(sum(s.group_seeds[g] for g in groups))} runs expected (at most {most})"
 
 
 def scenario_table(sc: Scenario, comparisons: Sequence[Comparison], study, cpu: dict[str, float]) -> Table:
-    """One row per comparison (numbered as `legend` lists them): its noise, what it is planned for, the seeds that need (adaptive:
-    the max), its power at the study's own seeds, the seeds it is expected to spend and their CPU."""
+    """One row per comparison (numbered as `legend` lists them): its noise, what it is planned
+    for, the seeds that needs (adaptive: the max), its power at the study's own seeds, the seeds
+    it is expected to spend there and their CPU minutes (both its groups)."""
     plan = study.seed_plan
     written = plan.max if plan is not None else len(study.seeds)
     table = Table(title=sc.title, title_justify="left", box=box.SIMPLE_HEAD)
@@ -347,9 +350,9 @@ def plan_study(path: str | Path, pilot: int = 2, effect: float | None = None, ef
     final = scenarios[-1]
     beyond = [str(k + 1) for k, n in final.smallest.items() if n is None]
     if final.register is not None:
+        short = f"; comparisons {', '.join(beyond)} need more than {MAX_PLANNED_SEEDS} seeds" if beyond else ""
         lines.append(f"to register before the real runs (from the {'upper bound of the ' * (len(scenarios) > 1)}"
-                     f"noise): {seeds_line(study, final.register)}"
-                     + (f"; comparisons {', '.join(beyond)} need more than {MAX_PLANNED_SEEDS} seeds" if beyond else ""))
+                     f"noise): {seeds_line(study, final.register)}{short}")
     elif beyond:
         lines.append(f"no seed count up to {MAX_PLANNED_SEEDS} gives the planned comparisons {POWER:.0%} power: "
                      "nothing to register")
