@@ -49,8 +49,9 @@ def test_plan_trains_a_pilot_apart_from_the_study_and_prints_the_seeds_each_entr
     assert int(measured) <= int(upper) and spent == measured and (int(measured) > 3) == (int(power) < 80)
     # no margin, no effect: what the study's 3 seeds detect
     assert re.search(r"^\s+1\s+[\d.]+\s+detects [\d.]+\s+3\s+80%", out, re.M)
-    registered = re.search(r"to register before the real runs .*: seeds: \[([\d, ]+)\]", out)
-    assert registered and len(registered[1].split(",")) == int(upper)
+    registered = re.search(r"to register before the real runs .*, (\d+) seeds per group\):\nseeds: \[([\d, ]+)\]\n$",
+                           out)
+    assert registered and registered[1] == upper and registered[2] == ", ".join(map(str, range(int(upper))))
 
     again = CliRunner().invoke(main, ["plan", "tiny.yaml", "--quiet", "--effect", "0.2"])  # the pilot is resumed
     assert again.exit_code == 0 and "6 of 6 runs already done" in again.output, again.output
@@ -60,7 +61,7 @@ def test_plan_trains_a_pilot_apart_from_the_study_and_prints_the_seeds_each_entr
     adaptive = CliRunner().invoke(main, ["plan", "tiny.yaml", "--quiet", "--set", "seeds={first: 2, max: 4}"])
     assert adaptive.exit_code == 0 and "6 of 6 runs already done" in adaptive.output, adaptive.output
     assert re.search(r"the study as written \(seeds: \{first: 2, max: 4\}\): 6 to 12 runs", adaptive.output)
-    assert re.search(r"to register before the real runs .*: seeds: \{first: 2, max: \d+\}", adaptive.output)
+    assert re.search(r"to register before the real runs .*\):\nseeds: \{first: 2, max: \d+\}\n$", adaptive.output)
     assert re.search(r"runs expected \(at most \d+\)", adaptive.output)
 
 

@@ -305,8 +305,9 @@ def plan_study(path: str | Path, pilot: int = 2, effect: float | None = None, ef
         f"{study.name}: a plan from a pilot of {pilot} seed{'s' * (pilot > 1)} per group: {len(found.runs.all_runs)} "
         f"runs in {found.out} (seeds {seeds}, which the study never runs: no verdict reads them), "
         f"{fmt(found.cpu_s / 60)} CPU min",
-        "CPU per run: " + ", ".join(f"{g} {fmt(cpu[g])} s" for g in groups)
-        + (f"; tuning runs {fmt(found.tuning_cpu_s / 60)} CPU min in all" if found.tuning_cpu_s else "")]
+        "CPU seconds per run" + (f" (and {fmt(found.tuning_cpu_s / 60)} CPU min of tuning runs in all)"
+                                 if found.tuning_cpu_s else "") + ":",
+        *(f"  {fmt(cpu[g]):>6}  {g}" for g in groups)]
     if found.summary.incomplete:
         lines.append(f"note: {found.summary.incomplete} pilot runs did not finish; the plan reads those that did "
                      "(the same command retries them)")
@@ -343,23 +344,25 @@ def plan_study(path: str | Path, pilot: int = 2, effect: float | None = None, ef
                          f"{fmt(cpu_min(sc.written, cpu, groups, tuning_s))} CPU min")
         if sc.register is not None:
             s = sc.search.at(sc.register)
-            lines.append(f"  planned ({seeds_line(study, sc.register)}): {runs_text(s, groups, plan is not None)}, "
+            planned = f"max {sc.register}" if plan is not None else f"{sc.register} seeds per group"
+            lines.append(f"  planned ({planned}): {runs_text(s, groups, plan is not None)}, "
                          f"{fmt(cpu_min(s, cpu, groups, tuning_s))} CPU min")
     if not scenarios:
         return lines
+    lines.append(f"power: {replications} simulated studies per seed count, decided by the verdict rule with Holm "
+                 f"over the {len(comparisons)} comparisons (±{math.sqrt(POWER * (1 - POWER) / replications):.0%} "
+                 "at 80%); comparisons planned for nothing are drawn at a difference of 0")
     final = scenarios[-1]
     beyond = [str(k + 1) for k, n in final.smallest.items() if n is None]
     if final.register is not None:
-        short = f"; comparisons {', '.join(beyond)} need more than {MAX_PLANNED_SEEDS} seeds" if beyond else ""
-        lines.append(f"to register before the real runs (from the {'upper bound of the ' * (len(scenarios) > 1)}"
-                     f"noise): {seeds_line(study, final.register)}{short}")
+        short = f"; comparisons {', '.join(beyond)} need more than {MAX_PLANNED_SEEDS}" if beyond else ""
+        lines += [f"to register before the real runs (from the {'upper bound of the ' * (len(scenarios) > 1)}noise, "
+                  f"{'at most ' * (plan is not None)}{final.register} seeds per group{short}):",
+                  seeds_line(study, final.register)]
     elif beyond:
         lines.append(f"no seed count up to {MAX_PLANNED_SEEDS} gives the planned comparisons {POWER:.0%} power: "
                      "nothing to register")
     else:
         lines.append("no entry has a margin, and no --effect was given: nothing to register; each row says the "
                      "smallest effect the study's seeds detect")
-    lines.append(f"power: {replications} simulated studies per seed count, decided by the verdict rule with Holm "
-                 f"over the {len(comparisons)} comparisons (±{math.sqrt(POWER * (1 - POWER) / replications):.0%} "
-                 "at 80%); comparisons planned for nothing are drawn at a difference of 0")
     return lines
