@@ -248,14 +248,15 @@ def runs_text(s: Simulated, groups: Sequence[str], adaptive: bool) -> str:
 def scenario_table(sc: Scenario, comparisons: Sequence[Comparison], study, cpu: dict[str, float]) -> Table:
     """One row per comparison (numbered as `legend` lists them): its noise, what it is planned
     for, the seeds that needs (adaptive: the max), its power at the study's own seeds, the seeds
-    it is expected to spend there and their CPU minutes (both its groups)."""
+    it spends there on average (fewer than the max when looks end it) and their CPU minutes (both
+    its groups)."""
     plan = study.seed_plan
     written = plan.max if plan is not None else len(study.seeds)
     table = Table(title=sc.title, title_justify="left", box=box.SIMPLE_HEAD)
     table.add_column("#", justify="right", no_wrap=True)
     now = f"power at {written}" if plan is None else f"power at {plan.first}..{plan.max}"
-    for column in ("noise SD", "planned for", "max seeds" if plan else "seeds", now, "expected seeds", "CPU min"):
-        table.add_column(column, justify="left" if column == "planned for" else "right",
+    for column in ("noise SD", "planned for", "max seeds" if plan else "seeds", now, "mean seeds", "CPU min"):
+        table.add_column(column, justify="left" if column == "planned for" else "right", overflow="fold",
                          no_wrap=column == "planned for")
     for k, (c, p) in enumerate(zip(comparisons, sc.planned)):
         row = [str(k + 1), fmt(p.sd) if p.goal else "–"]
@@ -264,7 +265,9 @@ def scenario_table(sc: Scenario, comparisons: Sequence[Comparison], study, cpu: 
             table.add_row(*row, sc.why[k], "–", "–", "–", "–")
         elif p.goal is Goal.DETECT:
             s = sc.at_detectable
-            what = f"detects {fmt(sc.detectable * p.sd)}" if sc.detectable is not None else "detects no effect"
+            found = math.inf if sc.detectable is None else sc.detectable * p.sd
+            past = found >= c.bounds[1] - c.bounds[0]  # no difference that large fits in the metric's range
+            what = "detects no effect" if found == math.inf else f"detects {fmt(found)}" + " (> range)" * past
             table.add_row(*row, what, str(written), f"{POWER:.0%}", fmt(s.spent[k]), fmt(s.spent[k] * pair / 60))
         else:
             what = f"equivalent ±{fmt(c.margin)}" if p.goal is Goal.EQUIVALENT else f"holds at {fmt(p.shift)}"
