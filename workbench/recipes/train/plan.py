@@ -288,6 +288,73 @@ def legend(comparisons: Sequence[Comparison], origins: Sequence[int]) -> list[st
         + (f" (margin ±{fmt(c.margin)})" if c.margin else "") for k, c in enumerate(comparisons)]
 
 
+def pilot_lines(found: Pilot, pilot: int, noise: dict[str, Noise], effect_sd: float | None) -> list[str]:
+    """What the pilot ran, cost and measured."""
+    cpu, seeds = found.cpu_per_run, ", ".join(map(str, found.pilot_file.study.seeds))
+    tuning = f" (and {fmt(found.tuning_cpu_s / 60)} CPU min of tuning runs in all)" if found.tuning_cpu_s else ""
+    lines = [f"{found.study_file.study.name}: a plan from a pilot of {pilot} seed{'s' * (pilot > 1)} per group: "
+             f"{len(found.runs.all_runs)} runs in {found.out} (seeds {seeds}, which the study never runs: no verdict "
+             f"reads them), {fmt(found.cpu_s / 60)} CPU min",
+             f"CPU seconds per run{tuning}:", *(f"  {fmt(cpu[g]):>6}  {g}" for g in found.runs.variants.labels)]
+    if found.summary.incomplete:
+        lines.append(f"note: {found.summary.incomplete} pilot runs did not finish; the plan reads those that did "
+                     "(the same command retries them)")
+    if noise:
+        lines.append("noise: the SD of the paired per-seed differences, pooled over the comparisons of each metric: "
+                     + ", ".join(f"{m} {fmt(n.sd)} ({n.df} df)" for m, n in noise.items())
+                     + "; the plan reads the pilot's noise only, never its differences")
+    else:
+        lines.append(f"noise: unknown ({'1 pilot seed' if pilot == 1 else 'no spread in the pilot'}): only the cost "
+                     "is planned" + (", and --effect-sd" if effect_sd else ""))
+    return lines
+
+
+def written_line(study, cpu: dict[str, float], tuning_s: float) -> str:
+    """The study's runs and CPU minutes at its own seeds (adaptive: from the first look to the last)."""
+    per_seed = sum(cpu.values())  # one seed of every group
+
+    def cost(seeds: int) -> str:
+        return fmt((seeds * per_seed + tuning_s) / 60)
+
+    plan = study.seed_plan
+    if plan is None:
+        n = len(study.seeds)
+        return f"the study as written ({seeds_line(study, n)}): {n * len(cpu)} runs, {cost(n)} CPU min"
+    return (f"the study as written ({seeds_line(study, plan.max)}): {plan.first * len(cpu)} to {plan.max * len(cpu)} "
+            f"runs, {cost(plan.first)} to {cost(plan.max)} CPU min")
+
+
+def scenario_lines(sc: Scenario, comparisons: Sequence[Comparison], study, cpu: dict[str, float],
+                   tuning_s: float) -> list[str | Table]:
+    """A reading's table, what the study as written is expected to spend (adaptive), and the plan's cost."""
+    adaptive, groups = study.seed_plan is not None, list(cpu)
+    lines: list[str | Table] = [scenario_table(sc, comparisons, study, cpu)]
+    if adaptive:
+        lines.append(f"  the study as written: {runs_text(sc.written, groups, True)}, "
+                     f"{fmt(cpu_min(sc.written, cpu, groups, tuning_s))} CPU min")
+    if sc.register is not None:
+        s = sc.search.at(sc.register)
+        planned = f"max {sc.register}" if adaptive else f"{sc.register} seeds per group"
+        lines.append(f"  planned ({planned}): {runs_text(s, groups, adaptive)}, "
+                     f"{fmt(cpu_min(s, cpu, groups, tuning_s))} CPU min")
+    return lines
+
+
+def register_lines(final: Scenario, study, upper: bool) -> list[str]:
+    """The `seeds:` line to put in the study file (from the last reading of the noise), or why none."""
+    beyond = [str(k + 1) for k, n in final.smallest.items() if n is None]
+    if final.register is not None:
+        short = f"; comparisons {', '.join(beyond)} need more than {MAX_PLANNED_SEEDS}" if beyond else ""
+        return [f"to register before the real runs (from the {'upper bound of the ' * upper}noise, "
+                f"{'at most ' * (study.seed_plan is not None)}{final.register} seeds per group{short}):",
+                seeds_line(study, final.register)]
+    if beyond:
+        return [f"no seed count up to {MAX_PLANNED_SEEDS} gives the planned comparisons {POWER:.0%} power: "
+                "nothing to register"]
+    return ["no entry has a margin, and no --effect was given: nothing to register; each row says the smallest "
+            "effect the study's seeds detect"]
+
+
 def plan_study(path: str | Path, pilot: int = 2, effect: float | None = None, effect_sd: float | None = None,
                out: str | Path | None = None, profile: str | None = None, overrides: Sequence[str] = (),
                jobs: int = 1, fresh: bool = False, quiet: bool = False, replications: int = REPLICATIONS,
@@ -301,71 +368,22 @@ def plan_study(path: str | Path, pilot: int = 2, effect: float | None = None, ef
     found = run_pilot(path, pilot, out, profile, overrides, jobs, fresh, quiet)
     study = found.study_file.study
     comparisons, origins = Verdicts(found.runs, Gates(found.runs)).comparisons()
-    groups = found.runs.variants.labels
-    cpu = found.cpu_per_run
-    seeds = ", ".join(map(str, found.pilot_file.study.seeds))
-    lines: list[str | Table] = [
-        f"{study.name}: a plan from a pilot of {pilot} seed{'s' * (pilot > 1)} per group: {len(found.runs.all_runs)} "
-        f"runs in {found.out} (seeds {seeds}, which the study never runs: no verdict reads them), "
-        f"{fmt(found.cpu_s / 60)} CPU min",
-        "CPU seconds per run" + (f" (and {fmt(found.tuning_cpu_s / 60)} CPU min of tuning runs in all)"
-                                 if found.tuning_cpu_s else "") + ":",
-        *(f"  {fmt(cpu[g]):>6}  {g}" for g in groups)]
-    if found.summary.incomplete:
-        lines.append(f"note: {found.summary.incomplete} pilot runs did not finish; the plan reads those that did "
-                     "(the same command retries them)")
+    cpu, tuning_s = found.cpu_per_run, found.tuning_cpu_s
     noise = metric_noise(comparisons)
-    if noise:
-        lines.append("noise: the SD of the paired per-seed differences, pooled over the comparisons of each metric: "
-                     + ", ".join(f"{m} {fmt(n.sd)} ({n.df} df)" for m, n in noise.items())
-                     + "; the plan reads the pilot's noise only, never its differences")
-    else:
-        lines.append(f"noise: unknown ({'1 pilot seed' if pilot == 1 else 'no spread in the pilot'}): only the cost "
-                     "is planned" + (", and --effect-sd" if effect_sd else ""))
-    lines += legend(comparisons, origins)
-    plan = study.seed_plan
-    tuning_s = found.tuning_cpu_s
-    per_seed = sum(cpu.values())  # one seed of every group
-    if plan is None:
-        n = len(study.seeds)
-        lines.append(f"the study as written ({seeds_line(study, n)}): {n * len(groups)} runs, "
-                     f"{fmt((n * per_seed + tuning_s) / 60)} CPU min")
-    else:
-        lines.append(f"the study as written ({seeds_line(study, plan.max)}): {plan.first * len(groups)} to "
-                     f"{plan.max * len(groups)} runs, {fmt((plan.first * per_seed + tuning_s) / 60)} to "
-                     f"{fmt((plan.max * per_seed + tuning_s) / 60)} CPU min")
+    lines = [*pilot_lines(found, pilot, noise, effect_sd), *legend(comparisons, origins),
+             written_line(study, cpu, tuning_s)]
     readings = [("Noise as the pilot measured it", noise)]
     if noise:
         readings.append((f"Noise at its {UPPER_CONFIDENCE:.0%} upper confidence bound (Browne 1995)",
                          {m: n.upper() for m, n in noise.items()}))
     scenarios = [sc for title, reading in readings
-                 if (sc := plan_scenario(title, comparisons, reading, effect, effect_sd, study, groups, replications))]
-    for sc in scenarios:
-        lines.append(scenario_table(sc, comparisons, study, cpu))
-        if plan is not None:
-            lines.append(f"  the study as written: {runs_text(sc.written, groups, True)}, "
-                         f"{fmt(cpu_min(sc.written, cpu, groups, tuning_s))} CPU min")
-        if sc.register is not None:
-            s = sc.search.at(sc.register)
-            planned = f"max {sc.register}" if plan is not None else f"{sc.register} seeds per group"
-            lines.append(f"  planned ({planned}): {runs_text(s, groups, plan is not None)}, "
-                         f"{fmt(cpu_min(s, cpu, groups, tuning_s))} CPU min")
+                 if (sc := plan_scenario(title, comparisons, reading, effect, effect_sd, study, list(cpu),
+                                         replications))]
     if not scenarios:
         return lines
+    for sc in scenarios:
+        lines += scenario_lines(sc, comparisons, study, cpu, tuning_s)
     lines.append(f"power: {replications} simulated studies per seed count, decided by the verdict rule with Holm "
                  f"over the {len(comparisons)} comparisons (±{math.sqrt(POWER * (1 - POWER) / replications):.0%} "
                  "at 80%); comparisons planned for nothing are drawn at a difference of 0")
-    final = scenarios[-1]
-    beyond = [str(k + 1) for k, n in final.smallest.items() if n is None]
-    if final.register is not None:
-        short = f"; comparisons {', '.join(beyond)} need more than {MAX_PLANNED_SEEDS}" if beyond else ""
-        lines += [f"to register before the real runs (from the {'upper bound of the ' * (len(scenarios) > 1)}noise, "
-                  f"{'at most ' * (plan is not None)}{final.register} seeds per group{short}):",
-                  seeds_line(study, final.register)]
-    elif beyond:
-        lines.append(f"no seed count up to {MAX_PLANNED_SEEDS} gives the planned comparisons {POWER:.0%} power: "
-                     "nothing to register")
-    else:
-        lines.append("no entry has a margin, and no --effect was given: nothing to register; each row says the "
-                     "smallest effect the study's seeds detect")
-    return lines
+    return lines + register_lines(scenarios[-1], study, upper=len(scenarios) > 1)
