@@ -286,9 +286,13 @@ def plan_command(study: str, pilot_seeds: int, effect: float | None, effect_sd: 
     verdict) and print per `expect:` entry the seeds and CPU minutes its margin or --effect needs
     with 80% power (or what the study's seeds detect), and the `seeds:` line to register."""
     with stopping.immediate(stopping.BEFORE_START if OWN_PROCESS else None):
-        from workbench.recipes.train.plan import plan_study
+        from workbench.recipes.train.plan import check_effect, plan_lines, run_pilot
 
-        lines = plan_study(study, pilot_seeds, effect, effect_sd, out, profile, overrides, jobs, fresh, quiet)
+        check_effect(effect, effect_sd)
+        pilot = run_pilot(study, pilot_seeds, out, profile, overrides, jobs, fresh, quiet)
+    with stopping.immediate(f"after the pilot: its runs are recorded in {pilot.out}, and the same command plans "
+                            "from them without training again" if OWN_PROCESS else None):
+        lines = plan_lines(pilot, effect, effect_sd)
     console = Console(highlight=False)
     for line in lines:  # plain lines as they are (names hold brackets), and the tables
         console.print(line, markup=False, soft_wrap=isinstance(line, str))

@@ -288,9 +288,10 @@ def legend(comparisons: Sequence[Comparison], origins: Sequence[int]) -> list[st
         + (f" (margin ±{fmt(c.margin)})" if c.margin else "") for k, c in enumerate(comparisons)]
 
 
-def pilot_lines(found: Pilot, pilot: int, noise: dict[str, Noise], effect_sd: float | None) -> list[str]:
+def pilot_lines(found: Pilot, noise: dict[str, Noise], effect_sd: float | None) -> list[str]:
     """What the pilot ran, cost and measured."""
-    cpu, seeds = found.cpu_per_run, ", ".join(map(str, found.pilot_file.study.seeds))
+    cpu, pilot = found.cpu_per_run, len(found.pilot_file.study.seeds)
+    seeds = ", ".join(map(str, found.pilot_file.study.seeds))
     tuning = f" (and {fmt(found.tuning_cpu_s / 60)} CPU min of tuning runs in all)" if found.tuning_cpu_s else ""
     lines = [f"{found.study_file.study.name}: a plan from a pilot of {pilot} seed{'s' * (pilot > 1)} per group: "
              f"{len(found.runs.all_runs)} runs in {found.out} (seeds {seeds}, which the study never runs: no verdict "
@@ -355,22 +356,23 @@ def register_lines(final: Scenario, study, upper: bool) -> list[str]:
             "effect the study's seeds detect"]
 
 
-def plan_study(path: str | Path, pilot: int = 2, effect: float | None = None, effect_sd: float | None = None,
-               out: str | Path | None = None, profile: str | None = None, overrides: Sequence[str] = (),
-               jobs: int = 1, fresh: bool = False, quiet: bool = False, replications: int = REPLICATIONS,
-               ) -> list[str | Table]:
-    """Run the pilot, plan the seeds: the lines and tables `workbench plan` prints."""
+def check_effect(effect: float | None, effect_sd: float | None) -> None:
+    """--effect and --effect-sd, checked before the pilot trains."""
     if effect is not None and effect_sd is not None:
         raise SpecError("--effect", "give --effect (in the metric's units) or --effect-sd (in noise SDs), not both")
     for name, value in (("--effect", effect), ("--effect-sd", effect_sd)):
         if value is not None and not (math.isfinite(value) and value > 0):
             raise SpecError(name, f"{value}: a true difference to plan for is a positive number")
-    found = run_pilot(path, pilot, out, profile, overrides, jobs, fresh, quiet)
+
+
+def plan_lines(found: Pilot, effect: float | None = None, effect_sd: float | None = None,
+               replications: int = REPLICATIONS) -> list[str | Table]:
+    """The plan from a trained pilot: the lines and tables `workbench plan` prints."""
     study = found.study_file.study
     comparisons, origins = Verdicts(found.runs, Gates(found.runs)).comparisons()
     cpu, tuning_s = found.cpu_per_run, found.tuning_cpu_s
     noise = metric_noise(comparisons)
-    lines = [*pilot_lines(found, pilot, noise, effect_sd), *legend(comparisons, origins),
+    lines = [*pilot_lines(found, noise, effect_sd), *legend(comparisons, origins),
              written_line(study, cpu, tuning_s)]
     readings = [("Noise as the pilot measured it", noise)]
     if noise:
