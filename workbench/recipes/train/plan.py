@@ -12,7 +12,8 @@
    re-estimating the variance leaves the test's error rate as it was, unlike a sample size
    fitted to an observed difference; here the pilot stays out of the analysis altogether.
    Two pilot seeds give each SD 1 degree of freedom, so the noise is pooled over the
-   comparisons of one metric (planning only: it never enters a verdict), and the plan is shown
+   comparisons of one metric (planning only: it never enters a verdict; comparisons that share a
+   group are not independent, so the df counted is an upper count), and the plan is shown
    twice: with the pooled SD, and with its 80% upper confidence bound, s * sqrt(df / chi2_0.2(df)),
    which Browne (1995, "On the use of a pilot sample for sample size determination", Stat Med
    14: 1933-1940) shows to keep the planned power in most pilots, where the SD itself falls short
