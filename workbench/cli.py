@@ -91,8 +91,8 @@ DEFAULT_SHOWWARNING = warnings.showwarning
 def main() -> None:
     """Declare studies of Transformer design choices, run them, read the reports."""
     warnings.showwarning = show_warning
-    if click.get_current_context().invoked_subcommand != "run":
-        stopping.leave_to_default()  # only a sweep stops cleanly (workbench.stopping)
+    if click.get_current_context().invoked_subcommand not in ("run", "plan"):
+        stopping.leave_to_default()  # only a sweep (a study's, a plan's pilot) stops cleanly (workbench.stopping)
 
 
 def variant_rows(axis: str) -> list[dict]:
@@ -262,6 +262,40 @@ def validate_command(study: str, profile: str | None, overrides: tuple[str, ...]
     click.echo(line)
     for need in needs:
         click.echo(f"note: {need.note(machine)}", err=True)
+
+
+@main.command("plan")
+@click.argument("study")
+@click.option("--pilot-seeds", default=2, show_default=True, type=click.IntRange(1, 2),
+              help="seeds per group of the pilot; with 1 the noise is unknown and only the cost is planned")
+@click.option("--effect", type=float, default=None,
+              help="plan the entries without a margin to detect this true difference, in their metric's units")
+@click.option("--effect-sd", type=float, default=None,
+              help="the same in units of each metric's noise (needs no noise estimate)")
+@click.option("--out", default=None, help="the pilot's folder (default: runs/<study name>-pilot/)")
+@click.option("--jobs", default=1, show_default=True, type=click.IntRange(min=1),
+              help="pilot runs at once, as in `run`: give the study's own, CPU per run depends on it")
+@click.option("--fresh", is_flag=True, help="discard an earlier pilot in its folder and train it again")
+@click.option("--profile", default=None, help="plan the study with its named overrides applied")
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
+              help="override a study field (after --profile), as in `run`; repeatable")
+@click.option("--quiet", is_flag=True, help="no progress bar while the pilot trains: one plain line per run")
+def plan_command(study: str, pilot_seeds: int, effect: float | None, effect_sd: float | None, out: str | None,
+                 jobs: int, fresh: bool, profile: str | None, overrides: tuple[str, ...], quiet: bool) -> None:
+    """Train a pilot of STUDY (1 or 2 seeds per group, in a folder of its own, never read by a
+    verdict) and print per `expect:` entry the seeds and CPU minutes its margin or --effect needs
+    with 80% power (or what the study's seeds detect), and the `seeds:` line to register."""
+    with stopping.immediate(stopping.BEFORE_START if OWN_PROCESS else None):
+        from workbench.recipes.train.plan import check_effect, plan_lines, run_pilot
+
+        check_effect(effect, effect_sd)
+        pilot = run_pilot(study, pilot_seeds, out, profile, overrides, jobs, fresh, quiet)
+    with stopping.immediate(f"after the pilot: its runs are recorded in {pilot.out}, and the same command plans "
+                            "from them without training again" if OWN_PROCESS else None):
+        lines = plan_lines(pilot, effect, effect_sd)
+    console = Console(highlight=False)
+    for line in lines:  # plain lines as they are (names hold brackets), and the tables
+        console.print(line, markup=False, soft_wrap=isinstance(line, str))
 
 
 @main.command("prepare")

@@ -9,4 +9,5 @@
     figures.py   the figure sections (verdict figures, Figures, Fits)
     report.py    SECTIONS in reading order, and the report from a store
     compare.py   `workbench compare`: one training report over several study folders
+    plan.py      `workbench plan`: a pilot, its noise and CPU, the seeds each `expect:` entry needs
 """

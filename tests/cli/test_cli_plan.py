@@ -1,0 +1,93 @@
+"""`workbench plan`: a pilot in a folder of its own, at seeds the study never runs, and per
+comparison the seeds and CPU minutes with the `seeds:` line to register; a study without
+`expect:` and bad arguments are one line each (exit 2), before anything trains."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from click.testing import CliRunner
+
+from workbench.cli import main
+from workbench.recipes.train.plan import PILOT_SEED
+from workbench.run.store import load_results
+
+# Three steps at a large learning rate: the groups' seeds differ (a pilot needs a spread), in seconds.
+STUDY = """\
+name: tiny
+task: {name: copy, train_length: 4, n_eval: 8, alphabet_size: 4}
+model: {family: decoder, d_model: 16, n_layers: 1, n_heads: 2}
+train: {steps: 3, batch_size: 4, log_every: 1, lr: 0.05}
+seeds: [0, 1, 2]
+sweep: {model.position: [none, rope, alibi]}
+expect:
+  - {metric: accuracy@4, better: rope, than: none}
+  - {metric: accuracy@4, better: alibi, than: none, margin: 0.05}
+"""
+
+
+@pytest.fixture
+def study(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "tiny.yaml").write_text(STUDY)
+    return tmp_path
+
+
+def test_plan_trains_a_pilot_apart_from_the_study_and_prints_the_seeds_each_entry_needs(study):
+    result = CliRunner().invoke(main, ["plan", "tiny.yaml", "--quiet"])
+    assert result.exit_code == 0, result.output
+    pilot = load_results(study / "runs" / "tiny-pilot")
+    assert len(pilot) == 6 and (pilot["seed"] >= PILOT_SEED).all()  # 3 groups x 2 seeds the study never runs
+    assert not (study / "runs" / "tiny").exists()  # nothing in the study's own folder, so no verdict of it reads them
+    out = result.output
+    assert "expect 2: position=alibi vs position=none on accuracy@4 (margin ±0.05)" in out
+    assert re.search(r"the study as written \(seeds: \[0, 1, 2\]\): 9 runs, [\d.]+ CPU min", out)
+    rows = re.findall(r"^\s+2\s+[\d.]+\s+equivalent ±0\.05\s+(\d+)\s+(\d+)%\s+(\d+)\s+[\d.]+", out, re.M)
+    assert len(rows) == 2  # the noise as measured and at its upper bound
+    (measured, power, spent), (upper, _, _) = rows
+    assert int(measured) <= int(upper) and spent == measured and (int(measured) > 3) == (int(power) < 80)
+    # no margin, no effect: what the study's 3 seeds detect
+    assert re.search(r"^\s+1\s+[\d.]+\s+detects [\d.]+\s+3\s+80%", out, re.M)
+    registered = re.search(r"to register before the real runs .*, (\d+) seeds per group\):\nseeds: \[([\d, ]+)\]\n$",
+                           out)
+    assert registered and registered[1] == upper and registered[2] == ", ".join(map(str, range(int(upper))))
+
+    again = CliRunner().invoke(main, ["plan", "tiny.yaml", "--quiet", "--effect", "0.2"])  # the pilot is resumed
+    assert again.exit_code == 0 and "6 of 6 runs already done" in again.output, again.output
+    assert re.search(r"^\s+1\s+[\d.]+\s+holds at 0\.2\s+(\d+|> 1000)\s+\d+%", again.output, re.M)
+
+    # adaptive seeds: the same pilot (its seeds replace the study's), the plan is a max from the same first
+    adaptive = CliRunner().invoke(main, ["plan", "tiny.yaml", "--quiet", "--set", "seeds={first: 2, max: 4}"])
+    assert adaptive.exit_code == 0 and "6 of 6 runs already done" in adaptive.output, adaptive.output
+    assert re.search(r"the study as written \(seeds: \{first: 2, max: 4\}\): 6 to 12 runs", adaptive.output)
+    assert re.search(r"to register before the real runs .*\):\nseeds: \{first: 2, max: \d+\}\n$", adaptive.output)
+    assert re.search(r"runs expected \(at most \d+\)", adaptive.output)
+
+
+def test_one_pilot_seed_plans_the_cost_only(study):
+    result = CliRunner().invoke(main, ["plan", "tiny.yaml", "--quiet", "--pilot-seeds", "1", "--out", "pilot1"])
+    assert result.exit_code == 0, result.output
+    assert "noise: unknown (1 pilot seed): only the cost is planned" in result.output
+    assert re.search(r"the study as written \(seeds: \[0, 1, 2\]\): 9 runs, [\d.]+ CPU min", result.output)
+    assert "to register" not in result.output and len(load_results(study / "pilot1")) == 3
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--effect", "0.1", "--effect-sd", "1"], "error: --effect: give --effect (in the metric's units) or --effect-sd"),
+    (["--effect", "-0.1"], "error: --effect: -0.1: a true difference to plan for is a positive number"),
+    (["--out", "runs/tiny"], "error: --out: runs/tiny is the study's own folder"),
+    (["--pilot-seeds", "3"], "'--pilot-seeds': 3 is not in the range 1<=x<=2"),
+])
+def test_bad_arguments_are_one_line_before_anything_trains(study, args, message):
+    result = CliRunner().invoke(main, ["plan", "tiny.yaml", *args])
+    assert result.exit_code == 2 and message in result.output, result.output
+    assert "Traceback" not in result.output and not (study / "runs").exists()
+
+
+def test_a_study_without_expect_entries_has_nothing_to_plan(study):
+    (study / "bare.yaml").write_text(STUDY.split("expect:")[0])
+    result = CliRunner().invoke(main, ["plan", "bare.yaml"])
+    assert result.exit_code == 2 and not (study / "runs").exists()
+    assert result.output.strip() == ("error: bare.yaml: the study has no `expect:` entries, so there are no verdicts "
+                                     "to plan seeds for; `workbench validate` says what it runs")
