@@ -6,7 +6,7 @@ outcome with 80% power. The answer is not a formula of today's rule: `simulate` 
 normal per-seed values for every comparison of the study (Holm's family, all m of them) and
 decides them with the real decision functions, workbench.report.stats.verdicts for a fixed
 list of seeds and workbench.report.sequential.sequential_verdicts over the looks of adaptive
-seeds (`seed_looks`), so the plan follows the rule when the rule changes.
+seeds (`LOOKS.looks`), so the plan follows the rule when the rule changes.
 
 What is drawn. Per comparison and seed, both groups' values are normal with the pilot's group
 SD, and their difference has the pilot's SD of the paired per-seed differences (together they
@@ -36,7 +36,7 @@ import pandas as pd
 
 from workbench.report.intervals import UNBOUNDED
 from workbench.report.outcomes import Outcome
-from workbench.report.sequential import seed_looks, sequential_verdicts
+from workbench.report.sequential import LOOKS, sequential_verdicts
 from workbench.report.stats import MAX_PLANNED_SEEDS, POWER, Comparison, verdicts
 
 REPLICATIONS = 400
@@ -96,7 +96,7 @@ def simulate(planned: Sequence[Planned], seeds: int, first: int | None = None, g
     """Decide the family `replications` times on `seeds` seeds per group (adaptive seeds from
     `first` to `seeds` when `first` is given). `groups`: every group of the study, so that those
     in no comparison count with the seeds they run (`first`, or all of them)."""
-    looks = None if first is None else seed_looks(first, seeds)
+    looks = None if first is None else LOOKS.looks(first, seeds)
     m = len(planned)
     reached = np.zeros((replications, m), dtype=bool)
     spent = np.zeros((replications, m))

@@ -47,7 +47,7 @@ class Expectation(StrictModel):
 
 class SeedPlan(StrictModel):
     """`seeds: {first: 3, max: 20}`: every group runs `first` seeds; groups in comparisons
-    still undecided get more, in rounds, up to `max` (workbench.report.sequential.seed_looks)."""
+    still undecided get more, in rounds, up to `max` (workbench.report.sequential.LOOKS)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     first: int = Field(ge=2, description="seeds every group runs (seed ids 0 .. first-1)")
