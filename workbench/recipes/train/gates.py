@@ -4,6 +4,7 @@ failed, and the header's Learned lines (the Learned section is tables.learned)."
 
 from __future__ import annotations
 
+import functools
 import math
 from functools import cached_property
 from typing import Any
@@ -18,6 +19,7 @@ from workbench.report.variants import short_key, value_text
 from workbench.results import FAILURE_SHARE, KEPT, Status
 from workbench.study import RUN_MEASURES
 from workbench.study.sweep import resolve_point
+from workbench.tasks import Consumed
 from workbench.recipes.train.runs import TrainRuns, metric_direction, split_metric
 
 
@@ -46,24 +48,35 @@ class Gates:
 
     def baseline_levels(self, variant: str, length: int) -> dict[str, dict[str, float]]:
         """The task's baselines (name -> metric -> score, `Task.baselines`) for this variant's
-        family at one evaluation length, as the mean over the study's seeds (a held-out set
-        depends on the seed); {} when the task cannot be built here."""
+        family at one evaluation length, each the mean over the study's seeds (a held-out set
+        depends on the seed), or over the seeds whose runs it was fitted on (`Task.seen_baselines`);
+        {} when the task cannot be built here."""
         key = (variant, length)
         if key not in self._baselines:
             self._baselines[key] = {}
             point = self.resolved_points.get(variant)
             if point is not None:
                 spec = dict(point["task"])
+                consumed = self.consumed(variant, point["train"]["batch_size"])
                 try:
                     cls = get_variant("task", spec.pop("name"))
-                    levels = [cls(cls.Params.model_validate(spec), seed=seed).baselines(point["family"], length)
-                              for seed in self.study.seeds]
+                    task = functools.cache(lambda seed: cls(cls.Params.model_validate(spec), seed=seed))
+                    levels = [task(seed).baselines(point["family"], length) for seed in self.study.seeds]
+                    levels += [task(seed).seen_baselines(point["family"], length, c) for seed, c in consumed.items()]
                 except Exception:  # noqa: BLE001 - e.g. a task no longer installed, a corpus file gone
                     levels = []
-                if levels:
-                    self._baselines[key] = {name: {metric: float(np.mean([lv[name][metric] for lv in levels]))
-                                                for metric in scores} for name, scores in levels[0].items()}
+                for name in dict.fromkeys(name for lv in levels for name in lv):
+                    had = [lv[name] for lv in levels if name in lv]
+                    self._baselines[key][name] = {metric: float(np.mean([h[metric] for h in had])) for metric in had[0]}
         return self._baselines[key]
+
+    def consumed(self, variant: str, batch_size: int) -> dict[int, Consumed]:
+        """Per seed, the training tokens its kept run recorded (`train_tokens`): what it trained on."""
+        runs = self.runs.final_runs
+        if "train_tokens" not in runs:
+            return {}
+        mine = runs[(runs["variant"] == variant) & runs["status"].isin(KEPT) & runs["train_tokens"].notna()]
+        return {int(seed): Consumed(batch_size, int(tokens)) for seed, tokens in zip(mine["seed"], mine["train_tokens"])}
 
     def train_length(self, variant: str) -> int:
         """The variant's training length (a study may sweep task.train_length)."""
