@@ -67,9 +67,9 @@ class Spans:
 
     def inside(self, first: int, count: int, k: int) -> np.ndarray:
         """Whether each of the `count` k-grams starting at first, first + 1, ... lies in one span."""
-        at = np.arange(first, first + count)
         if not len(self.starts):
             return np.zeros(count, dtype=bool)
+        at = np.arange(first, first + count)
         span = np.searchsorted(self.starts, at, side="right") - 1  # the last span starting at or before
         return (span >= 0) & (at + k <= self.stops[np.maximum(span, 0)])
 
