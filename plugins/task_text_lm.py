@@ -26,18 +26,30 @@ for every seed); training windows start at random offsets.
 A tuning run (a study's `tune:`) never reads the validation text: it trains on the first
 1 - `valid_fraction` of the training text and is scored on the rest.
 
-Baselines (`baselines`, shown beside every group in a report's Learned section): the
-unigram (input-ignoring), and interpolated Witten-Bell n-gram models for n = 2, 3, 4
-(workbench.tasks.ngram), fitted on the training text only, at the tokenizer's granularity,
-and scored on exactly the evaluation windows in the same units. The learned gate measures
-against the 2-gram (`gate_baselines`): a bigram table is exactly what a transformer computes
-when no information moves between positions, the zero-layer transformer of Elhage et al.
-(2021, "A Mathematical Framework for Transformer Circuits"), and the stage training passes
-through before attention learns to use context (Bietti et al. 2023, "Birth of a
-Transformer: A Memory Viewpoint"). A model below the 2-gram has learned no more than
-statistics of one token; beating it means the model reads earlier tokens. The 3- and 4-gram
-are shown, not gated: how far past local statistics a model gets is the study's question,
-not a precondition for comparing two models.
+Baselines (shown beside every group in a report's Learned section): interpolated Witten-Bell
+n-gram models (workbench.tasks.ngram) at the tokenizer's granularity, scored on exactly the
+evaluation windows in the same units. `baselines`: the unigram (input-ignoring) and n = 2, 3, 4,
+fitted on the whole training text, as context. `seen_baselines`: "2-gram (seen)", fitted on the
+training text one run read, the learned gate's (`gate_baselines`).
+
+Why a 2-gram gates: a bigram table is exactly what a transformer computes when no information
+moves between positions, the zero-layer transformer of Elhage et al. (2021, "A Mathematical
+Framework for Transformer Circuits"), and the stage training passes through before attention
+learns to use context (Bietti et al. 2023, "Birth of a Transformer: A Memory Viewpoint"). A
+model below it has learned no more than statistics of one token; beating it means the model
+reads earlier tokens. The 3- and 4-gram are shown, not gated: how far past local statistics
+a model gets is the study's question, not a precondition for comparing two models.
+
+Why fitted on what the run read: language-model evaluation fits its n-gram baseline on the
+neural model's own training data (Bengio et al. 2003, "A Neural Probabilistic Language Model";
+the One Billion Word benchmark's Kneser-Ney 5-gram, Chelba et al. 2013), so the comparison asks
+which model got more out of the same text. We follow it, the data being what one run consumed:
+the first S x B windows of its seed's stream for S steps of B windows (`train_batch`; counted
+from the run's recorded `train_tokens`, so early stopping and budgets are included). A few CPU
+minutes read well under one pass over the split, and a table of the whole split would know text
+the model never saw. Each position the windows cover counts once (`ngram.covering`), as an
+n-gram is fitted on a corpus once however many epochs a network trains: a run that covered the
+split gets the whole split's 2-gram. Fitted per seed (each seed's stream is its own).
 
 Decoding metrics (claim E12: greedy decoding is stable but repetitive, sampling adds
 diversity), unless `decode_samples` is 0: at every evaluation, the first `decode_samples`
@@ -73,7 +85,9 @@ from pydantic import Field, field_validator, model_serializer
 from workbench import hookimpl
 from workbench.errors import SpecError, WorkbenchError, WorkbenchWarning
 from workbench.results import VALIDATION
-from workbench.tasks import INPUT_IGNORING, SPECIALS, Example, Task, TaskParams, declared
+from workbench.tasks import (INPUT_IGNORING, SPECIALS, TRAIN_STREAM, Consumed, Example, Task, TaskParams, declared,
+                             rng_for)
+from workbench.tasks.baselines import cached
 from workbench.tasks.corpus import (
     Document,
     Source,
@@ -83,7 +97,7 @@ from workbench.tasks.corpus import (
     names_anything,
 )
 from workbench.tasks.metrics import token_nll
-from workbench.tasks.ngram import WittenBell, fits
+from workbench.tasks.ngram import CHUNK, FIT_TOKENS, WittenBell, covering, fits
 from workbench.tasks.tokens import (
     ByteTokenizer,
     HFTokenizer,
@@ -104,9 +118,7 @@ VALID_FILES = ("copy.py", "pprint.py", "queue.py", "statistics.py", "tokenize.py
 
 
 NGRAM_ORDERS = (2, 3, 4)  # the n-gram baselines (n = 1 is the unigram, `chance`)
-BIGRAM = "2-gram"
-# Baseline scores per (corpus, split, length, n_eval), computed once per process.
-BASELINES: dict[tuple[str, str, int, int], dict[str, dict[str, float]]] = {}
+SEEN_BIGRAM = "2-gram (seen)"  # the 2-gram of the training text one run read: the gate's
 
 
 def stdlib_root() -> pathlib.Path:
@@ -194,6 +206,11 @@ LATER_FIELDS = ("text_field", "if_missing", "tokenizer", "vocab_size")
 FALLBACK_DROPS = ("path", "text_field", "tokenizer", "vocab_size")  # what the default corpus does not use
 
 
+def window_start(rng: np.random.Generator, text: np.ndarray, length: int) -> int:
+    """Where a window of `length` tokens drawn from `text` starts: anywhere it fits."""
+    return int(rng.integers(0, len(text) - length + 1))
+
+
 def ngrams(seq: Sequence[int], n: int) -> list[tuple[int, ...]]:
     return [tuple(seq[i: i + n]) for i in range(len(seq) - n + 1)]
 
@@ -219,7 +236,7 @@ class TextLM(Task):
     families = ("decoder",)
     metrics = declared("bpc", "bpc_tail", "perplexity", "distinct_2", "repetition_4")
     hold_out = False  # the split is by document (or by position in one file), not by example
-    gate_baselines = (INPUT_IGNORING, BIGRAM)  # why the 2-gram: the module docstring
+    gate_baselines = (SEEN_BIGRAM,)  # why this one: the module docstring
 
     def __init__(self, params: TextParams, plan_only: bool = False, **kw):
         super().__init__(params, **kw)
@@ -229,7 +246,8 @@ class TextLM(Task):
             root = stdlib_root()
             self.train_text, self.valid_text = read_files(root, TRAIN_FILES), read_files(root, VALID_FILES)
             self.tokenizer = ByteTokenizer()
-            self.corpus_key, names, ratios = f"stdlib:{root}", self.tokenizer.token_names(), (1.0, 1.0)
+            self.corpus_key = f"stdlib:{stdlib_texts().fingerprint}"  # the files' names, sizes and times
+            names, ratios = self.tokenizer.token_names(), (1.0, 1.0)
         elif (shards := self.shards(prepare_now=not plan_only)) is not None:
             self.train_text, self.valid_text = shards.tokens("train"), shards.tokens("val")
             self.tokenizer = shards.tokenizer()
@@ -348,7 +366,20 @@ class TextLM(Task):
     def example(self, rng, length, training):
         text = self.train_text if training else self.valid_text
         self._check_fits(text, length, "training" if training else "validation")
-        return self._window(text, int(rng.integers(0, len(text) - length + 1)), length)
+        return self._window(text, window_start(rng, text, length), length)
+
+    def consumed_starts(self, consumed: Consumed) -> np.ndarray:
+        """Where the training windows one run read start: the first tokens // train_length of its
+        stream, in order, batch i's drawn as `train_batch(i)` draws them."""
+        length = self.params.train_length
+        self._check_fits(self.train_text, length, "training")
+        windows = consumed.tokens // length
+        starts: list[int] = []
+        for index in range(-(-windows // consumed.batch_size)):
+            rng = rng_for(self.seed, TRAIN_STREAM, index)
+            starts += [window_start(rng, self.train_text, length)
+                       for _ in range(min(consumed.batch_size, windows - len(starts)))]
+        return np.array(starts, dtype=np.int64)
 
     def eval_starts(self, length: int) -> np.ndarray:
         """Where the evaluation windows start: `n_eval` offsets spread evenly over the validation text."""
@@ -413,16 +444,32 @@ class TextLM(Task):
         return self.baselines(family, length)[INPUT_IGNORING]
 
     def baselines(self, family, length):
-        """The unigram (`chance`) and the n-gram models of NGRAM_ORDERS (module docstring)."""
+        """The unigram (`chance`) and the n-grams of NGRAM_ORDERS of the whole training text (module docstring)."""
         self.check_family(family)
-        key = (self.corpus_key, self.split, length, self.params.n_eval)  # the windows are the same for every seed
-        if key not in BASELINES:  # a report builds the task once per seed
-            BASELINES[key] = self.score_baselines(length)
-        return BASELINES[key]
+        return cached((*self.baseline_key(length), NGRAM_ORDERS), lambda: self.split_baselines(length))
 
-    def score_baselines(self, length: int) -> dict[str, dict[str, float]]:
+    def seen_baselines(self, family, length, consumed):
+        """The 2-gram of the training text one run read (module docstring)."""
+        self.check_family(family)
+        p = self.params  # what it read: the seed's first tokens // train_length windows, in batches of batch_size
+        key = (*self.baseline_key(length), SEEN_BIGRAM, self.seed, p.train_length, consumed.batch_size,
+               consumed.tokens // p.train_length)
+        return cached(key, lambda: self.fit_seen(length, consumed))
+
+    def baseline_key(self, length: int) -> tuple:
+        """What every baseline at `length` depends on (each is computed once per key: `cached`): the
+        corpus and tokenizer, the split, the evaluation windows (the same for every seed), the fit's sampling."""
+        if not self.corpus_key:  # a planned task (`planned`): nothing tokenized to fit on
+            raise WorkbenchError("task text_lm: baselines need the tokenized corpus (workbench prepare)")
+        p = self.params
+        return ("text_lm", self.corpus_key, self.split, p.valid_fraction, length, p.n_eval, FIT_TOKENS, CHUNK)
+
+    def eval_windows(self, length: int) -> np.ndarray:  # [n_eval, length] of the tokenizer's ids
+        return np.stack([np.asarray(self.valid_text[s: s + length]) for s in self.eval_starts(length)])
+
+    def split_baselines(self, length: int) -> dict[str, dict[str, float]]:
         size = self.tokenizer.vocab_size  # the ids it can emit (a BPE's unused ids are not outcomes)
-        windows = np.stack([np.asarray(self.valid_text[s: s + length]) for s in self.eval_starts(length)])
+        windows = self.eval_windows(length)
         orders = [n for n in NGRAM_ORDERS if fits(size, n)]
         model = WittenBell(self.train_text, max(orders), size)  # the lower orders are its counts
         counts = np.zeros(size)
@@ -432,6 +479,11 @@ class TextLM(Task):
         for n in orders:
             out[f"{n}-gram"] = self.level(float(-model.log_probs(windows, n).mean()))
         return out
+
+    def fit_seen(self, length: int, consumed: Consumed) -> dict[str, dict[str, float]]:
+        spans = covering(self.consumed_starts(consumed), self.params.train_length)
+        model = WittenBell(self.train_text, 2, self.tokenizer.vocab_size, spans)
+        return {SEEN_BIGRAM: self.level(float(-model.log_probs(self.eval_windows(length)).mean()))}
 
     def level(self, loss: float) -> dict[str, float]:
         return {"loss": loss, "bpc": self.bits_per_byte(loss), "perplexity": math.exp(loss)}

@@ -15,6 +15,7 @@ from workbench.tasks.base import (
     FAMILIES,
     IGNORE,
     SPECIALS,
+    TRAIN_STREAM,
     Example,
     LengthRangeParams,
     Task,
@@ -25,12 +26,13 @@ from workbench.tasks.base import (
     real,
     rng_for,
 )
-from workbench.tasks.baselines import INPUT_IGNORING, ORDER_BLIND, PREFIX_AWARE, blind_scores
+from workbench.tasks.baselines import INPUT_IGNORING, ORDER_BLIND, PREFIX_AWARE, Consumed, blind_scores
 from workbench.tasks.metrics import METRICS, Tally, declared
 from workbench.tasks.symbols import SymbolParams, SymbolTask, symbol_names
 
 __all__ = [
-    "FAMILIES", "IGNORE", "INPUT_IGNORING", "METRICS", "ORDER_BLIND", "PREFIX_AWARE", "SPECIALS", "Example",
+    "FAMILIES", "IGNORE", "INPUT_IGNORING", "METRICS", "ORDER_BLIND", "PREFIX_AWARE", "SPECIALS", "TRAIN_STREAM",
+    "Consumed", "Example",
     "LengthRangeParams", "SymbolParams", "SymbolTask", "Tally", "Task", "TaskParams", "blind_scores", "declared",
     "draw_within", "length_window", "pad", "real", "rng_for", "symbol_names",
 ]

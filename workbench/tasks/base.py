@@ -42,7 +42,7 @@ from torch import Tensor
 from workbench.errors import SpecError, WorkbenchError
 # What a run evaluates on: the evaluation sets, or (a tuning run) the validation sets.
 from workbench.results import EVAL, VALIDATION, Metric
-from workbench.tasks.baselines import INPUT_IGNORING, counted_blind_scores
+from workbench.tasks.baselines import INPUT_IGNORING, Consumed, counted_blind_scores
 from workbench.tasks.metrics import EVERY_TASK, Tally, declared, token_nll
 from workbench.variants import Params, Variant
 
@@ -145,18 +145,15 @@ class Task(Variant):
     decoder_eos: ClassVar[bool] = True  # decoder: the target ends with a scored <eos>
     hold_out: ClassVar[bool] = True  # training skips examples whose source is in a held-out set
     gate_baselines: ClassVar[tuple[str, ...] | None] = None
-    """names of the baselines the learned gate measures against (the strongest of them); None: every
-    baseline; the others are shown beside each group but do not gate"""
+    """names of the baselines (`baselines`, `seen_baselines`) the learned gate measures against, the
+    strongest of them (None: every one); the others are shown beside each group but do not gate"""
 
     pad_id, bos_id, eos_id, sep_id = 0, 1, 2, 3
 
     def __init__(self, params: TaskParams, *, seed: int, data_dir: pathlib.Path | None = None, split: str = EVAL):
         if split not in (EVAL, VALIDATION):
             raise ValueError(f"split must be {EVAL!r} or {VALIDATION!r}, got {split!r}")
-        self.params = params
-        self.seed = int(seed)
-        self.data_dir = data_dir
-        self.split = split
+        self.params, self.seed, self.data_dir, self.split = params, int(seed), data_dir, split
         self.vocab: list[str] = list(SPECIALS)
         self._eval_cache: dict[int, list[Example]] = {}
         self._valid_cache: dict[int, list[Example]] = {}
@@ -277,8 +274,7 @@ class Task(Variant):
         if length not in self._valid_cache:
             taken = {ex.source for n in self.eval_lengths for ex in self.evaluation_set(n)} if self.hold_out else set()
             rng = rng_for(self.seed, VALID_STREAM, length)
-            examples: list[Example] = []
-            misses = 0
+            examples, misses = [], 0  # the set so far, and refusals in a row
             while len(examples) < self.params.n_eval:
                 ex = self.example(rng, length, training=False)
                 if ex.source not in taken:
@@ -442,6 +438,10 @@ class Task(Variant):
         answer's own teacher-forced prefix, or from the input's symbols without their order)
         adds those predictors here, computed exactly or by Monte Carlo from its generator."""
         return {INPUT_IGNORING: self.chance(family, length)}
+
+    def seen_baselines(self, family: str, length: int, consumed: Consumed) -> dict[str, dict[str, float]]:
+        """Baselines fitted on what one run trained on (`consumed`), shown beside `baselines`: none here."""
+        return {}
 
     def scored_targets(self, examples: Sequence[Example], family: str) -> list[list[int]]:
         """The target ids each example is scored on in `family`, in order (specials included)."""

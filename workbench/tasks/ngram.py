@@ -20,6 +20,10 @@ kept. Orders whose keys do not fit 64 bits (V^n > 2^64, e.g. n = 4 past 65,536 t
 not fitted. Past FIT_TOKENS training tokens the counts come from FIT_TOKENS tokens in chunks
 spread evenly over the stream (a deviation from fitting on everything, to keep a report's
 baselines cheap on a corpus of gigabytes; at that size a byte 4-gram's estimates no longer move).
+
+A model may be fitted on part of the stream only, given as `Spans` (disjoint [start, stop)
+ranges, e.g. the text a training run read, `covering`): only k-grams lying wholly inside one
+span are counted, as if the spans were separate documents.
 """
 
 from __future__ import annotations
@@ -54,13 +58,45 @@ def chunk_starts(n_tokens: int) -> list[int]:
     return [int(s) for s in np.linspace(0, n_tokens - CHUNK, FIT_TOKENS // CHUNK).astype(np.int64)]
 
 
-def count_grams(tokens: np.ndarray, k: int, vocab: int) -> tuple[np.ndarray, np.ndarray]:
+@dataclass(frozen=True)
+class Spans:
+    """Disjoint ranges [starts[i], stops[i]) of a token stream, sorted."""
+
+    starts: np.ndarray
+    stops: np.ndarray
+
+    def inside(self, first: int, count: int, k: int) -> np.ndarray:
+        """Whether each of the `count` k-grams starting at first, first + 1, ... lies in one span."""
+        if not len(self.starts):
+            return np.zeros(count, dtype=bool)
+        at = np.arange(first, first + count)
+        span = np.searchsorted(self.starts, at, side="right") - 1  # the last span starting at or before
+        return (span >= 0) & (at + k <= self.stops[np.maximum(span, 0)])
+
+
+def covering(starts: np.ndarray, length: int) -> Spans:
+    """The text that windows of `length` tokens starting at `starts` cover, as disjoint spans."""
+    starts = np.sort(np.asarray(starts, dtype=np.int64))
+    if not len(starts):
+        return Spans(starts, starts)
+    reach = np.maximum.accumulate(starts + length)  # the furthest token covered so far (exclusive)
+    new = np.ones(len(starts), dtype=bool)
+    new[1:] = starts[1:] > reach[:-1]  # a gap before this window: a span starts here
+    last = np.append(np.flatnonzero(new)[1:] - 1, len(starts) - 1)  # each span's last window
+    return Spans(starts[new], reach[last])
+
+
+def count_grams(tokens: np.ndarray, k: int, vocab: int, spans: Spans | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Sorted distinct k-gram keys of `tokens` (any integer array, or a TokenFile) and their
-    counts, each chunk's merged into the running set: memory is the distinct grams plus a chunk."""
+    counts, each chunk's merged into the running set: memory is the distinct grams plus a chunk.
+    With `spans`, only the grams inside them."""
     keys, counts = np.zeros(0, dtype=np.uint64), np.zeros(0, dtype=np.int64)
     for start in chunk_starts(len(tokens)):
         segment = np.asarray(tokens[start: start + CHUNK + k - 1])  # k - 1 of overlap: no gram is lost
-        unique, count = np.unique(gram_keys(segment, k, vocab), return_counts=True)
+        grams = gram_keys(segment, k, vocab)
+        if spans is not None:
+            grams = grams[spans.inside(start, len(grams), k)]
+        unique, count = np.unique(grams, return_counts=True)
         keys, inverse = np.unique(np.concatenate([keys, unique]), return_inverse=True)
         counts = np.bincount(inverse, weights=np.concatenate([counts, count]), minlength=len(keys)).astype(np.int64)
     return keys, counts
@@ -77,8 +113,8 @@ class Order:
     types: np.ndarray  # N1+(h .) per context
 
     @classmethod
-    def count(cls, tokens: np.ndarray, k: int, vocab: int) -> Order:
-        keys, counts = count_grams(tokens, k, vocab)
+    def count(cls, tokens: np.ndarray, k: int, vocab: int, spans: Spans | None = None) -> Order:
+        keys, counts = count_grams(tokens, k, vocab, spans)
         # Keys sort by context first, so each context's grams are contiguous.
         contexts, first, types = np.unique(keys // np.uint64(vocab), return_index=True, return_counts=True)
         totals = np.add.reduceat(counts, first) if len(keys) else counts
@@ -94,13 +130,14 @@ def lookup(sorted_keys: np.ndarray, values: np.ndarray, queries: np.ndarray) -> 
 
 
 class WittenBell:
-    """An interpolated Witten-Bell model of order `order` fitted on `tokens` (ids < `vocab`)."""
+    """An interpolated Witten-Bell model of order `order` fitted on `tokens` (ids < `vocab`), or
+    on the `spans` of them only."""
 
-    def __init__(self, tokens: np.ndarray, order: int, vocab: int):
+    def __init__(self, tokens: np.ndarray, order: int, vocab: int, spans: Spans | None = None):
         if not fits(vocab, order):
             raise ValueError(f"{order}-gram keys over {vocab} tokens do not fit 64 bits")
         self.order, self.vocab = order, vocab
-        self.levels = [Order.count(tokens, k, vocab) for k in range(1, order + 1)]
+        self.levels = [Order.count(tokens, k, vocab, spans) for k in range(1, order + 1)]
 
     def log_probs(self, windows: np.ndarray, order: int | None = None) -> np.ndarray:
         """ln P of each window's tokens after its first, each from the tokens before it inside

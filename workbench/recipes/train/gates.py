@@ -22,16 +22,23 @@ from workbench.results import FAILURE_SHARE, KEPT, Status
 from workbench.study import RUN_MEASURES
 from workbench.study.keys import canonical_json
 from workbench.study.sweep import resolve_point
+from workbench.tasks import Consumed
 from workbench.recipes.train.runs import TrainRuns, metric_direction, split_metric
+
+
+@functools.lru_cache(maxsize=16)
+def built_task(task: str, seed: int):
+    """The task section `task` (JSON) built for `seed`, once per process for the last few: the
+    runner asks for its baselines after every round of seeds, and a report per group."""
+    spec = json.loads(task)
+    cls = get_variant("task", spec.pop("name"))
+    return cls(cls.Params.model_validate(spec), seed=seed)
 
 
 @functools.lru_cache(maxsize=1024)
 def task_baselines(task: str, seed: int, family: str, length: int) -> dict[str, dict[str, float]]:
-    """`Task.baselines` of the task section `task` (JSON) built for `seed`: computed once per
-    process, since the runner asks after every round of seeds and a report asks per group."""
-    spec = json.loads(task)
-    cls = get_variant("task", spec.pop("name"))
-    return cls(cls.Params.model_validate(spec), seed=seed).baselines(family, length)
+    """`Task.baselines` of the task section `task` (JSON) built for `seed`, computed once per process."""
+    return built_task(task, seed).baselines(family, length)
 
 
 _SECTIONS: dict[tuple[str, str], dict[str, Any]] = {}
@@ -74,22 +81,34 @@ class Gates:
 
     def baseline_levels(self, variant: str, length: int) -> dict[str, dict[str, float]]:
         """The task's baselines (name -> metric -> score, `Task.baselines`) for this variant's
-        family at one evaluation length, as the mean over the study's seeds (a held-out set
-        depends on the seed); {} when the task cannot be built here."""
+        family at one evaluation length, each the mean over the study's seeds (a held-out set
+        depends on the seed), or over the seeds whose runs it was fitted on (`Task.seen_baselines`);
+        {} when the task cannot be built here."""
         key = (variant, length)
         if key not in self._baselines:
             self._baselines[key] = {}
             point = self.resolved_points.get(variant)
             if point is not None:
                 spec = json.dumps(point["task"], sort_keys=True, default=str)
+                consumed = self.consumed(variant, point["train"]["batch_size"])
                 try:
                     levels = [task_baselines(spec, seed, point["family"], length) for seed in self.study.seeds]
+                    levels += [built_task(spec, seed).seen_baselines(point["family"], length, c)
+                               for seed, c in consumed.items()]
                 except Exception:  # noqa: BLE001 - e.g. a task no longer installed, a corpus file gone
                     levels = []
-                if levels:
-                    self._baselines[key] = {name: {metric: float(np.mean([lv[name][metric] for lv in levels]))
-                                                for metric in scores} for name, scores in levels[0].items()}
+                for name in dict.fromkeys(name for lv in levels for name in lv):
+                    had = [lv[name] for lv in levels if name in lv]
+                    self._baselines[key][name] = {metric: float(np.mean([h[metric] for h in had])) for metric in had[0]}
         return self._baselines[key]
+
+    def consumed(self, variant: str, batch_size: int) -> dict[int, Consumed]:
+        """Per seed, the training tokens its kept run recorded (`train_tokens`): what it trained on."""
+        runs = self.runs.final_runs
+        if "train_tokens" not in runs:
+            return {}
+        mine = runs[(runs["variant"] == variant) & runs["status"].isin(KEPT) & runs["train_tokens"].notna()]
+        return {int(seed): Consumed(batch_size, int(tokens)) for seed, tokens in zip(mine["seed"], mine["train_tokens"])}
 
     def train_length(self, variant: str) -> int:
         """The variant's training length (a study may sweep task.train_length)."""

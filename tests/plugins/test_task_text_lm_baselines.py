@@ -1,0 +1,121 @@
+"""The text task's gate baseline: a 2-gram fitted on the training text the run read, found from
+the tokens it recorded, and fitted once per seed for the whole study."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from workbench.recipes.train.gates import Gates
+from workbench.recipes.train.runs import TrainRuns
+from workbench.report import write_report
+from workbench.run.runner import run_study
+from workbench.run.store import load_results
+from workbench.study import TrainStudy
+from workbench.tasks import Consumed
+from workbench.tasks.ngram import covering
+from workbench_plugins.task_text_lm import SEEN_BIGRAM, TextLM, TextParams
+
+WORDS = "the cat sat on a mat while one dog ran far away from every red car".split()
+
+
+@pytest.fixture
+def corpus(tmp_path):
+    """About 27,000 bytes of words with local structure: 16-byte windows cover it only after many steps."""
+    rng = np.random.default_rng(1)
+    path = tmp_path / "prose.txt"
+    path.write_text("\n".join(" ".join(WORDS[i] for i in rng.integers(0, len(WORDS), 12)) + "." for _ in range(500)))
+    return path
+
+
+def text(corpus, seed=0, **params) -> TextLM:
+    return TextLM(TextParams(**{"path": str(corpus), "train_length": 16, "n_eval": 16, "decode_samples": 0,
+                                **params}), seed=seed)
+
+
+def test_the_windows_a_run_read_are_the_ones_its_batches_hold(corpus):
+    task = text(corpus, seed=5)
+    consumed = Consumed(batch_size=4, tokens=(3 * 4 + 2) * 16)  # 3 whole steps and a budget's 2 sequences
+    starts = task.consumed_starts(consumed)
+    batches = torch.cat([task.train_batch(i, 4, "decoder")["tokens"] for i in range(4)])[:14]
+    windows = np.stack([np.asarray(task.train_text[s: s + 16]).astype(np.int64) + task.first_token for s in starts])
+    assert len(starts) == 14 and np.array_equal(windows, batches.numpy())
+    assert not np.array_equal(text(corpus, seed=6).consumed_starts(consumed), starts)  # each seed its own stream
+
+
+def test_the_seen_bigram_knows_only_what_the_run_read(corpus):
+    task = text(corpus)
+    whole = task.baselines("decoder", 16)
+    assert SEEN_BIGRAM not in whole and TextLM.gate_baselines == (SEEN_BIGRAM,)
+    split = len(task.train_text)
+    few, all_of_it = Consumed(4, 20 * 4 * 16), Consumed(4, 50_000 * 4 * 16)
+    assert covering(task.consumed_starts(few), 16).stops.max() > split / 2  # spread over the split, not its head
+    seen_few = task.seen_baselines("decoder", 16, few)[SEEN_BIGRAM]
+    seen_all = task.seen_baselines("decoder", 16, all_of_it)[SEEN_BIGRAM]
+    spans = covering(task.consumed_starts(all_of_it), 16)
+    assert (spans.stops - spans.starts).sum() == split  # 138 passes: every position read, the ends too
+    # a run that read every position gets the whole split's 2-gram (its repeats count once)
+    assert seen_all["bpc"] == pytest.approx(whole["2-gram"]["bpc"])
+    # one that read a fraction gets a weaker table: more bits to beat
+    assert seen_few["bpc"] > whole["2-gram"]["bpc"] + 0.05
+
+
+def study_file(corpus, **train) -> dict:
+    return {
+        "name": "seen", "task": {"name": "text_lm", "path": str(corpus), "train_length": 16, "n_eval": 16,
+                                 "decode_samples": 0},
+        "model": {"family": "decoder", "d_model": 16, "n_layers": 1, "n_heads": 2},
+        "train": {"batch_size": 4, **train}, "seeds": [0, 1], "sweep": {"model.position": ["none", "rope"]},
+        "expect": [{"metric": "bpc@16", "better": "rope", "than": "none"}]}
+
+
+def study(corpus, **train) -> TrainStudy:
+    return TrainStudy.model_validate(study_file(corpus, **train))
+
+
+def test_each_group_is_gated_on_the_text_its_own_runs_read_fitted_once_per_seed(corpus, monkeypatch):
+    fits, original = [], TextLM.fit_seen
+
+    def counted(self, length, consumed):
+        fits.append((self.seed, consumed.tokens))
+        return original(self, length, consumed)
+    monkeypatch.setattr(TextLM, "fit_seen", counted)
+    tokens = {"none": 30 * 4 * 16, "rope": 60 * 4 * 16}  # e.g. a FLOP budget buys more steps of a cheaper model
+    runs = pd.DataFrame([{"run_id": f"{p}{s}", "index": i, "seed": s, "model.position": p, "status": "finished",
+                          "bpc@16": 3.0, "loss@16": 2.0, "train_tokens": tokens[p]}
+                         for i, (p, s) in enumerate([("none", 0), ("none", 1), ("rope", 0), ("rope", 1)])])
+    gates = Gates(TrainRuns(study(corpus, steps=60), runs))
+    none, rope = gates.learned("position=none", "bpc"), gates.learned("position=rope", "bpc")
+    for gate, group in ((none, "none"), (rope, "rope")):
+        levels = [text(corpus, seed).seen_baselines("decoder", 16, Consumed(4, tokens[group]))[SEEN_BIGRAM]["bpc"]
+                  for seed in (0, 1)]
+        assert gate.baseline == SEEN_BIGRAM and gate.chance == pytest.approx(np.mean(levels))
+        assert {"input-ignoring", "2-gram", "3-gram", "4-gram", SEEN_BIGRAM} == set(dict(gate.baselines))
+    assert none.chance > rope.chance > dict(rope.baselines)["2-gram"]  # read less: an easier bar
+    assert sorted(fits) == sorted((seed, t) for seed in (0, 1) for t in tokens.values())  # per seed and count
+    Gates(TrainRuns(study(corpus, steps=60), runs)).learned("position=rope", "bpc")  # a report built again
+    assert len(fits) == 4  # read back, not fitted again
+    unrecorded = Gates(TrainRuns(study(corpus, steps=60), runs.drop(columns="train_tokens")))
+    assert unrecorded.learned("position=rope", "bpc").text == "position=rope: no chance level of bpc@16"
+
+
+def test_a_budgeted_study_is_gated_on_the_tokens_its_runs_recorded(corpus, tmp_path):
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:  # 3 steps of 4 windows of 16 tokens, then the 2 sequences the last 24 tokens pay for (rounded)
+        (tmp_path / "seen.yaml").write_text(json.dumps(study_file(corpus, budget={"tokens": 3 * 64 + 24})))
+        run_study(tmp_path / "seen.yaml", tmp_path / "out", quiet=True)
+    finally:
+        torch.set_num_threads(threads)
+    summary = json.loads((write_report(tmp_path / "out", tmp_path / "reports", pictures=False).parent
+                          / "summary.json").read_text())
+    assert set(load_results(tmp_path / "out")["train_tokens"]) == {14 * 16}
+    (verdict,) = summary["verdicts"]
+    seen = np.mean([text(corpus, seed).seen_baselines("decoder", 16, Consumed(4, 14 * 16))[SEEN_BIGRAM]["bpc"]
+                    for seed in (0, 1)])
+    assert {g["baseline"] for g in verdict["learned"]} == {SEEN_BIGRAM}
+    assert all(g["chance"] == pytest.approx(seen) for g in verdict["learned"])
