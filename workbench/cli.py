@@ -345,21 +345,57 @@ def eval_command(run_dir: str, lengths: str, batch_size: int | None, as_json: bo
               help="hf: a Hugging Face transformers folder (save_pretrained)")
 def export_command(run_dir: str, out: str, target: str) -> None:
     """Write the saved model of a finished run (RUN_DIR) to OUT in another library's format. The
-    run's spec must map to a reference architecture (GPT-2, Llama, Mistral, BLOOM, BERT, BART,
-    T5; docs/hf.md); otherwise the first field that does not map is named, before anything is
-    written. OUT holds save_pretrained's config.json and safetensors weights, no tokenizer (a
-    task's token ids are its own)."""
-    from workbench.model.hf import architecture_for, to_hf
-    from workbench.model.weights import load_final_model
+    run's spec must map to a reference architecture (GPT-2, Llama, Mistral, BLOOM, GPT-NeoX, BERT,
+    BART, T5; docs/hf.md); otherwise the first field that does not map is named, before anything
+    is written. OUT holds save_pretrained's config.json and safetensors weights and, for a text
+    task, its tokenizer in the model's ids (tokenizer.json: model id = tokenizer id + 4, after
+    <pad> <bos> <eos> <sep>)."""
+    from workbench.model.hf import architecture_for, import_transformers, to_hf
+    from workbench.model.weights import load_final_model, make_task
+    from workbench.tasks.model_tokenizer import TextTokens, transformers_tokenizer
 
     try:
-        model, _ = load_final_model(run_dir)
+        model, config = load_final_model(run_dir)
     except FileNotFoundError:
         raise WorkbenchError(f"{run_dir}: no final weights (a finished run folder: runs/<study>/runs/<run id>/)") from None
     arch = architecture_for(model.spec)
+    task = make_task(config)
+    tokenizer = transformers_tokenizer(task.model_tokenizer()) if isinstance(task, TextTokens) else None
+    import_transformers().utils.logging.disable_progress_bar()  # its writing bar is noise in a command's output
     to_hf(model).save_pretrained(out)
-    click.echo(f"{out}: {arch.hf_class} ({arch.model_type}); load it with "
-               f"transformers.{arch.auto_class}.from_pretrained({out!r})")
+    if tokenizer is not None:
+        tokenizer.save_pretrained(out)
+    loads = f"AutoTokenizer and {arch.auto_class}" if tokenizer is not None else arch.auto_class
+    click.echo(f"{out}: {arch.hf_class} ({arch.model_type}){' and its tokenizer' if tokenizer else ''}; load it with "
+               f"transformers.{loads}.from_pretrained({out!r})")
+
+
+@main.command("generate")
+@click.argument("folder")
+@click.argument("prompt")
+@click.option("--max-new-tokens", default=32, show_default=True, type=click.IntRange(min=1),
+              help="tokens written after the prompt (fewer when the model writes <eos>)")
+@click.option("--strategy", type=click.Choice(["greedy", "sample"]), default="greedy", show_default=True,
+              help="greedy: the most likely token; sample: drawn from the distribution")
+@click.option("--temperature", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="sample: logits divided by it (< 1 sharper, > 1 flatter; default 1)")
+@click.option("--top-k", type=click.IntRange(min=1), default=None, help="sample: only the k most likely tokens")
+@click.option("--top-p", type=click.FloatRange(min=0, max=1, min_open=True), default=None,
+              help="sample: only the smallest set of tokens reaching this probability (nucleus)")
+@click.option("--seed", default=0, show_default=True, help="sample: seed of the draws")
+@click.option("--json", "as_json", is_flag=True, help="also the prompt's and the new token ids, as JSON")
+def generate_command(folder: str, prompt: str, max_new_tokens: int, strategy: str, temperature: float | None,
+                     top_k: int | None, top_p: float | None, seed: int, as_json: bool) -> None:
+    """Continue PROMPT with the language model of FOLDER: a finished run of the text_lm task
+    (runs/<study>/runs/<run id>/) or its export (`workbench export --to hf`). Prints the prompt
+    and its continuation, special tokens left out."""
+    from workbench.run.generation import decoding, generate
+
+    written = generate(folder, prompt, decoding(max_new_tokens, strategy, temperature, top_k, top_p), seed)
+    if as_json:
+        click.echo(json.dumps({"text": written.text, "prompt_ids": written.prompt_ids, "new_ids": written.new_ids}))
+    else:
+        click.echo(written.text)
 
 
 @main.command("report")
