@@ -50,7 +50,8 @@ def test_a_named_tokenizer_keeps_its_own_specials_and_adds_nothing_around_a_prom
     base.train_from_iterator([CORPUS.decode()], trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>"],
                                                                     show_progress=False))
     end = base.token_to_id("<|endoftext|>")
-    base.post_processor = processors.TemplateProcessing(single="<|endoftext|> $A", special_tokens=[("<|endoftext|>", end)])
+    base.post_processor = processors.TemplateProcessing(single="<|endoftext|> $A",
+                                                        special_tokens=[("<|endoftext|>", end)])
     tok = model_tokenizer(HFTokenizer(base))
     assert tok.token_to_id("<|endoftext|>") == end + 4
     assert tok.encode(TEXT).ids == [i + 4 for i in base.encode(TEXT, add_special_tokens=False).ids]

@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from workbench.errors import SpecError, WorkbenchError
+from workbench.model.hf import from_hf, import_transformers
 from workbench.model.position import PositionLimitError
 from workbench.model.sampling import GenerationConfig
 from workbench.model.transformer import DecoderModel
@@ -89,8 +90,6 @@ def run_language_model(folder: Path) -> LanguageModel:
 
 
 def exported_language_model(folder: Path) -> LanguageModel:
-    from workbench.model.hf import from_hf, import_transformers
-
     for path in folder.iterdir():
         if path.suffix in EXPORT_FILES:
             check_regular(path)  # a link or FIFO is refused before transformers opens it

@@ -24,6 +24,7 @@ import json
 from typing import Protocol, runtime_checkable
 
 from workbench.errors import SpecError
+from workbench.model.hf_architecture import import_transformers
 from workbench.tasks.base import SPECIALS
 from workbench.tasks.tokens import ByteTokenizer, HFTokenizer
 
@@ -106,8 +107,6 @@ def model_tokenizer(tokenizer: ByteTokenizer | HFTokenizer):
 def transformers_tokenizer(tokenizer):
     """A tokenizer in model ids (`model_tokenizer`) as transformers' fast tokenizer, with its
     special tokens in their roles (`save_pretrained` writes tokenizer.json and its config)."""
-    from workbench.model.hf_architecture import import_transformers
-
     transformers = import_transformers()
     roles = {role: tokenizer.id_to_token(i) for i, role in enumerate(ROLES)}
     # no clean-up of spaces before punctuation: decoding gives back exactly the text's bytes
