@@ -14,7 +14,7 @@ pipeline returns (`return_full_text`) for the same tokens.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -123,7 +123,7 @@ def continue_text(lm: LanguageModel, prompt: str, settings: GenerationConfig, se
     ids = lm.tokenizer.encode(prompt).ids
     if not ids:
         raise WorkbenchError(f"PROMPT: {prompt!r} is no tokens to the model's tokenizer; give text to continue")
-    settings = GenerationConfig(**{**asdict(settings), "eos_id": lm.eos_id, "pad_id": lm.pad_id})
+    settings = replace(settings, eos_id=lm.eos_id, pad_id=lm.pad_id)
     try:
         out = lm.model.generate(torch.tensor([ids]), **asdict(settings), generator=torch.Generator().manual_seed(seed))
     except PositionLimitError as err:
