@@ -72,19 +72,19 @@ def special_names(taken) -> list[str]:
 def shifted(content: dict) -> dict:
     """A `tokenizers` file's content with its vocabulary moved past SPECIALS, which take ids 0..3."""
     model = dict(content["model"])
-    vocab = model["vocab"]
+    vocab, added = model["vocab"], content.get("added_tokens") or []
     n = len(SPECIALS)
+    pieces = vocab if isinstance(vocab, dict) else [piece for piece, _ in vocab]
+    names = special_names({*pieces, *(token["content"] for token in added)})
     if isinstance(vocab, dict):  # BPE, WordPiece, WordLevel: token -> id
-        names = special_names(vocab)
         model["vocab"] = {**{name: i for i, name in enumerate(names)}, **{t: i + n for t, i in vocab.items()}}
     else:  # Unigram: [token, score] by id; the specials are only ever matched as added tokens
-        names = special_names({piece for piece, _ in vocab})
         model["vocab"] = [[name, 0.0] for name in names] + vocab
         if model.get("unk_id") is not None:
             model["unk_id"] += n
     specials = [{"id": i, "content": name, "single_word": False, "lstrip": False, "rstrip": False,
                  "normalized": False, "special": True} for i, name in enumerate(names)]
-    theirs = [{**token, "id": token["id"] + n} for token in content.get("added_tokens") or []]
+    theirs = [{**token, "id": token["id"] + n} for token in added]
     processor = content.get("post_processor")
     keep = processor is not None and processor.get("type") == "ByteLevel"
     return {**content, "model": model, "added_tokens": specials + theirs, "truncation": None, "padding": None,
