@@ -97,6 +97,7 @@ from workbench.tasks.corpus import (
     names_anything,
 )
 from workbench.tasks.metrics import token_nll
+from workbench.tasks.model_tokenizer import model_tokenizer
 from workbench.tasks.ngram import CHUNK, FIT_TOKENS, WittenBell, covering, fits
 from workbench.tasks.tokens import (
     ByteTokenizer,
@@ -355,6 +356,11 @@ class TextLM(Task):
 
     def words_text(self, words: Sequence[str]) -> str:
         return self.tokenizer.decode([self.token_id[w] - self.first_token for w in words])
+
+    def model_tokenizer(self):
+        """The tokenizer in the model's ids, which `workbench generate` reads prompts with and
+        `workbench export` writes (workbench.tasks.model_tokenizer)."""
+        return model_tokenizer(self.tokenizer)
 
     def _window(self, text: np.ndarray, start: int, length: int) -> Example:
         return Example((), tuple((np.asarray(text[start: start + length]).astype(np.int64) + self.first_token).tolist()))

@@ -14,7 +14,6 @@ if OWN_PROCESS:  # `python -m workbench.cli`: the stop handler before the heavy 
 
 import json
 import os
-import re
 import sys
 import warnings
 from pathlib import Path
@@ -26,6 +25,7 @@ from rich.table import Table
 
 from workbench.errors import SpecError, WorkbenchError, WorkbenchWarning
 from workbench.registry import NOUN_OF_AXIS, distribution_of, variants
+from workbench.study.keys import hydra_hint
 from workbench.variants import AXES
 
 
@@ -33,24 +33,6 @@ class RunsIncomplete(WorkbenchError):
     """Some runs of a sweep did not finish: their report is written, the exit status says so."""
 
     exit_code = 3
-
-
-HYDRA_STYLE = re.compile(r"^(?P<key>(?:task|model|train|sweep|seeds)(?:\.[\w.]+)?)=(?P<value>.*)$")
-
-
-def hydra_hint(args: list[str]) -> str:
-    """For `train.steps=5` (Hydra's habit) among the arguments: the workbench's own form,
-    `--set train.steps=5`; `sweep.k=a,b` becomes `--set 'sweep.k=[a, b]'`. Empty otherwise."""
-    for arg in args:
-        match = HYDRA_STYLE.match(arg)
-        if match is None:
-            continue
-        key, value = match["key"], match["value"]
-        if key.startswith("sweep.") and "," in value and not value.startswith("["):
-            return f"; did you mean `--set '{key}=[{', '.join(v.strip() for v in value.split(','))}]'`?"
-        quoted = f"'{arg}'" if any(c in arg for c in " {}[],*") else arg
-        return f"; did you mean `--set {quoted}`?"
-    return ""
 
 
 class WorkbenchGroup(click.Group):
@@ -379,21 +361,41 @@ def eval_command(run_dir: str, lengths: str, batch_size: int | None, as_json: bo
               help="hf: a Hugging Face transformers folder (save_pretrained)")
 def export_command(run_dir: str, out: str, target: str) -> None:
     """Write the saved model of a finished run (RUN_DIR) to OUT in another library's format. The
-    run's spec must map to a reference architecture (GPT-2, Llama, Mistral, BLOOM, BERT, BART,
-    T5; docs/hf.md); otherwise the first field that does not map is named, before anything is
-    written. OUT holds save_pretrained's config.json and safetensors weights, no tokenizer (a
-    task's token ids are its own)."""
-    from workbench.model.hf import architecture_for, to_hf
-    from workbench.model.weights import load_final_model
+    run's spec must map to a reference architecture (GPT-2, Llama, Mistral, BLOOM, GPT-NeoX, BERT,
+    BART, T5; docs/hf.md); otherwise the first field that does not map is named, before anything
+    is written. OUT holds save_pretrained's config.json and safetensors weights and, for a text
+    task, its tokenizer in the model's ids (workbench.run.export)."""
+    from workbench.run.export import export_hf
 
-    try:
-        model, _ = load_final_model(run_dir)
-    except FileNotFoundError:
-        raise WorkbenchError(f"{run_dir}: no final weights (a finished run folder: runs/<study>/runs/<run id>/)") from None
-    arch = architecture_for(model.spec)
-    to_hf(model).save_pretrained(out)
-    click.echo(f"{out}: {arch.hf_class} ({arch.model_type}); load it with "
-               f"transformers.{arch.auto_class}.from_pretrained({out!r})")
+    click.echo(export_hf(run_dir, out))
+
+
+@main.command("generate")
+@click.argument("folder")
+@click.argument("prompt")
+@click.option("--max-new-tokens", default=32, show_default=True, type=click.IntRange(min=1),
+              help="tokens written after the prompt (fewer when the model writes <eos>)")
+@click.option("--strategy", type=click.Choice(["greedy", "sample"]), default="greedy", show_default=True,
+              help="greedy: the most likely token; sample: drawn from the distribution")
+@click.option("--temperature", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="sample: logits divided by it (< 1 sharper, > 1 flatter; default 1)")
+@click.option("--top-k", type=click.IntRange(min=1), default=None, help="sample: only the k most likely tokens")
+@click.option("--top-p", type=click.FloatRange(min=0, max=1, min_open=True), default=None,
+              help="sample: only the smallest set of tokens reaching this probability (nucleus)")
+@click.option("--seed", default=0, show_default=True, help="sample: seed of the draws")
+@click.option("--json", "as_json", is_flag=True, help="also the prompt's and the new token ids, as JSON")
+def generate_command(folder: str, prompt: str, max_new_tokens: int, strategy: str, temperature: float | None,
+                     top_k: int | None, top_p: float | None, seed: int, as_json: bool) -> None:
+    """Continue PROMPT with the language model of FOLDER: a finished run of the text_lm task
+    (runs/<study>/runs/<run id>/) or its export (`workbench export --to hf`). Prints the prompt
+    and its continuation, special tokens left out."""
+    from workbench.run.generation import decoding, generate
+
+    written = generate(folder, prompt, decoding(max_new_tokens, strategy, temperature, top_k, top_p), seed)
+    if as_json:
+        click.echo(json.dumps({"text": written.text, "prompt_ids": written.prompt_ids, "new_ids": written.new_ids}))
+    else:
+        click.echo(written.text)
 
 
 @main.command("report")

@@ -12,8 +12,10 @@ transformers = pytest.importorskip("transformers")
 
 from workbench.errors import SpecError  # noqa: E402
 from workbench.model import hf  # noqa: E402
+from workbench.model.hf_decoders import rope_pairing  # noqa: E402
 from workbench.model.spec import parse_spec  # noqa: E402
-from workbench.model.transformer import EncoderDecoderModel  # noqa: E402
+from workbench.model.transformer import EncoderDecoderModel, build_model  # noqa: E402
+from workbench.tasks import SPECIALS  # noqa: E402
 
 V, D, L, N_NEW = 96, 32, 2, 20  # vocabulary, width, layers, tokens decoded
 TOLERANCE = 1e-4
@@ -29,6 +31,10 @@ CONFIGS = {
                     num_key_value_heads=1, head_dim=16, sliding_window=5, rms_norm_eps=1e-5,
                     tie_word_embeddings=False, bos_token_id=1, eos_token_id=2),
     "bloom": dict(vocab_size=V, hidden_size=48, n_layer=L, n_head=6, bos_token_id=1, eos_token_id=2),
+    "gpt_neox": dict(vocab_size=V, hidden_size=D, intermediate_size=64, num_hidden_layers=L, num_attention_heads=4,
+                     use_parallel_residual=False, hidden_act="gelu_new", tie_word_embeddings=False,
+                     rope_parameters={"rope_type": "default", "rope_theta": 500.0, "partial_rotary_factor": 1.0},
+                     bos_token_id=1, eos_token_id=2),
     "bert": dict(vocab_size=V, hidden_size=D, num_hidden_layers=L, num_attention_heads=4, intermediate_size=64,
                  max_position_embeddings=64, type_vocab_size=2, pad_token_id=0),
     "bart": dict(vocab_size=V, d_model=D, encoder_layers=L, decoder_layers=L, encoder_attention_heads=4,
@@ -125,7 +131,7 @@ def test_t5_buckets_are_hf_transformers_buckets():
 
 
 def test_rope_pairing_permutation_is_a_permutation_of_each_head():
-    order = hf.rope_pairing(3, 8)
+    order = rope_pairing(3, 8)
     assert sorted(order.tolist()) == list(range(24))
     assert order[:8].tolist() == [0, 4, 1, 5, 2, 6, 3, 7]  # ours[2j] = theirs[j], ours[2j+1] = theirs[j + 4]
 
@@ -133,7 +139,9 @@ def test_rope_pairing_permutation_is_a_permutation_of_each_head():
 @pytest.mark.parametrize(("change", "field"), [
     ({"position": "sinusoidal"}, "model.position"),
     ({"position": {"name": "learned", "max_len": 64}, "norm": "post"}, "model.norm.name"),
-    ({"position": "rope", "ffn": "gelu"}, "model.norm.type"),
+    ({"position": "rope", "attention": {"name": "sliding_window", "window": 4}}, "model.norm.type"),
+    ({"position": "rope", "ffn": "swiglu"}, "model.ffn.name"),  # GPT-NeoX: RoPE with LayerNorm
+    ({"position": "rope", "n_kv_heads": 2}, "model.n_kv_heads"),
     ({"position": "rope", "norm": {"name": "pre", "type": "rmsnorm"}, "ffn": "swiglu", "tie_qk": True}, "model.tie_qk"),
     ({"position": "alibi", "ffn": "gelu", "bias": True, "embedding_norm": "layernorm"}, "model.ffn.approximate"),
 ])
@@ -142,3 +150,53 @@ def test_a_spec_that_does_not_map_names_its_first_field(change, field):
     with pytest.raises(SpecError) as err:
         hf.architecture_for(spec)
     assert str(err.value).startswith(field)
+
+
+def test_the_default_decoder_is_gpt_neox_without_parallel_residual(tmp_path):
+    """RoPE + LayerNorm, pre-norm, GELU, no biases, tied (ModelSpec's defaults): GPT-NeoX with
+    `use_parallel_residual` off, its MLP biases (which GPT-NeoX always has) exported as zeros."""
+    torch.manual_seed(0)
+    ours = build_model({"family": "decoder", "vocab_size": V, "d_model": D, "n_heads": 4, "n_layers": L}).double()
+    with torch.no_grad():  # weights large enough that the logits spread over several units
+        for p in ours.parameters():
+            p.add_(torch.randn_like(p) * (0.3 if p.dim() >= 2 else 0.1))
+    assert hf.architecture_for(ours.spec).model_type == "gpt_neox"
+    theirs = hf.to_hf(ours)
+    assert type(theirs).__name__ == "GPTNeoXForCausalLM" and theirs.config.use_parallel_residual is False
+    src = tokens(2, 12, seed=1)
+    mine, their = logits_pair(theirs, ours, src, None)
+    assert mine.std() > 1.0 and (mine - their).abs().max() < TOLERANCE
+    their, mine = greedy_pair(theirs, ours, src[:, :6])
+    assert their.tolist() == mine.tolist()
+
+    theirs.save_pretrained(tmp_path)
+    back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float64).eval()
+    assert (logits_pair(back, ours, src, None)[0] - ours(src)).abs().max() < TOLERANCE
+    again = hf.from_hf(back)  # and home again: no biases, tied, the same logits
+    assert (again.spec.bias, again.spec.tie_embeddings, again.spec.norm.params.type) == (False, True, "layernorm")
+    with torch.no_grad():
+        assert (again(src) - ours(src)).abs().max() < TOLERANCE
+    with torch.no_grad():
+        back.gpt_neox.layers[1].mlp.dense_4h_to_h.bias.add_(0.5)  # a bias the workbench's model has no room for
+    with pytest.raises(SpecError, match="gpt_neox.layers.1.mlp.dense_4h_to_h.bias"):
+        hf.from_hf(back)
+
+
+@pytest.mark.parametrize(("change", "field"), [
+    ({"use_parallel_residual": True}, "use_parallel_residual"),
+    ({"rope_parameters": {"rope_type": "default", "rope_theta": 500.0, "partial_rotary_factor": 0.25}},
+     "rope_parameters"),
+    ({"hidden_act": "silu"}, "hidden_act"),
+])
+def test_a_gpt_neox_the_workbench_cannot_compute_is_refused_by_field(change, field):
+    with pytest.raises(SpecError) as err:
+        hf.from_hf(reference("gpt_neox", **change))
+    assert str(err.value).startswith(field)
+
+
+def test_every_export_declares_special_ids_inside_its_vocabulary():
+    """pad 0, bos 1, eos 2: the tasks' <pad>, <bos>, <eos> (GPT-2's own 50256 would lie outside)."""
+    for model_type in CONFIGS:
+        config = hf.to_hf(hf.from_hf(reference(model_type))).config
+        ids = (config.pad_token_id, config.bos_token_id, config.eos_token_id)
+        assert ids == (SPECIALS.index("<pad>"), SPECIALS.index("<bos>"), SPECIALS.index("<eos>")), model_type

@@ -71,6 +71,8 @@ class Variants:
         """The variant label of every run (row)."""
         if runs.empty:
             return pd.Series([], dtype=str, index=runs.index)
+        if not self.keys:
+            return pd.Series(self.label(()), index=runs.index, dtype=object)
         texts = list(zip(*(value_texts(runs[k]) for k in self.keys)))
         labels = {point: self.label(point) for point in set(texts)}
         return pd.Series([labels[point] for point in texts], index=runs.index, dtype=object)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -56,3 +57,21 @@ def canonical_json(value: Any) -> str:
 
 def digest(value: Any, n: int = 12) -> str:
     return hashlib.sha256(canonical_json(value).encode()).hexdigest()[:n]
+
+
+HYDRA_STYLE = re.compile(r"^(?P<key>(?:task|model|train|sweep|seeds)(?:\.[\w.]+)?)=(?P<value>.*)$")
+
+
+def hydra_hint(args: list[str]) -> str:
+    """For `train.steps=5` (Hydra's habit) among the arguments: the workbench's own form,
+    `--set train.steps=5`; `sweep.k=a,b` becomes `--set 'sweep.k=[a, b]'`. Empty otherwise."""
+    for arg in args:
+        match = HYDRA_STYLE.match(arg)
+        if match is None:
+            continue
+        key, value = match["key"], match["value"]
+        if key.startswith("sweep.") and "," in value and not value.startswith("["):
+            return f"; did you mean `--set '{key}=[{', '.join(v.strip() for v in value.split(','))}]'`?"
+        quoted = f"'{arg}'" if any(c in arg for c in " {}[],*") else arg
+        return f"; did you mean `--set {quoted}`?"
+    return ""

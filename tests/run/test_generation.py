@@ -1,0 +1,147 @@
+"""`workbench generate` and exports that generate on their own: a small text_lm study trained
+for a few steps (bytes and a BPE), exported, and continued by a new Python process that imports
+only transformers; its tokens and text equal `workbench generate` on the run and on the export.
+Then the refusals: a folder that holds no model, an empty prompt, a run that is not a language
+model, an export without its tokenizer, a sampling option with greedy decoding."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+transformers = pytest.importorskip("transformers")
+
+from workbench.cli import main  # noqa: E402
+from workbench.model.transformer import build_model  # noqa: E402
+from workbench.model.weights import load_final_model, save_final_weights  # noqa: E402
+
+PROMPT = "def parse_args(self, "
+N_NEW = 20
+STUDY = """\
+name: tiny-lm
+task: {name: text_lm, path: corpus.txt, train_length: 32, n_eval: 4, decode_samples: 0, vocab_size: 300}
+model: {family: decoder, d_model: 32, n_layers: 2, n_heads: 4}
+train: {steps: 20, batch_size: 8, lr: 3.0e-3, log_every: 10, eval_every: 20}
+sweep: {task.tokenizer: [bytes, bpe]}
+"""
+
+# Run by a fresh interpreter: only transformers (and what it imports) is loaded; the workbench's
+# packages are made unimportable, so nothing of ours can take part.
+ALONE = """\
+import json, sys
+sys.modules["workbench"] = sys.modules["workbench_plugins"] = None
+import torch, transformers
+folder, prompt, n_new = sys.argv[1], sys.argv[2], int(sys.argv[3])
+tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+model = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
+ids = tokenizer(prompt, return_tensors="pt").input_ids
+out = model.generate(ids, max_new_tokens=n_new, do_sample=False)
+piped = transformers.pipeline("text-generation", model=folder)(prompt, max_new_tokens=n_new, do_sample=False)
+with torch.no_grad():
+    logits = model(ids).logits[0]
+print(json.dumps({"prompt_ids": ids[0].tolist(), "new_ids": out[0, ids.shape[1]:].tolist(),
+                  "text": tokenizer.decode(out[0], skip_special_tokens=True), "pipeline": piped[0]["generated_text"],
+                  "logits": logits.tolist(), "class": type(model).__name__}))
+"""
+
+
+def cli(*args: str):
+    return CliRunner().invoke(main, list(args))
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict[str, Path]:
+    """tokenizer -> the folder of its trained run (a 40 KB slice of Python's argparse as corpus)."""
+    import argparse
+
+    root = tmp_path_factory.mktemp("tiny-lm")
+    (root / "corpus.txt").write_bytes(Path(argparse.__file__).read_bytes()[:40_000])
+    (root / "tiny.yaml").write_text(STUDY)
+    result = cli("run", str(root / "tiny.yaml"), "--quiet", "--out", str(root / "runs"), "--reports",
+                 str(root / "reports"))
+    assert result.exit_code == 0, result.output
+    folders = [p for p in (root / "runs" / "runs").iterdir() if p.is_dir()]
+    return {load_final_model(p)[1]["task"].get("tokenizer", "bytes"): p for p in folders}
+
+
+def generated(folder: Path, *options: str) -> dict:
+    result = cli("generate", str(folder), PROMPT, "--max-new-tokens", str(N_NEW), "--json", *options)
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+@pytest.mark.parametrize("tokenizer", ["bytes", "bpe"])
+def test_an_export_generates_alone_what_workbench_generate_writes(runs, tokenizer, tmp_path):
+    run = runs[tokenizer]
+    export = tmp_path / "export"
+    result = cli("export", str(run), "--to", "hf", str(export))
+    assert result.exit_code == 0, result.output
+    assert "and its tokenizer" in result.stdout and "AutoTokenizer" in result.stdout
+    assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"} <= \
+        {p.name for p in export.iterdir()}
+
+    ours = generated(run)
+    assert len(ours["new_ids"]) == N_NEW  # the model never trained on <eos>: it does not stop early
+    alone = subprocess.run([sys.executable, "-c", ALONE, str(export), PROMPT, str(N_NEW)], capture_output=True,
+                           text=True)
+    assert alone.returncode == 0, alone.stderr
+    theirs = json.loads(alone.stdout.splitlines()[-1])
+    assert theirs["class"] == "GPTNeoXForCausalLM"  # the default decoder: RoPE with LayerNorm
+    assert theirs["prompt_ids"] == ours["prompt_ids"]
+    assert theirs["new_ids"] == ours["new_ids"]
+    assert theirs["text"] == theirs["pipeline"] == ours["text"]
+    assert ours["text"].startswith(PROMPT)
+
+    model, _ = load_final_model(run)  # the same numbers, not only the same argmax
+    with torch.no_grad():
+        mine = model(torch.tensor([ours["prompt_ids"]]))[0]
+    assert (mine - torch.tensor(theirs["logits"])).abs().max() < 1e-4
+    assert generated(export) == ours  # and `workbench generate` reads the export as it reads the run
+
+
+def test_sampling_is_seeded_and_top_k_1_is_greedy(runs):
+    run = runs["bytes"]
+    sampled = generated(run, "--strategy", "sample", "--temperature", "2.0", "--seed", "1")
+    assert generated(run, "--strategy", "sample", "--temperature", "2.0", "--seed", "1") == sampled
+    assert generated(run, "--strategy", "sample", "--temperature", "2.0", "--seed", "2") != sampled
+    assert generated(run, "--strategy", "sample", "--top-k", "1")["new_ids"] == generated(run)["new_ids"]
+    nucleus = generated(run, "--strategy", "sample", "--top-p", "0.9", "--seed", "1")
+    assert len(nucleus["new_ids"]) == N_NEW
+
+
+def refused(*args: str) -> str:
+    result = cli("generate", *args)
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output and len(result.stderr.strip().splitlines()) == 1
+    return result.stderr
+
+
+def test_what_generate_refuses_is_one_line(runs, tmp_path):
+    assert "no such folder" in refused(str(tmp_path / "nowhere"), "x")
+    assert "neither a finished run folder" in refused(str(tmp_path), "x")
+    assert "PROMPT: empty" in refused(str(runs["bytes"]), "")
+    assert "--temperature: applies to --strategy sample" in refused(str(runs["bytes"]), "x", "--temperature", "0.5")
+
+    symbols = tmp_path / "copy-run"  # a decoder trained on symbols: not a language model
+    symbols.mkdir()
+    config = {"model": {"family": "decoder", "vocab_size": 12, "d_model": 16, "n_heads": 2, "n_layers": 1},
+              "task": {"name": "copy", "train_length": 4, "alphabet_size": 4}, "seed": 0}
+    save_final_weights(build_model(config["model"]), config, 0, symbols / "final.safetensors")
+    assert "task 'copy' is not a language model" in refused(str(symbols), "a b")
+
+    export = tmp_path / "export"
+    assert cli("export", str(runs["bytes"]), "--to", "hf", str(export)).exit_code == 0
+    partial = tmp_path / "partial"
+    shutil.copytree(export, partial)
+    (partial / "tokenizer.json").unlink()
+    assert "without tokenizer.json" in refused(str(partial), "x")
+    (partial / "model.safetensors").unlink()
+    (partial / "model.safetensors").symlink_to(export / "model.safetensors")  # a received folder: no links
+    assert "link" in refused(str(partial), "x")
