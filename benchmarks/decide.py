@@ -176,7 +176,11 @@ def section(console: Console, quick: bool = False) -> dict[str, Any]:
     rng = np.random.default_rng(2026)
     results: dict[str, Any] = {"first": FIRST, "max": MOST, "rules": {k: r.name for k, r in RULES.items()},
                                "looks": {k: r.looks(FIRST, MOST) for k, r in RULES.items()}}
-    for name in CASES:
+    for name, (path, table) in CASES.items():
+        if not table.exists():
+            console.print(f"[yellow]{name} skipped: {table} is not there (train {path} with its 12 seeds; "
+                          "benchmarks/README.md says how)")
+            continue
         found = replays(name, QUICK_ORDERS if quick else ORDERS, rng)
         results[name] = found
         table = Table(title=f"{name}: seeds to a decision over {QUICK_ORDERS if quick else ORDERS} orders of the stored "
