@@ -348,16 +348,24 @@ def export_command(run_dir: str, out: str, target: str) -> None:
     run's spec must map to a reference architecture (GPT-2, Llama, Mistral, BLOOM, BERT, BART,
     T5; docs/hf.md); otherwise the first field that does not map is named, before anything is
     written. OUT holds save_pretrained's config.json and safetensors weights, no tokenizer (a
-    task's token ids are its own)."""
+    task's token ids are its own). OUT must be a new or empty folder: it is written whole, into
+    a temporary folder renamed into place, never through a link."""
     from workbench.model.hf import architecture_for, to_hf
-    from workbench.model.weights import load_final_model
+    from workbench.model.weights import load_final_model, refuse_non_finite
+    from workbench.results import refuse_as_new_folder, write_folder_atomically
 
+    refuse_as_new_folder(out, "OUT")  # before the weights load: a wrong OUT is named at once
     try:
         model, _ = load_final_model(run_dir)
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         raise WorkbenchError(f"{run_dir}: no final weights (a finished run folder: runs/<study>/runs/<run id>/)") from None
+    refuse_non_finite(model, run_dir)
     arch = architecture_for(model.spec)
-    to_hf(model).save_pretrained(out)
+    hf_model = to_hf(model)
+    from transformers.utils import logging as hf_logging  # imported by to_hf
+
+    hf_logging.disable_progress_bar()  # its shard bar would be a second line around our one
+    write_folder_atomically(out, hf_model.save_pretrained)
     click.echo(f"{out}: {arch.hf_class} ({arch.model_type}); load it with "
                f"transformers.{arch.auto_class}.from_pretrained({out!r})")
 
