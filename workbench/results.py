@@ -227,10 +227,16 @@ def iso_timestamp(text: str) -> str:
     return text
 
 
+MAX_TEXT_CHARS = 100_000  # a run's error message is one line; a report prints it whole
+
+
 class StoredRow(BaseModel):
     """A store's `runs` row, its JSON columns decoded, checked before any table is built from it
     (the report computes spans and counts from its numbers)."""
 
+    error: Annotated[str, Field(max_length=MAX_TEXT_CHARS)] | None
+    last_step: Literal["whole", "partial", "dropped"] | None
+    peak_memory_instrument: Annotated[str, Field(max_length=200)] | None
     swept: dict[str, Any]
     config: dict[str, Any]
     metrics: dict[str, Value]

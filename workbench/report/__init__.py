@@ -34,7 +34,8 @@ from pydantic import ValidationError
 from workbench import stopping
 from workbench.run import store
 from workbench.run.folder import refuse_links
-from workbench.results import CONFIG_FILE, FINAL_WEIGHTS, Status, git_commit, short_commit
+from workbench.results import CONFIG_FILE, FINAL_WEIGHTS, Status, check_regular, git_commit, open_regular
+from workbench.results import short_commit
 from workbench.errors import WorkbenchError, WorkbenchWarning
 from workbench.kinds import get_kind, study_kinds
 from workbench import registry  # not `variants`: that name is also the submodule report.variants
@@ -201,22 +202,12 @@ DATA_DIR = "data"  # in a report folder: the store it was built from, `workbench
 
 def ship_data(out_dir: Path, dest: Path) -> None:
     """The data behind a report, compact enough to commit beside it: the results store (runs,
-    curves, metrics, provenance; copied with SQLite's backup, so a store being written is copied
-    whole) and, of each variant, the final weights the pictures load (its finished run with the
-    lowest seed). `workbench report DEST` rebuilds the report from it in a fresh clone."""
-    import sqlite3
-
+    curves, metrics, provenance; its rows copied into a fresh store, store.copy_store, so a
+    received store's schema never travels) and, of each variant, the final weights the pictures
+    load (its finished run with the lowest seed), read as regular files inside its run folder.
+    `workbench report DEST` rebuilds the report from it in a fresh clone."""
     dest.mkdir(parents=True)
-    source = sqlite3.connect(f"file:{out_dir / store.DB_FILE}?mode=ro", uri=True)
-    target = sqlite3.connect(dest / store.DB_FILE)
-    try:
-        source.backup(target)
-        target.execute("DELETE FROM study WHERE key = 'runs_dir'")  # the runs travel inside dest/runs/
-        target.commit()
-        target.execute("VACUUM")
-    finally:
-        source.close()
-        target.close()
+    store.copy_store(out_dir, dest)
     finished = [r for r in store.Store(out_dir, create=False).runs() if r["status"] == Status.FINISHED]
     lowest: dict[str, dict[str, Any]] = {}
     for r in sorted(finished, key=lambda r: r["seed"]):
@@ -225,9 +216,10 @@ def ship_data(out_dir: Path, dest: Path) -> None:
         folder = store.run_dir(out_dir, r["run_id"])
         kept = dest / store.RUNS_DIR / r["run_id"]
         for name in (FINAL_WEIGHTS, CONFIG_FILE):
-            if (folder / name).is_file():
+            if check_regular(folder / name):  # a link or FIFO planted there is refused, never followed
                 kept.mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(folder / name, kept / name)
+                with open_regular(folder / name) as source, open(kept / name, "xb") as target:
+                    shutil.copyfileobj(source, target)
 
 
 def report_destination(reports_dir: Path, name: str) -> Path:
