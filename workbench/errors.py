@@ -52,13 +52,14 @@ class DiskError(WorkbenchError):
 DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EIO)  # the disk, not the place or the input
 
 
-def write_error(path, err: OSError, what: str = "write it") -> WorkbenchError:
+def write_error(path, err: OSError, what: str = "write it", where: str = "choose a folder this user can write"
+                ) -> WorkbenchError:
     """One line for an OSError met writing `path`: a full or failing disk (DiskError: free some
     space or check the disk, the input is fine) or a place that cannot be written (read-only,
-    no permission, not a folder: choose another)."""
+    no permission, not a folder: `where` says what to do)."""
     why = err.strerror or str(err)
     if err.errno in DISK_ERRNOS:
         advice = "free some space" if err.errno != errno.EIO else "check the disk"
         return DiskError(f"{path}: cannot {what}: the disk failed or is full ({why}); {advice} and run again "
-                         "(nothing half-written is left, and what was there is unchanged)")
-    return WorkbenchError(f"{path}: cannot {what} there ({why}); choose a folder this user can write")
+                         "(what was there before is unchanged)")
+    return WorkbenchError(f"{path}: cannot {what} there ({why}); {where}")

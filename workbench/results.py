@@ -219,7 +219,8 @@ class StoredResult(BaseModel):
 def first_problem(err: ValidationError) -> str:
     """pydantic's first problem as `field.path: message`, for a one-line refusal."""
     problem = err.errors()[0]
-    return f"{'.'.join(map(str, problem['loc']))[:80]}: {problem['msg'][:120]}"
+    where = '.'.join(map(str, problem['loc']))[:80]
+    return f"{where}: {problem['msg'][:120]}" if where else problem["msg"][:120]
 
 
 def iso_timestamp(text: str) -> str:
@@ -373,12 +374,17 @@ def check_regular(path: str | Path) -> bool:
     return True
 
 
-def not_regular(path: str | Path, mode: int) -> UnsafeFile:
-    kind = next((name for test, name in ((stat.S_ISDIR, "folder"), (stat.S_ISFIFO, "FIFO"), (stat.S_ISSOCK, "socket"),
+def file_kind(mode: int) -> str:
+    """What an lstat/stat mode names, in words: 'folder', 'FIFO', 'character device', ..."""
+    return next((name for test, name in ((stat.S_ISREG, "regular file"), (stat.S_ISDIR, "folder"),
+                                         (stat.S_ISFIFO, "FIFO"), (stat.S_ISSOCK, "socket"),
                                          (stat.S_ISCHR, "character device"), (stat.S_ISBLK, "block device"))
                  if test(mode)), "special file")
-    return UnsafeFile(f"{path} is not a regular file (a {kind}); the workbench reads only files it wrote there: "
-                      "remove it (or copy the folder without it) and run again")
+
+
+def not_regular(path: str | Path, mode: int) -> UnsafeFile:
+    return UnsafeFile(f"{path} is not a regular file (a {file_kind(mode)}); the workbench reads only files it wrote "
+                      "there: remove it (or copy the folder without it) and run again")
 
 
 def open_regular(path: str | Path) -> BinaryIO:
