@@ -171,3 +171,12 @@ def test_a_study_run_with_runs_dir_is_reported_with_its_pictures(tmp_path):
     result = CliRunner().invoke(main, ["report", str(out), "--out", str(tmp_path / "reports")])
     assert result.exit_code == 0, result.output
     assert any(p.name.startswith("attention_") for p in (tmp_path / "reports" / "tiny-shipped" / "figures").iterdir())
+
+
+def test_a_run_id_that_names_a_path_is_one_line_from_results_as_from_report(received):
+    """`results` dropped the row silently where `report` refused it."""
+    craft(received, "UPDATE runs SET run_id = '../../victim/x' WHERE \"index\" = 0")
+    for args in (["results", str(received)], ["report", str(received)]):
+        result = CliRunner().invoke(main, args)
+        assert result.exit_code == 2 and len(result.output.splitlines()) == 1, result.output
+        assert "'../../victim/x' is not a run id (12 hex digits)" in result.output
