@@ -350,11 +350,12 @@ def export_command(run_dir: str, out: str, target: str) -> None:
     written. OUT holds save_pretrained's config.json and safetensors weights, no tokenizer (a
     task's token ids are its own). OUT must be a new or empty folder: it is written whole, into
     a temporary folder renamed into place, never through a link."""
-    from workbench.model.hf import architecture_for, to_hf
-    from workbench.model.weights import load_final_model, refuse_non_finite
     from workbench.results import refuse_as_new_folder, write_folder_atomically
 
-    refuse_as_new_folder(out, "OUT")  # before the weights load: a wrong OUT is named at once
+    refuse_as_new_folder(out, "OUT")  # before torch loads: a wrong OUT is named at once
+    from workbench.model.hf import architecture_for, to_hf
+    from workbench.model.weights import load_final_model, refuse_non_finite
+
     try:
         model, _ = load_final_model(run_dir)
     except (FileNotFoundError, NotADirectoryError):
@@ -381,9 +382,10 @@ def export_command(run_dir: str, out: str, target: str) -> None:
                    "its pictures load), so that `workbench report REPORT/data` rebuilds it anywhere")
 def report_command(out_dir: str, reports_dir: str | None, no_pictures: bool, with_data: bool) -> None:
     """Write the comparison report of the study stored in OUT_DIR (no training)."""
+    name = stored_study_name(out_dir)  # the store is checked before the report layer (pandas, seaborn) loads
     from workbench.report import write_report
 
-    index = write_report(out_dir, reports_dir or default_reports_dir(out_dir, stored_study_name(out_dir)),
+    index = write_report(out_dir, reports_dir or default_reports_dir(out_dir, name),
                          pictures=not no_pictures, with_data=with_data)
     click.echo(f"report: {index} (and {index.parent / 'report.md'})")
 
