@@ -196,8 +196,9 @@ def test_a_two_node_rerun_into_a_folder_of_one_node_results_reuses_none_and_says
     runs' identity and the study's, so the rerun is one line naming it and why, and keeps them."""
     study, out = tmp_path / "study.yaml", tmp_path / "out"
     study.write_text(NODES_STUDY)
+    # one process needs no process group (strategy auto): no port to collide with another test's
     one = workbench("run", str(study), "--out", str(out), "--quiet", "--executor", "ray", "--address", cluster,
-                    "--set", "train.num_nodes=1", reports=tmp_path / "reports")
+                    "--set", "train.num_nodes=1", "--set", "train.strategy=auto", reports=tmp_path / "reports")
     assert one.wait(timeout=600) == 0, one.stdout.read()
     [before] = Store(out, create=False).runs()
     two = workbench("run", str(study), "--out", str(out), "--quiet", "--executor", "ray", "--address", cluster,

@@ -94,13 +94,21 @@ def test_a_tampered_meta_json_is_one_line_naming_the_field(prepared, edit, probl
 @pytest.mark.parametrize("damage, problem", [
     (lambda folder: (folder / "val.bin").unlink(), "val.bin is missing"),
     (lambda folder: (folder / "train.bin").write_bytes(b"\0\0\0"), "train.bin holds 3 bytes"),
-    (lambda folder: (folder / "meta.json").unlink(), "no meta.json"),
     (lambda folder: (folder / "tokenizer.json").write_text('{"version": "1.0"}'), "tokenizer.json"),
 ])
 def test_a_missing_or_short_shard_is_one_line(prepared, damage, problem):
     study, folder = prepared
     damage(folder)
     one_line(prepare(study), problem)
+
+
+def test_a_folder_without_meta_json_is_an_unfinished_preparation_that_goes_on(prepared):
+    """An earlier workbench prepared in place: its folder without meta.json is taken up and finished."""
+    study, folder = prepared
+    meta = (folder / "meta.json").read_text()
+    (folder / "meta.json").unlink()
+    assert prepare(study).exit_code == 0
+    assert (folder / "meta.json").read_text() == meta and not list(folder.parent.glob("*.building"))
 
 
 def test_a_shard_folder_or_file_that_is_a_link_is_refused(prepared, tmp_path):

@@ -23,7 +23,7 @@ import re
 import shlex
 import shutil
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -177,16 +177,28 @@ def write_report(out_dir: str | Path, reports_dir: str | Path = "reports", *, pi
     study = study_of(info)
     final = report_destination(Path(reports_dir), study.name)
     with_data = with_data or out_dir.resolve() == (final / DATA_DIR).resolve()  # rebuilt from its own data: keep it
-    dest = final.parent / f".{study.name}.building-{os.getpid()}"  # built here, then swapped in
+
+    def build(dest: Path) -> None:
+        build_report(out_dir, info, study, dest, pictures)
+        if with_data:
+            ship_data(out_dir, dest / DATA_DIR)
+
+    build_then_swap(final, build)
+    return final / "index.html"
+
+
+def build_then_swap(final: Path, build: Callable[[Path], None]) -> None:
+    """`build(folder)` writes a report into a fresh folder beside `final` (.NAME.building-PID),
+    which is then swapped in by renames (swap_in): a report that fails to build, or a full disk,
+    leaves the old one whole. `final` is a checked destination (report_destination)."""
+    dest = final.parent / f".{final.name}.building-{os.getpid()}"
     try:
-        dest.mkdir(parents=True)
+        dest.mkdir(parents=True)  # never an existing name: nothing planted there is followed
     except OSError as err:
         raise WorkbenchError(f"{final.parent}: cannot write the report here ({err.strerror}); use --out for a "
                              "writable folder") from None
     try:
-        build_report(out_dir, info, study, dest, pictures)
-        if with_data:
-            ship_data(out_dir, dest / DATA_DIR)
+        build(dest)
         with stopping.immediate(None):  # renames: never cut in half by a stop
             swap_in(dest, final)
     except OSError as err:  # a full disk, a read-only folder: the old report stays whole
@@ -194,7 +206,6 @@ def write_report(out_dir: str | Path, reports_dir: str | Path = "reports", *, pi
                              "use --out for a writable folder (the results are untouched)") from None
     finally:
         shutil.rmtree(dest, ignore_errors=True)
-    return final / "index.html"
 
 
 DATA_DIR = "data"  # in a report folder: the store it was built from, `workbench report` reads it again

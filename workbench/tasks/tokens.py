@@ -286,7 +286,7 @@ def prepared(texts: Texts, tokenizer: str, vocab_size: int) -> Shards | None:
     if os.path.islink(folder) or not os.path.isdir(folder):
         raise damaged(folder, "not a folder, or a symbolic link")
     if not check_regular(folder / "meta.json"):
-        raise damaged(folder, "no meta.json: an unfinished preparation of an earlier workbench")
+        return None  # an earlier workbench's unfinished preparation, in place: `prepare` goes on with it
     return Shards(folder, checked_meta(folder))
 
 
@@ -306,6 +306,8 @@ def prepare(texts: Texts, tokenizer: str, vocab_size: int, progress: bool = Fals
             ready = prepared(texts, tokenizer, vocab_size)  # another process finished it while this one waited
             if ready is not None:
                 return ready
+            if os.path.isdir(folder) and not os.path.lexists(building):
+                os.rename(folder, building)  # an earlier workbench prepared in place: go on from what it wrote
             build(building, texts, tokenizer, vocab_size, progress)
             os.rename(building, folder)  # whole under its name, or not there; never through a link
         finally:
