@@ -157,10 +157,89 @@ def test_an_installed_plugin_reusing_a_name_overrides_the_builtin_with_a_warning
     assert registry.variants("position")["rope"] is not DuplicateRope
 
 
-def test_a_class_registered_under_the_wrong_axis_is_rejected():
+def test_a_class_registered_under_the_wrong_axis_is_left_out_with_a_warning():
     with installed_plugin("wrong_axis_plugin", register_ffn_types=[DuplicateRope]):
-        with pytest.raises(TypeError, match="axis 'position'"):
-            registry.variants("ffn")
+        with pytest.warns(registry.PluginLoadWarning, match="returned DuplicateRope, a class of axis 'position', "
+                                                            "registered as ffn; left out"):
+            assert "rope" not in registry.variants("ffn") and "gelu" in registry.variants("ffn")
+
+
+# ---- a plugin is isolated at the boundary (issue 47) ----------------------------------------
+
+
+def raising(error: BaseException):
+    def load():
+        raise error
+    return load
+
+
+@pytest.mark.parametrize("error", [SystemExit(0), KeyboardInterrupt(), GeneratorExit(), RuntimeError("boom")])
+def test_anything_raised_at_import_is_one_warning_and_every_command_works(monkeypatch, restore_registry, error):
+    """SystemExit(0) at import made `workbench list` exit 0 with no output at all."""
+    from click.testing import CliRunner
+
+    from workbench.cli import main
+
+    with_plugins(monkeypatch, (FakeDist("wb-exits"), FakeEntryPoint("exits", raising(error))))
+    result = CliRunner().invoke(main, ["list", "ffn", "--json"])
+    assert result.exit_code == 0, result.output
+    assert result.stderr == f"warning: plugin 'exits' of package wb-exits 9.9 not loaded: {registry.first_line(error)}\n"
+    assert {row["name"] for row in json.loads(result.stdout)} >= {"gelu", "swiglu"}
+
+
+class NoAxis:
+    """An object without `axis`."""
+
+
+def plugin_module(**hooks) -> types.ModuleType:
+    module = types.ModuleType("wb_malformed")
+    for hook, result in hooks.items():
+        setattr(module, hook, hookimpl(result if callable(result) else lambda result=result: result))
+    return module
+
+
+@pytest.mark.parametrize("hook, returned, problem", [
+    ("register_ffn_types", 5, "returned 5, not a list of classes"),
+    ("register_ffn_types", ["x", 3], "returned 'x', which is not a FFN type class (a subclass of the workbench's "
+                                     "base class) (and 1 more such item)"),
+    ("register_ffn_types", [NoAxis], "returned NoAxis, which is not a FFN type class"),
+    ("register_ffn_types", [DuplicateRope], "returned DuplicateRope, a class of axis 'position', registered as ffn"),
+    ("register_ffn_types", raising(SystemExit(3)), "register_ffn_types() failed (SystemExit: 3)"),
+    ("register_study_kinds", ["train"], "returned 'train', which is not a StudyKind class"),
+])
+def test_a_malformed_hook_result_is_one_warning_naming_the_plugin(monkeypatch, restore_registry, hook, returned,
+                                                                  problem):
+    from click.testing import CliRunner
+
+    from workbench.cli import main
+    from workbench.kinds import study_kinds
+
+    study_kinds.cache_clear()
+    module = plugin_module(**{hook: returned})
+    with_plugins(monkeypatch, (FakeDist("wb-malformed"), FakeEntryPoint("malformed", lambda: module)))
+    study = ROOT / "studies" / "tiny.yaml"
+    result = CliRunner().invoke(main, ["validate", str(study)])
+    study_kinds.cache_clear()
+    assert result.exit_code == 0 and result.stdout.startswith("ok: "), result.output
+    [warning] = [line for line in result.stderr.splitlines() if line.startswith("warning: ")]
+    assert warning.startswith(f"warning: plugin 'malformed' of package wb-malformed 9.9: {hook}() ")
+    assert problem in warning and warning.endswith("; left out")
+
+
+def test_a_third_party_entry_point_named_like_a_builtin_is_refused_naming_both(monkeypatch, restore_registry):
+    """`position_rope` from another package removed the built-in rope: 'unknown position scheme'."""
+    impostor = plugin_module(register_position_schemes=[])
+    real = list(registry.workbench_entry_points())
+    extra = (FakeDist("wb-impostor"), FakeEntryPoint("position_rope", lambda: impostor))
+    monkeypatch.setattr(registry, "workbench_entry_points", lambda: iter([extra, *real]))  # listed first
+    registry.plugin_manager.cache_clear()
+    registry.variants.cache_clear()
+    with pytest.warns(registry.PluginLoadWarning) as caught:
+        assert "rope" in registry.variants("position")
+    assert [str(w.message) for w in caught] == [
+        "plugin 'position_rope' of package wb-impostor 9.9 not loaded: its entry point name is that of plugin "
+        f"'position_rope' of package {registry.distribution_of(registry.get_variant('position', 'rope'))}, which it "
+        "may not replace; rename its entry point"]
 
 
 # ---- the example out-of-tree plugin, installed with pip --------------------------------------

@@ -364,7 +364,11 @@ def export_command(run_dir: str, out: str, target: str) -> None:
     run's spec must map to a reference architecture (GPT-2, Llama, Mistral, BLOOM, GPT-NeoX, BERT,
     BART, T5; docs/hf.md); otherwise the first field that does not map is named, before anything
     is written. OUT holds save_pretrained's config.json and safetensors weights and, for a text
-    task, its tokenizer in the model's ids (workbench.run.export)."""
+    task, its tokenizer in the model's ids (workbench.run.export). OUT must be a new or empty
+    folder: it is written whole, into a temporary folder renamed into place, never through a link."""
+    from workbench.results import refuse_as_new_folder
+
+    refuse_as_new_folder(out, "OUT")  # before torch loads: a wrong OUT is named at once
     from workbench.run.export import export_hf
 
     click.echo(export_hf(run_dir, out))
@@ -409,9 +413,10 @@ def generate_command(folder: str, prompt: str, max_new_tokens: int, strategy: st
                    "its pictures load), so that `workbench report REPORT/data` rebuilds it anywhere")
 def report_command(out_dir: str, reports_dir: str | None, no_pictures: bool, with_data: bool) -> None:
     """Write the comparison report of the study stored in OUT_DIR (no training)."""
+    name = stored_study_name(out_dir)  # the store is checked before the report layer (pandas, seaborn) loads
     from workbench.report import write_report
 
-    index = write_report(out_dir, reports_dir or default_reports_dir(out_dir, stored_study_name(out_dir)),
+    index = write_report(out_dir, reports_dir or default_reports_dir(out_dir, name),
                          pictures=not no_pictures, with_data=with_data)
     click.echo(f"report: {index} (and {index.parent / 'report.md'})")
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import errno
 from collections.abc import Iterable
 
 
@@ -41,3 +42,24 @@ def unknown_name(field: str, name: str, choices: Iterable[str], what: str) -> Sp
     hint = closest(name, choices)
     problem = f"unknown {what} {name!r}" + (f"; did you mean {hint!r}?" if hint else "")
     return SpecError(field, problem, choices)
+
+
+class DiskError(WorkbenchError):
+    """The disk failed or is full: nothing is wrong with the user's input, and what was
+    computed before is intact (told apart from a mistake, whose message says what is valid)."""
+
+
+DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EIO)  # the disk, not the place or the input
+
+
+def write_error(path, err: OSError, what: str = "write it", where: str = "choose a folder this user can write"
+                ) -> WorkbenchError:
+    """One line for an OSError met writing `path`: a full or failing disk (DiskError: free some
+    space or check the disk, the input is fine) or a place that cannot be written (read-only,
+    no permission, not a folder: `where` says what to do)."""
+    why = err.strerror or str(err)
+    if err.errno in DISK_ERRNOS:
+        advice = "free some space" if err.errno != errno.EIO else "check the disk"
+        return DiskError(f"{path}: cannot {what}: the disk failed or is full ({why}); {advice} and run again "
+                         "(what was there before is unchanged)")
+    return WorkbenchError(f"{path}: cannot {what} there ({why}); {where}")

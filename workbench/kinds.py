@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from workbench.errors import unknown_name
-from workbench.registry import plugin_manager
+from workbench.registry import first_line, hook_results
 
 BUILTIN_KINDS = "workbench.recipes."  # the recipes folder, where the built-in kinds live
 
@@ -76,7 +76,7 @@ class StudyKind(ABC):
 def study_kinds() -> dict[str, StudyKind]:
     """Every registered study kind by name (built-ins first, so an installed kind of the same
     name overrides a built-in, with a warning)."""
-    classes = [cls for batch in plugin_manager().hook.register_study_kinds() for cls in batch]
+    classes = hook_results("register_study_kinds", kind_problem)
     classes.sort(key=lambda cls: not cls.__module__.startswith(BUILTIN_KINDS))
     found: dict[str, StudyKind] = {}
     for cls in classes:
@@ -85,6 +85,19 @@ def study_kinds() -> dict[str, StudyKind]:
                           stacklevel=2)
         found[cls.name] = cls()
     return dict(sorted(found.items()))
+
+
+def kind_problem(item: Any) -> str | None:
+    """What is wrong with an item a plugin registers as a study kind (None: nothing)."""
+    if not isinstance(item, type) or not issubclass(item, StudyKind):
+        return "which is not a StudyKind class"
+    if not isinstance(getattr(item, "name", None), str) or not item.name:
+        return "a class without a `name`"
+    try:
+        item()  # a kind holds no state: making one here tells a class that cannot be made (a step left abstract)
+    except Exception as err:  # noqa: BLE001 - someone else's class
+        return f"which cannot be made ({first_line(err)})"
+    return None
 
 
 def get_kind(name: str, field: str = "kind") -> StudyKind:

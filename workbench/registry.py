@@ -5,12 +5,14 @@ from __future__ import annotations
 import functools
 import importlib.metadata
 import warnings
+from collections.abc import Callable
+from typing import Any
 
 import pluggy
 
 from workbench import hookspecs
 from workbench.errors import WorkbenchWarning, closest, unknown_name
-from workbench.variants import AXES, AXIS, MODEL_AXES
+from workbench.variants import AXES, AXIS, MODEL_AXES, Variant
 
 ENTRY_POINT_GROUP = "workbench"
 BUILTIN_PACKAGE = "workbench_plugins."  # plugins/, as installed
@@ -25,6 +27,13 @@ class PluginLoadWarning(WorkbenchWarning):
 
 # Plugin module name -> "distribution version" of the package that declared it.
 PROVIDERS: dict[str, str] = {}
+# Entry point name -> "distribution version": the plugin registered under that name.
+PACKAGE_OF_PLUGIN: dict[str, str] = {}
+BUILTIN_DISTRIBUTION = "transformer-workbench"
+
+
+def package(dist) -> str:
+    return f"{dist.metadata['name']} {dist.version}"
 
 
 def workbench_entry_points():
@@ -45,7 +54,8 @@ def load_plugin(pm: pluggy.PluginManager, dist, ep) -> None:
         pm.unregister(plugin)
         raise pluggy.PluginValidationError(
             plugin, f"unknown hook {unknown[0]!r}" + suggest_hook(unknown[0]))
-    PROVIDERS[getattr(plugin, "__name__", ep.value)] = f"{dist.metadata['name']} {dist.version}"
+    PROVIDERS[getattr(plugin, "__name__", ep.value)] = package(dist)
+    PACKAGE_OF_PLUGIN[ep.name] = package(dist)
 
 
 HOOKS = [*HOOK_OF_AXIS.values(), "register_study_kinds"]  # every hook of workbench.hookspecs
@@ -56,24 +66,95 @@ def suggest_hook(name: str) -> str:
     return f"; did you mean {hint!r}?" if hint else f" (valid: {', '.join(HOOKS)})"
 
 
+def first_line(err: BaseException) -> str:
+    return f"{type(err).__name__}: {str(err).splitlines()[0][:200] if str(err) else ''}".rstrip(": ")
+
+
 @functools.cache
 def plugin_manager() -> pluggy.PluginManager:
-    """Every plugin declared by an installed package. One that fails to import or misspells a
-    hook is left out with one PluginLoadWarning naming its package and the error, so a broken
-    third-party package never takes the built-ins (or any command) down with it."""
+    """Every plugin declared by an installed package, the built-ins' first. One that fails to
+    import (whatever it raises: SystemExit and KeyboardInterrupt too), misspells a hook or takes
+    the entry point name of one loaded before it (a built-in's: `position_rope`) is left out
+    with one PluginLoadWarning naming its package and the error, so a broken third-party
+    package never takes the built-ins (or any command) down with it."""
     pm = pluggy.PluginManager(ENTRY_POINT_GROUP)
     pm.add_hookspecs(hookspecs)
-    for dist, ep in workbench_entry_points():
-        if pm.has_plugin(ep.name) or pm.is_blocked(ep.name):
+    PACKAGE_OF_PLUGIN.clear()  # of this manager's plugins only
+    entry_points = sorted(workbench_entry_points(), key=lambda pair: pair[0].metadata["name"] != BUILTIN_DISTRIBUTION)
+    for dist, ep in entry_points:
+        label = f"plugin {ep.name!r} of package {package(dist)}"
+        if pm.is_blocked(ep.name) or PACKAGE_OF_PLUGIN.get(ep.name) == package(dist):
+            continue  # a distribution listed twice on the path
+        if pm.has_plugin(ep.name):
+            warnings.warn(f"{label} not loaded: its entry point name is that of plugin {ep.name!r} of package "
+                          f"{PACKAGE_OF_PLUGIN.get(ep.name, '?')}, which it may not replace; rename its entry point",
+                          PluginLoadWarning, stacklevel=2)
             continue
         try:
             load_plugin(pm, dist, ep)
-        except Exception as err:  # noqa: BLE001 - any error in someone else's package
-            problem = str(err).splitlines()[0] if str(err) else ""
-            warnings.warn(f"plugin {ep.name!r} of package {dist.metadata['name']} {dist.version} not loaded: "
-                          f"{type(err).__name__}: {problem}", PluginLoadWarning, stacklevel=2)
+        except BaseException as err:  # noqa: BLE001 - anything someone else's import raises, SystemExit too
+            warnings.warn(f"{label} not loaded: {first_line(err)}", PluginLoadWarning, stacklevel=2)
     pm.check_pending()  # plugins registered by hand later are checked where they register
     return pm
+
+
+def hook_results(hook: str, problem_of: Callable[[Any], str | None]) -> list[Any]:
+    """Every plugin's items from `hook`, in the order the plugins registered. A plugin whose hook
+    raises or returns something other than a list is left out, and an item `problem_of` finds
+    fault with is left out, each with one PluginLoadWarning naming the plugin and its package."""
+    pm = plugin_manager()
+    items = []
+    for impl in getattr(pm.hook, hook).get_hookimpls():
+        name = pm.get_name(impl.plugin)
+        label = f"plugin {name!r}" + (f" of package {PACKAGE_OF_PLUGIN[name]}" if name in PACKAGE_OF_PLUGIN else "")
+        try:
+            returned = impl.function()
+        except BaseException as err:  # noqa: BLE001 - someone else's code, as at import
+            warnings.warn(f"{label}: {hook}() failed ({first_line(err)}); left out", PluginLoadWarning, stacklevel=2)
+            continue
+        if not isinstance(returned, (list, tuple)):
+            warnings.warn(f"{label}: {hook}() returned {short(returned)}, not a list of classes; left out",
+                          PluginLoadWarning, stacklevel=2)
+            continue
+        faults = [(item, problem) for item in returned if (problem := checked(problem_of, item))]
+        if faults:
+            (item, problem), others = faults[0], len(faults) - 1
+            warnings.warn(f"{label}: {hook}() returned {short(item)}, {problem}"
+                          + (f" (and {others} more such item{'s' * (others > 1)})" if others else "")
+                          + "; left out", PluginLoadWarning, stacklevel=2)
+        bad = {id(item) for item, _ in faults}
+        items += [item for item in returned if id(item) not in bad]
+    return items
+
+
+def checked(problem_of: Callable[[Any], str | None], item: Any) -> str | None:
+    try:
+        return problem_of(item)
+    except Exception as err:  # noqa: BLE001 - an object whose attributes raise when read
+        return f"which cannot be inspected ({first_line(err)})"
+
+
+def short(value: Any) -> str:
+    try:
+        text = value.__qualname__ if isinstance(value, type) else repr(value)
+    except Exception:  # noqa: BLE001 - a repr that raises
+        text = f"an object of type {type(value).__name__}"
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def variant_problem(axis: str) -> Callable[[Any], str | None]:
+    """What is wrong with an item a plugin registers for `axis` (None: nothing)."""
+
+    def problem(item: Any) -> str | None:
+        if not isinstance(item, type) or not issubclass(item, Variant):
+            return f"which is not a {NOUN_OF_AXIS[axis]} class (a subclass of the workbench's base class)"
+        if getattr(item, "axis", None) != axis:
+            return f"a class of axis {getattr(item, 'axis', None)!r}, registered as {axis}"
+        if not isinstance(getattr(item, "name", None), str) or not item.name:
+            return "a class without a `name`"
+        return None
+
+    return problem
 
 
 @functools.cache
@@ -83,11 +164,9 @@ def variants(axis: str) -> dict[str, type]:
         raise ValueError(f"unknown axis {axis!r}; axes are {AXES}")
     found: dict[str, type] = {}
     # Built-ins first, so that an installed package that reuses a name overrides the built-in.
-    classes = [cls for batch in getattr(plugin_manager().hook, HOOK_OF_AXIS[axis])() for cls in batch]
+    classes = hook_results(HOOK_OF_AXIS[axis], variant_problem(axis))
     classes.sort(key=lambda cls: not cls.__module__.startswith(BUILTIN_PACKAGE))
     for cls in classes:
-        if cls.axis != axis:
-            raise TypeError(f"{cls.__qualname__} has axis {cls.axis!r} but was registered as {axis}")
         if cls.name in found and found[cls.name] is not cls:
             warnings.warn(
                 f"{NOUN_OF_AXIS[axis]} {cls.name!r} from {cls.__module__} overrides "

@@ -20,8 +20,12 @@ import errno
 import json
 import math
 import os
+import re
+import shutil
 import stat
 import subprocess
+import tempfile
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from enum import StrEnum
@@ -30,7 +34,7 @@ from typing import Annotated, Any, BinaryIO, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, Strict, ValidationError
 
-from workbench.errors import WorkbenchError
+from workbench.errors import WorkbenchError, write_error
 
 
 class Status(StrEnum):
@@ -215,7 +219,8 @@ class StoredResult(BaseModel):
 def first_problem(err: ValidationError) -> str:
     """pydantic's first problem as `field.path: message`, for a one-line refusal."""
     problem = err.errors()[0]
-    return f"{'.'.join(map(str, problem['loc']))[:80]}: {problem['msg'][:120]}"
+    where = '.'.join(map(str, problem['loc']))[:80]
+    return f"{where}: {problem['msg'][:120]}" if where else problem["msg"][:120]
 
 
 def iso_timestamp(text: str) -> str:
@@ -223,10 +228,16 @@ def iso_timestamp(text: str) -> str:
     return text
 
 
+MAX_TEXT_CHARS = 100_000  # a run's error message is one line; a report prints it whole
+
+
 class StoredRow(BaseModel):
     """A store's `runs` row, its JSON columns decoded, checked before any table is built from it
     (the report computes spans and counts from its numbers)."""
 
+    error: Annotated[str, Field(max_length=MAX_TEXT_CHARS)] | None
+    last_step: Literal["whole", "partial", "dropped"] | None
+    peak_memory_instrument: Annotated[str, Field(max_length=200)] | None
     swept: dict[str, Any]
     config: dict[str, Any]
     metrics: dict[str, Value]
@@ -265,6 +276,59 @@ def write_text_atomic(path: Path, text: str) -> None:
 
 def write_json_atomic(path: Path, data: Any) -> None:
     write_text_atomic(path, json.dumps(data, default=str))
+
+
+def write_folder_atomically(out: str | Path, write: Callable[[Path], None], what: str = "OUT") -> Path:
+    """Write the folder `out` whole or not at all, never through a link: `write(folder)` fills
+    a fresh temporary sibling (mkdtemp creates a new name, so nothing planted there is
+    followed), which is then renamed to `out`. `out` must be absent or an empty folder (a
+    rename replaces only that); a link, a file or a folder holding anything is refused, naming
+    `what`, before anything is written. An OSError is one line (errors.write_error: a full disk
+    told apart from a place that cannot be written) and leaves no temporary folder behind."""
+    refuse_as_new_folder(out, what)
+    out = Path(out)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        folder = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".part", dir=out.parent))
+    except OSError as err:
+        raise write_error(out, err, "create the folder") from None
+    try:
+        try:
+            write(folder)
+        except Exception as err:  # a library in Rust (safetensors, tokenizers) words an OSError as text
+            code = re.search(r"\(os error (\d+)\)", str(err))
+            if isinstance(err, OSError) or code is None:
+                raise
+            raise OSError(int(code[1]), os.strerror(int(code[1]))) from None
+        umask = os.umask(0o022)
+        os.umask(umask)
+        os.chmod(folder, 0o777 & ~umask)  # mkdtemp's 0700, made as a plain mkdir would make it
+        os.rename(folder, out)  # replaces an empty folder, or a link planted meanwhile (never followed)
+    except OSError as err:
+        raise write_error(out, err) from None
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)  # gone after the rename; a failed write's leftovers
+    return out
+
+
+def refuse_as_new_folder(out: str | Path, what: str) -> None:
+    """WorkbenchError unless `out` names a folder to create: absent, or an empty folder."""
+    if not str(out) or Path(out).name in ("", ".", ".."):
+        raise WorkbenchError(f"{what}: {str(out)!r} names no new folder; give the path of a folder to create")
+    try:
+        mode = os.lstat(out).st_mode
+    except FileNotFoundError:
+        return
+    except OSError as err:
+        raise write_error(out, err, "create the folder") from None
+    if stat.S_ISLNK(mode):
+        raise WorkbenchError(f"{what}: {out} is a symbolic link (to {os.readlink(out)}); the workbench follows no "
+                             "link where it writes: give a new folder (or an empty one)")
+    if not stat.S_ISDIR(mode):
+        raise WorkbenchError(f"{what}: {out} exists and is not a folder; give a new folder (or an empty one)")
+    if any(os.scandir(out)):
+        raise WorkbenchError(f"{what}: {out} already holds files; give a new folder (or an empty one), or move "
+                             "that one away first")
 
 
 def flatten(value: Any, prefix: str = "") -> dict[str, Any]:
@@ -310,12 +374,17 @@ def check_regular(path: str | Path) -> bool:
     return True
 
 
-def not_regular(path: str | Path, mode: int) -> UnsafeFile:
-    kind = next((name for test, name in ((stat.S_ISDIR, "folder"), (stat.S_ISFIFO, "FIFO"), (stat.S_ISSOCK, "socket"),
+def file_kind(mode: int) -> str:
+    """What an lstat/stat mode names, in words: 'folder', 'FIFO', 'character device', ..."""
+    return next((name for test, name in ((stat.S_ISREG, "regular file"), (stat.S_ISDIR, "folder"),
+                                         (stat.S_ISFIFO, "FIFO"), (stat.S_ISSOCK, "socket"),
                                          (stat.S_ISCHR, "character device"), (stat.S_ISBLK, "block device"))
                  if test(mode)), "special file")
-    return UnsafeFile(f"{path} is not a regular file (a {kind}); the workbench reads only files it wrote there: "
-                      "remove it (or copy the folder without it) and run again")
+
+
+def not_regular(path: str | Path, mode: int) -> UnsafeFile:
+    return UnsafeFile(f"{path} is not a regular file (a {file_kind(mode)}); the workbench reads only files it wrote "
+                      "there: remove it (or copy the folder without it) and run again")
 
 
 def open_regular(path: str | Path) -> BinaryIO:

@@ -135,3 +135,36 @@ def test_multi_process_settings_are_checked(tmp_path, change, message):
         return
     with pytest.raises(WorkbenchError, match=message):
         load_study(write(tmp_path, text))
+
+
+# ---- the process count is part of a run's identity (issue 47) --------------------------------
+
+
+def test_the_process_count_is_part_of_a_runs_identity_and_one_process_keeps_its_id(tmp_path):
+    """Each rank averages the loss of its share of a batch: 2 processes compute other numbers than
+    one, so they are other runs (and another version of the study); one process, however it is
+    spelled, keeps the id a study without these settings always had."""
+    def identity(text: str) -> tuple[str, str]:
+        study_file = load_study(write(tmp_path, text))
+        return expand(study_file)[0].run_id, study_file.study_hash
+
+    plain = identity(STUDY.replace(", devices: 2, strategy: ddp", ""))
+    assert identity(STUDY.replace("devices: 2", "devices: 1")) == plain
+    two_devices, two_nodes = identity(STUDY), identity(STUDY.replace("devices: 2", "devices: 1, num_nodes: 2"))
+    assert len({plain[0], two_devices[0]}) == 2 and len({plain[1], two_devices[1]}) == 2
+    assert two_nodes == two_devices  # 2 processes either way: the same batches, shared and averaged alike
+
+
+def test_a_rerun_on_two_processes_into_one_process_results_says_why_it_reuses_none(tmp_path):
+    from click.testing import CliRunner
+
+    from workbench.cli import main
+    from workbench.run.runner import run_study
+
+    study, out = write(tmp_path, STUDY.replace("devices: 2", "devices: 1")), tmp_path / "out"
+    assert run_study(study, out, quiet=True).statuses == {"finished": 1}
+    result = CliRunner().invoke(main, ["run", str(study), "--out", str(out), "--quiet", "--set", "train.devices=2"])
+    assert result.exit_code == 2 and len(result.output.splitlines()) == 1, result.output
+    assert "(changed: train.processes: 1 -> 2; " in result.output
+    assert "are not reused: runs over several processes (train.devices x train.num_nodes) average" in result.output
+    assert len(Store(out, create=False).runs()) == 1  # the one-process result is kept

@@ -190,6 +190,28 @@ def test_a_run_over_two_nodes_trains_on_both_and_node_zero_records_it(cluster, t
 
 
 @pytest.mark.slow
+def test_a_two_node_rerun_into_a_folder_of_one_node_results_reuses_none_and_says_why(cluster, tmp_path):
+    """The same study on 1 node, then on 2 into that folder: "2 finished; 0 already done" with
+    the one-node numbers kept as the two-node ones (issue 47). The process count is part of the
+    runs' identity and the study's, so the rerun is one line naming it and why, and keeps them."""
+    study, out = tmp_path / "study.yaml", tmp_path / "out"
+    study.write_text(NODES_STUDY)
+    # one process needs no process group (strategy auto): no port to collide with another test's
+    one = workbench("run", str(study), "--out", str(out), "--quiet", "--executor", "ray", "--address", cluster,
+                    "--set", "train.num_nodes=1", "--set", "train.strategy=auto", reports=tmp_path / "reports")
+    assert one.wait(timeout=600) == 0, one.stdout.read()
+    [before] = Store(out, create=False).runs()
+    two = workbench("run", str(study), "--out", str(out), "--quiet", "--executor", "ray", "--address", cluster,
+                    reports=tmp_path / "reports")
+    output = two.communicate(timeout=600)[0]
+    assert two.returncode == 2, output
+    [line] = [text for text in output.splitlines() if text.startswith("error: ")]
+    assert "(changed: train.processes: 1 -> 2; " in line and "are not reused: runs over several processes" in line
+    [after] = Store(out, create=False).runs()
+    assert after["run_id"] == before["run_id"] and after["config"]["train"]["num_nodes"] == 1
+
+
+@pytest.mark.slow
 def test_a_run_over_more_nodes_than_the_cluster_has_is_refused_at_once(cluster, tmp_path):
     study = tmp_path / "study.yaml"
     study.write_text(NODES_STUDY)

@@ -11,7 +11,8 @@ WRITERS, RUNS_EACH = 3, 15
 
 
 def fake(writer: int, i: int, status: str = "finished"):
-    run = SimpleNamespace(run_id=f"w{writer}-{i}", index=writer * 100 + i, seed=i,
+    # a run id has 12 hex digits: `results` refuses a row whose id could name a path
+    run = SimpleNamespace(run_id=f"{writer:06x}{i:06x}", index=writer * 100 + i, seed=i,
                           swept={"model.position": f"p{writer}"}, config={"seed": i, "writer": writer})
     result = SimpleNamespace(
         status=status, metrics={"accuracy@8": i / 100, "loss@8": 1.0, "accuracy@16": 0.5}, not_applicable={},
@@ -50,8 +51,8 @@ def test_rewriting_a_run_replaces_it_and_counts_attempts(tmp_path):
     store.record(*fake(0, 1))
     (row,) = store.runs()
     assert row["status"] == "finished" and row["attempts"] == 2
-    assert len(load_curves(tmp_path, "w0-1")) == 6
-    assert load_run_configs(tmp_path) == {"w0-1": {"seed": 1, "writer": 0}}
+    assert len(load_curves(tmp_path, "000000000001")) == 6
+    assert load_run_configs(tmp_path) == {"000000000001": {"seed": 1, "writer": 0}}
 
 
 def test_flat_table_orders_metrics_by_length_then_name(tmp_path):

@@ -163,6 +163,10 @@ BAD = {
         lambda t: t.replace("position: rope", "position: {name: learned, max_len: 8}"), 8,
         ["model.position", "learned covers 8 positions", "raise max_len to at least"]),
     "two budgets": (lambda t: t.replace("steps: 20", "steps: 20, tokens: 100"), 9, ["train.steps", "exactly one"]),
+    "a NUL byte": (lambda t: t.replace("d_model: 32", "d_model: 32\x00"), 5,
+                   ["malformed YAML: it holds the character #x0000", "without control characters"]),
+    "a name of 5,000 characters": (lambda t: t.replace("name: t", "name: " + "t" * 5000), 1,
+                                   ["name: String should have at most 100 characters", "(5002 characters))"]),
 }
 
 

@@ -272,8 +272,9 @@ def test_an_interrupted_preparation_resumes_to_the_same_shards(tmp_path, monkeyp
     broken = tokens_module.Texts(texts.fingerprint, failing, texts.valid)
     with pytest.raises(KeyboardInterrupt):
         tokens_module.prepare(broken, "bpe", 300)
-    folder = next((tmp_path / "interrupted").iterdir())
+    [folder] = (tmp_path / "interrupted").glob(".*.building")  # built beside its name, renamed once whole
     assert not (folder / "meta.json").exists() and json.loads((folder / "progress.json").read_text())["train"]["pieces"]
+    assert [p.name for p in (tmp_path / "interrupted").iterdir() if not p.name.startswith(".")] == []
     resumed = tokens_module.prepare(texts, "bpe", 300)
     monkeypatch.setenv(tokens_module.DATA_DIR_ENV, str(tmp_path / "whole"))
     whole = tokens_module.prepare(texts, "bpe", 300)

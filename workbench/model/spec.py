@@ -64,7 +64,8 @@ def spec_error_from(err: ValidationError, prefix: str = "") -> SpecError:
         choices = ctx.get("expected")
         return SpecError(path, problem, choices)
     if "input" in first and first["type"] != "missing":
-        problem += f" (got {first['input']!r})"
+        given = repr(first["input"])
+        problem += f" (got {given if len(given) <= 80 else given[:60] + f'... ({len(given)} characters)'})"
     return SpecError(path, problem)
 
 

@@ -23,7 +23,7 @@ import re
 import shlex
 import shutil
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -34,7 +34,8 @@ from pydantic import ValidationError
 from workbench import stopping
 from workbench.run import store
 from workbench.run.folder import refuse_links
-from workbench.results import CONFIG_FILE, FINAL_WEIGHTS, Status, git_commit, short_commit
+from workbench.results import CONFIG_FILE, FINAL_WEIGHTS, Status, check_regular, git_commit, open_regular
+from workbench.results import short_commit
 from workbench.errors import WorkbenchError, WorkbenchWarning
 from workbench.kinds import get_kind, study_kinds
 from workbench import registry  # not `variants`: that name is also the submodule report.variants
@@ -176,16 +177,28 @@ def write_report(out_dir: str | Path, reports_dir: str | Path = "reports", *, pi
     study = study_of(info)
     final = report_destination(Path(reports_dir), study.name)
     with_data = with_data or out_dir.resolve() == (final / DATA_DIR).resolve()  # rebuilt from its own data: keep it
-    dest = final.parent / f".{study.name}.building-{os.getpid()}"  # built here, then swapped in
+
+    def build(dest: Path) -> None:
+        build_report(out_dir, info, study, dest, pictures)
+        if with_data:
+            ship_data(out_dir, dest / DATA_DIR)
+
+    build_then_swap(final, build)
+    return final / "index.html"
+
+
+def build_then_swap(final: Path, build: Callable[[Path], None]) -> None:
+    """`build(folder)` writes a report into a fresh folder beside `final` (.NAME.building-PID),
+    which is then swapped in by renames (swap_in): a report that fails to build, or a full disk,
+    leaves the old one whole. `final` is a checked destination (report_destination)."""
+    dest = final.parent / f".{final.name}.building-{os.getpid()}"
     try:
-        dest.mkdir(parents=True)
+        dest.mkdir(parents=True)  # never an existing name: nothing planted there is followed
     except OSError as err:
         raise WorkbenchError(f"{final.parent}: cannot write the report here ({err.strerror}); use --out for a "
                              "writable folder") from None
     try:
-        build_report(out_dir, info, study, dest, pictures)
-        if with_data:
-            ship_data(out_dir, dest / DATA_DIR)
+        build(dest)
         with stopping.immediate(None):  # renames: never cut in half by a stop
             swap_in(dest, final)
     except OSError as err:  # a full disk, a read-only folder: the old report stays whole
@@ -193,7 +206,6 @@ def write_report(out_dir: str | Path, reports_dir: str | Path = "reports", *, pi
                              "use --out for a writable folder (the results are untouched)") from None
     finally:
         shutil.rmtree(dest, ignore_errors=True)
-    return final / "index.html"
 
 
 DATA_DIR = "data"  # in a report folder: the store it was built from, `workbench report` reads it again
@@ -201,22 +213,12 @@ DATA_DIR = "data"  # in a report folder: the store it was built from, `workbench
 
 def ship_data(out_dir: Path, dest: Path) -> None:
     """The data behind a report, compact enough to commit beside it: the results store (runs,
-    curves, metrics, provenance; copied with SQLite's backup, so a store being written is copied
-    whole) and, of each variant, the final weights the pictures load (its finished run with the
-    lowest seed). `workbench report DEST` rebuilds the report from it in a fresh clone."""
-    import sqlite3
-
+    curves, metrics, provenance; its rows copied into a fresh store, store.copy_store, so a
+    received store's schema never travels) and, of each variant, the final weights the pictures
+    load (its finished run with the lowest seed), read as regular files inside its run folder.
+    `workbench report DEST` rebuilds the report from it in a fresh clone."""
     dest.mkdir(parents=True)
-    source = sqlite3.connect(f"file:{out_dir / store.DB_FILE}?mode=ro", uri=True)
-    target = sqlite3.connect(dest / store.DB_FILE)
-    try:
-        source.backup(target)
-        target.execute("DELETE FROM study WHERE key = 'runs_dir'")  # the runs travel inside dest/runs/
-        target.commit()
-        target.execute("VACUUM")
-    finally:
-        source.close()
-        target.close()
+    store.copy_store(out_dir, dest)
     finished = [r for r in store.Store(out_dir, create=False).runs() if r["status"] == Status.FINISHED]
     lowest: dict[str, dict[str, Any]] = {}
     for r in sorted(finished, key=lambda r: r["seed"]):
@@ -225,9 +227,10 @@ def ship_data(out_dir: Path, dest: Path) -> None:
         folder = store.run_dir(out_dir, r["run_id"])
         kept = dest / store.RUNS_DIR / r["run_id"]
         for name in (FINAL_WEIGHTS, CONFIG_FILE):
-            if (folder / name).is_file():
+            if check_regular(folder / name):  # a link or FIFO planted there is refused, never followed
                 kept.mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(folder / name, kept / name)
+                with open_regular(folder / name) as source, open(kept / name, "xb") as target:
+                    shutil.copyfileobj(source, target)
 
 
 def report_destination(reports_dir: Path, name: str) -> Path:

@@ -30,7 +30,7 @@ from workbench.report.document import Report, fmt_seconds
 from workbench.report.findings import FINDINGS_FILE, SUMMARY_FILE, findings_section
 from workbench.report.outcomes import VERDICT_RULE, Outcome
 from workbench.report.registration import minute
-from workbench.results import Status
+from workbench.results import Status, write_text_atomic
 from workbench.study import load_study
 
 CLAIM_ID = re.compile(r"\b[EP]\d{1,2}\b")
@@ -259,7 +259,7 @@ def write_index(studies_dir: str | Path = "studies", reports_dir: str | Path = "
     reports_dir = Path(reports_dir)
     reports_dir.mkdir(parents=True, exist_ok=True)
     path = reports_dir / "README.md"
-    path.write_text(build_index(Path(studies_dir), reports_dir), encoding="utf-8")
+    write_text_atomic(path, build_index(Path(studies_dir), reports_dir))  # a link planted there is replaced, not followed
     return path
 
 

@@ -52,6 +52,7 @@ from workbench.run.store import DB_FILE, RUNS_DIR, Store, check_runs_dir, run_di
 from workbench.run.tracking import TENSORBOARD_DIR
 from workbench.study import StudyFile, load_study
 from workbench.study.keys import canonical_json
+from workbench.study.train_section import PROCESSES_CHANGE_NUMBERS
 
 
 @dataclass
@@ -90,6 +91,16 @@ def study_changes(old: dict[str, Any], new: dict[str, Any], limit: int = 4) -> s
     return "; ".join(changes[:limit]) + more
 
 
+def with_one_process(defining: dict[str, Any]) -> dict[str, Any]:
+    """A study's run-defining fields with `train.processes` spelled out where it is 1 (absent)."""
+    train = defining.get("train")
+    return {**defining, "train": {"processes": 1, **train}} if isinstance(train, dict) else defining
+
+
+def processes_of(defining: dict[str, Any]) -> Any:
+    return (with_one_process(defining).get("train") or {}).get("processes")
+
+
 def check_study(store: Store, study_file: StudyFile) -> None:
     """Refuse to mix two versions of a study in one folder; record the current one.
     Only what defines the runs counts (description, notes, expectations may change)."""
@@ -97,10 +108,13 @@ def check_study(store: Store, study_file: StudyFile) -> None:
     new = study_file.study.run_defining()
     if info and info.get("hash") != study_file.study_hash:
         old = info.get("run_defining", {})
+        processes = processes_of(old) != processes_of(new)
         raise WorkbenchError(
             f"{store.out_dir} holds results of a different version of study {info.get('name')!r} "
-            f"(changed: {study_changes(old, new)}); finished runs there would not match the file. "
-            "Run with --fresh to start that folder over, or --out to use another folder"
+            f"(changed: {study_changes(with_one_process(old), with_one_process(new))}); finished runs there would "
+            "not match the file"
+            + (f", and are not reused: {PROCESSES_CHANGE_NUMBERS}" if processes else "")
+            + ". Run with --fresh to start that folder over, or --out to use another folder"
         )
     store.save_study({
         "name": study_file.study.name,

@@ -11,75 +11,35 @@ figure is computed from `load_results` (one flat row per run), `load_curves` and
 
 One sweep writes to a folder at a time (workbench.run.folder.WriterLock). Readers (`results`, `report`) open
 the store read-only and need no lock; a folder they cannot write (a received copy, a
-read-only mount) is read as immutable. A damaged store, a full disk or an unwritable folder
-is one WorkbenchError naming the file and what to do.
+read-only mount) is read as immutable. A damaged or crafted store, a full disk or an
+unwritable folder is one WorkbenchError naming the file and what to do; what a store may hold,
+and how it is opened, is workbench.run.store_schema.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import sqlite3
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager, suppress
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from workbench.errors import WorkbenchError
-from workbench.results import StoredRow, check_regular, finite_metrics, finite_or_none, first_problem, load_json, run_stage
-from workbench.run.folder import check_run_id
+from workbench.errors import WorkbenchError, write_error
+from workbench.results import StoredRow, finite_metrics, finite_or_none, first_problem, load_json, read_regular, run_stage
+from workbench.results import write_text_atomic
+from workbench.run.folder import check_run_id, refuse_links
+from workbench.run.store_schema import SCHEMA, connect
 
 if TYPE_CHECKING:
     import pandas as pd
 
 DB_FILE = "results.db"
 RUNS_DIR = "runs"  # out_dir/runs/<run_id>/: checkpoints, logs, final.safetensors, result.json
-BUSY_TIMEOUT_MS = 60_000
-
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS study (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS runs (
-    run_id TEXT PRIMARY KEY,
-    "index" INTEGER NOT NULL,           -- order in the sweep (`position` in stores written before)
-    seed INTEGER NOT NULL,
-    status TEXT NOT NULL,               -- a results.Status: finished | diverged | oom | failed | timeout
-    swept TEXT NOT NULL,                -- JSON {dotted.key: value label}
-    config TEXT NOT NULL,               -- JSON: the fully resolved run config
-    metrics TEXT NOT NULL,              -- JSON {metric@length: value}, final
-    not_applicable TEXT NOT NULL,       -- JSON {eval length: reason}
-    n_params INTEGER,
-    steps_done INTEGER,
-    last_step TEXT,                     -- under a FLOP or token budget: whole | partial | dropped
-    diverged_step INTEGER,
-    error TEXT,
-    wall_time_s REAL,
-    cpu_time_s REAL,                    -- CPU time of the run's processes (NULL: not recorded)
-    train_time_s REAL,
-    eval_time_s REAL,
-    tokens INTEGER,
-    train_flops INTEGER,                -- counted training FLOPs spent (NULL in stores written before)
-    tokens_per_s REAL,
-    peak_memory_bytes INTEGER,
-    peak_memory_instrument TEXT,
-    resumed_from_step INTEGER,
-    environment TEXT NOT NULL,          -- JSON: versions, device, commit
-    attempts INTEGER NOT NULL DEFAULT 1,
-    recorded_at TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS curves (
-    run_id TEXT NOT NULL,
-    step INTEGER NOT NULL,
-    split TEXT NOT NULL,                -- train | eval | progress (tokens, flops, seconds spent)
-    metric TEXT NOT NULL,               -- loss, lr, accuracy@64, ...
-    value REAL,
-    PRIMARY KEY (run_id, step, split, metric)
-);
-"""
-
 # Run-level columns of the flat table, in order (swept keys and metrics go in between).
 LEADING = ["run_id", "index", "seed"]
 # stage: "tune" for a study's tuning runs, "final" for every other run.
@@ -87,70 +47,6 @@ LEADING = ["run_id", "index", "seed"]
 TRAILING = ["stage", "n_params", "steps_done", "last_step", "train_tokens", "train_flops", "tokens_per_s", "train_time_s", "eval_time_s", "wall_time_s", "cpu_time_s",
             "peak_memory_bytes", "peak_memory_instrument", "diverged_step", "resumed_from_step",
             "not_applicable", "error", "attempts", "recorded_at"]
-
-
-@contextmanager
-def connect(path: Path, readonly: bool = False) -> Iterator[sqlite3.Connection]:
-    """A short-lived connection (never shared across processes), committed on success.
-    The store and its WAL side files must be regular files, checked before SQLite opens
-    anything: SQLite follows a linked store to its target and creates `<target>-wal` and
-    `-shm` beside it, and blocks forever opening a FIFO. Read-only connections open the file
-    with `mode=ro`, or `immutable=1` when its folder is not writable (WAL readers otherwise
-    need to create the -shm side file)."""
-    for name in (path, *side_files(path)):
-        check_regular(name)
-    try:
-        if readonly:
-            mode = "mode=ro" if os.access(path.parent, os.W_OK) else "immutable=1"
-            conn = sqlite3.connect(f"{path.absolute().as_uri()}?{mode}", uri=True, timeout=BUSY_TIMEOUT_MS / 1000)
-        else:
-            conn = sqlite3.connect(path, timeout=BUSY_TIMEOUT_MS / 1000)
-    except sqlite3.Error as err:
-        raise store_error(path, err) from None
-    try:
-        conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
-        yield conn
-        conn.commit()
-    except sqlite3.Error as err:
-        with suppress(sqlite3.Error):
-            conn.rollback()
-        raise store_error(path, err) from None
-    except BaseException:
-        with suppress(sqlite3.Error):
-            conn.rollback()
-        raise
-    finally:
-        conn.close()
-
-
-def side_files(path: Path) -> tuple[Path, Path]:
-    """The WAL files SQLite keeps beside a store in WAL mode."""
-    return path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")
-
-
-def store_error(path: Path, err: sqlite3.Error) -> WorkbenchError:
-    """One line naming the store file and what to do, for what SQLite reports: its result code
-    tells a damaged file (move it away, or --fresh) from a failing or full disk (the file may be
-    fine: never --fresh)."""
-    text = str(err)
-    code = (getattr(err, "sqlite_errorcode", None) or 0) & 0xFF  # the primary result code
-    if "locked" in text or "busy" in text:
-        return WorkbenchError(f"{path}: still locked by another process after {BUSY_TIMEOUT_MS // 1000} s "
-                              f"({text}); run again when it has finished")
-    if code == sqlite3.SQLITE_FULL or "full" in text:
-        return WorkbenchError(f"{path}: the disk is full ({text}); free some space and run again "
-                              "(finished runs are kept)")
-    if code == sqlite3.SQLITE_IOERR or "disk I/O error" in text:
-        return WorkbenchError(f"{path}: the disk failed to read or write it ({text}); the store itself may be intact: "
-                              "free some space (a full disk fails this way too) or check the disk, and run again; "
-                              "do not delete the store or use --fresh for this")
-    if code in (sqlite3.SQLITE_READONLY, sqlite3.SQLITE_CANTOPEN) or "readonly" in text or "read-only" in text \
-            or "unable to open" in text:
-        return WorkbenchError(f"{path}: cannot write here ({text}); use --out for a writable folder "
-                              "(`workbench results` and `report` read it as it is)")
-    return WorkbenchError(
-        f"{path} is not a readable workbench store ({text}): move it away and run the study again "
-        "(finished runs are recovered from their run folders' result.json), or run with --fresh to start over")
 
 
 class Store:
@@ -258,10 +154,14 @@ class Store:
         too large or too deep, or a value of the wrong type or not finite, is refused naming it."""
         with self.connect() as conn:
             conn.row_factory = sqlite3.Row
-            rows = conn.execute("SELECT * FROM runs").fetchall()
+            rows = conn.execute("SELECT * FROM runs LIMIT ?", (MAX_RUNS + 1,)).fetchall()
+        if len(rows) > MAX_RUNS:
+            raise WorkbenchError(f"{self.path} holds over {MAX_RUNS:,} runs, more than any study the workbench runs: "
+                                 "it is damaged or crafted; move it away and run the study again")
         out = []
         for row in rows:
             d = dict(row)
+            check_run_id(d["run_id"])  # names a folder: `results` refuses what `report` would
             if "position" in d:  # a store written before the sweep index had its name, read as it is
                 d["index"] = d.pop("position")
             d["train_tokens"] = d.pop("tokens")
@@ -285,6 +185,8 @@ class Store:
             "run the study again (finished runs are recovered from their run folders' result.json)")
 
 
+MAX_RUNS = 100_000  # a study's runs: a sweep of thousands at most
+MAX_CURVE_ROWS = 20_000_000  # a study's curve points: hundreds of runs of thousands of steps
 JSON_COLUMNS = ("swept", "config", "metrics", "not_applicable", "environment")
 MAX_COLUMN_CHARS = 4 * 2**20  # a run's resolved config is a few kB
 MAX_COLUMN_VALUES = 100_000  # final metrics: a few per eval length
@@ -312,32 +214,69 @@ class StoredStudy(BaseModel):
 STUDY_JSON_KEYS = frozenset(StoredStudy.model_fields)
 
 
+RUNS_DIR_MARK = ".results-folder-"  # RUNS_DIR/.results-folder-<digest>: a results folder whose runs live there
+
+
+def stored_runs_dir(out_dir: str | Path) -> Path | None:
+    """The folder `out_dir`'s store says its run folders are in (`--runs-dir`), if any."""
+    if not (Path(out_dir) / DB_FILE).exists():
+        return None
+    root = Store(out_dir, create=False).study_info().get("runs_dir")
+    return Path(root) if root else None
+
+
+def mark_of(out_dir: str | Path) -> str:
+    return RUNS_DIR_MARK + hashlib.blake2b(str(Path(out_dir).resolve()).encode(), digest_size=8).hexdigest()
+
+
+def claim_runs_dir(out_dir: str | Path, runs_dir: Path) -> None:
+    """Leave in `runs_dir` (--runs-dir, given on this command line) a mark naming `out_dir`: the
+    readers of `out_dir` then read its runs there (runs_root), and only there."""
+    try:
+        runs_dir.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(runs_dir / mark_of(out_dir), str(Path(out_dir).resolve()))
+    except OSError as err:
+        raise write_error(runs_dir, err, "write in the runs folder (--runs-dir)") from None
+
+
 def runs_root(out_dir: str | Path) -> Path:
     """Where the run folders of `out_dir` live: out_dir/runs/, or the folder the study was run
-    with (`--runs-dir`, e.g. shared storage for a cluster). A sweep uses a stored folder only
-    when given it again (check_runs_dir): a received store cannot choose where runs are written."""
-    if (Path(out_dir) / DB_FILE).exists():
-        root = Store(out_dir, create=False).study_info().get("runs_dir")
-        if root:
-            return Path(root)
-    return Path(out_dir) / RUNS_DIR
+    with (`--runs-dir`, e.g. shared storage for a cluster) once that folder names `out_dir` back
+    (claim_runs_dir). A received store cannot choose where runs are read or written: a stored
+    folder without that mark (a received or moved results folder) is refused naming it."""
+    stored = stored_runs_dir(out_dir)
+    if stored is None:
+        return Path(out_dir) / RUNS_DIR
+    try:
+        claimed = read_regular(stored / mark_of(out_dir), 4096) == str(Path(out_dir).resolve()).encode()
+    except (OSError, WorkbenchError):  # absent, a link, not a file
+        claimed = False
+    if not claimed:
+        raise WorkbenchError(f"{out_dir} keeps its run folders in {stored} (--runs-dir), which does not name it back "
+                             "(a received or moved folder): a results folder cannot choose by itself where runs are "
+                             f"read; run its study again with --out {out_dir} --runs-dir {stored} to confirm it "
+                             "(finished runs are kept)")
+    return stored
 
 
 def check_runs_dir(out_dir: str | Path, given: Path | None) -> None:
     """Refuse a `runs_dir` stored in `out_dir` unless this command line gave it (--runs-dir):
     a sweep trains in it and --fresh deletes from it. An unreadable store stores none."""
     try:
-        stored = runs_root(out_dir)
+        stored = stored_runs_dir(out_dir)
     except WorkbenchError:
         return
-    if stored != Path(out_dir) / RUNS_DIR and (given is None or given.resolve() != stored):
+    if stored is not None and (given is None or given.resolve() != stored):
         raise WorkbenchError(f"{out_dir} keeps its run folders in {stored} (--runs-dir); a results folder cannot "
                              f"choose by itself where runs are written: pass --runs-dir {stored} to use it again")
 
 
 def run_dir(out_dir: str | Path, run_id: str) -> Path:
-    """The folder of one run (its checkpoints, Lightning logs, final weights)."""
-    return runs_root(out_dir) / check_run_id(run_id)
+    """The folder of one run (its checkpoints, Lightning logs, final weights), once it is known
+    to hold no symbolic link (a received folder's run folder must not lead elsewhere)."""
+    root = runs_root(out_dir)
+    refuse_links(root, check_run_id(run_id))
+    return root / run_id
 
 
 def dumps(value: Any) -> str:
@@ -390,7 +329,29 @@ def load_curves(out_dir: str | Path, run_id: str | None = None) -> pd.DataFrame:
     if run_id is not None:
         query, params = query + " WHERE run_id = ?", (run_id,)
     with store.connect() as conn:
-        return pd.read_sql_query(query + " ORDER BY run_id, split, metric, step", conn, params=params)
+        frame = pd.read_sql_query(query + f" ORDER BY run_id, split, metric, step LIMIT {MAX_CURVE_ROWS + 1}", conn,
+                                  params=params)
+    if len(frame) > MAX_CURVE_ROWS:
+        raise WorkbenchError(f"{store.path} holds over {MAX_CURVE_ROWS:,} curve points, more than any study the "
+                             "workbench runs records: it is damaged or crafted; move it away and run the study again")
+    return frame
+
+
+def copy_store(out_dir: str | Path, dest_dir: Path) -> None:
+    """The store of `out_dir` rebuilt at `dest_dir`: its rows (every run row validated as runs()
+    validates it) inserted into a fresh store of SCHEMA, never a copy of its file, so nothing of
+    a received store's schema travels; without `runs_dir` (the copy's runs travel beside it)."""
+    source = Store(out_dir, create=False)
+    source.runs()
+    target = Store(dest_dir)
+    with source.connect() as src, target.connect() as dst:
+        study = [(k, v) for k, v in src.execute("SELECT key, value FROM study") if k != "runs_dir"]
+        dst.executemany("INSERT INTO study (key, value) VALUES (?, ?)", study)
+        cursor = src.execute("SELECT * FROM runs")
+        columns = ", ".join('"index"' if c[0] == "position" else f'"{c[0]}"' for c in cursor.description)
+        dst.executemany(f"INSERT INTO runs ({columns}) VALUES ({', '.join('?' * len(cursor.description))})", cursor)
+        dst.executemany("INSERT INTO curves VALUES (?, ?, ?, ?, ?)",
+                        src.execute("SELECT run_id, step, split, metric, value FROM curves"))
 
 
 def load_run_configs(out_dir: str | Path) -> dict[str, dict[str, Any]]:

@@ -53,6 +53,7 @@ from workbench.variants import StrictModel
 __all__ = ["load_study", "study_json_schema", "StudyFile", "StudyBase", "TrainStudy", "STORED", "RUN_MEASURES"]
 
 SWEEPABLE_SECTIONS = ("task", "model", "train")
+MAX_NAME_CHARS = 100  # a study's name names folders (runs/<name>, reports/.<name>.building-<pid>)
 SCALE_JSON_SCHEMA = {"anyOf": [{"type": "object", "additionalProperties": {"type": "array", "minItems": 2}}, {"type": "null"}]}
 
 
@@ -110,8 +111,9 @@ class StudyBase(StrictModel):
     model_config = ConfigDict(extra="forbid")
     kind: str
     name: str = Field(
-        pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$",
-        description="study name: letters, digits, '-', '_', '.'; the default output folder is runs/<name>/",
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=MAX_NAME_CHARS,
+        description=f"study name: letters, digits, '-', '_', '.', at most {MAX_NAME_CHARS}; the default output folder "
+                    "is runs/<name>/ (a folder name: file systems allow 255 bytes)",
     )
     description: str = Field("", description="one line: the question the study answers")
     notes: str = Field("", description="free text shown in reports")

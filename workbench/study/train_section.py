@@ -24,6 +24,15 @@ LIGHTNING_STRATEGIES = ("auto", "ddp", "deepspeed", "fsdp", "single", "xla")
 SPAWNING_STRATEGIES = ("ddp_spawn", "ddp_fork", "ddp_notebook")
 
 
+# Why a run over several processes (devices x num_nodes) is not the run on one: each rank
+# averages the loss over the scored tokens of its share of the batch and DDP averages those
+# means, which weighs tokens otherwise when the shares hold different numbers of them; and the
+# ranks reduce in another order. So the process count is part of a run's identity (and the study
+# hash), where devices and num_nodes themselves are execution fields.
+PROCESSES_CHANGE_NUMBERS = ("runs over several processes (train.devices x train.num_nodes) average each rank's "
+                            "mean loss over its share of every batch, so their numbers differ from one process's")
+
+
 def world_size(train: Mapping[str, Any]) -> int | None:
     """Processes a run's `devices` x `num_nodes` ask for; None when Lightning decides (-1, 'auto')."""
     devices = train["devices"]
@@ -289,9 +298,16 @@ class TrainConfig(StrictModel):
     @classmethod
     def defining(cls, train: Mapping[str, Any]) -> dict[str, Any]:
         """The fields of a training section that decide what a run computes (no execution
-        fields, no optional setting at its default)."""
-        return {k: v for k, v in train.items() if k not in cls.EXECUTION
-                and not (k in cls.OPTIONAL and comparable(v) == comparable(cls.OPTIONAL[k]))}
+        fields, no optional setting at its default), and, for a run over several processes,
+        their number and strategy (PROCESSES_CHANGE_NUMBERS): one process has neither, so every
+        run id made before stays."""
+        out = {k: v for k, v in train.items() if k not in cls.EXECUTION
+               and not (k in cls.OPTIONAL and comparable(v) == comparable(cls.OPTIONAL[k]))}
+        size = world_size(train)
+        if size != 1:
+            out["processes"] = size if size is not None else f"{train['devices']} x {train['num_nodes']} nodes"
+            out["strategy"] = train["strategy"]
+        return out
 
     def resolved(self, train_length: int, cost: StepCost | None = None) -> dict[str, Any]:
         """Every field filled in: steps from tokens (or, estimated, from a counted budget and the

@@ -97,7 +97,13 @@ def parse_yaml(text: str, file: str, located: bool = True) -> tuple[Any, yaml.No
     with the limits applied before anything is built: nodes and alias expansion
     (WORKBENCH_MAX_YAML_NODES), nesting depth, no alias inside the value it names; a scalar
     YAML reads as a date or a number but cannot build (2001-02-30, 0x_) is one StudyError."""
-    loader = yaml.SafeLoader(text)
+    try:
+        loader = yaml.SafeLoader(text)
+    except yaml.reader.ReaderError as err:  # a control character (NUL, say): YAML reads printable text only
+        line = text[:err.position].count("\n") + 1 if isinstance(err.position, int) else None
+        raise StudyError(file, line if located else None, f"malformed YAML: it holds the character "
+                         f"#x{err.character:04x} ({err.reason}); a study file is plain text, without control "
+                         "characters") from None
     try:
         node = loader.get_single_node()
         memo: dict[int, int] = {}

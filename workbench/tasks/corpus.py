@@ -30,14 +30,16 @@ from __future__ import annotations
 
 import glob
 import hashlib
-import json
+import itertools
 import math
 import os
+import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from workbench.errors import SpecError, WorkbenchError
+from workbench.results import file_kind, load_json
 
 PIECE_BYTES = 1 << 20
 RECORD_SUFFIXES = (".jsonl", ".json", ".parquet")
@@ -51,6 +53,21 @@ class Document:
     file: Path
     name: str  # relative to the source: the split draws on it
     index: int | None = None  # the record's index in its file; None: the whole file
+
+
+MAX_FILES = 1_000_000  # files of one corpus: past this, `path` names far more than a corpus (`/`, say)
+
+
+def check_kind(path: Path) -> None:
+    """SpecError unless `path` (a link followed: a corpus may be linked in) is a regular file or a
+    folder: opening a FIFO blocks, and a device such as /dev/zero never ends."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return  # named as missing by files()
+    if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+        raise SpecError("task.path", f"{path} is a {file_kind(mode)}, not a file or folder of text; name the corpus "
+                                     "file or folder itself")
 
 
 def has_wildcard(path: str) -> bool:
@@ -76,18 +93,30 @@ class Source:
     text_field: str = "text"
 
     def files(self) -> list[Path]:
-        """The files of the source, sorted (a saved `datasets` folder is one entry)."""
+        """The files of the source, sorted (a saved `datasets` folder is one entry); one line for a
+        path that is no file or folder of text (a FIFO, a device: a link to /dev/zero), a folder
+        this user cannot read, or more than MAX_FILES files."""
         path = Path(self.path)
-        if path.is_file() or is_datasets_folder(path):
-            return [path]
-        if path.is_dir():
-            found = [p for p in path.rglob("*") if p.is_file()
-                     and not any(part.startswith(".") for part in p.relative_to(path).parts)]
-        else:
-            found = [Path(p) for p in glob.glob(self.path, recursive=True) if Path(p).is_file()]
-        if not found:
+        try:
+            if not has_wildcard(self.path):
+                check_kind(path)
+            if path.is_file() or is_datasets_folder(path):
+                return [path]
+            if path.is_dir():
+                found = (p for p in path.rglob("*") if not any(part.startswith(".") for part in p.relative_to(path).parts)
+                         and p.is_file())
+            else:
+                found = (Path(p) for p in glob.iglob(self.path, recursive=True) if Path(p).is_file())
+            listed = list(itertools.islice(found, MAX_FILES + 1))
+        except OSError as err:
+            raise SpecError("task.path", f"cannot read {err.filename or self.path} ({err.strerror}); a corpus is a file "
+                                         "or folder this user can read") from None
+        if not listed:
             raise SpecError("task.path", f"no such file, folder or matching files: {self.path}")
-        return sorted(found)
+        if len(listed) > MAX_FILES:
+            raise SpecError("task.path", f"{self.path} holds over {MAX_FILES:,} files; name the folder of the corpus "
+                                         "(or a glob of its files)")
+        return sorted(listed)
 
     def root(self) -> Path:
         """The folder document names are relative to."""
@@ -152,9 +181,7 @@ class Source:
 def record_count(file: Path, field: str) -> int:
     """Records in a jsonl / parquet file or a saved dataset (checking that they have `field`)."""
     if file.suffix == ".parquet":
-        import pyarrow.parquet as pq
-
-        meta = pq.ParquetFile(file)
+        meta = parquet_file(file)
         if field not in meta.schema_arrow.names:
             raise SpecError("task.text_field", f"{file} has no column {field!r}", meta.schema_arrow.names)
         return meta.metadata.num_rows
@@ -164,6 +191,30 @@ def record_count(file: Path, field: str) -> int:
         return sum(1 for line in lines if line.strip())
 
 
+def parquet_file(file: Path):
+    """pyarrow's ParquetFile of `file`; a file that is not Parquet is one line naming it."""
+    import pyarrow
+    import pyarrow.parquet as pq
+
+    try:
+        return pq.ParquetFile(file)
+    except (pyarrow.ArrowException, OSError) as err:
+        raise SpecError("task.path", f"{file} is not a readable Parquet file ({str(err).splitlines()[0][:200]})") from None
+
+
+def json_record(line: bytes, file: Path, number: int, field: str) -> dict:
+    """Line `number` of a JSON Lines file as its record: one JSON object with `field`."""
+    try:
+        record = load_json(line, f"{file}: line {number}")
+    except ValueError as err:
+        raise SpecError("task.path", f"{err}; each line of a JSON Lines file is one JSON object (UTF-8) with the "
+                                     f"field {field!r}") from None
+    if not isinstance(record, dict) or field not in record:
+        raise SpecError("task.text_field", f"{file}: line {number} has no field {field!r}",
+                        list(record) if isinstance(record, dict) else None)
+    return record
+
+
 def dataset_parts(folder: Path, field: str):
     """The Dataset(s) a save_to_disk folder holds (every split of a DatasetDict), checked for `field`."""
     try:
@@ -171,7 +222,11 @@ def dataset_parts(folder: Path, field: str):
     except ImportError:
         raise WorkbenchError(f"task.path: {folder} is a saved `datasets` dataset; reading it needs "
                              "`pip install 'transformer-workbench[data]'`") from None
-    loaded = datasets.load_from_disk(str(folder))
+    try:
+        loaded = datasets.load_from_disk(str(folder))
+    except Exception as err:  # noqa: BLE001 - datasets raises many kinds for a damaged folder
+        raise SpecError("task.path", f"{folder} is not a readable saved dataset ({type(err).__name__}: "
+                                     f"{str(err).splitlines()[0][:200] if str(err) else ''})") from None
     parts = list(loaded.values()) if isinstance(loaded, datasets.DatasetDict) else [loaded]
     for part in parts:
         if field not in part.column_names:
@@ -210,10 +265,8 @@ def file_pieces(file: Path, start: int = 0, stop: int | None = None) -> Iterator
 def record_texts(file: Path, field: str, wanted: set[int]) -> Iterator[tuple[int, bytes]]:
     """(index, UTF-8 text) of the records of `file` whose index is in `wanted`, in file order."""
     if file.suffix == ".parquet":
-        import pyarrow.parquet as pq
-
         index = 0
-        for batch in pq.ParquetFile(file).iter_batches(columns=[field], batch_size=1024):
+        for batch in parquet_file(file).iter_batches(columns=[field], batch_size=1024):
             for text in batch.column(0).to_pylist():
                 if index in wanted:
                     yield index, str(text or "").encode()
@@ -228,13 +281,10 @@ def record_texts(file: Path, field: str, wanted: set[int]) -> Iterator[tuple[int
                     index += 1
     else:
         with open(file, "rb") as lines:
-            for index, line in enumerate(line for line in lines if line.strip()):
+            records = ((number, line) for number, line in enumerate(lines, 1) if line.strip())
+            for index, (number, line) in enumerate(records):
                 if index in wanted:
-                    record = json.loads(line)
-                    if not isinstance(record, dict) or field not in record:
-                        raise SpecError("task.text_field", f"{file}: record {index} has no field {field!r}",
-                                        list(record) if isinstance(record, dict) else None)
-                    yield index, str(record[field] or "").encode()
+                    yield index, str(json_record(line, file, number, field)[field] or "").encode()
 
 
 def document_texts(documents: list[Document], field: str) -> Iterator[bytes]:

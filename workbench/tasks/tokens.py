@@ -18,27 +18,37 @@ the dtype, the vocabulary size and each split's tokens and bytes of text. The fo
 $WORKBENCH_DATA_DIR (default ~/.cache/workbench/data) / <digest of the corpus's fingerprint
 and the settings>.
 
-Preparing is resumable: a split is appended to `<split>.bin.part`, and after every batch of
-pieces `progress.json` records how many pieces are done and how many tokens they gave; an
-interrupted preparation cuts the part file back to that count and goes on with the next
-piece. One process prepares a folder at a time (an fcntl lock); the others wait for it and
-then read what it wrote.
+A shard folder is built in `.<name>.building` beside it and renamed to `<name>` once whole,
+so a folder under its own name is always complete; every file is written and read without
+following a link, and `meta.json` is checked (ShardMeta: a dtype of DTYPES, a vocabulary that
+dtype holds, each split's file as long as its token count says) before a shard is used, as
+the data folder may have been tampered with. Preparing is resumable: a split is appended to
+`<split>.bin.part`, and after every batch of pieces `progress.json` records how many pieces
+are done and how many tokens they gave; an interrupted preparation cuts the part file back to
+that count and goes on with the next piece (a progress record out of shape starts the split
+over). One process prepares a folder at a time (an fcntl lock on `.<name>.lock`); the others
+wait for it and then read what it wrote.
 """
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import hashlib
 import json
 import os
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated, Literal
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError, model_validator
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
 
-from workbench.errors import SpecError
+from workbench.errors import SpecError, WorkbenchError, WorkbenchWarning, write_error
+from workbench.results import Count, check_regular, first_problem, load_json, read_regular, write_text_atomic
 
 SPLITS = ("train", "val")
 BATCH_BYTES = 8 << 20  # text tokenized between two progress records
@@ -161,7 +171,7 @@ class TokenFile:
 
     def __array__(self, dtype=None, copy=None) -> np.ndarray:
         if self._fd is None or self._fd[0] != os.getpid():
-            self._fd = (os.getpid(), os.open(self.path, os.O_RDONLY))
+            self._fd = (os.getpid(), os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW))
         size = self.dtype.itemsize
         data = os.pread(self._fd[1], len(self) * size, self.start * size)
         out = np.frombuffer(data, dtype=self.dtype)
@@ -190,38 +200,139 @@ class Shards:
         return counts["tokens"] / counts["bytes"] if counts["bytes"] else 1.0
 
     def tokenizer(self) -> ByteTokenizer | HFTokenizer:
-        name = self.meta["tokenizer"]
-        return ByteTokenizer() if name == "bytes" else HFTokenizer.load(self.folder / "tokenizer.json")
+        if self.meta["tokenizer"] == "bytes":
+            return ByteTokenizer()
+        path = self.folder / "tokenizer.json"
+        if not check_regular(path):
+            raise damaged(self.folder, "tokenizer.json is missing")
+        try:
+            loaded = HFTokenizer.load(path)
+        except SpecError as err:
+            raise damaged(self.folder, err.problem) from None
+        if loaded.vocab_size != self.meta["vocab_size"]:
+            raise damaged(self.folder, f"tokenizer.json has {loaded.vocab_size} tokens, meta.json says "
+                                       f"{self.meta['vocab_size']}")
+        return loaded
+
+
+DTYPES = ("uint8", "uint16", "uint32")  # what a shard stores token ids as: the smallest that holds the vocabulary
+MAX_VOCAB = 2**24  # a tokenizer's tokens: 256 bytes, or a BPE of up to 2**20 (TextParams.vocab_size), or a named file
+MAX_RECORD_BYTES = 1 << 20  # meta.json and progress.json hold a few numbers
+
+
+class SplitCounts(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    tokens: Count
+    bytes: Count
+
+
+class ShardMeta(BaseModel):
+    """meta.json, as `prepare` writes it: checked before a shard folder is used."""
+
+    model_config = ConfigDict(extra="forbid")
+    tokenizer: Literal["bytes", "tokenizer.json"]
+    vocab_size: Annotated[int, Strict(), Field(ge=1, le=MAX_VOCAB)]
+    dtype: Literal[DTYPES]
+    splits: dict[Literal[SPLITS], SplitCounts]
+    corpus: str
+
+    @model_validator(mode="after")
+    def _consistent(self):
+        if set(self.splits) != set(SPLITS):
+            raise ValueError(f"splits: expected {' and '.join(SPLITS)}, got {', '.join(self.splits) or 'none'}")
+        if self.vocab_size > np.iinfo(self.dtype).max + 1:
+            raise ValueError(f"dtype: {self.dtype} cannot hold the ids of a vocabulary of {self.vocab_size}")
+        if self.tokenizer == "bytes" and self.vocab_size != 256:
+            raise ValueError(f"vocab_size: the bytes tokenizer has 256 tokens, not {self.vocab_size}")
+        return self
+
+
+def damaged(folder: Path, problem: str) -> WorkbenchError:
+    return WorkbenchError(f"{folder}: not a shard folder the workbench wrote ({problem}); remove that folder (a run "
+                          "or `workbench prepare` tokenizes the corpus again) or set WORKBENCH_DATA_DIR to another "
+                          "folder")
+
+
+def read_record(path: Path, what: str):
+    """A small JSON record of a shard folder (meta.json, progress.json), read as a regular file."""
+    return load_json(read_regular(path, MAX_RECORD_BYTES), what)
+
+
+def checked_meta(folder: Path) -> dict:
+    """The folder's meta.json, checked as ShardMeta and against its files (each split's `.bin` a
+    regular file of `tokens` ids of `dtype`); one line naming the problem otherwise."""
+    try:
+        meta = ShardMeta.model_validate(read_record(folder / "meta.json", "meta.json")).model_dump()
+    except ValidationError as err:
+        raise damaged(folder, f"meta.json: {first_problem(err)}") from None
+    except ValueError as err:
+        raise damaged(folder, str(err)) from None
+    itemsize = np.dtype(meta["dtype"]).itemsize
+    for split, counts in meta["splits"].items():
+        shard = folder / f"{split}.bin"
+        if not check_regular(shard):
+            raise damaged(folder, f"{shard.name} is missing")
+        if shard.stat().st_size != counts["tokens"] * itemsize:
+            raise damaged(folder, f"{shard.name} holds {shard.stat().st_size} bytes, meta.json says {counts['tokens']} "
+                                  f"tokens of {meta['dtype']}")
+    return meta
 
 
 def prepared(texts: Texts, tokenizer: str, vocab_size: int) -> Shards | None:
     """The shard folder of `texts` under `tokenizer` when it is ready, else None (nothing is written)."""
     folder = data_dir() / settings_key(texts, tokenizer, vocab_size)
-    if (folder / "meta.json").is_file():
-        return Shards(folder, json.loads((folder / "meta.json").read_text()))
-    return None
+    if not os.path.lexists(folder):
+        return None
+    if os.path.islink(folder) or not os.path.isdir(folder):
+        raise damaged(folder, "not a folder, or a symbolic link")
+    if not check_regular(folder / "meta.json"):
+        return None  # an earlier workbench's unfinished preparation, in place: `prepare` goes on with it
+    return Shards(folder, checked_meta(folder))
 
 
 def prepare(texts: Texts, tokenizer: str, vocab_size: int, progress: bool = False) -> Shards:
-    """The shard folder of `texts` under `tokenizer`, tokenizing (or finishing) it first if needed."""
+    """The shard folder of `texts` under `tokenizer`, tokenizing (or finishing) it first if needed;
+    a disk that is full or a data folder that cannot be written is one line (errors.write_error)."""
     ready = prepared(texts, tokenizer, vocab_size)
     if ready is not None:
         return ready
-    folder = data_dir() / settings_key(texts, tokenizer, vocab_size)
-    folder.mkdir(parents=True, exist_ok=True)
-    with open(folder / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
-        if (folder / "meta.json").is_file():  # another process finished it while this one waited
-            return Shards(folder, json.loads((folder / "meta.json").read_text()))
-        encoder = shard_tokenizer(folder, texts, tokenizer, vocab_size)
-        dtype = next(t for t in ("uint8", "uint16", "uint32") if encoder.vocab_size <= np.iinfo(t).max + 1)
-        splits = {split: write_split(folder, split, pieces, dtype, encoder, size, progress)
-                  for split, pieces, size in zip(SPLITS, (texts.train, texts.valid), texts.sizes)}
-        meta = {"tokenizer": "bytes" if tokenizer == "bytes" else "tokenizer.json", "vocab_size": encoder.vocab_size,
-                "dtype": dtype, "splits": splits, "corpus": texts.fingerprint}
-        write_json(folder / "meta.json", meta)
-        (folder / "progress.json").unlink(missing_ok=True)
-    return Shards(folder, meta)
+    name = settings_key(texts, tokenizer, vocab_size)
+    folder, building = data_dir() / name, data_dir() / f".{name}.building"
+    try:
+        data_dir().mkdir(parents=True, exist_ok=True)
+        lock = os.open(data_dir() / f".{name}.lock", os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the descriptor closes
+            ready = prepared(texts, tokenizer, vocab_size)  # another process finished it while this one waited
+            if ready is not None:
+                return ready
+            if os.path.isdir(folder) and not os.path.lexists(building):
+                os.rename(folder, building)  # an earlier workbench prepared in place: go on from what it wrote
+            build(building, texts, tokenizer, vocab_size, progress)
+            os.rename(building, folder)  # whole under its name, or not there; never through a link
+        finally:
+            os.close(lock)
+    except OSError as err:
+        if err.errno == errno.ELOOP:
+            raise damaged(data_dir(), f"a symbolic link among the files of {name}") from None
+        raise write_error(folder, err, "write the token shards",
+                          f"set {DATA_DIR_ENV} to a folder this user can write") from None
+    return Shards(folder, checked_meta(folder))
+
+
+def build(building: Path, texts: Texts, tokenizer: str, vocab_size: int, progress: bool) -> None:
+    """Tokenize `texts` into the folder `building` (going on with what an interrupted build wrote)."""
+    building.mkdir(exist_ok=True)
+    if os.path.islink(building) or not building.is_dir():
+        raise damaged(building, "not a folder")
+    encoder = shard_tokenizer(building, texts, tokenizer, vocab_size)
+    dtype = next(t for t in DTYPES if encoder.vocab_size <= np.iinfo(t).max + 1)
+    splits = {split: write_split(building, split, pieces, dtype, encoder, size, progress)
+              for split, pieces, size in zip(SPLITS, (texts.train, texts.valid), texts.sizes)}
+    meta = {"tokenizer": "bytes" if tokenizer == "bytes" else "tokenizer.json", "vocab_size": encoder.vocab_size,
+            "dtype": dtype, "splits": splits, "corpus": texts.fingerprint}
+    write_text_atomic(building / "meta.json", json.dumps(meta, indent=1))
+    (building / "progress.json").unlink(missing_ok=True)
 
 
 def shard_tokenizer(folder: Path, texts: Texts, tokenizer: str, vocab_size: int) -> ByteTokenizer | HFTokenizer:
@@ -229,21 +340,14 @@ def shard_tokenizer(folder: Path, texts: Texts, tokenizer: str, vocab_size: int)
     if tokenizer == "bytes":
         return ByteTokenizer()
     stored = folder / "tokenizer.json"
-    if not stored.is_file():
+    if not check_regular(stored):
         if tokenizer == "bpe":
-            trained = train_bpe(texts.train(), vocab_size)
-            trained.tokenizer.save(str(stored.with_suffix(".tmp")))
+            text = train_bpe(texts.train(), vocab_size).tokenizer.to_str()
         else:
             HFTokenizer.load(Path(tokenizer))  # a clear message for a file that is no tokenizer
-            stored.with_suffix(".tmp").write_bytes(Path(tokenizer).read_bytes())
-        os.replace(stored.with_suffix(".tmp"), stored)
+            text = Path(tokenizer).read_text(encoding="utf-8")
+        write_text_atomic(stored, text)
     return HFTokenizer.load(stored)
-
-
-def write_json(path: Path, data: dict) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=1))
-    os.replace(tmp, path)
 
 
 def batches(pieces: Iterator[bytes], skip: int) -> Iterator[list[bytes]]:
@@ -266,13 +370,14 @@ def write_split(folder: Path, split: str, pieces: Callable[[], Iterator[bytes]],
                 encoder: ByteTokenizer | HFTokenizer, size: int | None, show: bool) -> dict[str, int]:
     """Tokenize one split into `<split>.bin`, going on from `progress.json` where a run stopped."""
     record = folder / "progress.json"
-    state = json.loads(record.read_text()) if record.is_file() else {}
+    state = progress_record(folder, dtype)
     done = state.get(split, {"pieces": 0, "tokens": 0, "bytes": 0, "complete": False})
     final, part = folder / f"{split}.bin", folder / f"{split}.bin.part"
-    if done["complete"] and final.is_file():
+    if done["complete"] and check_regular(final):
         return {"tokens": done["tokens"], "bytes": done["bytes"]}
     itemsize = np.dtype(dtype).itemsize
-    with open(part, "ab") as out, ProgressBar(show, split, size) as (advance, start):
+    append = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o644)
+    with os.fdopen(append, "ab") as out, ProgressBar(show, split, size) as (advance, start):
         out.truncate(done["tokens"] * itemsize)  # drop what was written after the last record
         start(done["bytes"])
         for batch in batches(pieces(), done["pieces"]):
@@ -282,12 +387,43 @@ def write_split(folder: Path, split: str, pieces: Callable[[], Iterator[bytes]],
             out.flush()
             done["pieces"] += len(batch)
             done["bytes"] += sum(len(p) for p in batch)
-            write_json(record, {**state, split: done})
+            write_text_atomic(record, json.dumps({**state, split: done}))
             advance(sum(len(p) for p in batch))
     os.replace(part, final)
     done["complete"] = True
-    write_json(record, {**state, split: done})
+    write_text_atomic(record, json.dumps({**state, split: done}))
     return {"tokens": done["tokens"], "bytes": done["bytes"]}
+
+
+class SplitProgress(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    pieces: Count
+    tokens: Count
+    bytes: Count
+    complete: bool
+
+
+def progress_record(folder: Path, dtype: str) -> dict[str, dict]:
+    """progress.json of an interrupted build, each split's counts checked against its file (a
+    record cannot extend a part file); one out of shape is a warning, and its build starts over."""
+    path = folder / "progress.json"
+    try:
+        if not check_regular(path):
+            return {}
+        state = {split: SplitProgress.model_validate(counts).model_dump()
+                 for split, counts in dict(read_record(path, "progress.json")).items() if split in SPLITS}
+        for split, counts in state.items():
+            file = folder / f"{split}.bin" if counts["complete"] else folder / f"{split}.bin.part"
+            if not check_regular(file) or file.stat().st_size < counts["tokens"] * np.dtype(dtype).itemsize:
+                raise ValueError(f"{split}: {counts['tokens']} tokens, more than {file.name} holds")
+        return state
+    except (ValidationError, ValueError, TypeError, WorkbenchError) as err:
+        problem = first_problem(err) if isinstance(err, ValidationError) else str(err)
+        warnings.warn(WorkbenchWarning(f"{path}: not a progress record the workbench wrote ({problem}); preparing "
+                                       "those shards from the start"), stacklevel=2)
+        for name in ("progress.json", *(f"{split}.bin{end}" for split in SPLITS for end in ("", ".part"))):
+            (folder / name).unlink(missing_ok=True)
+        return {}
 
 
 class ProgressBar:

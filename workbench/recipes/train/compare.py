@@ -30,7 +30,8 @@ from pydantic import ValidationError
 from workbench.run import store
 from workbench.errors import WorkbenchError
 from workbench.registry import variants
-from workbench.report import fresh_folder, merged_environment, report_destination, study_of, timing_caveat, write_files
+from workbench.report import build_then_swap, merged_environment, report_destination, study_of, timing_caveat
+from workbench.report import write_files
 from workbench.report.index import write_summary
 from workbench.report.pictures import ModelPictures
 from workbench.recipes.train.report import train_report
@@ -193,7 +194,6 @@ def write_comparison(out_dirs: Sequence[str | Path], reports_dir: str | Path, na
     name = name or "-vs-".join(dict.fromkeys(names))
     dest = report_destination(Path(reports_dir), name)
     study, runs, curves, environment, folder_of = comparison_inputs(out_dirs, name, baseline, expect)
-    fresh_folder(dest)
     options = "".join(f" --baseline {shlex.quote(str(baseline))}" for _ in [baseline] if baseline is not None)
     options += "".join(f" --expect {shlex.quote(text)}" for text in expect)
     records = [r for d in out_dirs for r in store.Store(d, create=False).runs()
@@ -203,7 +203,11 @@ def write_comparison(out_dirs: Sequence[str | Path], reports_dir: str | Path, na
         command=f"workbench compare {' '.join(map(str, out_dirs))} --name {study.name}{options}",
         pictures=ModelPictures(lambda run_id: store.run_dir(folder_of[run_id], run_id)) if pictures else None,
     )
-    report, results = train_report(inputs, dest)
-    index = write_files(report, results, dest)
-    write_summary(dest, report, records)
-    return index
+
+    def build(folder: Path) -> None:
+        report, results = train_report(inputs, folder)
+        write_files(report, results, folder)
+        write_summary(folder, report, records)
+
+    build_then_swap(dest, build)  # a comparison that fails to build leaves the previous one whole
+    return dest / "index.html"

@@ -27,7 +27,7 @@ from workbench.run.runner import (
     execute_runs,
     sweeping,
 )
-from workbench.run.store import Store, load_results
+from workbench.run.store import Store, claim_runs_dir, load_results
 from workbench.run.tracking import prepare_trackers, tracker_run
 from workbench.study import StudyFile, TrainStudy
 from workbench.study.keys import canonical_json
@@ -93,6 +93,8 @@ class TrainKind(StudyKind):
         # is touched (--fresh clears it); so are the GPUs each run gets.
         check_devices(study_file, [*tuning, *(finals or [])], executor.machine())
         placement = executor.place(train_sections([*tuning, *(finals or [])]))
+        if options.runs_dir is not None:  # before --fresh deletes there: the runs folder names this one back
+            claim_runs_dir(out, options.runs_dir)
         if options.fresh:
             clear_outputs(out, [run.run_id for run in [*tuning, *(finals or candidate_final_runs(study_file))]])
         store = Store(out)
