@@ -184,6 +184,20 @@ def difference(a, b, level: float = LEVEL, bounds: tuple[float, float] = UNBOUND
     return welch_diff(a, b, level, bounds)
 
 
+def paired_correlation(a: pd.Series, b: pd.Series) -> float:
+    """Pearson correlation of two groups' values over the seeds both have (the Series' index):
+    the share of seed-to-seed variation the arms have in common, which the paired difference
+    cancels (var(a - b) = var a + var b - 2 r sd(a) sd(b)). NaN with fewer than 3 common seeds
+    (two points always lie on a line), a group without spread, or a seed listed twice."""
+    if not (a.index.is_unique and b.index.is_unique):
+        return math.nan
+    both = pd.concat([a.astype(float), b.astype(float)], axis=1, join="inner").to_numpy()
+    both = both[np.isfinite(both).all(axis=1)]
+    if len(both) < 3 or no_spread(both[:, 0]) or no_spread(both[:, 1]):
+        return math.nan
+    return float(np.corrcoef(both[:, 0], both[:, 1])[0, 1])
+
+
 def holm(pvalues: Sequence[float]) -> list[float]:
     """Holm-adjusted p-values (step-down; Holm 1979): the i-th smallest of m is multiplied by
     m - i + 1 (i from 1), then made non-decreasing in that order and capped at 1."""
