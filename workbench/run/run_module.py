@@ -1,6 +1,7 @@
 """The LightningModule of one run, and its optimizer and learning-rate schedule.
 
-    RunModule   build_model(spec) + task.loss; the optimizer train.optimizer names (AdamW by
+    RunModule   build_model(spec) + task.loss (`train.init: paired`: each matrix drawn by its
+                name and shape, paired_init_seed); the optimizer train.optimizer names (AdamW by
                 default); warmup + decay (LambdaLR), which under a compute budget ends when the
                 budget does; the step that reaches a budget trains only the sequences it still
                 pays for; a NaN/inf loss stops training and marks the run diverged
