@@ -51,7 +51,7 @@ def test_figures_find_the_noise_that_paired_init_removes():
         assert f[f"sd_{init}"] == pytest.approx(np.std(a - b, ddof=1))
         assert f[f"mean_{init}"] == pytest.approx(np.mean(a - b))
     assert f["sd_ratio"] == pytest.approx(f["sd_paired"] / f["sd_sequential"]) and f["sd_ratio"] < 0.3
-    assert f["sd_ratio_lo"] < f["sd_ratio"] < f["sd_ratio_hi"] < 1
+    assert f["sd_ratio_lo"] < f["sd_ratio"] < f["sd_ratio_hi"] < 1 and f["equal_sd_p"] < 0.01
     assert f["seed_share"] == pytest.approx(f["sd_ratio"] ** 2)
 
 
