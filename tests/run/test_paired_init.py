@@ -46,10 +46,10 @@ def run_modules(tmp_path, init: str, seed: int = 0, init_stream: int = 0,
             yield run.config["model"][key]["name"], RunModule(run.config, make_task(run.config))
 
 
-def initial_weights(tmp_path, init: str, **arms) -> dict[str, dict[str, torch.Tensor]]:
+def initial_weights(tmp_path, init: str, **options) -> dict[str, dict[str, torch.Tensor]]:
     """The swept value -> the initial parameters of its run's model."""
     return {arm: {n: p.detach().clone() for n, p in module.model.named_parameters()}
-            for arm, module in run_modules(tmp_path, init, **arms)}
+            for arm, module in run_modules(tmp_path, init, **options)}
 
 
 def same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> set[str]:
@@ -62,6 +62,8 @@ def matrices(weights: dict[str, torch.Tensor]) -> set[str]:
 
 
 def test_rope_and_alibi_start_bit_identical(tmp_path):
+    # The default init starts them equal too (the same list of matrices, drawn in turn): the
+    # tests below show what only paired init shares.
     paired = initial_weights(tmp_path, "paired")
     assert paired["rope"].keys() == paired["alibi"].keys()  # neither scheme has parameters of its own
     assert same(paired["rope"], paired["alibi"]) == set(paired["rope"])
