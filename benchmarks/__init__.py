@@ -1,6 +1,7 @@
 """Benchmarks: commands that measure and print tables, never timed tests.
 
     python -m benchmarks.attention_scaling   cost exponents of attention variants (E1, E3, E4)
+    python -m benchmarks.crn                 does train.init: paired make paired differences less noisy?
     python -m benchmarks.decode              KV-cache decode latency and bytes (E10, P9, P10)
     python -m benchmarks.gpu                 the GPU check (--device cpu --tiny: its smoke run)
     bash benchmarks/gpu_check.sh OUT         on a GPU machine: install, the GPU check, the CUDA tests, a study

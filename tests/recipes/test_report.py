@@ -561,3 +561,16 @@ def test_screenshot_mistakes_are_one_line(tmp_path):
                            (["screenshot", str(tmp_path)], "is not a report page")):
         result = CliRunner().invoke(main, args)
         assert result.exit_code == 2 and fragment in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_a_paired_verdict_shows_how_its_seeds_correlate(train_report):
+    """Pearson r of the two groups over their common seeds, in the verdict's detail and summary.json;
+    a Welch difference (rope lost a seed) has none."""
+    _, _, index = train_report
+    summary = json.loads((index.parent / "summary.json").read_text())
+    # alibi [0.90, 0.91, 0.92] against sinusoidal [0.50, 0.52, 0.51]: r = 0.5
+    r = [v["difference"]["r"] for v in summary["verdicts"]]
+    assert r[:2] == [pytest.approx(0.5), pytest.approx(0.5)] and r[2] is None
+    assert "Holm-adjusted p" in summary["verdicts"][0]["detail"]
+    assert ", seeds' correlation r 0.5)" in summary["verdicts"][0]["detail"]
+    assert "correlation" not in summary["verdicts"][2]["detail"]

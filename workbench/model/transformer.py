@@ -15,6 +15,7 @@ and EncoderDecoderModel (encoder + causal decoder with cross-attention).
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
@@ -237,19 +238,23 @@ class Transformer(nn.Module):
         if spec.tie_embeddings:
             self.head.weight = self.embedding.weight
 
-    def _init_weights(self) -> None:
+    def _init_weights(self, seed: int | None = None) -> None:
         # GPT-2 init (as nanoGPT): N(0, 0.02) for every matrix and table (token embeddings, learned
         # positions), output projections scaled by depth so residual sums stay O(1). Vaswani et al.
         # 3.4 instead start tokens at unit RMS (N(0, d^-0.5) times sqrt(d)), far above what the
         # blocks add at init, and our small studies learned much slower that way (quickstart's
         # reverse, rope, 300 steps: accuracy@12 0.28 against 0.64). Additive position schemes scale
         # themselves to INIT_STD instead (position.py), keeping Vaswani's position/token ratio.
+        # Without a seed the matrices draw in turn from torch's global generator, so a model with one
+        # module more draws other values for every matrix after it; with one, each matrix draws from
+        # a generator of its own (parameter_generator): the same values in every model that has it.
         depth = 2 * max(self.spec.encoder_layers, self.spec.decoder_layers)
         for name, p in self.named_parameters():
             if p.dim() < 2:
                 continue  # norms keep ones/zeros, biases zeros
             std = INIT_STD / math.sqrt(depth) if name.endswith(("out.weight", "down.weight")) else INIT_STD
-            nn.init.normal_(p, mean=0.0, std=std)
+            generator = None if seed is None else parameter_generator(seed, name, p.shape)
+            nn.init.normal_(p, mean=0.0, std=std, generator=generator)
         for m in self.modules():
             if isinstance(m, nn.Linear) and m.bias is not None:
                 nn.init.zeros_(m.bias)
@@ -389,10 +394,23 @@ class EncoderDecoderModel(Transformer):
 FAMILIES = {"encoder": EncoderModel, "decoder": DecoderModel, "encoder_decoder": EncoderDecoderModel}
 
 
-def build_model(spec: Mapping[str, Any] | ModelSpec) -> Transformer:
-    """Build a model from a study's `model:` mapping. Raises SpecError naming a bad field."""
+def parameter_generator(seed: int, name: str, shape: torch.Size) -> torch.Generator:
+    """A CPU generator for one parameter's initial values, seeded by (seed, its name, its shape):
+    two models built with one seed draw the same values for a parameter they share by name and
+    shape, and independent ones for any other (common random numbers across paired arms)."""
+    digest = hashlib.blake2b(f"{seed}/{name}/{tuple(shape)}".encode(), digest_size=8).digest()
+    return torch.Generator().manual_seed(int.from_bytes(digest, "little"))
+
+
+def build_model(spec: Mapping[str, Any] | ModelSpec, init_seed: int | None = None) -> Transformer:
+    """Build a model from a study's `model:` mapping. Raises SpecError naming a bad field.
+    With `init_seed` every matrix is drawn again from a generator of its own
+    (`parameter_generator`), the distributions unchanged: `train.init: paired`."""
     spec = parse_spec(spec)
-    return FAMILIES[spec.family](spec)
+    model = FAMILIES[spec.family](spec)
+    if init_seed is not None:
+        model._init_weights(init_seed)
+    return model
 
 
 class RecordedAttention(dict):

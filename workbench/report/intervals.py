@@ -7,9 +7,10 @@ come from scipy.stats.
 Intervals. A group's mean has the two-sided t interval over its seeds (seeds are few, 2-5,
 so the normal approximation would be too narrow). A difference between two groups is
 *paired* over seeds when both finished the same seeds (the same seed gives the same data
-stream and initialisation draw, so seed-to-seed variation cancels), otherwise Welch's
-(unequal variances). Bounded metrics (accuracy in [0, 1], BLEU in [0, 100], ...) get the t
-interval intersected with their range: the true mean lies inside the range, so cutting
+stream, and the same initial weights where the arms' parameters allow, docs/verdicts.md: the
+seed-to-seed variation they share cancels), otherwise Welch's (unequal variances). Bounded
+metrics (accuracy in [0, 1], BLEU in [0, 100], ...) get the t interval intersected with their
+range: the true mean lies inside the range, so cutting
 away the impossible part leaves the coverage as it was, and no interval of an accuracy
 reads 1.19. A bootstrap was the alternative: with 3 seeds its percentile interval is far
 too narrow, and a logit transform is undefined at 0 and 1, where exact match often sits.
@@ -185,6 +186,20 @@ def difference(a, b, level: float = LEVEL, bounds: tuple[float, float] = UNBOUND
         if same_seeds(a, b):
             return paired_diff(a, b, level, bounds)
     return welch_diff(a, b, level, bounds)
+
+
+def paired_correlation(a: pd.Series, b: pd.Series) -> float:
+    """Pearson correlation of two groups' values over the seeds both have (the Series' index):
+    how closely the arms' seed-to-seed variations go together, which is what the paired
+    difference cancels (var(a - b) = var a + var b - 2 r sd(a) sd(b)). NaN with fewer than 3 common seeds
+    (two points always lie on a line), a group without spread, or a seed listed twice."""
+    if not (a.index.is_unique and b.index.is_unique):
+        return math.nan
+    both = pd.concat([a.astype(float), b.astype(float)], axis=1, join="inner").to_numpy()
+    both = both[np.isfinite(both).all(axis=1)]
+    if len(both) < 3 or no_spread(both[:, 0]) or no_spread(both[:, 1]):
+        return math.nan
+    return float(np.corrcoef(both[:, 0], both[:, 1])[0, 1])
 
 
 def holm(pvalues: Sequence[float]) -> list[float]:

@@ -1,6 +1,7 @@
 """The LightningModule of one run, and its optimizer and learning-rate schedule.
 
-    RunModule   build_model(spec) + task.loss; the optimizer train.optimizer names (AdamW by
+    RunModule   build_model(spec) + task.loss (`train.init: paired`: each matrix drawn by its
+                name and shape, paired_init_seed); the optimizer train.optimizer names (AdamW by
                 default); warmup + decay (LambdaLR), which under a compute budget ends when the
                 budget does; the step that reaches a budget trains only the sequences it still
                 pays for; a NaN/inf loss stops training and marks the run diverged
@@ -24,6 +25,15 @@ from workbench.run.divergence import DivergenceCheck
 from workbench.tasks.base import rng_for
 
 INIT_STREAM = 7  # seeds torch for `train.init_stream`: a numpy stream apart from the tasks' data streams
+PAIRED_INIT = 8  # seeds `train.init: paired`'s per-parameter generators: another such stream
+
+
+def paired_init_seed(train_config: dict[str, Any], seed: int) -> int | None:
+    """The seed of `train.init: paired`'s per-parameter draws (workbench.model.transformer.
+    parameter_generator) for this run's seed and init_stream; None under the default init."""
+    if train_config.get("init", "sequential") != "paired":
+        return None
+    return int(rng_for(seed, PAIRED_INIT, train_config.get("init_stream", 0)).integers(2**63))
 
 
 def lr_factor(step: int, warmup: int, total: int, schedule: str, min_ratio: float) -> float:
@@ -79,7 +89,10 @@ class RunModule(pl.LightningModule):
         init_stream = config["train"].get("init_stream", 0)
         if init_stream:  # the same seed's data (the task's own numpy streams), other initial weights
             torch.manual_seed(int(rng_for(config["seed"], INIT_STREAM, init_stream).integers(2**63)))
-        self.model: Transformer = build_model(config["model"])
+        init_seed = paired_init_seed(config["train"], config["seed"])
+        self.model: Transformer = build_model(config["model"], init_seed=init_seed)
+        if init_seed is not None:  # dropout from a stream that the arm's parameter count did not advance
+            torch.manual_seed(init_seed)
         self.task = task
         self.family = config["model"]["family"]
         self.train_cfg = config["train"]

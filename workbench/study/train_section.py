@@ -157,6 +157,7 @@ class TrainConfig(StrictModel):
     OPTIONAL: ClassVar[dict[str, Any]] = {
         "attention_entropy": False, "optimizer": AdamW().model_dump(), "grad_accumulation": 1,
         "early_stopping": None, "callbacks": [], "budget": None, "init_stream": 0,
+        "init": "sequential",
     }
 
     steps: int | None = Field(None, gt=0, description="optimizer steps per run (give steps, tokens or budget)")
@@ -177,6 +178,11 @@ class TrainConfig(StrictModel):
         0, ge=0, le=2**31 - 1,
         description="another stream of random initial weights (and dropout) for the same seed, data unchanged: sweep "
                     "[0, 1] with an expect: entry between them for an A/A noise check; 0 is the seed's own stream")
+    init: Literal["sequential", "paired"] = Field(
+        "sequential", description="how initial weights are drawn: 'sequential', every matrix in turn from the seed's "
+        "torch stream (a module more or less shifts the draws of every matrix after it); 'paired', each matrix from a "
+        "stream of its own seeded by (seed, init_stream, its name and shape), so the arms of a seed start equal in every "
+        "matrix they share (common random numbers for the paired difference; docs/verdicts.md)")
     precision: Literal["32", "bf16-mixed", "16-mixed"] = Field(
         "32", description="'32' anywhere; 'bf16-mixed' on GPUs with bfloat16 (Ampere+); '16-mixed' on GPUs"
     )

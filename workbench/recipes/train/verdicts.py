@@ -13,7 +13,7 @@ from typing import Any
 import pandas as pd
 
 from workbench.report.document import VerdictLine, fmt, fmt_signed_interval, level_text
-from workbench.report.intervals import Interval
+from workbench.report.intervals import Interval, first_seeds, paired_correlation
 from workbench.report.learned_gate import Learned
 from workbench.report.sequential import LOOKS, LookRule, seeds_for_next_look, sequential_verdicts
 from workbench.report.stats import Comparison, Verdict, verdicts
@@ -140,18 +140,26 @@ class Verdicts:
     def variants_text(point: dict[str, Any]) -> str:
         return ", ".join(value_text(v) for v in point.values())
 
+    def seed_correlation(self, v: Verdict) -> float:
+        """Pearson r of the two groups' values over the seeds a paired verdict read; NaN otherwise."""
+        if v.diff.method != "paired":
+            return math.nan
+        a, b = (self.runs.values(group, v.metric) for group in (v.better, v.than))
+        return paired_correlation(*((first_seeds(a, v.seeds), first_seeds(b, v.seeds)) if v.look else (a, b)))
+
     def line(self, v: Verdict, index: int) -> VerdictLine:
         exp = self.study.expect[index]
         def group(name: str, iv: Interval) -> str:
             return f"{name}: {interval_text(iv)}" + ("" if iv.constant else f" ({iv.n} seeds)")
 
-        d = v.diff
+        d, r = v.diff, self.seed_correlation(v)
         detail = f"{group(v.better, v.better_ci)}; {group(v.than, v.than_ci)}"
         if not math.isnan(d.mean):
             how = f"{level_text(d.level)} {d.method} t interval" if not math.isnan(d.lo) else f"{d.method}, no interval"
             holm = f", Holm-adjusted p {fmt(v.p_holm)}" if not math.isnan(v.p_holm) else ""
+            correlation = f", seeds' correlation r {fmt(r, 2)}" if not math.isnan(r) else ""
             shown = fmt(d.mean) if math.isnan(d.lo) else fmt_signed_interval(d.mean, d.lo, d.hi)
-            detail += f"; difference {shown} ({how}{holm})"
+            detail += f"; difference {shown} ({how}{holm}{correlation})"
         if v.gates:
             detail += ". Learned: " + "; ".join(g.text for g in v.gates)
         if v.look:
@@ -164,7 +172,7 @@ class Verdicts:
                            post_hoc=late, tests_claim=v.tests_claim,
                            gates=[gate_record(g) for g in v.gates],
                            difference={"mean": d.mean, "lo": d.lo, "hi": d.hi, "level": d.level, "method": d.method,
-                                       "p": d.p, "p_holm": v.p_holm},
+                                       "p": d.p, "p_holm": v.p_holm, "r": r},
                            look={"look": v.look, "of": v.looks, "seeds": v.seeds, "decided_at": v.decided_at}
                            if v.look else None,
                            groups=[group_record(name, iv) for name, iv in ((v.better, v.better_ci), (v.than, v.than_ci))],
