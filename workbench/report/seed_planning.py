@@ -12,7 +12,7 @@ What is drawn. Per comparison and seed, both groups' values are normal with the 
 SD, and their difference has the pilot's SD of the paired per-seed differences (together they
 set how a seed's two values correlate; the shared data stream of a seed makes that positive)
 and a mean `shift` in the expected direction: the stated effect (Goal.HOLDS), 0 (Goal.EQUIVALENT:
-"equivalent" reached when the truth is no difference), or the searched smallest detectable one
+Outcome.EQUIVALENT reached when the truth is no difference), or the searched smallest detectable one
 (Goal.DETECT). Comparisons planned for nothing are drawn at a difference of 0 and stay in the
 family. No gates: a plan assumes the groups learn (the gates qualify a decision, they never make
 one); no bounds: the values are centred at 0, so a bounded metric near its bound is planned as
@@ -47,9 +47,9 @@ MAX_SHIFT_SD = 2.0**14  # a detectable effect past this many noise SDs is report
 class Goal(StrEnum):
     """What a comparison is planned to reach, with the outcome that counts as reaching it."""
 
-    HOLDS = "holds"  # a stated effect: "holds" with POWER
-    EQUIVALENT = "equivalent"  # its margin: "equivalent" with POWER when the true difference is 0
-    DETECT = "detect"  # neither: the smallest effect read "holds" with POWER at the study's seeds
+    HOLDS = "effect"  # a stated effect: Outcome.HOLDS with POWER
+    EQUIVALENT = "margin"  # its margin: Outcome.EQUIVALENT with POWER when the true difference is 0
+    DETECT = "detect"  # neither: the smallest effect that reads Outcome.HOLDS with POWER at the study's seeds
 
     @property
     def outcome(self) -> Outcome:
@@ -161,7 +161,7 @@ class SeedSearch:
         return passing
 
     def detectable(self, seeds: int) -> tuple[float | None, Simulated]:
-        """The smallest shift, in noise SDs, that the DETECT comparisons read "holds" with POWER at
+        """The smallest shift, in noise SDs, at which the DETECT comparisons hold with POWER at
         `seeds` (with the other comparisons at their planned shifts), to 2%; None past
         MAX_SHIFT_SD. They are drawn alike, so their mean power is each one's, with less Monte
         Carlo error. Also the simulation at that shift (its seeds spent)."""

@@ -20,9 +20,9 @@
    in about half of them. The `seeds:` line to register comes from the upper bound. One pilot
    seed measures no noise: then only the cost is planned (and `--effect-sd`, which needs none).
 3. The seeds: workbench.report.seed_planning simulates the study's whole family through the real
-   verdict rule: per entry with a margin, the seeds for "equivalent" with 80% power when the
-   true difference is 0; with `--effect X` (metric units) or `--effect-sd K` (noise SDs), the
-   seeds for "holds"; with neither, the smallest effect the study's own seeds detect.
+   verdict rule: per entry with a margin, the seeds for Outcome.EQUIVALENT with 80% power when
+   the true difference is 0; with `--effect X` (metric units) or `--effect-sd K` (noise SDs), the
+   seeds for Outcome.HOLDS; with neither, the smallest effect the study's own seeds detect.
 4. The cost: each group's CPU seconds per run in the pilot (the store's cpu_time_s), times the
    seeds it is expected to run (adaptive seeds stop early), plus the pilot's tuning runs, which
    the study repeats whatever its seeds. CPU time depends on the threads a run gets, so the
@@ -44,6 +44,7 @@ from scipy import stats as st
 
 from workbench.errors import SpecError, WorkbenchError
 from workbench.report.document import fmt
+from workbench.report.outcomes import Outcome
 from workbench.report.seed_planning import REPLICATIONS, Goal, Planned, SeedSearch, Simulated
 from workbench.report.stats import MAX_PLANNED_SEEDS, POWER, Comparison
 from workbench.recipes.train.gates import Gates
@@ -271,7 +272,8 @@ def scenario_table(sc: Scenario, comparisons: Sequence[Comparison], study, cpu: 
             what = "detects no effect" if found == math.inf else f"detects {fmt(found)}" + " (> range)" * past
             table.add_row(*row, what, str(written), f"{POWER:.0%}", fmt(s.spent[k]), fmt(s.spent[k] * pair / 60))
         else:
-            what = f"equivalent ±{fmt(c.margin)}" if p.goal is Goal.EQUIVALENT else f"holds at {fmt(p.shift)}"
+            what = (f"{Outcome.EQUIVALENT} ±{fmt(c.margin)}" if p.goal is Goal.EQUIVALENT
+                    else f"{Outcome.HOLDS} at {fmt(p.shift)}")
             power = f"{sc.written.power[k]:.0%}"
             n = sc.smallest[k]
             if n is None:
