@@ -100,6 +100,20 @@ def cost(verdict: Verdict, revealed: pd.DataFrame, keys: Sequence[str]) -> float
     return float(mine["cpu_time_s"].sum()) / 60
 
 
+def outcome_under(rule_name: str, verdict: Verdict) -> str:
+    """The verdict's outcome as `rule_name` words it. The earlier rule's gate ended the test: a
+    comparison whose data show that neither group learned read "not tested" whatever its difference
+    (there it ended at the first look that showed it, which may come before this replay's look);
+    today's rule keeps the tested outcome and qualifies it."""
+    if verdict.tests_claim:
+        return str(verdict.outcome)
+    return "not tested" if rule_name == "earlier" else f"{verdict.outcome} (neither group learned)"
+
+
+def decided_under(rule_name: str, verdict: Verdict) -> bool:
+    return verdict.outcome.decides and (verdict.tests_claim or rule_name != "earlier")
+
+
 def replays(name: str, orders: int, rng: np.random.Generator) -> dict[str, Any]:
     """Each rule on the same `orders` random orders of the stored seeds: per verdict, the share
     decided, the median seeds to decide and the median CPU minutes."""
@@ -121,12 +135,13 @@ def replays(name: str, orders: int, rng: np.random.Generator) -> dict[str, Any]:
         entries = []
         for k in range(len(studies[0])):
             outcomes = [s[k][0] for s in studies]
-            decided = [v for v in outcomes if v.outcome.decides]
+            decides = [decided_under(rule_name, v) for v in outcomes]
             entries.append({
                 "statement": outcomes[0].statement,
-                "decided": len(decided) / len(outcomes),
-                "outcomes": pd.Series([str(v.outcome) for v in outcomes]).value_counts().to_dict(),
-                "median_seeds": float(np.median([v.seeds if v.outcome.decides else math.inf for v in outcomes])),
+                "decided": sum(decides) / len(outcomes),
+                "tests_claim": sum(v.tests_claim for v in outcomes) / len(outcomes),
+                "outcomes": pd.Series([outcome_under(rule_name, v) for v in outcomes]).value_counts().to_dict(),
+                "median_seeds": float(np.median([v.seeds if d else math.inf for v, d in zip(outcomes, decides)])),
                 "median_cpu_min": float(np.median([c for _, c in (s[k] for s in studies)])),
             })
         out[rule_name] = entries
@@ -185,13 +200,13 @@ def section(console: Console, quick: bool = False) -> dict[str, Any]:
         results[name] = found
         table = Table(title=f"{name}: seeds to a decision over {QUICK_ORDERS if quick else ORDERS} orders of the stored "
                             f"seeds (adaptive, first {FIRST}, max {MOST})")
-        for col in ("verdict", "rule", "decided", "median seeds", "median CPU min", "outcomes"):
+        for col in ("verdict", "rule", "decided", "tests the claim", "median seeds", "median CPU min", "outcomes"):
             table.add_column(col)
         for k, entry in enumerate(found["today"]):
             for rule_name in RULES:
                 e = found[rule_name][k]
                 table.add_row(e["statement"] if rule_name == "today" else "", rule_name, f"{e['decided']:.0%}",
-                              f"{e['median_seeds']:g}", f"{e['median_cpu_min']:.1f}",
+                              f"{e['tests_claim']:.0%}", f"{e['median_seeds']:g}", f"{e['median_cpu_min']:.1f}",
                               ", ".join(f"{o} {n}" for o, n in e["outcomes"].items()))
         console.print(table)
     results["moderation"] = moderation_check(rng, 2000 if quick else 20000)
