@@ -21,6 +21,7 @@ from workbench.model.cache import KVCache
 from workbench.model.transformer import EncoderDecoderModel, Positions, Transformer
 from workbench.registry import variants
 from workbench.tasks.tokens import DATA_DIR_ENV
+from workbench.variants import MODEL_AXES
 
 
 
@@ -68,10 +69,16 @@ def choice(axis: str, name: str) -> dict[str, Any]:
 
 
 def tiny_spec(family: str = "decoder", **overrides: Any) -> dict[str, Any]:
-    """A tiny model spec; variant axes given as names get their TINY_PARAMS."""
-    spec = dict(TINY, family=family, position="rope", attention="full", norm="pre", ffn="gelu")
+    """A tiny model spec; variant axes given as names get their TINY_PARAMS. A residual
+    connection defined with one norm placement (DeepNorm: post) gets it unless `norm` is given."""
+    spec = dict(TINY, family=family, position="rope", attention="full", norm="pre", ffn="gelu", residual="plain")
+    residual = overrides.get("residual", "plain")
+    needed = getattr(variants("residual").get(residual if isinstance(residual, str) else residual["name"]),
+                     "norm_placement", None)
+    if needed is not None and "norm" not in overrides:
+        spec["norm"] = needed
     spec.update(overrides)
-    for axis in ("position", "attention", "norm", "ffn"):
+    for axis in MODEL_AXES:
         if isinstance(spec[axis], str):
             spec[axis] = choice(axis, spec[axis])
     return spec

@@ -33,8 +33,8 @@ from workbench.model.position import PositionScheme
 from workbench.model.transformer import Positions, build_model
 from workbench.model.weights import SkipInitialisers
 from workbench.registry import variants
+from workbench.variants import MODEL_AXES
 
-MODEL_AXES = ("position", "attention", "norm", "ffn")
 AXIS_VARIANTS = [(axis, name) for axis in MODEL_AXES for name in registered(axis)]
 
 
@@ -259,13 +259,16 @@ def test_tie_embeddings_shares_one_matrix(family):
 def model_specs(draw):
     family = draw(st.sampled_from(FAMILIES))
     n_kv_heads = draw(st.sampled_from([4, 2, 1]))
-    norm = {"name": draw(st.sampled_from(registered("norm"))),
+    residual = draw(st.sampled_from(registered("residual")))
+    placement = variants("residual")[residual].norm_placement  # DeepNorm is defined with Post-Norm only
+    norm = {"name": placement or draw(st.sampled_from(registered("norm"))),
             "type": draw(st.sampled_from(["layernorm", "rmsnorm"]))}
     return tiny_spec(
         family,
         position=draw(st.sampled_from(registered("position"))),
         attention=draw(st.sampled_from(registered("attention"))),
         ffn=draw(st.sampled_from(registered("ffn"))),
+        residual=residual,
         norm=norm,
         n_kv_heads=n_kv_heads,
         n_layers=draw(st.integers(1, 2)),
