@@ -17,8 +17,10 @@ from torch.testing import assert_close
 
 from workbench.errors import SpecError
 from workbench.model.ffn import FeedForward
+from workbench.model.hf import architecture_for
 from workbench.model.position import INIT_STD
 from workbench.model.residual import Residual
+from workbench.model.spec import parse_spec
 from workbench.model.transformer import Positions, build_model
 from workbench.variants import Params
 
@@ -172,3 +174,11 @@ def test_an_ffn_naming_its_output_w2_gets_the_depth_scaled_init():
         assert float(ffn.w1.weight.std()) == pytest.approx(INIT_STD, rel=0.05)
         with pytest.raises(TypeError, match="UndeclaredW2MLP.residual_outputs names a parameter it does not have"):
             build_model(tiny_spec(ffn="test_w2_undeclared"))
+
+
+def test_a_model_with_a_residual_connection_does_not_export_to_hugging_face():
+    """No mapped architecture scales its residual branches: the export refuses, naming the field."""
+    gpt2 = tiny_spec(position={"name": "learned", "max_len": 64}, bias=True)
+    assert architecture_for(parse_spec(gpt2)).model_type == "gpt2"
+    with pytest.raises(SpecError, match=r"^model\.residual\.name: gpt2 \(GPT2LMHeadModel\) needs 'plain', got 'layerscale'"):
+        architecture_for(parse_spec({**gpt2, "residual": "layerscale"}))
