@@ -170,8 +170,8 @@ def test_an_ffn_naming_its_output_w2_gets_the_depth_scaled_init():
         model = build(tiny_spec(d_model=64, n_layers=2, ffn="test_w2"))
         ffn = model.decoder.blocks[0].ffn
         # 64 x 256 draws each: the sample std is within ~1% of the std it was drawn with
-        assert float(ffn.w2.weight.std()) == pytest.approx(INIT_STD / math.sqrt(4), rel=0.05)
-        assert float(ffn.w1.weight.std()) == pytest.approx(INIT_STD, rel=0.05)
+        assert ffn.w2.weight.std().item() == pytest.approx(INIT_STD / math.sqrt(4), rel=0.05)
+        assert ffn.w1.weight.std().item() == pytest.approx(INIT_STD, rel=0.05)
         with pytest.raises(TypeError, match="UndeclaredW2MLP.residual_outputs names a parameter it does not have"):
             build_model(tiny_spec(ffn="test_w2_undeclared"))
 
