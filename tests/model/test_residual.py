@@ -22,6 +22,8 @@ from workbench.model.position import INIT_STD
 from workbench.model.residual import Residual
 from workbench.model.spec import parse_spec
 from workbench.model.transformer import Positions, build_model
+from workbench.recipes.train.compare import setting_value
+from workbench.registry import run_providers
 from workbench.variants import Params
 
 
@@ -103,6 +105,10 @@ def test_the_default_is_left_out_of_the_stored_model_and_read_back_as_plain():
     assert "residual" not in plain  # runs stored before the axis keep their ids
     assert build_model(plain).spec.residual.name == "plain"
     assert build_model(tiny_spec(residual="rezero")).spec.resolved()["residual"] == {"name": "rezero"}
+    # the readers of stored configs: a run's providers, `workbench compare`'s labels
+    config = {"model": plain, "task": {"name": "copy"}}
+    assert run_providers(config)["variant.residual"].startswith("plain (transformer-workbench ")
+    assert setting_value("model.residual", config) == "plain"
 
 
 # ---- a third-party connection: registered by a plugin, no edit of the core ----------------
