@@ -12,7 +12,9 @@ class Plain(Residual):
     """x + f(x): the sublayer's output added to the stream as it is."""
 
     name = "plain"
-    add = staticmethod(torch.add)  # `x + y` itself: the default path calls no skip or branch hook
+    # `x + y` itself: the default path calls no skip or branch hook (so a connection of your own
+    # derives from Residual, not from Plain, whose add never calls them)
+    add = staticmethod(torch.add)
 
 
 @hookimpl
