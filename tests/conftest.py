@@ -131,6 +131,18 @@ def generate(model: Transformer, x: Tensor, max_new_tokens: int, use_cache: bool
     return model.generate(x, max_new_tokens=max_new_tokens, strategy="greedy", use_cache=use_cache, **kw)
 
 
+def check_causal(model: Transformer) -> None:
+    """P6, causality: changing the target tokens after position t leaves every logit up to t as it
+    was (to float tolerance), and changes the logits at t + 1 (else the check proves nothing)."""
+    src, x, t = tokens(2, 7, seed=5), tokens(2, 12), 6
+    y = x.clone()
+    y[:, t + 1 :] = tokens(2, 12 - t - 1, seed=9)
+    with torch.no_grad():
+        a, b = (logits_of(model, src, z) if isinstance(model, EncoderDecoderModel) else model(z) for z in (x, y))
+    torch.testing.assert_close(b[:, : t + 1], a[:, : t + 1], atol=1e-5, rtol=1e-5)
+    assert (b[:, t + 1] - a[:, t + 1]).abs().max() > 1e-4, "the perturbation had no effect: the check would prove nothing"
+
+
 def check_greedy_decoding(model: Transformer, x: Tensor, max_new_tokens: int) -> None:
     """Greedy generation with cache == without cache == argmax of the teacher-forced forward
     on the generated sequence (each new token is the argmax at the position before it)."""

@@ -19,6 +19,7 @@ from conftest import (
     GENERATIVE,
     VOCAB,
     build,
+    check_causal,
     check_greedy_decoding,
     choice,
     generate,
@@ -60,6 +61,12 @@ def test_variant_forward_backward_finite_with_documented_shapes(axis, name, fami
     for pname, p in model.named_parameters():
         assert p.grad is not None, f"{pname} gets no gradient: is the module wired into forward?"
         assert torch.isfinite(p.grad).all(), f"non-finite gradient in {pname}"
+
+
+@pytest.mark.parametrize("family", GENERATIVE)
+@pytest.mark.parametrize("axis,name", AXIS_VARIANTS, ids=[f"{a}={n}" for a, n in AXIS_VARIANTS])
+def test_variant_keeps_future_tokens_out_of_past_outputs(axis, name, family):
+    check_causal(build(tiny_spec(family, n_layers=2, **{axis: choice(axis, name)})))
 
 
 @pytest.mark.parametrize("axis,name", AXIS_VARIANTS, ids=[f"{a}={n}" for a, n in AXIS_VARIANTS])
