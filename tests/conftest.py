@@ -21,6 +21,7 @@ from workbench.model.cache import KVCache
 from workbench.model.transformer import EncoderDecoderModel, Positions, Transformer
 from workbench.registry import variants
 from workbench.tasks.tokens import DATA_DIR_ENV
+from workbench.variants import MODEL_AXES
 
 
 
@@ -68,10 +69,16 @@ def choice(axis: str, name: str) -> dict[str, Any]:
 
 
 def tiny_spec(family: str = "decoder", **overrides: Any) -> dict[str, Any]:
-    """A tiny model spec; variant axes given as names get their TINY_PARAMS."""
-    spec = dict(TINY, family=family, position="rope", attention="full", norm="pre", ffn="gelu")
+    """A tiny model spec; variant axes given as names get their TINY_PARAMS. A residual
+    connection defined with one norm placement (DeepNorm: post) gets it unless `norm` is given."""
+    spec = dict(TINY, family=family, position="rope", attention="full", norm="pre", ffn="gelu", residual="plain")
+    residual = overrides.get("residual", "plain")
+    needed = getattr(variants("residual").get(residual if isinstance(residual, str) else residual["name"]),
+                     "norm_placement", None)
+    if needed is not None and "norm" not in overrides:
+        spec["norm"] = needed
     spec.update(overrides)
-    for axis in ("position", "attention", "norm", "ffn"):
+    for axis in MODEL_AXES:
         if isinstance(spec[axis], str):
             spec[axis] = choice(axis, spec[axis])
     return spec
@@ -122,6 +129,18 @@ def incremental_logits(model: Transformer, target: Tensor, prefill: int = 1, src
 
 def generate(model: Transformer, x: Tensor, max_new_tokens: int, use_cache: bool, **kw: Any) -> Tensor:
     return model.generate(x, max_new_tokens=max_new_tokens, strategy="greedy", use_cache=use_cache, **kw)
+
+
+def check_causal(model: Transformer) -> None:
+    """P6, causality: changing the target tokens after position t leaves every logit up to t as it
+    was (to float tolerance), and changes the logits at t + 1 (else the check proves nothing)."""
+    src, x, t = tokens(2, 7, seed=5), tokens(2, 12), 6
+    y = x.clone()
+    y[:, t + 1 :] = tokens(2, 12 - t - 1, seed=9)
+    with torch.no_grad():
+        a, b = (logits_of(model, src, z) if isinstance(model, EncoderDecoderModel) else model(z) for z in (x, y))
+    torch.testing.assert_close(b[:, : t + 1], a[:, : t + 1], atol=1e-5, rtol=1e-5)
+    assert (b[:, t + 1] - a[:, t + 1]).abs().max() > 1e-4, "the perturbation had no effect: the check would prove nothing"
 
 
 def check_greedy_decoding(model: Transformer, x: Tensor, max_new_tokens: int) -> None:

@@ -19,6 +19,7 @@ from conftest import (
     GENERATIVE,
     VOCAB,
     build,
+    check_causal,
     check_greedy_decoding,
     choice,
     generate,
@@ -33,8 +34,8 @@ from workbench.model.position import PositionScheme
 from workbench.model.transformer import Positions, build_model
 from workbench.model.weights import SkipInitialisers
 from workbench.registry import variants
+from workbench.variants import MODEL_AXES
 
-MODEL_AXES = ("position", "attention", "norm", "ffn")
 AXIS_VARIANTS = [(axis, name) for axis in MODEL_AXES for name in registered(axis)]
 
 
@@ -60,6 +61,12 @@ def test_variant_forward_backward_finite_with_documented_shapes(axis, name, fami
     for pname, p in model.named_parameters():
         assert p.grad is not None, f"{pname} gets no gradient: is the module wired into forward?"
         assert torch.isfinite(p.grad).all(), f"non-finite gradient in {pname}"
+
+
+@pytest.mark.parametrize("family", GENERATIVE)
+@pytest.mark.parametrize("axis,name", AXIS_VARIANTS, ids=[f"{a}={n}" for a, n in AXIS_VARIANTS])
+def test_variant_keeps_future_tokens_out_of_past_outputs(axis, name, family):
+    check_causal(build(tiny_spec(family, n_layers=2, **{axis: choice(axis, name)})))
 
 
 @pytest.mark.parametrize("axis,name", AXIS_VARIANTS, ids=[f"{a}={n}" for a, n in AXIS_VARIANTS])
@@ -259,13 +266,16 @@ def test_tie_embeddings_shares_one_matrix(family):
 def model_specs(draw):
     family = draw(st.sampled_from(FAMILIES))
     n_kv_heads = draw(st.sampled_from([4, 2, 1]))
-    norm = {"name": draw(st.sampled_from(registered("norm"))),
+    residual = draw(st.sampled_from(registered("residual")))
+    placement = variants("residual")[residual].norm_placement  # DeepNorm is defined with Post-Norm only
+    norm = {"name": placement or draw(st.sampled_from(registered("norm"))),
             "type": draw(st.sampled_from(["layernorm", "rmsnorm"]))}
     return tiny_spec(
         family,
         position=draw(st.sampled_from(registered("position"))),
         attention=draw(st.sampled_from(registered("attention"))),
         ffn=draw(st.sampled_from(registered("ffn"))),
+        residual=residual,
         norm=norm,
         n_kv_heads=n_kv_heads,
         n_layers=draw(st.integers(1, 2)),

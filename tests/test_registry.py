@@ -4,6 +4,7 @@ installed with pip shows up in `workbench list` and in models."""
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import shutil
@@ -58,10 +59,34 @@ def test_every_hookspec_has_an_axis():
 
 
 def test_the_model_spec_names_the_model_axes_of_the_one_list():
-    from workbench.model.spec import VARIANT_AXES, ModelSpec
-    from workbench.variants import MODEL_AXES
+    from workbench.model.spec import VARIANT_AXES, Choice, ModelSpec
+    from workbench.variants import AXIS, MODEL_AXES
 
     assert VARIANT_AXES == MODEL_AXES and set(MODEL_AXES) <= set(ModelSpec.model_fields)
+    default = ModelSpec()
+    assert {field for field in ModelSpec.model_fields if isinstance(getattr(default, field), Choice)} == set(MODEL_AXES)
+    for axis in MODEL_AXES:  # an axis added later defaults to what a stored model without it means
+        if AXIS[axis].absent_means is not None:
+            assert getattr(default, axis).name == AXIS[axis].absent_means and axis not in default.resolved()
+
+
+def axis_name_lists(path: Path) -> list[int]:
+    """Lines of `path` holding a tuple, list, set or call arguments of three or more axis names."""
+    lines = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        items = node.elts if isinstance(node, (ast.Tuple, ast.List, ast.Set)) else node.args if isinstance(node, ast.Call) else []
+        names = {e.value for e in items if isinstance(e, ast.Constant) and isinstance(e.value, str)}
+        if len(names & set(AXES)) >= 3:
+            lines.append(node.lineno)
+    return lines
+
+
+def test_the_axes_are_written_once():
+    """AXIS (workbench/variants.py) is the one list of axes; every other list derives from it.
+    One written out again (in the code, the built-ins or the tests) would miss an axis added later."""
+    found = {f"{path.relative_to(ROOT)}:{line}" for folder in ("workbench", "plugins", "tests", "benchmarks")
+             for path in sorted((ROOT / folder).rglob("*.py")) for line in axis_name_lists(path)}
+    assert not found, f"the axes listed again at {', '.join(sorted(found))}: derive them from workbench.variants.AXIS"
 
 
 def misspelled_plugin() -> types.ModuleType:

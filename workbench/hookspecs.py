@@ -30,6 +30,11 @@ def register_ffn_types() -> list[type]:
 
 
 @hookspec
+def register_residual_connections() -> list[type]:
+    """Return Residual subclasses (how each sublayer's output joins the residual stream)."""
+
+
+@hookspec
 def register_tasks() -> list[type]:
     """Return Task subclasses (data, vocabulary and metrics for a study)."""
 

@@ -12,7 +12,7 @@ import pluggy
 
 from workbench import hookspecs
 from workbench.errors import WorkbenchWarning, closest, unknown_name
-from workbench.variants import AXES, AXIS, MODEL_AXES, Variant
+from workbench.variants import AXES, AXIS, MODEL_AXES, Variant, variant_name
 
 ENTRY_POINT_GROUP = "workbench"
 BUILTIN_PACKAGE = "workbench_plugins."  # plugins/, as installed
@@ -204,6 +204,6 @@ def run_providers(config: dict) -> dict[str, str]:
     """The package behind each variant and the task of one resolved run config, keyed
     `variant.<axis>`: recorded in the run's environment, and compared on resume, so a plugin
     that starts to provide a name (or a new version of one) is seen, not silently mixed in."""
-    names = {axis: config["model"][axis]["name"] for axis in MODEL_AXES}
+    names = {axis: variant_name(config["model"], axis) for axis in MODEL_AXES}
     names["task"] = config["task"]["name"]
     return {f"variant.{axis}": provider(axis, name) for axis, name in names.items()}

@@ -8,7 +8,8 @@
 
 Each axis gets a small *working* variant named after a reference (a scaled sinusoidal
 encoding, attention with a softmax temperature, Pre-Norm with a second norm on the residual
-sum, a two-layer MLP with a choice of activation, a shifted-copy symbol task), so the package passes
+sum, a two-layer MLP with a choice of activation, a fixed residual scaling, a shifted-copy symbol
+task), so the package passes
 its own tests and the workbench's contract tests as generated; the user then replaces the
 body with their idea, keeping the interface.
 """
@@ -111,6 +112,21 @@ from workbench.model.ffn import FeedForward, FFNParams
     def forward(self, x: Tensor) -> Tensor:
         return self.down(self.act(self.up(x)))  # [B, n, d_model]
 ''', "Two-layer MLP, W2 act(W1 x), with a choice of activation."),
+    "residual": ('''\
+from pydantic import Field
+from torch import Tensor
+
+from workbench.model.residual import Residual
+from workbench.variants import Params
+''', '''\
+    scale: float = Field(0.2, gt=0, description="multiplies each sublayer's output before the add (1: plain x + f(x))")
+''', '''\
+    # Block.forward joins each sublayer's output y to the stream x as skip(x) + branch(y), both the
+    # identity by default; init_branch(sublayer) may re-scale the sublayer's initial weights.
+    def branch(self, y: Tensor) -> Tensor:
+        """The sublayer's output [B, n, d_model], scaled before it joins the stream."""
+        return self.params.scale * y
+''', "Residual scaling (Szegedy et al. 2017, Inception-v4): x + scale * f(x) with a fixed scale."),
     "task": ('''\
 from pydantic import Field
 
@@ -125,9 +141,9 @@ from workbench.tasks import SymbolParams, SymbolTask
 ''', "Copy a random symbol string with every symbol shifted along the alphabet (a Caesar cipher)."),
 }
 PARAMS_BASE = {"position": "Params", "attention": "AttentionParams", "norm": "NormParams", "ffn": "FFNParams",
-               "task": "SymbolParams"}
+               "residual": "Params", "task": "SymbolParams"}
 BASE_CLASS = {"position": "PositionScheme", "attention": "AttentionVariant", "norm": "NormPlacement",
-              "ffn": "FeedForward", "task": "SymbolTask"}
+              "ffn": "FeedForward", "residual": "Residual", "task": "SymbolTask"}
 
 MODEL_TEST = '''\
 

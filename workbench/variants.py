@@ -22,6 +22,9 @@ class Axis(NamedTuple):
 
     noun: str  # one variant of it, in words
     hook: str  # the hook its plugins register through (workbench.hookspecs)
+    # An axis added after runs were stored: its default variant, which a stored model mapping
+    # leaves out (ModelSpec.resolved), so the ids of the runs stored before it stay unchanged.
+    absent_means: str | None = None
 
 
 # Every axis, written once: the model's (each a `model:` field naming a variant), then the task.
@@ -30,10 +33,19 @@ AXIS = {
     "attention": Axis("attention variant", "register_attention_variants"),
     "norm": Axis("norm placement", "register_norm_placements"),
     "ffn": Axis("FFN type", "register_ffn_types"),
+    "residual": Axis("residual connection", "register_residual_connections", absent_means="plain"),
     "task": Axis("task", "register_tasks"),
 }
 AXES = tuple(AXIS)
 MODEL_AXES = tuple(axis for axis in AXES if axis != "task")
+
+
+def variant_name(model: Mapping[str, Any], axis: str) -> str:
+    """The variant of a model axis that a stored (resolved) model mapping names; KeyError when
+    it names none and the axis is not one added later (a damaged mapping)."""
+    if axis not in model and AXIS[axis].absent_means is not None:
+        return AXIS[axis].absent_means
+    return model[axis]["name"]
 
 
 # ---- StrictModel: the base of every model a study file (and a stored study) is validated with

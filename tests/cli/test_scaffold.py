@@ -17,7 +17,7 @@ from click.testing import CliRunner
 import test_model_contract as contract
 from workbench import registry
 from workbench.cli import main
-from workbench.variants import AXES
+from workbench.variants import AXES, MODEL_AXES
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -66,7 +66,7 @@ def test_the_generated_package_passes_its_own_tests(generated, axis):
     assert run_tests_of(root / "tests" / f"test_workbench_{name}.py") == 3
 
 
-@pytest.mark.parametrize("axis", ["position", "attention", "norm", "ffn"])
+@pytest.mark.parametrize("axis", MODEL_AXES)
 @pytest.mark.parametrize("family", contract.FAMILIES)
 def test_the_generated_variant_passes_the_contract_tests(generated, axis, family):
     name = f"contract_{axis}"

@@ -22,6 +22,9 @@ class FeedForward(Variant, nn.Module):
     axis = "ffn"
     Params = FFNParams
     is_sublayer: ClassVar[bool] = True  # False: blocks have no FFN sublayer at all (ablation)
+    # The weights that write into the residual stream (workbench.model.residual): the init scales
+    # them by depth. A subclass whose output projection is not `down` names its own here.
+    residual_outputs: ClassVar[tuple[str, ...]] = ("down.weight",)
     activation: ClassVar[type[nn.Module]]
 
     def __init__(self, params: FFNParams, *, d_model: int, bias: bool):

@@ -62,7 +62,7 @@ class Architecture:
 
     def check(self, spec: ModelSpec) -> None:
         """SpecError naming the first field whose value the architecture cannot hold."""
-        needed = {**self.requirements(spec), "tie_qk": False, "n_classes": None}
+        needed = {**self.requirements(spec), "residual.name": "plain", "tie_qk": False, "n_classes": None}
         for field, wanted in needed.items():
             got = value_at(spec, field)
             if got != wanted:

@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 
 from workbench.errors import SpecError
 from workbench.registry import get_variant
-from workbench.variants import FieldError, Params, StrictModel, without_later_defaults
+from workbench.variants import AXIS, MODEL_AXES, FieldError, Params, StrictModel, without_later_defaults
 
 
 class Choice(BaseModel):
@@ -69,7 +69,7 @@ def spec_error_from(err: ValidationError, prefix: str = "") -> SpecError:
     return SpecError(path, problem)
 
 
-VARIANT_AXES = ("position", "attention", "norm", "ffn")  # the model fields that name a variant
+VARIANT_AXES = MODEL_AXES  # the model fields that name a variant
 
 
 class ModelSpec(StrictModel):
@@ -93,6 +93,8 @@ class ModelSpec(StrictModel):
     attention: Any = Field("full", description="attention variant: a name or {name: ..., params}")
     norm: Any = Field("pre", description="norm placement: a name or {name: ..., type: layernorm|rmsnorm}")
     ffn: Any = Field("gelu", description="feed-forward type: a name or {name: ..., d_ff: ...}")
+    residual: Any = Field(AXIS["residual"].absent_means, description="how each sublayer joins the residual "
+                          "stream: plain x + f(x), layerscale, rezero, deepnorm (with norm: post), or a plugin's")
     embedding_norm: Literal["none", "layernorm", "rmsnorm"] = Field(
         "none", description="a norm on the embeddings (after the position signal), as BERT, BART and BLOOM have; "
         "its eps is model.norm's"
@@ -103,7 +105,7 @@ class ModelSpec(StrictModel):
     tie_embeddings: bool = Field(True, description="output head shares the token embedding matrix")
     n_classes: int | None = Field(None, ge=2, description="encoder: size of the sequence-classification head")
 
-    @field_validator("position", "attention", "norm", "ffn", mode="before")
+    @field_validator(*VARIANT_AXES, mode="before")
     @classmethod
     def _variant(cls, v, info: ValidationInfo):
         return resolve_choice(info.field_name, v, f"model.{info.field_name}")
@@ -130,6 +132,10 @@ class ModelSpec(StrictModel):
             raise SpecError("model.tie_qk", "tying Q and K needs n_kv_heads == n_heads")
         if self.n_classes is not None and self.family != "encoder":
             raise SpecError("model.n_classes", "only the encoder family has a classification head")
+        needed = self.residual.cls.norm_placement
+        if needed not in (None, self.norm.name):
+            raise SpecError("model.residual", f"{self.residual.name} is defined with norm: {needed}, and "
+                            f"model.norm is {self.norm.name!r}: set model.norm: {needed}")
         return self
 
     @property
@@ -148,9 +154,11 @@ class ModelSpec(StrictModel):
 
     def resolved(self) -> dict[str, Any]:
         """Plain, fully resolved mapping (variants with all their parameters) for storage."""
-        out = without_later_defaults(self, self.model_dump(exclude={"position", "attention", "norm", "ffn"}))
+        out = without_later_defaults(self, self.model_dump(exclude=set(VARIANT_AXES)))
         for axis in VARIANT_AXES:
-            out[axis] = getattr(self, axis).as_dict()
+            stored = getattr(self, axis).as_dict()
+            if stored != {"name": AXIS[axis].absent_means}:  # an axis added later is left out at its default
+                out[axis] = stored
         return out
 
 

@@ -2,15 +2,17 @@
 
     tokens -> token embedding -> position.embed -> embedding norm (optional) -> Block x n_layers
            -> final norm (pre) -> head
-    Block:   x = x + attn(attn_norm.before(x));   x = attn_norm.after(x)
-             x = x + cross(cross_norm.before(x)); x = cross_norm.after(x)   (encoder_decoder's decoder)
-             x = x + ffn(ffn_norm.before(x));     x = ffn_norm.after(x)
+    Block:   x = attn_residual.add(x, attn(attn_norm.before(x)));    x = attn_norm.after(x)
+             x = cross_residual.add(x, cross(cross_norm.before(x))); x = cross_norm.after(x)   (encoder_decoder's decoder)
+             x = ffn_residual.add(x, ffn(ffn_norm.before(x)));       x = ffn_norm.after(x)
              pre: before = norm, after = identity   post: before = identity, after = norm
+             plain residual: add(x, y) = x + y      others: skip(x) + branch(y)
 
-The four pluggable axes enter at four places: `position` (embedding, q/k rotation or score
+The five pluggable axes enter at five places: `position` (embedding, q/k rotation or score
 bias), `attention` (which keys a query reads, and the kernel), `norm` (where each residual
-branch's norm sits) and `ffn`. Families: EncoderModel (bidirectional), DecoderModel (causal LM)
-and EncoderDecoderModel (encoder + causal decoder with cross-attention).
+branch's norm sits), `ffn`, and `residual` (how each branch joins the stream, and its init).
+Families: EncoderModel (bidirectional), DecoderModel (causal LM) and EncoderDecoderModel
+(encoder + causal decoder with cross-attention).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from workbench.model.cache import KVCache, LayerCache
 from workbench.model.flex import arange_positions
 from workbench.model.norm import make_norm
 from workbench.model.position import INIT_STD
+from workbench.model.residual import Depth, Residual, residual_outputs
 from workbench.model.sampling import GenerationConfig, next_token
 from workbench.model.spec import ModelSpec, parse_spec
 
@@ -61,6 +64,8 @@ class AttentionLayer(nn.Module):
     """What self- and cross-attention share: their variant's call, and hooks that see its weights."""
 
     variant: AttentionVariant  # set by the subclass
+    values_from: str  # the projection whose last n_kv_heads * head_dim rows compute the values
+    residual_outputs = ("out.weight",)  # what writes into the residual stream (workbench.model.residual)
 
     def __init__(self):
         super().__init__()
@@ -88,9 +93,16 @@ class AttentionLayer(nn.Module):
             hook(weights.detach(), visible)
         return y
 
+    def value_projection(self) -> Tensor:
+        """The rows of the weight that compute the values, [n_kv_heads * head_dim, d_model] (a view;
+        DeepNorm's init scales it)."""
+        return getattr(self, self.values_from).weight[-self.n_kv_heads * self.head_dim:]
+
 
 class SelfAttention(AttentionLayer):
     """Multi-head self-attention: one projection reshaped into heads (not slices of x)."""
+
+    values_from = "qkv"  # [q; k; v], or [q; v] with tie_qk
 
     def __init__(self, spec: ModelSpec, position: nn.Module):
         super().__init__()
@@ -136,6 +148,8 @@ class CrossAttention(AttentionLayer):
     """Decoder queries read the encoder output with full attention and no position signal
     (positions already live in both streams)."""
 
+    values_from = "kv"  # [k; v]
+
     def __init__(self, spec: ModelSpec):
         super().__init__()
         self.n_heads, self.n_kv_heads, self.head_dim = spec.n_heads, spec.n_kv_heads, spec.head_dim
@@ -167,37 +181,52 @@ def make_placement(spec: ModelSpec) -> nn.Module:
     return spec.norm.cls(spec.norm.params, d_model=spec.d_model)
 
 
+def make_residual(spec: ModelSpec, depth: Depth) -> Residual:
+    return spec.residual.cls(spec.residual.params, d_model=spec.d_model, depth=depth)
+
+
 class Block(nn.Module):
     """One layer: self-attention, cross-attention (encoder_decoder's decoder), feed-forward."""
 
-    def __init__(self, spec: ModelSpec, position: nn.Module, causal: bool, cross: bool):
+    def __init__(self, spec: ModelSpec, position: nn.Module, causal: bool, cross: bool, depth: Depth):
         super().__init__()
         self.causal = causal
         self.attn = SelfAttention(spec, position)
         self.attn_norm = make_placement(spec)
-        self.cross = CrossAttention(spec) if cross else None
-        self.cross_norm = make_placement(spec) if cross else None
-        self.ffn = self.ffn_norm = None  # `ffn: none` leaves the sublayer out, its norm included
+        self.attn_residual = make_residual(spec, depth)
+        self.cross = self.cross_norm = self.cross_residual = None
+        if cross:
+            self.cross = CrossAttention(spec)
+            self.cross_norm = make_placement(spec)
+            self.cross_residual = make_residual(spec, depth)
+        self.ffn = self.ffn_norm = self.ffn_residual = None  # `ffn: none` leaves the sublayer out, its norm included
         if spec.ffn.cls.is_sublayer:
             self.ffn = spec.ffn.cls(spec.ffn.params, d_model=spec.d_model, bias=spec.bias)
             self.ffn_norm = make_placement(spec)
+            self.ffn_residual = make_residual(spec, depth)
         self.ffn_dropout = nn.Dropout(spec.dropout)
 
     def forward(self, x: Tensor, seq: Positions, memory: Tensor | None = None,
                 memory_seq: Positions | None = None, cache: KVCache | None = None, layer: int = 0) -> Tensor:
         # Each sublayer is a residual branch; the norm placement puts its norm on the branch's
         # input (pre: `before`) or on the sum (post: `after`); the other one is the identity.
+        # The residual connection joins the branch to the stream: skip(x) + branch(y), plain x + y.
         self_cache = cache.self_attn[layer] if cache is not None else None
-        x = x + self.attn(self.attn_norm.before(x), seq, self.causal, self_cache)  # (B, n, d_model)
+        x = self.attn_residual.add(x, self.attn(self.attn_norm.before(x), seq, self.causal, self_cache))  # (B, n, d_model)
         x = self.attn_norm.after(x)
         if self.cross is not None:
             cross_cache = cache.cross_attn[layer] if cache is not None else None
-            x = x + self.cross(self.cross_norm.before(x), seq, memory, memory_seq, cross_cache)  # (B, n, d_model)
+            x = self.cross_residual.add(x, self.cross(self.cross_norm.before(x), seq, memory, memory_seq, cross_cache))
             x = self.cross_norm.after(x)
         if self.ffn is not None:
-            x = x + self.ffn_dropout(self.ffn(self.ffn_norm.before(x)))  # (B, n, d_model)
+            x = self.ffn_residual.add(x, self.ffn_dropout(self.ffn(self.ffn_norm.before(x))))  # (B, n, d_model)
             x = self.ffn_norm.after(x)
         return x
+
+    def branches(self) -> list[tuple[nn.Module, Residual]]:
+        """Each sublayer the block has, with the residual connection that joins it to the stream."""
+        pairs = [(self.attn, self.attn_residual), (self.cross, self.cross_residual), (self.ffn, self.ffn_residual)]
+        return [(sublayer, residual) for sublayer, residual in pairs if sublayer is not None]
 
 
 class Stack(nn.Module):
@@ -213,7 +242,8 @@ class Stack(nn.Module):
         self.embedding_norm = nn.Identity() if spec.embedding_norm == "none" else make_norm(
             spec.norm.params.model_copy(update={"type": spec.embedding_norm}), spec.d_model)
         self.dropout = nn.Dropout(spec.dropout)
-        self.blocks = nn.ModuleList(Block(spec, self.position, causal, cross) for _ in range(n_layers))
+        depth = Depth.of(spec, in_decoder=causal)
+        self.blocks = nn.ModuleList(Block(spec, self.position, causal, cross, depth) for _ in range(n_layers))
         final = spec.norm.cls.final_norm
         self.final_norm = make_placement(spec).norm if final else nn.Identity()
 
@@ -240,7 +270,8 @@ class Transformer(nn.Module):
 
     def _init_weights(self, seed: int | None = None) -> None:
         # GPT-2 init (as nanoGPT): N(0, 0.02) for every matrix and table (token embeddings, learned
-        # positions), output projections scaled by depth so residual sums stay O(1). Vaswani et al.
+        # positions), output projections (what each sublayer names in `residual_outputs`) scaled by
+        # depth so residual sums stay O(1); then each residual connection's init_branch. Vaswani et al.
         # 3.4 instead start tokens at unit RMS (N(0, d^-0.5) times sqrt(d)), far above what the
         # blocks add at init, and our small studies learned much slower that way (quickstart's
         # reverse, rope, 300 steps: accuracy@12 0.28 against 0.64). Additive position schemes scale
@@ -249,15 +280,20 @@ class Transformer(nn.Module):
         # module more draws other values for every matrix after it; with one, each matrix draws from
         # a generator of its own (parameter_generator): the same values in every model that has it.
         depth = 2 * max(self.spec.encoder_layers, self.spec.decoder_layers)
+        branches = [pair for block in self.modules() if isinstance(block, Block) for pair in block.branches()]
+        depth_scaled = {id(p) for sublayer, residual in branches if residual.depth_scaled_init
+                        for p in residual_outputs(sublayer)}
         for name, p in self.named_parameters():
             if p.dim() < 2:
                 continue  # norms keep ones/zeros, biases zeros
-            std = INIT_STD / math.sqrt(depth) if name.endswith(("out.weight", "down.weight")) else INIT_STD
+            std = INIT_STD / math.sqrt(depth) if id(p) in depth_scaled else INIT_STD
             generator = None if seed is None else parameter_generator(seed, name, p.shape)
             nn.init.normal_(p, mean=0.0, std=std, generator=generator)
         for m in self.modules():
             if isinstance(m, nn.Linear) and m.bias is not None:
                 nn.init.zeros_(m.bias)
+        for sublayer, residual in branches:
+            residual.init_branch(sublayer)
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())

@@ -39,7 +39,7 @@ from workbench.results import short_commit
 from workbench.errors import WorkbenchError, WorkbenchWarning
 from workbench.kinds import get_kind, study_kinds
 from workbench import registry  # not `variants`: that name is also the submodule report.variants
-from workbench.variants import MODEL_AXES
+from workbench.variants import MODEL_AXES, variant_name
 from workbench.report.document import Paragraph, Report, Section
 from workbench.report.index import run_cpu_s, run_span_s, run_time_text, write_summary
 from workbench.report.render import render_html, render_markdown
@@ -155,7 +155,7 @@ def missing_variants(configs: Mapping[str, Mapping[str, Any]]) -> list[str]:
     for run_id, c in configs.items():
         try:
             used |= {("task", str(c["task"]["name"]))}
-            used |= {(axis, str(c["model"][axis]["name"])) for axis in MODEL_AXES}
+            used |= {(axis, str(variant_name(c["model"], axis))) for axis in MODEL_AXES}
         except (KeyError, TypeError):
             raise WorkbenchError(f"the stored config of run {str(run_id)[:40]!r} names no task or variant (its "
                                  "`name`): the store is damaged; move it away and run the study again") from None

@@ -38,6 +38,7 @@ from workbench.recipes.train.report import train_report
 from workbench.recipes.train.runs import TrainInputs
 from workbench.report.variants import short_key
 from workbench.results import flatten
+from workbench.variants import variant_name
 from workbench.model.spec import VARIANT_AXES
 from workbench.study import RUN_MEASURES, STORED, TrainStudy, unwrap
 from workbench.study.keys import get_dotted, label
@@ -55,8 +56,10 @@ def setting_key(flat_key: str) -> str:
 def setting_value(key: str, config: dict[str, Any]) -> Any:
     """A run's value of `key` as a study would write it: a variant with only its non-default
     parameters (`{name: sliding_window, window: 64}`, or just its name); others as stored."""
-    value = get_dotted(config, key)
     axis = key.split(".")[1] if key.startswith("model.") else None
+    if axis in VARIANT_AXES and axis not in config["model"]:  # an axis added after the run was stored
+        return variant_name(config["model"], axis)
+    value = get_dotted(config, key)
     if axis in VARIANT_AXES and isinstance(value, dict):
         cls = variants(axis).get(value["name"])
         defaults = {f: field.default for f, field in cls.Params.model_fields.items()} if cls else {}
