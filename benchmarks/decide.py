@@ -3,7 +3,8 @@ same stored per-seed values (`python -m benchmarks --only decide`, or `python -m
 
 Replays. Two studies were trained with 12 fixed seeds, and their results tables are kept as CSV
 (benchmarks/results/decide-*.csv): the quickstart (studies/quickstart.yaml, 4 position schemes)
-and a CPU-sized language model (benchmarks/decide/lm.yaml). Each is replayed as an adaptive study
+and CPU-sized language models (benchmarks/decide/lm.yaml at 300 steps, whose groups do not learn,
+and lm-learns.yaml at 2,000). Each is replayed as an adaptive study
 (`seeds: {first: 3, max: 12}`) through the runner's own add-seeds loop (`replay`): after every
 round the loop asks which groups want more seeds and reveals their next stored runs, as training
 them would. Seeds are revealed in a random order (a permutation of the 12 stored seeds, the same
@@ -48,6 +49,7 @@ ROOT = Path(__file__).resolve().parent.parent
 CASES = {  # name -> (study file, its stored results)
     "quickstart": (ROOT / "studies" / "quickstart.yaml", RESULTS_DIR / "decide-quickstart.csv"),
     "lm": (ROOT / "benchmarks" / "decide" / "lm.yaml", RESULTS_DIR / "decide-lm.csv"),
+    "lm-learns": (ROOT / "benchmarks" / "decide" / "lm-learns.yaml", RESULTS_DIR / "decide-lm-learns.csv"),
 }
 ORDERS, QUICK_ORDERS = 200, 10
 FIRST, MOST = 3, 12
