@@ -1,7 +1,7 @@
 """What a verdict costs to reach: seeds and CPU minutes, today's rule beside the earlier one, on the
 same stored per-seed values (`python -m benchmarks --only decide`, or `python -m benchmarks.decide`).
 
-Replays. Two studies were trained with 12 fixed seeds, and their results tables are kept as CSV
+Replays. Three studies were trained with 12 fixed seeds, and their results tables are kept as CSV
 (benchmarks/results/decide-*.csv): the quickstart (studies/quickstart.yaml, 4 position schemes)
 and CPU-sized language models (benchmarks/decide/lm.yaml at 300 steps, whose groups do not learn,
 and lm-learns.yaml at 2,000). Each is replayed as an adaptive study
