@@ -1,9 +1,13 @@
 """Speed-ups of the training path change no number: a short run of the quickstart's shape
 trains on the same batches and records the same losses and metrics, to the last bit, as the
-code of commit ecea219 (main before issue 23's overhead work) did.
+code of commit ecea219 (main before issue 23's overhead work) did, with one change made on
+purpose since: 26da5ce computes the cross-entropy over contiguous [B*T, C] rows
+(`tasks.metrics.token_nll`, 5x faster at a 2,048-token vocabulary), which reorders log-softmax's
+sums and moves the step-50 loss by one unit in the last place.
 
-The expected values below were produced by running that commit's code
-(`train_run` of STUDY below, torch 2.13.0+cpu, one thread, an x86_64 CPU with AVX512).
+The expected values below were produced by running ecea219's code with that one line changed in
+`Task.loss` and `Tally.add` (`train_run` of STUDY below, torch 2.13.0+cpu, one thread, an x86_64
+CPU with AVX512); ecea219 unchanged gives 0x1.0703da0000000p+1 at step 50, the rest equal.
 The batches are integers and hold on any machine; float results depend on the torch
 build, the CPU's vector instructions and the thread count, so the training check runs
 only where they match the recording.
@@ -33,7 +37,7 @@ seeds: [0]
 RECORDED_ON = ("2.13.0+cpu", "AVX512")  # torch version and CPU capability of the values below
 BATCHES_SHA256 = "ff6506ac0dab5ddb827f8ff7056b73b8dfdbf4bde0549bbd65c3f2a702f1a4fa"  # batches 0..59
 TRAIN_LOSS = {10: "0x1.3c50a00000000p+1", 20: "0x1.30b5260000000p+1", 30: "0x1.20de620000000p+1",
-              40: "0x1.0e48e60000000p+1", 50: "0x1.0703da0000000p+1", 60: "0x1.ef3b8a0000000p+0"}
+              40: "0x1.0e48e60000000p+1", 50: "0x1.0703d80000000p+1", 60: "0x1.ef3b8a0000000p+0"}
 METRICS = {"accuracy@12": "0x1.0d89d89d89d8ap-2", "accuracy@16": "0x1.8d2d2d2d2d2d3p-3",
            "exact_match@12": "0x0.0p+0", "exact_match@16": "0x0.0p+0",
            "loss@12": "0x1.1053462762762p+1", "loss@16": "0x1.20ab0b4b4b4b5p+1",

@@ -26,6 +26,7 @@ from torch import Tensor, nn
 
 from workbench.model.cache import KVCache
 from workbench.model.flex import arange_positions
+from workbench.model.residual import Depth
 from workbench.model.transformer import Block, DecoderModel, Positions, SelfAttention, build_model
 from workbench.model.spec import ModelSpec, parse_spec
 
@@ -90,7 +91,8 @@ def _inputs_and_module(spec: ModelSpec, scope: Scope, n: int, B: int, device, dt
                                                  causal=causal, score_bias=None)
     if scope in ("layer", "block"):
         position = make_position()
-        module = SelfAttention(spec, position) if scope == "layer" else Block(spec, position, causal, cross=False)
+        module = SelfAttention(spec, position) if scope == "layer" else Block(
+            spec, position, causal, cross=False, depth=Depth.of(spec, in_decoder=causal))
         module = module.to(device=device, dtype=dtype)
         x = torch.randn(B, n, spec.d_model, device=device, dtype=dtype, requires_grad=True)
         if scope == "layer":
