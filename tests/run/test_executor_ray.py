@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from click.testing import CliRunner
+from conftest import run_within_cpu
 
 from workbench.cli import main
 from workbench.run.store import Store, load_results
@@ -272,10 +273,10 @@ def connect(address: str, tmp_path: Path, ray_version: str | None = None, **envi
     home = tmp_path / "home"
     home.mkdir(exist_ok=True)
     clean = {k: v for k, v in env().items() if not k.startswith("RAY_AUTH")}
-    proc = subprocess.run(
+    proc = run_within_cpu(
         [sys.executable, "-c", f"{patch}from workbench.cli import main; main()", "run", str(study), "--out",
          str(tmp_path / "out"), "--executor", "ray", "--address", address, "--reports", str(tmp_path / "reports")],
-        env={**clean, "HOME": str(home), **environ}, capture_output=True, text=True, timeout=300)
+        300, env={**clean, "HOME": str(home), **environ}, text=True)
     return proc.returncode, proc.stdout + proc.stderr
 
 
