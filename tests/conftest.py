@@ -215,6 +215,7 @@ def installed_plugin(name: str, **hooks: list[type]) -> Iterator[types.ModuleTyp
 # (a twentieth of a core: 2 cores at a load average of 40).
 HANG_GUARD_S = 1800.0
 WALL_PER_CPU_S = 20
+LEAVE_S = 300.0  # how long processes get to be gone after a stop: a loaded machine runs their exit late
 POLL_S = 0.05
 
 
