@@ -19,6 +19,7 @@
 #   --tests "ARGS"      pytest arguments instead of the CUDA test files
 #   --budget STEP=S     a step's budget in seconds, repeatable (install 45, tests 90, benchmark 270, study 60)
 #   --total S           hard limit of the whole script in seconds (default 480)
+#   --helper-limit S    limit of each short helper call: torch info, study results, the record (default 60)
 #   --python PATH       the Python with torch (default python3)
 #
 # OUT receives (at most 8 files, what the device tool brings back): check.json (device, torch,
@@ -36,6 +37,7 @@ STEPS="install tests benchmark study"
 # ~5 minutes if every section runs, so its last (decode, no goal) may be cut, the others kept
 declare -A BUDGET=([install]=45 [tests]=90 [benchmark]=270 [study]=60)
 TOTAL=480
+HELPER_LIMIT=60  # a helper call only imports torch or reads records: past this it hangs
 RESERVE=15   # seconds kept back from the steps for collecting results and writing check.json
 GRACE=5      # after a step's budget, SIGTERM; this much later, SIGKILL
 DEVICE=cuda TINY="" INSTALL=1 WHEELS="" COMMIT="" SECTIONS="" TEST_ARGS="" PYTHON=python3 OUT_DIR="${OUT:-}"
@@ -56,6 +58,8 @@ while (($#)); do
                 || die "--budget: expected STEP=SECONDS with STEP one of install, tests, benchmark, study; got '${2:-}'"
               BUDGET[${BASH_REMATCH[1]}]=${BASH_REMATCH[2]}; shift ;;
     --total) [[ ${2:-} =~ ^[0-9]+$ ]] || die "--total: expected whole seconds, got '${2:-}'"; TOTAL=$2; shift ;;
+    --helper-limit) [[ ${2:-} =~ ^[0-9]+$ ]] || die "--helper-limit: expected whole seconds, got '${2:-}'"
+                    HELPER_LIMIT=$2; shift ;;
     --python) value "$@"; PYTHON=$2; shift ;;
     -h|--help) usage; exit 0 ;;
     -*) die "unknown option $1 (see --help)" ;;
@@ -124,7 +128,7 @@ skip() {  # skip NAME NOTE
 }
 
 # ---- the machine and its torch ---------------------------------------------------------------
-timeout 60 "$PYTHON" -m benchmarks.gpu_check info >"$SCRATCH/torch-before.json" 2>"$SCRATCH/info.err"
+timeout "$HELPER_LIMIT" "$PYTHON" -m benchmarks.gpu_check info >"$SCRATCH/torch-before.json" 2>"$SCRATCH/info.err"
 say "python: $PYTHON; torch: $(tr -d '\n ' <"$SCRATCH/torch-before.json" | head -c 400)"
 if [[ $DEVICE == cuda ]] && ! grep -q '"cuda_available": true' "$SCRATCH/torch-before.json"; then
   say "WARNING: --device cuda, but this torch sees no CUDA GPU: the GPU steps will fail (--device cpu --tiny rehearses)"
@@ -137,7 +141,7 @@ elif [[ -z $INSTALL ]]; then skip install "--no-install"
 else
   step install install.log "$PYTHON" -m benchmarks.gpu_check install --torch-before "$SCRATCH/torch-before.json" \
     --record "$SCRATCH/install.json" ${WHEELS:+--wheels "$WHEELS"}
-  timeout 60 "$PYTHON" -m benchmarks.gpu_check info >"$SCRATCH/torch-after.json" 2>>"$OUT_DIR/install.log"
+  timeout "$HELPER_LIMIT" "$PYTHON" -m benchmarks.gpu_check info >"$SCRATCH/torch-after.json" 2>>"$OUT_DIR/install.log"
   if ! verdict=$("$PYTHON" -m benchmarks.gpu_check same-torch "$SCRATCH/torch-before.json" "$SCRATCH/torch-after.json" 2>&1); then
     ABORT="torch was replaced by the install"
   fi
@@ -187,12 +191,12 @@ else
   step study study.log "$PYTHON" -m workbench run studies/tiny.yaml --profile gpu "${STUDY_SET[@]}" \
     --out "$SCRATCH/study" --fresh --quiet --jobs 1
   if [[ -f $SCRATCH/study/results.db ]]; then
-    timeout 60 "$PYTHON" -m workbench results "$SCRATCH/study" --format json >"$OUT_DIR/study.json" 2>>"$OUT_DIR/study.log"
+    timeout "$HELPER_LIMIT" "$PYTHON" -m workbench results "$SCRATCH/study" --format json >"$OUT_DIR/study.json" 2>>"$OUT_DIR/study.log"
   fi
 fi
 
 # ---- the record ----------------------------------------------------------------------------------------
-timeout 60 "$PYTHON" -m benchmarks.gpu_check summary "$OUT_DIR" "$SCRATCH" --argv "$ARGV" --started "$STARTED" \
+timeout "$HELPER_LIMIT" "$PYTHON" -m benchmarks.gpu_check summary "$OUT_DIR" "$SCRATCH" --argv "$ARGV" --started "$STARTED" \
   --total "$TOTAL" --device "$DEVICE" ${TINY:+--tiny} ${COMMIT:+--commit "$COMMIT"}
 say "wrote $OUT_DIR/check.json after $((SECONDS - START)) s"
 "$PYTHON" -c "import json, sys; sys.exit(0 if json.load(open(sys.argv[1]))['passed'] else 1)" "$OUT_DIR/check.json" 2>/dev/null

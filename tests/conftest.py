@@ -1,15 +1,21 @@
-"""Shared helpers for model tests: tiny specs, family-aware forward calls, incremental decoding.
+"""Shared helpers for model tests: tiny specs, family-aware forward calls, incremental decoding;
+and for tests that start processes: CPU-time budgets in place of wall-clock limits.
 
-Every helper works for any registered variant, so tests parametrized over the registry
+Every model helper works for any registered variant, so tests parametrized over the registry
 (`registered(axis)`) cover a new plugin without new code here.
 """
 
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import threading
+import time
 import types
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -198,3 +204,84 @@ def installed_plugin(name: str, **hooks: list[type]) -> Iterator[types.ModuleTyp
         if pm.is_registered(module):
             pm.unregister(module)
         registry.variants.cache_clear()
+
+
+# ---- processes held to CPU budgets, not wall-clock limits -------------------------------------
+# Under load (load average 25-30 on 2 cores, pytest -n 2 beside other work) a process gets a
+# fifteenth of a core, so its wall time measures the neighbours and a wall-clock limit fails a
+# correct test. What a test holds a process to is the CPU time it spends, which load barely
+# moves; the wall clock only guards against a hang, so it is generous: HANG_GUARD_S for what a
+# quiet machine does in seconds, and WALL_PER_CPU_S more per CPU second a process may spend
+# (a twentieth of a core: 2 cores at a load average of 40).
+HANG_GUARD_S = 1800.0
+WALL_PER_CPU_S = 20
+LEAVE_S = 300.0  # how long processes get to be gone after a stop: a loaded machine runs their exit late
+POLL_S = 0.05
+
+
+def cpu_so_far(pid: int) -> float:
+    """CPU seconds of a running process and of the children it has waited for (/proc/PID/stat
+    fields 14-17); 0 where there is no /proc, so only the check at its end applies."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return sum(int(f) for f in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+
+
+def kill_and_reap(proc: subprocess.Popen) -> None:
+    """SIGKILL to `proc`, and to its process group where it leads one (its workers)."""
+    if os.getpgid(proc.pid) == proc.pid:
+        os.killpg(proc.pid, signal.SIGKILL)
+    else:
+        proc.kill()
+    os.wait4(proc.pid, 0)
+    proc.returncode = -signal.SIGKILL
+
+
+def wait_within_cpu(proc: subprocess.Popen, cpu_budget_s: float) -> subprocess.CompletedProcess:
+    """Wait for `proc` to end, reading its pipes, and fail the test if it spends more than
+    `cpu_budget_s` seconds of CPU (its own and that of the children it waited for: wait4's
+    rusage at its end, /proc while it runs, when it is killed at once) or is still running after
+    the hang guard. The result carries its output as subprocess.run's does."""
+    output: dict[str, str | bytes] = {}
+    readers = [threading.Thread(target=lambda name=name, pipe=pipe: output.__setitem__(name, pipe.read()), daemon=True)
+               for name, pipe in (("stdout", proc.stdout), ("stderr", proc.stderr)) if pipe is not None]
+    for reader in readers:
+        reader.start()
+    guard_s = HANG_GUARD_S + WALL_PER_CPU_S * cpu_budget_s
+    deadline = time.monotonic() + guard_s
+    while not (ended := os.wait4(proc.pid, os.WNOHANG))[0]:
+        if (spent := cpu_so_far(proc.pid)) > cpu_budget_s:
+            kill_and_reap(proc)
+            pytest.fail(f"{proc.args}: {spent:.1f} s of CPU and still running, over its budget of "
+                        f"{cpu_budget_s:g} s: killed")
+        if time.monotonic() > deadline:
+            kill_and_reap(proc)
+            pytest.fail(f"{proc.args}: still running after {guard_s:g} s of wall time (a hang): killed")
+        time.sleep(POLL_S)
+    _, status, usage = ended
+    proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here: Popen must not wait for it again
+    for reader in readers:  # EOF once every process holding the pipes has ended
+        reader.join(max(0.0, deadline - time.monotonic()))
+        assert not reader.is_alive(), f"{proc.args}: ended, but a process it started still holds its output open"
+    for pipe in (proc.stdout, proc.stderr):
+        if pipe is not None:
+            pipe.close()
+    done = subprocess.CompletedProcess(proc.args, proc.returncode, output.get("stdout"), output.get("stderr"))
+    cpu_s = usage.ru_utime + usage.ru_stime
+    tail = f"{done.stdout or ''}{done.stderr or ''}"[-2000:]
+    assert cpu_s <= cpu_budget_s, (f"{proc.args}: {cpu_s:.1f} s of CPU, over its budget of {cpu_budget_s:g} s "
+                                   f"(exit status {proc.returncode}); its output ends:\n{tail}")
+    return done
+
+
+def run_within_cpu(args: Sequence[str], cpu_budget_s: float, *, check: bool = False,
+                   **popen: Any) -> subprocess.CompletedProcess:
+    """subprocess.run(args, capture_output=True, check=check, **popen), held to a CPU budget
+    (`wait_within_cpu`) instead of a wall-clock timeout."""
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, **popen)
+    done = wait_within_cpu(proc, cpu_budget_s)
+    if check:
+        done.check_returncode()
+    return done
