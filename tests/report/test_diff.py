@@ -40,8 +40,8 @@ def test_a_report_within_the_tolerance_keeps_every_verdict(tmp_path):
     assert lines[1] == ROPE
     assert lines[2] == "  shipped: holds; difference +0.574 [+0.524, +0.624]; rope 0.998, none 0.424"
     assert lines[3] == "  yours:   holds; difference +0.571 [+0.521, +0.621]; rope 0.997, none 0.426"
-    assert lines[4] == "  moved:   difference -0.003, group means up to 0.002: within ±0.02; same outcome"
-    assert lines[-1] == "all 1 verdicts kept their outcome, their numbers within ±0.02"
+    assert lines[4] == "  moved:   difference -0.003, group means up to 0.002: within ±0.05; same outcome"
+    assert lines[-1] == "all 1 verdicts kept their outcome, their numbers within ±0.05"
 
 
 def test_a_move_beyond_the_tolerance_a_changed_outcome_or_a_missing_verdict_exit_1(tmp_path):
@@ -52,10 +52,10 @@ def test_a_move_beyond_the_tolerance_a_changed_outcome_or_a_missing_verdict_exit
                    verdict("a third", "holds", 0.1, {}))
     result = diff(shipped, yours)
     assert result.exit_code == 1, result.output
-    assert "  moved:   difference -0.1, group means up to 0.1: BEYOND ±0.02; same outcome" in result.output
-    assert "within ±0.02; OUTCOME CHANGED (holds -> inconclusive)" in result.output
+    assert "  moved:   difference -0.1, group means up to 0.1: BEYOND ±0.05; same outcome" in result.output
+    assert "within ±0.05; OUTCOME CHANGED (holds -> inconclusive)" in result.output
     assert "  shipped: not in this report" in result.output and "only one report asks this verdict" in result.output
-    assert result.output.splitlines()[-1].startswith("3 of 3 verdicts differ beyond ±0.02 or in outcome")
+    assert result.output.splitlines()[-1].startswith("3 of 3 verdicts differ beyond ±0.05 or in outcome")
     # a wider tolerance (another metric's units) takes the move, not the changed outcome
     wide = diff(shipped, yours, "--tolerance", "0.2")
     assert wide.exit_code == 1 and "2 of 3 verdicts differ beyond ±0.2" in wide.output

@@ -21,12 +21,12 @@ from typing import Any
 from workbench.errors import WorkbenchError
 from workbench.report.findings import SUMMARY_FILE
 
-# The largest move of a quickstart accuracy (one run's, a group mean's, a verdict's difference)
-# between two ways of computing it: one torch thread against two, ATen's AVX2 kernels and MKL's
-# AVX2 GEMM path against this machine's AVX-512 ones, and the code since the shipped report
-# (docs/guide.md gives the figures), rounded up. In the metric's units: other metrics (a loss,
-# bits per byte) need their own --tolerance.
-MACHINE_TOLERANCE = 0.02
+# How far a quickstart accuracy moves between machines: the same run (same code, seed and run
+# id) moved by up to 0.022 between one torch thread with AVX-512 kernels and two threads with
+# ATen's and MKL's AVX2 ones (docs/guide.md gives every figure). A group mean moves at most as far
+# as its runs, a difference of two means at most twice that: 0.05 covers both. In the metric's
+# units: other metrics (a loss, bits per byte) need their own --tolerance.
+MACHINE_TOLERANCE = 0.05
 
 
 def read_summary(folder: str | Path, which: str) -> dict[str, Any]:
@@ -57,11 +57,13 @@ class Shift:
     moved_difference: float | None  # yours minus shipped; None when either lacks the number
     moved_groups: float | None  # the largest move of a group's mean
 
+    def moved_within(self, tolerance: float) -> bool:
+        return all(m is None or abs(m) <= tolerance for m in (self.moved_difference, self.moved_groups))
+
     def within(self, tolerance: float) -> bool:
         """Both reports hold it, with the same outcome, and no number moved beyond the tolerance."""
-        if self.shipped is None or self.yours is None or self.shipped["outcome"] != self.yours["outcome"]:
-            return False
-        return all(m is None or abs(m) <= tolerance for m in (self.moved_difference, self.moved_groups))
+        return (self.shipped is not None and self.yours is not None
+                and self.shipped["outcome"] == self.yours["outcome"] and self.moved_within(tolerance))
 
 
 def number(record: dict[str, Any] | None, key: str) -> float | None:
@@ -116,9 +118,7 @@ def moved_text(s: Shift, tolerance: float) -> str:
     size = ", ".join(moved) or "no numbers to compare"
     same = "same outcome" if s.shipped["outcome"] == s.yours["outcome"] else (
         f"OUTCOME CHANGED ({s.shipped['outcome']} -> {s.yours['outcome']})")
-    within = "within" if all(m is None or abs(m) <= tolerance for m in (s.moved_difference, s.moved_groups)) \
-        else "BEYOND"
-    return f"{size}: {within} ±{tolerance:g}; {same}"
+    return f"{size}: {'within' if s.moved_within(tolerance) else 'BEYOND'} ±{tolerance:g}; {same}"
 
 
 def diff_lines(shipped_dir: str | Path, yours_dir: str | Path,
