@@ -15,6 +15,7 @@ import time
 import types
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -208,33 +209,56 @@ def installed_plugin(name: str, **hooks: list[type]) -> Iterator[types.ModuleTyp
 # ---- processes held to CPU budgets, not wall-clock limits -------------------------------------
 # Under load (load average 25-30 on 2 cores, pytest -n 2 beside other work) a process gets a
 # fifteenth of a core, so its wall time measures the neighbours and a wall-clock limit fails a
-# correct test. What a test holds a process to is the CPU time it spent, which load barely moves;
-# the wall clock only guards against a hang, and is generous for that reason.
-HANG_GUARD_S = 3600.0
+# correct test. What a test holds a process to is the CPU time it spends, which load barely
+# moves; the wall clock only guards against a hang, so it is generous: HANG_GUARD_S for what a
+# quiet machine does in seconds, and WALL_PER_CPU_S more per CPU second a process may spend
+# (a twentieth of a core: 2 cores at a load average of 40).
+HANG_GUARD_S = 1800.0
+WALL_PER_CPU_S = 20
+LEAVE_S = 300.0  # how long processes get to be gone after a stop: a loaded machine runs their exit late
 POLL_S = 0.05
 
 
-def wait_within_cpu(proc: subprocess.Popen, cpu_budget_s: float,
-                    hang_guard_s: float = HANG_GUARD_S) -> subprocess.CompletedProcess:
-    """Wait for `proc` to end, reading its pipes, and fail the test if it spent more than
+def cpu_so_far(pid: int) -> float:
+    """CPU seconds of a running process and of the children it has waited for (/proc/PID/stat
+    fields 14-17); 0 where there is no /proc, so only the check at its end applies."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return sum(int(f) for f in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+
+
+def kill_and_reap(proc: subprocess.Popen) -> None:
+    """SIGKILL to `proc`, and to its process group where it leads one (its workers)."""
+    if os.getpgid(proc.pid) == proc.pid:
+        os.killpg(proc.pid, signal.SIGKILL)
+    else:
+        proc.kill()
+    os.wait4(proc.pid, 0)
+    proc.returncode = -signal.SIGKILL
+
+
+def wait_within_cpu(proc: subprocess.Popen, cpu_budget_s: float) -> subprocess.CompletedProcess:
+    """Wait for `proc` to end, reading its pipes, and fail the test if it spends more than
     `cpu_budget_s` seconds of CPU (its own and that of the children it waited for: wait4's
-    rusage) or is still running after `hang_guard_s` of wall time (then it is killed, with its
-    process group where it leads one). The result carries its output as subprocess.run's does."""
+    rusage at its end, /proc while it runs, when it is killed at once) or is still running after
+    the hang guard. The result carries its output as subprocess.run's does."""
     output: dict[str, str | bytes] = {}
     readers = [threading.Thread(target=lambda name=name, pipe=pipe: output.__setitem__(name, pipe.read()), daemon=True)
                for name, pipe in (("stdout", proc.stdout), ("stderr", proc.stderr)) if pipe is not None]
     for reader in readers:
         reader.start()
-    deadline = time.monotonic() + hang_guard_s
+    guard_s = HANG_GUARD_S + WALL_PER_CPU_S * cpu_budget_s
+    deadline = time.monotonic() + guard_s
     while not (ended := os.wait4(proc.pid, os.WNOHANG))[0]:
+        if (spent := cpu_so_far(proc.pid)) > cpu_budget_s:
+            kill_and_reap(proc)
+            pytest.fail(f"{proc.args}: {spent:.1f} s of CPU and still running, over its budget of "
+                        f"{cpu_budget_s:g} s: killed")
         if time.monotonic() > deadline:
-            if os.getpgid(proc.pid) == proc.pid:
-                os.killpg(proc.pid, signal.SIGKILL)
-            else:
-                proc.kill()
-            os.wait4(proc.pid, 0)
-            proc.returncode = -signal.SIGKILL
-            pytest.fail(f"{proc.args}: still running after {hang_guard_s:g} s of wall time, killed")
+            kill_and_reap(proc)
+            pytest.fail(f"{proc.args}: still running after {guard_s:g} s of wall time (a hang): killed")
         time.sleep(POLL_S)
     _, status, usage = ended
     proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here: Popen must not wait for it again

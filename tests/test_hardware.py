@@ -7,7 +7,6 @@ keeps GPU profiles runnable), here and as on a CUDA machine."""
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -15,6 +14,7 @@ import pytest
 import torch
 import yaml
 from click.testing import CliRunner
+from conftest import run_within_cpu
 
 from workbench.cli import main
 from workbench.hardware import Machine, scaling_needs, train_needs
@@ -115,9 +115,9 @@ def test_a_scaling_study_on_cuda_is_a_note_for_validate_and_refused_by_run(tmp_p
 def test_run_refuses_a_gpu_profile_on_the_cpu_in_one_line_without_a_traceback(tmp_path):
     """The installed command, not the test runner; the advice names the profile, it does not
     suggest the flag that was given; nothing is written to the output folder."""
-    proc = subprocess.run([sys.executable, "-m", "workbench.cli", "run", str(write(tmp_path)), "--profile", "gpu",
+    proc = run_within_cpu([sys.executable, "-m", "workbench.cli", "run", str(write(tmp_path)), "--profile", "gpu",
                            "--out", str(tmp_path / "out"), "--reports", str(tmp_path / "reports")],
-                          capture_output=True, text=True, timeout=300)
+                          300, text=True)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr and proc.stderr.count("\n") == 1, proc.stderr
     assert proc.stderr == ("error: train.precision: 'bf16-mixed' runs on a GPU; this machine trains on the CPU, "
                            "where only '32' is supported (it comes from --profile gpu, for a machine with a GPU: "

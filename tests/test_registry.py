@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pluggy
 import pytest
-from conftest import installed_plugin
+from conftest import installed_plugin, run_within_cpu
 
 from workbench import hookimpl, hookspecs, registry
 from workbench.model.position import PositionScheme
@@ -282,20 +282,17 @@ def example_plugin_site(tmp_path_factory) -> Path:
     work = tmp_path_factory.mktemp("example_plugin")
     source, site = work / "src", work / "site"
     shutil.copytree(EXAMPLE, source)
-    subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
-         "--no-index", "--disable-pip-version-check", "--target", str(site), str(source)],
-        check=True, capture_output=True, text=True, timeout=300,
-    )
+    run_within_cpu([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
+                    "--no-index", "--disable-pip-version-check", "--target", str(site), str(source)],
+                   120, check=True, text=True)
     yield site
     shutil.rmtree(work, ignore_errors=True)
 
 
-def run_with_plugin(site: Path, args: list[str], timeout: int = 300) -> subprocess.CompletedProcess:
+def run_with_plugin(site: Path, args: list[str], cpu_budget_s: float = 300) -> subprocess.CompletedProcess:
     path = os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))
     env = dict(os.environ, PYTHONPATH=path, OMP_NUM_THREADS="1")  # tiny models: one thread is fastest
-    result = subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True,
-                            timeout=timeout)
+    result = run_within_cpu([sys.executable, *args], cpu_budget_s, cwd=ROOT, env=env, text=True)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return result
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from conftest import run_within_cpu
 
 from workbench.cli import default_reports_dir, main
 from workbench.report.index import build_index
@@ -31,7 +32,7 @@ def test_a_command_start_does_not_import_sacrebleu():
     code = ("import sys; from workbench.registry import variants; from workbench.cli import main; "
             "from workbench.variants import AXES; [variants(a) for a in AXES]; "
             "print('sacrebleu' in sys.modules)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    out = run_within_cpu([sys.executable, "-c", code], 120, text=True, check=True)
     assert out.stdout.strip() == "False"
 
 

@@ -7,12 +7,12 @@ from __future__ import annotations
 import importlib
 import inspect
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from conftest import run_within_cpu
 
 import test_model_contract as contract
 from workbench import registry
@@ -86,23 +86,22 @@ def test_bad_names_and_taken_names_are_one_line(tmp_path):
 @pytest.mark.slow
 def test_pip_installed_it_passes_the_workbench_contract_suite(tmp_path):
     """A real install (wheel, dist-info, entry point) into a private --target folder."""
-    subprocess.run([sys.executable, "-m", "workbench.cli", "new-plugin", "attention", "scaffold_attn",
-                    "--dir", str(tmp_path)], check=True, capture_output=True, timeout=120)
+    run_within_cpu([sys.executable, "-m", "workbench.cli", "new-plugin", "attention", "scaffold_attn",
+                    "--dir", str(tmp_path)], 120, check=True)
     site = tmp_path / "site"
-    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
+    run_within_cpu([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
                     "--no-index", "--disable-pip-version-check", "--target", str(site),
-                    str(tmp_path / "workbench-scaffold-attn")], check=True, capture_output=True, timeout=300)
+                    str(tmp_path / "workbench-scaffold-attn")], 120, check=True)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")])),
                OMP_NUM_THREADS="1")
     # a wide terminal: this checks the install (tests/cli/test_cli_list.py checks the layout at 80 columns)
-    listed = subprocess.run([sys.executable, "-m", "workbench.cli", "list", "attention"], env={**env, "COLUMNS": "160"},
-                            cwd=ROOT,
-                            capture_output=True, text=True, timeout=120)
+    listed = run_within_cpu([sys.executable, "-m", "workbench.cli", "list", "attention"], 120,
+                            env={**env, "COLUMNS": "160"}, cwd=ROOT, text=True)
     assert "scaffold_attn" in listed.stdout and "workbench-scaffold-attn 0.1.0" in listed.stdout
-    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0",
+    result = run_within_cpu([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0",
                              "tests/test_model_contract.py", "-k", "scaffold_attn",
                              str(tmp_path / "workbench-scaffold-attn" / "tests")],
-                            env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
+                            600, env=env, cwd=ROOT, text=True)
     assert result.returncode == 0 and " passed" in result.stdout, result.stdout[-3000:] + result.stderr[-2000:]
     assert int(result.stdout.split(" passed")[0].split()[-1]) >= 10, result.stdout[-2000:]
 

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import run_within_cpu
 
 from workbench import build_model
 from workbench.report import screenshot as screenshot_tool
@@ -250,11 +251,11 @@ def test_regenerating_gives_the_same_report(train_report):
 def test_report_renders_in_headless_chromium(train_report):
     _, _, index = train_report
     with tempfile.TemporaryDirectory() as profile:
-        dom = subprocess.run(
+        dom = run_within_cpu(
             ["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
              "--disable-component-update", "--disable-sync", "--no-first-run", f"--user-data-dir={profile}",
              "--dump-dom", index.resolve().as_uri()],
-            capture_output=True, text=True, timeout=120, check=True).stdout
+            CHROMIUM_CPU_S, text=True, check=True).stdout
     page = parse(dom)
     assert page.scripts == 0
     assert "Verdicts" in page.headings and "Leaderboard" in page.headings
@@ -262,6 +263,8 @@ def test_report_renders_in_headless_chromium(train_report):
     assert len(page.images) >= 10
 
 
+# A headless page load or screenshot takes a few CPU seconds, its browser processes together.
+CHROMIUM_CPU_S = 120
 CHROMIUM = ["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
             "--disable-component-update", "--disable-sync", "--no-first-run", "--hide-scrollbars"]
 # Appended to a copy of a report: where every table ends against the box that holds it and the
@@ -308,11 +311,10 @@ def test_every_column_of_a_two_variant_report_shows_at_1280_px(tmp_path):
     measured.write_text(index.read_text().replace("</body>", MEASURE_TABLES))
     with tempfile.TemporaryDirectory() as profile:
         run = [*CHROMIUM, f"--user-data-dir={profile}", "--window-size=1280,2400"]
-        dom = subprocess.run([*run, "--virtual-time-budget=3000", "--dump-dom", measured.resolve().as_uri()],
-                             capture_output=True, text=True, timeout=120, check=True).stdout
+        dom = run_within_cpu([*run, "--virtual-time-budget=3000", "--dump-dom", measured.resolve().as_uri()],
+                             CHROMIUM_CPU_S, text=True, check=True).stdout
         screenshot = tmp_path / "report-1280.png"
-        subprocess.run([*run, f"--screenshot={screenshot}", index.resolve().as_uri()],
-                       capture_output=True, timeout=120, check=True)
+        run_within_cpu([*run, f"--screenshot={screenshot}", index.resolve().as_uri()], CHROMIUM_CPU_S, check=True)
     layout = json.loads(re.search(r'<pre id="measured">(.*?)</pre>', dom, re.S).group(1).replace("&quot;", '"'))
     assert layout["view"] == 1280 and layout["page"] <= layout["view"]  # the page itself never scrolls sideways
     assert max(t["columns"] for t in layout["tables"]) >= 8  # the leaderboards: variant, interval, Δ, measures

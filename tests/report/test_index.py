@@ -118,3 +118,33 @@ def test_a_summary_gated_on_chance_alone_is_marked_for_a_rerun(tmp_path):
             "verdicts": [{**verdict, "learned": [gate]}]}))
         row = next(line for line in build_index(studies, reports).splitlines() if line.startswith("| ran"))
         assert ("decided against chance alone, before the task's stronger baselines" in row) == marked
+
+
+def test_the_budget_ledger_prices_each_decided_verdict_in_cpu_minutes(tmp_path):
+    """Three studies built from runs as the store records them (cpu_time_s per run): one decides
+    2 of 3 (a verdict where neither group learned does not test its claim), one asks nothing,
+    one decides nothing; a fourth report predates CPU times and is left out of the total."""
+    studies, reports = tmp_path / "studies", tmp_path / "reports"
+    studies.mkdir()
+
+    def ran(name, outcomes, cpu_per_run):
+        write_study(studies, name)
+        runs = [{"status": "finished", "recorded_at": "2026-01-01T10:00:00+00:00", "wall_time_s": 60.0,
+                 "cpu_time_s": cpu} for cpu in cpu_per_run]
+        verdicts = [VerdictLine("rope is better than none on accuracy@4", outcome, outcome, "", "", tests_claim=tests)
+                    for outcome, tests in outcomes]
+        (reports / name).mkdir(parents=True)
+        (reports / name / "summary.json").write_text(json.dumps(summary(Report(name, "train", "?", verdicts, []), runs)))
+
+    ran("decides", [("holds", True), ("equivalent", True), ("holds", False)], [300.0, 300.0])  # 10 min
+    ran("describes", [], [120.0])  # 2 min
+    ran("undecided", [("inconclusive", True), ("does not hold", False)], [240.0, 240.0, 240.0])  # 12 min
+    ran("old", [("holds", True)], [None])
+    ledger = build_index(studies, reports).split("## Budget ledger")[1].split("\n## ")[0]
+    rows = [line for line in ledger.splitlines() if line.startswith("| ")]
+    assert rows[1:] == ["| decides | 10.0 | 2 of 3 | 5.0 |",
+                        "| describes | 2.0 | 0 of 0 | — |",
+                        "| old | not recorded | 1 of 1 | – |",
+                        "| undecided | 12.0 | 0 of 2 | — |",
+                        "| **total (3 studies)** | **24.0** | **2 of 5** | **12.0** |"]
+    assert "Left out of the total: old" in ledger

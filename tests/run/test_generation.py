@@ -2,7 +2,8 @@
 for a few steps (bytes and a BPE), exported, and continued by a new Python process that imports
 only transformers; its tokens and text equal `workbench generate` on the run and on the export.
 Then the refusals: a folder that holds no model, an empty prompt, a run that is not a language
-model, an export without its tokenizer, a sampling option with greedy decoding."""
+model, an export without its tokenizer, a sampling option with greedy decoding; and a study's
+folder given for one of its runs."""
 
 from __future__ import annotations
 
@@ -135,6 +136,8 @@ def test_what_generate_refuses_is_one_line(runs, tmp_path):
               "task": {"name": "copy", "train_length": 4, "alphabet_size": 4}, "seed": 0}
     save_final_weights(build_model(config["model"]), config, 0, symbols / "final.safetensors")
     assert "task 'copy' is not a language model" in refused(str(symbols), "a b")
+    assert cli("export", str(symbols), "--to", "hf", str(tmp_path / "copy-export")).exit_code == 0
+    assert "a run of a symbol task exports none" in refused(str(tmp_path / "copy-export"), "a b")
 
     export = tmp_path / "export"
     assert cli("export", str(runs["bytes"]), "--to", "hf", str(export)).exit_code == 0
@@ -145,3 +148,13 @@ def test_what_generate_refuses_is_one_line(runs, tmp_path):
     (partial / "model.safetensors").unlink()
     (partial / "model.safetensors").symlink_to(export / "model.safetensors")  # a received folder: no links
     assert "link" in refused(str(partial), "x")
+
+
+def test_a_study_folder_given_for_a_run_is_answered_with_its_runs(runs, tmp_path):
+    study = runs["bytes"].parent.parent  # runs/<study>/, which holds results.db and runs/<run id>/
+    first = min(runs.values())
+    for folder in (study, study / "runs"):
+        assert f"give one of them (e.g. {first}, one of 2 finished)" in refused(str(folder), "x")
+    for command in (["export", str(study), "--to", "hf", str(tmp_path / "out")], ["eval", str(study), "--lengths", "16"]):
+        result = cli(*command)
+        assert result.exit_code == 2 and f"give one of them (e.g. {first}" in result.stderr, result.output

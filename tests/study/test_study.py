@@ -6,7 +6,6 @@ No training here: every test runs in well under a second (one subprocess test as
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -14,6 +13,7 @@ import jsonschema
 import pytest
 import yaml
 from click.testing import CliRunner
+from conftest import run_within_cpu
 
 from workbench.cli import main
 from workbench.study import load_study
@@ -199,8 +199,7 @@ def test_missing_file_is_one_line(tmp_path):
 def test_real_process_prints_no_traceback(tmp_path):
     """The installed command, not the test runner: exit 2, one line on stderr."""
     path = write(tmp_path, BASE.replace("n_layers: 1", "n_layers: [1"))
-    proc = subprocess.run([sys.executable, "-m", "workbench.cli", "validate", str(path)],
-                          capture_output=True, text=True, timeout=120)
+    proc = run_within_cpu([sys.executable, "-m", "workbench.cli", "validate", str(path)], 120, text=True)
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr and proc.stderr.count("\n") == 1
     assert f"{path}:7: malformed YAML" in proc.stderr

@@ -7,9 +7,10 @@ Each row is read from committed files only (no results store needed): the study 
 question, and the claim ids its header comment or `expect:` names), and what `workbench
 run` / `workbench report` wrote to `reports/<name>/`: `summary.json` (verdicts, run counts,
 run time) and, for scaling studies, `results.csv` (refitted here to one exponent line per
-variant). A study that was never run is listed as "not run". Below the table, the studies
-folder's `findings/published.yaml` (when it has one) becomes the "Published findings" table
-(workbench.report.findings).
+variant). A study that was never run is listed as "not run". Below the table, the budget
+ledger: what each study's runs cost in CPU minutes for the verdicts they decided. Below that,
+the studies folder's `findings/published.yaml` (when it has one) becomes the "Published
+findings" table (workbench.report.findings).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import json
 import math
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -28,7 +30,7 @@ import pandas as pd
 from workbench.cost import fit
 from workbench.report.document import Report, fmt_seconds
 from workbench.report.findings import FINDINGS_FILE, SUMMARY_FILE, findings_section
-from workbench.report.outcomes import VERDICT_RULE, Outcome
+from workbench.report.outcomes import DECIDED, VERDICT_RULE, Outcome
 from workbench.report.registration import minute
 from workbench.results import Status, write_text_atomic
 from workbench.study import load_study
@@ -180,15 +182,18 @@ def cell(lines: Sequence[str]) -> str:
     return "<br>".join(line.replace("|", "\\|").replace("\n", " ") for line in lines) or "–"
 
 
-def study_row(study_path: Path, study, reports_dir: Path) -> list[str]:
+def read_summary(reports_dir: Path, name: str) -> dict[str, Any] | None:
+    path = reports_dir / name / SUMMARY_FILE
+    return json.loads(path.read_text(encoding="utf-8")) if path.exists() else None
+
+
+def study_row(study_path: Path, study, reports_dir: Path, s: dict[str, Any] | None) -> list[str]:
     folder = reports_dir / study.name
     name = f"[{study.name}]({study.name}/report.md)" if (folder / "report.md").exists() else study.name
     claims = ", ".join(claim_ids(study_path, study)) or "–"
     question = " ".join(study.description.split()) or "–"
-    summary_path = folder / SUMMARY_FILE
-    if not summary_path.exists():
+    if s is None:
         return [name, claims, question, "not run", "–", f"`{study_path.as_posix()}`"]
-    s = json.loads(summary_path.read_text(encoding="utf-8"))
     if s["verdicts"]:
         findings = [f"**{issued_label(v, s, study)}**: {v['statement']}" for v in s["verdicts"]]
         if any("learned" not in v for v in s["verdicts"]):  # a summary written before the gate existed
@@ -207,6 +212,70 @@ def study_row(study_path: Path, study, reports_dir: Path) -> list[str]:
     runs += " (" + ", ".join(f"{n} {k}" for k, n in failed.items()) + ")" if failed else ""
     return [name, claims, question, cell(findings), runs,
             f"`{study_path.as_posix()}`"]
+
+
+# ---- the budget ledger ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Spend:
+    """What one study's report cost and what it decided: a row of the budget ledger."""
+
+    study: str
+    cpu_s: float | None  # CPU seconds its runs spent (summary.json's run_cpu_s); None: not recorded
+    asked: int  # verdicts its `expect:` entries ask
+    decided: int  # of them, outcomes that conclude about the claim (holds, does not hold, equivalent)
+
+
+def decides(verdict: dict[str, Any]) -> bool:
+    """A verdict that concluded about its claim. One qualified "(neither group learned)" is shown
+    but does not test the claim (tests_claim false), so it buys nothing."""
+    return verdict["outcome"] in DECIDED and verdict.get("tests_claim", True)
+
+
+def study_spend(name: str, summary: dict[str, Any]) -> Spend:
+    return Spend(name, summary.get("run_cpu_s"), len(summary["verdicts"]), sum(map(decides, summary["verdicts"])))
+
+
+def per_decided(cpu_s: float, decided: int) -> str:
+    """CPU minutes per decided verdict, or "—" when nothing was decided (an infinite price)."""
+    return f"{cpu_s / 60 / decided:.1f}" if decided else "—"
+
+
+def ledger_section(spends: Sequence[Spend]) -> list[str]:
+    """The budget ledger: per study that ran, its CPU minutes, verdicts decided of asked and CPU
+    minutes per decided verdict; the total over the table. CPU time, not wall time times cores:
+    a run that waited for a busy machine spent nothing meanwhile. A study that recorded no CPU
+    time is listed and left out of the total, which says so."""
+    if not spends:
+        return []
+    counted = [s for s in spends if s.cpu_s is not None]
+    rows = [[s.study, "not recorded" if s.cpu_s is None else f"{s.cpu_s / 60:.1f}", f"{s.decided} of {s.asked}",
+             "–" if s.cpu_s is None else per_decided(s.cpu_s, s.decided)] for s in spends]
+    cpu, decided, asked = (sum(s.cpu_s for s in counted), sum(s.decided for s in counted),
+                           sum(s.asked for s in counted))
+    rows.append([f"**total ({len(counted)} studies)**", f"**{cpu / 60:.1f}**", f"**{decided} of {asked}**",
+                 f"**{per_decided(cpu, decided)}**"])
+    header = ["study", "CPU min", "verdicts decided of asked", "CPU min per decided verdict"]
+    lines = [
+        "## Budget ledger",
+        "",
+        "What each study's verdicts cost: the CPU minutes its runs spent (user and system time of each run's "
+        "processes, as the results store records it, summed over the study's runs, tuning runs included), the "
+        f"verdicts it decided (**{Outcome.HOLDS}**, **{Outcome.DOES_NOT_HOLD}** or **{Outcome.EQUIVALENT}**, "
+        "counting one that tests its claim) of those its `expect:` entries ask, and the CPU minutes per decided "
+        "verdict (—: none decided). A study without `expect:` spends minutes and decides nothing; the total "
+        "counts both.",
+        "",
+        "| " + " | ".join(header) + " |",
+        "|---|--:|--:|--:|",
+        *("| " + " | ".join(row) + " |" for row in rows),
+    ]
+    missing = [s.study for s in spends if s.cpu_s is None]
+    if missing:
+        lines += ["", f"Left out of the total: {', '.join(missing)} (a report written before runs recorded their "
+                      "CPU time)."]
+    return [*lines, ""]
 
 
 INTRO_FILE = "index-intro.md"
@@ -240,7 +309,9 @@ def intro(studies_dir: Path, reports_dir: Path) -> str:
 
 def build_index(studies_dir: Path, reports_dir: Path) -> str:
     studies = {p: load_study(p).study for p in sorted(studies_dir.glob("*.yaml"))}
-    rows = [study_row(p, study, reports_dir) for p, study in studies.items()]
+    summaries = {p: read_summary(reports_dir, study.name) for p, study in studies.items()}
+    rows = [study_row(p, study, reports_dir, summaries[p]) for p, study in studies.items()]
+    spends = [study_spend(study.name, summaries[p]) for p, study in studies.items() if summaries[p] is not None]
     findings = findings_section(studies_dir / FINDINGS_FILE, {s.name: s for s in studies.values()}, reports_dir)
     header = ["study (report)", "claims", "question", "verdicts", "run time", "study file"]
     lines = [
@@ -250,6 +321,7 @@ def build_index(studies_dir: Path, reports_dir: Path) -> str:
         "|" + "|".join("---" for _ in header) + "|",
         *("| " + " | ".join(row) + " |" for row in rows),
         "",
+        *ledger_section(spends),
         *findings,
     ]
     return "\n".join(lines)

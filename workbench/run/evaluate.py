@@ -20,6 +20,7 @@ from workbench.model.transformer import attention_entropy, record_attention
 from workbench.model.position import PositionLimitError
 from workbench.results import ATTENTION_ENTROPY, FINAL_WEIGHTS
 from workbench.model.weights import load_final_model, make_task
+from workbench.run.store import run_folder_hint
 
 
 def evaluate_saved_run(run_dir: str | Path, lengths: list[int], batch_size: int | None = None
@@ -28,8 +29,7 @@ def evaluate_saved_run(run_dir: str | Path, lengths: list[int], batch_size: int 
     try:
         model, config = load_final_model(run_dir)
     except FileNotFoundError:
-        raise WorkbenchError(f"{run_dir}: no {FINAL_WEIGHTS} there; give the folder of a finished run "
-                             "(runs/<study>/runs/<run id>/)") from None
+        raise WorkbenchError(f"{run_dir}: no {FINAL_WEIGHTS} there; {run_folder_hint(run_dir)}") from None
     if not lengths or min(lengths) <= 0:
         raise WorkbenchError(f"--lengths: give positive lengths, e.g. --lengths 16,32,64 (got {lengths})")
     try:

@@ -9,6 +9,7 @@ from workbench.errors import WorkbenchError
 from workbench.model.hf import architecture_for, import_transformers, to_hf
 from workbench.model.weights import load_final_model, make_task, refuse_non_finite
 from workbench.results import write_folder_atomically
+from workbench.run.store import run_folder_hint
 from workbench.tasks.model_tokenizer import TextTokens, transformers_tokenizer
 
 
@@ -21,7 +22,7 @@ def export_hf(run_dir: str, out: str) -> str:
     try:
         model, config = load_final_model(run_dir)
     except (FileNotFoundError, NotADirectoryError):
-        raise WorkbenchError(f"{run_dir}: no final weights (a finished run folder: runs/<study>/runs/<run id>/)") from None
+        raise WorkbenchError(f"{run_dir}: no final weights; {run_folder_hint(run_dir)}") from None
     refuse_non_finite(model, run_dir)
     arch = architecture_for(model.spec)
     task = make_task(config)

@@ -26,6 +26,7 @@ from workbench.model.sampling import GenerationConfig
 from workbench.model.transformer import DecoderModel
 from workbench.model.weights import load_final_model, make_task
 from workbench.results import FINAL_WEIGHTS, OLD_FINAL_WEIGHTS, check_regular
+from workbench.run.store import run_folder_hint
 from workbench.tasks import SPECIALS
 from workbench.tasks.model_tokenizer import TextTokens
 from workbench.tasks.tokens import HFTokenizer
@@ -73,7 +74,7 @@ def load_language_model(folder: str | Path) -> LanguageModel:
     if check_regular(folder / "config.json"):
         return exported_language_model(folder)
     raise WorkbenchError(f"{folder}: neither a finished run folder (no {FINAL_WEIGHTS}) nor an export (no "
-                         "config.json); give runs/<study>/runs/<run id>/ or a folder of `workbench export --to hf`")
+                         f"config.json); {run_folder_hint(folder)} or a folder of `workbench export --to hf`")
 
 
 def run_language_model(folder: Path) -> LanguageModel:
@@ -94,8 +95,9 @@ def exported_language_model(folder: Path) -> LanguageModel:
         if path.suffix in EXPORT_FILES:
             check_regular(path)  # a link or FIFO is refused before transformers opens it
     if not check_regular(folder / "tokenizer.json"):
-        raise WorkbenchError(f"{folder}: an export without tokenizer.json (written before exports held their "
-                             "tokenizer, or not by the workbench): export the run again")
+        raise WorkbenchError(f"{folder}: an export without tokenizer.json: a run of a symbol task exports none (its "
+                             "tokens are not text); a text_lm run exported before exports held their tokenizer, "
+                             "export it again")
     transformers = import_transformers()
     transformers.utils.logging.disable_progress_bar()  # its loading bar is noise in a command's output
     try:

@@ -30,9 +30,9 @@ from typing import TYPE_CHECKING, Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from workbench.errors import WorkbenchError, write_error
-from workbench.results import StoredRow, finite_metrics, finite_or_none, first_problem, load_json, read_regular, run_stage
-from workbench.results import write_text_atomic
-from workbench.run.folder import check_run_id, refuse_links
+from workbench.results import FINAL_WEIGHTS, OLD_FINAL_WEIGHTS, StoredRow, finite_metrics, finite_or_none, first_problem
+from workbench.results import load_json, read_regular, run_stage, write_text_atomic
+from workbench.run.folder import RUN_ID, check_run_id, refuse_links
 from workbench.run.store_schema import SCHEMA, connect
 
 if TYPE_CHECKING:
@@ -277,6 +277,23 @@ def run_dir(out_dir: str | Path, run_id: str) -> Path:
     root = runs_root(out_dir)
     refuse_links(root, check_run_id(run_id))
     return root / run_id
+
+
+def run_folder_hint(folder: str | Path) -> str:
+    """What to give a command that reads one finished run (export, evaluate, generate) instead of
+    `folder`, which holds none: the study's finished runs when `folder` is a study's output folder
+    or the runs/ folder inside one (the likely slip), else where run folders lie."""
+    folder = Path(folder)
+    try:
+        root = runs_root(folder) if (folder / DB_FILE).is_file() else folder
+        finished = sorted(p for p in root.iterdir() if RUN_ID.fullmatch(p.name) and
+                          any((p / name).is_file() for name in (FINAL_WEIGHTS, OLD_FINAL_WEIGHTS)))
+    except (OSError, WorkbenchError):  # not a folder, unreadable, or a store naming a runs folder it cannot
+        finished = []
+    if not finished:
+        return "give the folder of a finished run (runs/<study>/runs/<run id>/)"
+    count = f", one of {len(finished)} finished" if len(finished) > 1 else ""
+    return f"it holds a study's runs: give one of them (e.g. {finished[0]}{count})"
 
 
 def dumps(value: Any) -> str:
