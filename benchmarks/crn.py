@@ -145,7 +145,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, help="keep the stores here (OUT/<study>); default: a temporary folder")
     parser.add_argument("--json", help="where to write the figures (default: benchmarks/results/crn.json)")
     args = parser.parse_args(argv)
-    from workbench.run.runner import run_study
+    from workbench.api import run_study
 
     console = Console(width=200)
     rows = []

@@ -142,7 +142,7 @@ def quickstart_study(setup: Setup, folder: Path) -> tuple[Path, str | None]:
 
 
 def train_quickstart(setup: Setup) -> dict[str, Any]:
-    from workbench.run.runner import run_study
+    from workbench.api import run_study
     from workbench.run.store import Store
 
     with tempfile.TemporaryDirectory() as folder:

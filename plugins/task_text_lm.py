@@ -351,7 +351,7 @@ class TextLM(Task):
         return out
 
     def text_words(self, text: str) -> list[str]:
-        """Text as the vocabulary's words, through the study's tokenizer (workbench.report.notebook)."""
+        """Text as the vocabulary's words, through the study's tokenizer (workbench.notebook)."""
         return [self.vocab[self.first_token + int(i)] for i in self.tokenizer.encode([text.encode("utf-8")])[0]]
 
     def words_text(self, words: Sequence[str]) -> str:

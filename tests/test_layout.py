@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parent.parent
 TESTS = ROOT / "tests"
 PACKAGE = ROOT / "workbench"
 # Folders of tests for code outside the package's folders: the plugins, the benchmarks, and the
-# command line (`workbench/cli.py` and the commands it serves).
+# interface (`workbench/cli.py` and the commands it serves, `api.py`, `notebook.py`).
 OTHER_FOLDERS = {"plugins", "benchmarks", "cli"}
 
 

@@ -161,7 +161,7 @@ def run_command(study: str, out: str | None, jobs: int, fresh: bool, profile: st
     # writes by then (the lock, --fresh, the study's record) is transactional or a fresh start.
     with stopping.immediate(stopping.BEFORE_START if OWN_PROCESS else None):
         from workbench.kinds import get_kind
-        from workbench.run.runner import run_study
+        from workbench.api import run_study
         from workbench.study import load_study
 
         if dry_run:
@@ -181,7 +181,7 @@ def run_command(study: str, out: str | None, jobs: int, fresh: bool, profile: st
     # the report is built in a scratch folder and swapped in: a stop while it builds loses nothing
     with stopping.immediate(f"{done}; the report was not written (`workbench report {summary.out_dir}` "
                             "writes it)" if OWN_PROCESS else None):
-        from workbench.report import write_report  # after the sweep: the workers start without waiting for it
+        from workbench.api import write_report
         from workbench.run.folder import default_reports_dir
 
         index = write_report(summary.out_dir, reports_dir or default_reports_dir(summary.out_dir, summary.study))
@@ -253,7 +253,8 @@ def plan_command(study: str, pilot_seeds: int, effect: float | None, effect_sd: 
     verdict) and print per `expect:` entry the seeds and CPU minutes its margin or --effect needs
     with 80% power (or what the study's seeds detect), and the `seeds:` line to register."""
     with stopping.immediate(stopping.BEFORE_START if OWN_PROCESS else None):
-        from workbench.recipes.train.plan import check_effect, plan_lines, run_pilot
+        from workbench.api import run_pilot
+        from workbench.recipes.train.plan import check_effect, plan_lines
 
         check_effect(effect, effect_sd)
         pilot = run_pilot(study, pilot_seeds, out, profile, overrides, jobs, fresh, quiet)
@@ -399,7 +400,7 @@ def generate_command(folder: str, prompt: str, max_new_tokens: int, strategy: st
 def report_command(out_dir: str, reports_dir: str | None, no_pictures: bool, with_data: bool) -> None:
     """Write the comparison report of the study stored in OUT_DIR (no training)."""
     name = stored_study_name(out_dir)  # the store is checked before the report layer (pandas, seaborn) loads
-    from workbench.report import write_report
+    from workbench.api import write_report
     from workbench.run.folder import default_reports_dir
 
     index = write_report(out_dir, reports_dir or default_reports_dir(out_dir, name),

@@ -13,7 +13,7 @@ from workbench.cost.measure import measure_point
 from workbench.cost.workload import Point
 from workbench.errors import WorkbenchError
 from workbench.model.transformer import build_model
-from workbench.run.runner import run_study
+from workbench.api import run_study
 from workbench.run.store import load_curves, load_results
 from workbench.study import load_study
 from workbench.study.train_section import TrainConfig

@@ -14,8 +14,8 @@ from conftest import run_within_cpu
 
 from workbench.recipes.train.gates import Gates
 from workbench.recipes.train.runs import TrainRuns
-from workbench.report import write_report
-from workbench.run.runner import run_study
+from workbench.api import write_report
+from workbench.api import run_study
 from workbench.run.store import load_results
 from workbench.study import TrainStudy
 from workbench.tasks import Consumed

@@ -10,7 +10,8 @@ from test_report import save_study
 from workbench import registry
 from workbench.errors import WorkbenchError
 from workbench.model.position import PositionScheme
-from workbench.report import ReportSkipWarning, write_report
+from workbench.api import write_report
+from workbench.report import ReportSkipWarning
 from workbench.run.runner import check_providers
 from workbench.run.store import Store
 from workbench.study import load_study

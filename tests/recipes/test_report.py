@@ -24,7 +24,7 @@ from conftest import HANG_GUARD_S, run_within_cpu
 
 from workbench import build_model
 from workbench.report import screenshot as screenshot_tool
-from workbench.report import write_report
+from workbench.api import write_report
 from workbench.report.document import fmt_signed_interval
 from workbench.run.store import Store, run_dir
 from workbench.study import load_study

@@ -13,7 +13,7 @@ import torch
 
 from workbench.cost.fit import PowerLaw, fit_power_law, power_law_crossing
 from workbench.errors import WorkbenchError
-from workbench.report import write_report
+from workbench.api import write_report
 from workbench.report.compute_curves import to_target
 from workbench.report.ladder import cross_scale_line
 from workbench.results import RunResult

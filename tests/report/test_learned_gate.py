@@ -17,9 +17,9 @@ import torch
 from conftest import installed_plugin
 from workbench.registry import variants
 from workbench.report.document import fmt
-from workbench.report import write_report
+from workbench.api import write_report
 from workbench.report.index import build_index
-from workbench.run.runner import run_study
+from workbench.api import run_study
 from workbench.tasks import Task
 
 TASKS = variants("task")

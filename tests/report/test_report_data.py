@@ -10,7 +10,7 @@ from pathlib import Path
 from click.testing import CliRunner
 
 from workbench.cli import main
-from workbench.run.runner import run_study
+from workbench.api import run_study
 
 
 def test_a_report_with_its_data_rebuilds_from_that_data_alone(tmp_path, monkeypatch):

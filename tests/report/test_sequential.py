@@ -243,7 +243,7 @@ expect:
 def test_an_adaptive_study_adds_seeds_only_to_groups_of_undecided_comparisons(tmp_path):
     import torch
 
-    from workbench.run.runner import run_study
+    from workbench.api import run_study
     from workbench.run.store import load_results
     from workbench.study import load_study
     from workbench.study.sweep import expand
@@ -311,8 +311,8 @@ expect:
 
 
 def run_aa(tmp_path, arm: str, a, b):
-    from workbench.report import write_report
-    from workbench.run.runner import run_study
+    from workbench.api import write_report
+    from workbench.api import run_study
     from workbench.run.store import load_results
 
     path = tmp_path / "aa.yaml"

@@ -160,7 +160,7 @@ def test_a_rerun_on_two_processes_into_one_process_results_says_why_it_reuses_no
     from click.testing import CliRunner
 
     from workbench.cli import main
-    from workbench.run.runner import run_study
+    from workbench.api import run_study
 
     study, out = write(tmp_path, STUDY.replace("devices: 2", "devices: 1")), tmp_path / "out"
     assert run_study(study, out, quiet=True).statuses == {"finished": 1}

@@ -21,7 +21,7 @@ from workbench.study import load_study
 from workbench.study.sweep import expand
 from workbench.run.executor import Executor, Job, LocalProcessExecutor, gpu_slots, visible_gpu_ids
 from workbench.run.executor_ray import RayExecutor
-from workbench.run.runner import run_study
+from workbench.api import run_study
 
 TRAIN = {"accelerator": "auto", "precision": "32", "devices": 1}
 GPUS = Machine("this machine", "CUDA: fake x2", cuda=True, bf16=True, gpu_count=2)

@@ -16,9 +16,9 @@ from conftest import HANG_GUARD_S
 
 from workbench.cli import main
 from workbench.errors import WorkbenchError
-from workbench.report import write_report
+from workbench.api import write_report
 from workbench.run.folder import LOCK_FILE, WriterLock
-from workbench.run.runner import run_study
+from workbench.api import run_study
 from workbench.run.store import DB_FILE, Store, load_results
 from workbench.study import load_study
 from workbench.study.sweep import expand

@@ -17,7 +17,7 @@ from click.testing import CliRunner
 from conftest import run_within_cpu
 
 from workbench.cli import main
-from workbench.run.runner import run_study
+from workbench.api import run_study
 from workbench.run.store import DB_FILE, Store, claim_runs_dir, runs_root
 from workbench.run.store_schema import MAX_VALUE_BYTES
 

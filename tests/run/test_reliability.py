@@ -20,7 +20,7 @@ from conftest import HANG_GUARD_S, LEAVE_S, cpu_so_far, wait_within_cpu
 
 from workbench import stopping
 from workbench.errors import WorkbenchError
-from workbench.run.runner import run_study
+from workbench.api import run_study
 from workbench.run.store import DB_FILE, Store, load_results, run_dir
 from workbench.study import load_study
 from workbench.study.sweep import expand
@@ -341,7 +341,7 @@ def test_a_truncated_checkpoint_names_the_file_and_what_to_do(tmp_path):
 
 
 def test_a_truncated_final_weights_file_keeps_the_old_report(finished_out, tmp_path):
-    from workbench.report import write_report
+    from workbench.api import write_report
     study, out = copy_of(finished_out, tmp_path)
     index = write_report(out, tmp_path / "reports")
     old = index.read_text()
@@ -544,7 +544,7 @@ def test_a_group_signal_mid_training_checkpoints_both_runs_and_records_none_fail
 
 
 def test_a_group_signal_during_the_report_keeps_every_run_and_the_next_report_cleans_up(tmp_path):
-    from workbench.report import write_report
+    from workbench.api import write_report
 
     building = lambda out, proc: any((tmp_path / "reports").glob(".*.building-*"))
     proc, err, out, group = group_signal(tmp_path, SHORT, building)
@@ -705,7 +705,7 @@ def test_a_weights_file_whose_config_asks_for_a_huge_model_or_lacks_task_is_refu
 
 
 def test_a_read_only_report_destination_is_one_line_and_keeps_the_old_report(finished_out, tmp_path, monkeypatch):
-    from workbench.report import write_report
+    from workbench.api import write_report
     import workbench.report as report_module
 
     _, out = copy_of(finished_out, tmp_path)

@@ -21,7 +21,8 @@ from conftest import HANG_GUARD_S
 
 from workbench.cli import main
 from workbench.errors import WorkbenchError
-from workbench.run.runner import check_study, run_study
+from workbench.api import run_study
+from workbench.run.runner import check_study
 from workbench.run.store import DB_FILE, Store, load_curves, load_results, run_dir
 from workbench.study import load_study
 from workbench.study.sweep import expand

@@ -6,7 +6,7 @@ import pytest
 
 from workbench.errors import WorkbenchError
 from workbench.cost.fit import fit_exponents
-from workbench.run.runner import run_study
+from workbench.api import run_study
 from workbench.recipes.scaling.study import ScalingStudy
 from workbench.run.scaling import measurements, run_scaling
 from workbench.results import git_commit

@@ -13,7 +13,7 @@ import yaml
 
 from workbench.errors import WorkbenchError
 from workbench.results import RunConfig
-from workbench.run.runner import run_study
+from workbench.api import run_study
 from workbench.run.tracking import TrackerRun, check_logger, mlflow_metric_name, tracker_run
 from workbench.run.train import train_run
 from workbench.study import load_study

@@ -14,8 +14,8 @@ from click.testing import CliRunner
 from workbench.cli import main
 from workbench.run.executor import InProcessExecutor
 from workbench.registry import variants
-from workbench.report import write_report
-from workbench.run.runner import run_study
+from workbench.api import write_report
+from workbench.api import run_study
 from workbench.run.store import RUNS_DIR, Store, load_results
 from workbench.study import load_study, study_json_schema
 from workbench.study.sweep import expand, tuning_runs

@@ -1,4 +1,5 @@
-"""Comparison reports: `write_report(out_dir)` reads a study's results store and writes
+"""Comparison reports: `workbench.api.write_report(out_dir)` reads a study's results store, its kind
+builds the report from it, and the functions here write
 
     reports/<study>/index.html   one self-contained page (inline CSS, relative PNG links)
     reports/<study>/report.md    the same content for code-hosting sites
@@ -37,7 +38,7 @@ from workbench.run.folder import refuse_links
 from workbench.results import CONFIG_FILE, FINAL_WEIGHTS, Status, check_regular, git_commit, open_regular
 from workbench.results import short_commit
 from workbench.errors import WorkbenchError, WorkbenchWarning
-from workbench.kinds import get_kind, study_kinds
+from workbench.kinds import study_kinds
 from workbench import registry  # not `variants`: that name is also the submodule report.variants
 from workbench.variants import MODEL_AXES, variant_name
 from workbench.report.document import Paragraph, Report, Section
@@ -166,27 +167,6 @@ class ReportSkipWarning(WorkbenchWarning):
     """A part of a report that needs code no longer installed was left out."""
 
 
-def write_report(out_dir: str | Path, reports_dir: str | Path = "reports", *, pictures: bool = True,
-                 with_data: bool = False) -> Path:
-    """Write the report of the study stored in `out_dir`; returns the path of index.html.
-
-    `pictures=False` skips the attention heatmaps (which load each variant's final weights).
-    `with_data`: the report folder also receives `data/`, the data it was built from (ship_data)."""
-    out_dir = Path(out_dir)
-    info = store.load_study_info(out_dir)
-    study = study_of(info)
-    final = report_destination(Path(reports_dir), study.name)
-    with_data = with_data or out_dir.resolve() == (final / DATA_DIR).resolve()  # rebuilt from its own data: keep it
-
-    def build(dest: Path) -> None:
-        build_report(out_dir, info, study, dest, pictures)
-        if with_data:
-            ship_data(out_dir, dest / DATA_DIR)
-
-    build_then_swap(final, build)
-    return final / "index.html"
-
-
 def build_then_swap(final: Path, build: Callable[[Path], None]) -> None:
     """`build(folder)` writes a report into a fresh folder beside `final` (.NAME.building-PID),
     which is then swapped in by renames (swap_in): a report that fails to build, or a full disk,
@@ -261,8 +241,9 @@ def process_alive(pid: int) -> bool:
     return pid != os.getpid()  # this process builds under its own pid afresh
 
 
-def build_report(out_dir: Path, info: dict[str, Any], study, dest: Path, pictures: bool) -> None:
-    report, results = get_kind(study.kind).report(out_dir, info, study, dest, pictures)
+def finish_report(out_dir: Path, report: Report, results: pd.DataFrame, dest: Path) -> None:
+    """A kind's report with the run-time section every kind ends with, written into `dest`
+    (index.html, report.md, results.csv, summary.json)."""
     runs = store.Store(out_dir, create=False).runs()
     report.sections.append(run_time_section(runs))
     write_files(report, results, dest)
@@ -290,4 +271,4 @@ def provenance_text(runs: Sequence[Mapping[str, Any]]) -> str:
     return f"Source: report built at commit {short_commit(git_commit())}; runs trained at commit {listed}."
 
 
-__all__ = ["write_report", "Report"]
+__all__ = ["finish_report", "Report"]

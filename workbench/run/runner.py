@@ -4,8 +4,8 @@
     checked) -> pending runs -> executor (in-process, N processes, Ray, or the scaling kind's
     measuring processes) -> store.record, one run at a time
 
-`run_study` is the same for every kind; a kind's `run` puts together the pieces here:
-check_study, `sweeping` (summary, progress, signals) and `execute_runs` (skip, execute, record).
+`workbench.api.run_study` is the same for every kind; a kind's `run` puts together the pieces
+here: check_study, `sweeping` (summary, progress, signals) and `execute_runs` (skip, execute, record).
 
 Resume is by construction: a run is recorded only when it ends (one transaction), finished
 and diverged runs are skipped next time, an interrupted run continues from its last
@@ -43,14 +43,14 @@ from rich.progress import TimeRemainingColumn
 from workbench import stopping
 from workbench.errors import WorkbenchError
 from workbench.run.executor import Executor, Job
-from workbench.kinds import RunOptions, get_kind
+from workbench.kinds import RunOptions
 from workbench.registry import run_providers
 from workbench.results import KEPT, PROGRESS_FILE, RESULT_FILE, Count, Number, RunConfig, RunResult, Status, flatten
 from workbench.results import first_problem, load_json, read_regular
-from workbench.run.folder import WriterLock, refuse_links
-from workbench.run.store import DB_FILE, RUNS_DIR, Store, check_runs_dir, run_dir, runs_root
+from workbench.run.folder import refuse_links
+from workbench.run.store import DB_FILE, RUNS_DIR, Store, run_dir, runs_root
 from workbench.run.tracking import TENSORBOARD_DIR
-from workbench.study import StudyFile, load_study
+from workbench.study import StudyFile
 from workbench.study.keys import canonical_json
 from workbench.study.train_section import PROCESSES_CHANGE_NUMBERS
 
@@ -290,26 +290,6 @@ def run_line(run: RunConfig, result) -> str:
     speed = f"{result.tokens_per_s / 1000:.0f}k tok/s" if result.tokens_per_s else ""
     resumed = f" (resumed at step {result.resumed_from_step})" if result.resumed_from_step else ""
     return f"{head}  {' '.join(shown)}  {result.wall_time_s:.1f}s {speed}{resumed}"
-
-
-def run_study(path: str | Path, out_dir: str | Path | None = None, jobs: int = 1, fresh: bool = False,
-              profile: str | None = None, quiet: bool = False, console: Console | None = None,
-              executor: Executor | None = None, runs_dir: str | Path | None = None,
-              overrides: tuple[str, ...] = ()) -> Summary:
-    """Run every pending run of a study into `out_dir` (default runs/<study name>/), through
-    its kind (workbench.kinds), under the folder's writer lock.
-
-    `executor` defaults to local processes (`jobs` at once); `runs_dir` puts the run folders
-    (checkpoints, final weights) elsewhere, e.g. on storage shared by a cluster's nodes,
-    while the results store stays in `out_dir`."""
-    study_file = load_study(path, profile, overrides)
-    out = Path(out_dir) if out_dir is not None else default_out_dir(study_file)
-    options = RunOptions(jobs=jobs, fresh=fresh, quiet=quiet, console=console, executor=executor,
-                         runs_dir=Path(runs_dir) if runs_dir is not None else None)
-    with WriterLock(out):
-        check_runs_dir(out, options.runs_dir)  # before --fresh deletes from it
-        refuse_links(out, *STORE_FILES, RUNS_DIR)
-        return get_kind(study_file.study.kind).run(study_file, out, options)
 
 
 @contextmanager

@@ -175,7 +175,7 @@ class Task(Variant):
         return [self.vocab[int(i)] for i in ids]
 
     def text_words(self, text: str) -> list[str]:
-        """Text as vocabulary words (workbench.report.notebook.Tokenizer): a symbol task's words are
+        """Text as vocabulary words (workbench.notebook.Tokenizer): a symbol task's words are
         apart by whitespace; a task whose words are pieces of text (bytes) overrides both."""
         return text.split()
 

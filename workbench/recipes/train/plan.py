@@ -51,7 +51,7 @@ from workbench.recipes.train.gates import Gates
 from workbench.recipes.train.runs import TrainRuns
 from workbench.recipes.train.verdicts import Verdicts
 from workbench.results import KEPT
-from workbench.run.runner import Summary, default_out_dir, run_study
+from workbench.run.runner import Summary, default_out_dir
 from workbench.run.store import Store, load_results
 from workbench.study import StudyFile, load_study
 from workbench.study.tuning import choose
@@ -167,10 +167,21 @@ class Pilot:
         return float(spent.dropna().sum())
 
 
-def run_pilot(path: str | Path, seeds: int, out: str | Path | None = None, profile: str | None = None,
-              overrides: Sequence[str] = (), jobs: int = 1, fresh: bool = False, quiet: bool = False) -> Pilot:
-    """Train (or resume) the pilot of the study at `path`; refuses a study with nothing to plan
-    before anything trains."""
+@dataclass(frozen=True)
+class PilotStudy:
+    """Which study the pilot is: the study file at `path` with `overrides` (its pilot name and
+    seeds added), trained into `out` (by workbench.api.run_pilot)."""
+
+    study_file: StudyFile  # the study as written (profile and --set applied)
+    path: str | Path
+    profile: str | None
+    out: Path
+    overrides: tuple[str, ...]
+
+
+def pilot_study(path: str | Path, seeds: int, out: str | Path | None = None, profile: str | None = None,
+                overrides: tuple[str, ...] = ()) -> PilotStudy:
+    """The pilot of the study at `path`; refuses a study with nothing to plan before anything trains."""
     study_file = load_study(path, profile, overrides)
     study = study_file.study
     if study.kind != "train":
@@ -184,11 +195,15 @@ def run_pilot(path: str | Path, seeds: int, out: str | Path | None = None, profi
         raise SpecError("--out", f"{out} is the study's own folder; the pilot's runs go elsewhere (default: "
                         f"runs/{study.name}-pilot)")
     listed = ", ".join(map(str, pilot_seeds(study, seeds)))
-    pilot_overrides = (*overrides, f"name={study.name}-pilot", f"seeds=[{listed}]")
-    summary = run_study(path, out, jobs=jobs, fresh=fresh, profile=profile, quiet=quiet, overrides=pilot_overrides)
-    pilot_file = load_study(path, profile, pilot_overrides)
-    tuning = choose(pilot_file.study, Store(out, create=False).runs())
-    return Pilot(study_file, pilot_file, out, summary, TrainRuns(pilot_file.study, load_results(out), tuning=tuning))
+    return PilotStudy(study_file, path, profile, out, (*overrides, f"name={study.name}-pilot", f"seeds=[{listed}]"))
+
+
+def read_pilot(pilot: PilotStudy, summary: Summary) -> Pilot:
+    """The pilot's runs once trained, as the study's report would read them."""
+    pilot_file = load_study(pilot.path, pilot.profile, pilot.overrides)
+    tuning = choose(pilot_file.study, Store(pilot.out, create=False).runs())
+    return Pilot(pilot.study_file, pilot_file, pilot.out, summary,
+                 TrainRuns(pilot_file.study, load_results(pilot.out), tuning=tuning))
 
 
 # ---- the plan --------------------------------------------------------------------------------

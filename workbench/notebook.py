@@ -1,7 +1,7 @@
 """The workbench from Python (a notebook, a script): run a study, read its results, verdicts and
 report back, and use a trained model on text.
 
-    from workbench.report import notebook
+    from workbench import notebook
     done = notebook.run({"name": "mine", "task": {...}, "sweep": {...}, ...}, out="runs/mine")
     done.results      # pandas DataFrame, one row per run (workbench.run.store.load_results)
     done.verdicts     # one VerdictLine per `expect:` entry: statement, outcome, difference, groups
@@ -25,14 +25,13 @@ import pandas as pd
 import torch
 import yaml
 
+from workbench.api import run_study, write_report
 from workbench.errors import WorkbenchError
 from workbench.model.weights import load_final_model, make_task
-from workbench.report import write_report
 from workbench.report.document import VerdictLine
 from workbench.report.findings import SUMMARY_FILE
 from workbench.report.outcomes import Outcome
 from workbench.run import store
-from workbench.run.runner import run_study
 
 STUDY_COPY = "study.yaml"  # where `run` writes a study given as a mapping, inside its output folder
 

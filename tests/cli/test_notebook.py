@@ -1,4 +1,4 @@
-"""The Python API for notebooks (workbench.report.notebook) and the example notebook that shows it,
+"""The Python API for notebooks (workbench.notebook) and the example notebook that shows it,
 executed cell by cell here as a kernel would (one namespace, in order)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 
 from workbench.errors import WorkbenchError
 from workbench.model.weights import make_task
-from workbench.report.notebook import Tokenizer
+from workbench.notebook import Tokenizer
 
 NOTEBOOK = Path(__file__).resolve().parents[2] / "examples" / "notebook.ipynb"
 

@@ -1,0 +1,92 @@
+"""The one entry to a study, from the command line (workbench.cli) and from Python
+(workbench.notebook): run it, write its report, run a plan's pilot.
+
+    run_study     load the study file, hand it to its kind (workbench.kinds), which runs it
+    write_report  read the study back from its store, let its kind build the report, swap it in
+    run_pilot     `workbench plan`'s pilot: the train recipe names it, run_study runs it
+
+Everything a kind does lies below this module, in its recipe (workbench/recipes/) and the layers
+that recipe puts together; nothing there calls back up here.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from workbench.kinds import RunOptions, get_kind
+from workbench.run.executor import Executor
+from workbench.run.folder import WriterLock, refuse_links
+from workbench.run.runner import STORE_FILES, Summary, default_out_dir
+from workbench.run.store import RUNS_DIR, check_runs_dir, load_study_info
+from workbench.study import load_study
+
+
+def run_study(path: str | Path, out_dir: str | Path | None = None, jobs: int = 1, fresh: bool = False,
+              profile: str | None = None, quiet: bool = False, console: Console | None = None,
+              executor: Executor | None = None, runs_dir: str | Path | None = None,
+              overrides: tuple[str, ...] = ()) -> Summary:
+    """Run every pending run of a study into `out_dir` (default runs/<study name>/), through
+    its kind (workbench.kinds), under the folder's writer lock.
+
+    `executor` defaults to local processes (`jobs` at once); `runs_dir` puts the run folders
+    (checkpoints, final weights) elsewhere, e.g. on storage shared by a cluster's nodes,
+    while the results store stays in `out_dir`."""
+    study_file = load_study(path, profile, overrides)
+    out = Path(out_dir) if out_dir is not None else default_out_dir(study_file)
+    options = RunOptions(jobs=jobs, fresh=fresh, quiet=quiet, console=console, executor=executor,
+                         runs_dir=Path(runs_dir) if runs_dir is not None else None)
+    with WriterLock(out):
+        check_runs_dir(out, options.runs_dir)  # before --fresh deletes from it
+        refuse_links(out, *STORE_FILES, RUNS_DIR)
+        return get_kind(study_file.study.kind).run(study_file, out, options)
+
+
+def write_report(out_dir: str | Path, reports_dir: str | Path = "reports", *, pictures: bool = True,
+                 with_data: bool = False) -> Path:
+    """Write the report of the study stored in `out_dir`; returns the path of index.html.
+
+    `pictures=False` skips the attention heatmaps (which load each variant's final weights).
+    `with_data`: the report folder also receives `data/`, the data it was built from (ship_data)."""
+    # The report layer (pandas, seaborn) loads only when a report is written: `workbench run`
+    # starts its workers without waiting for it.
+    from workbench.report import DATA_DIR, build_then_swap, report_destination, ship_data, study_of
+
+    out_dir = Path(out_dir)
+    info = load_study_info(out_dir)
+    study = study_of(info)
+    final = report_destination(Path(reports_dir), study.name)
+    with_data = with_data or out_dir.resolve() == (final / DATA_DIR).resolve()  # rebuilt from its own data: keep it
+
+    def build(dest: Path) -> None:
+        build_report(out_dir, info, study, dest, pictures)
+        if with_data:
+            ship_data(out_dir, dest / DATA_DIR)
+
+    build_then_swap(final, build)
+    return final / "index.html"
+
+
+def build_report(out_dir: Path, info: dict[str, Any], study, dest: Path, pictures: bool) -> None:
+    """The kind's report of the stored study, with the run-time section every kind ends with,
+    written into `dest` (index.html, report.md, results.csv, summary.json)."""
+    # as in write_report: the report layer loads with the first report
+    from workbench.report import finish_report
+
+    report, results = get_kind(study.kind).report(out_dir, info, study, dest, pictures)
+    finish_report(out_dir, report, results, dest)
+
+
+def run_pilot(path: str | Path, seeds: int, out: str | Path | None = None, profile: str | None = None,
+              overrides: tuple[str, ...] = (), jobs: int = 1, fresh: bool = False, quiet: bool = False):
+    """Train (or resume) the pilot of `workbench plan` for the study at `path`
+    (workbench.recipes.train.plan: which study the pilot is, and what is read back from it)."""
+    # the plan's statistics (scipy, pandas) load only for `workbench plan`
+    from workbench.recipes.train.plan import pilot_study, read_pilot
+
+    pilot = pilot_study(path, seeds, out, profile, tuple(overrides))
+    summary = run_study(path, pilot.out, jobs=jobs, fresh=fresh, profile=profile, quiet=quiet,
+                        overrides=pilot.overrides)
+    return read_pilot(pilot, summary)
