@@ -25,6 +25,7 @@ from rich.table import Table
 
 from workbench.errors import SpecError, WorkbenchError, WorkbenchWarning
 from workbench.registry import NOUN_OF_AXIS, distribution_of, variants
+from workbench.run.folder import default_reports_dir
 from workbench.study.keys import hydra_hint
 from workbench.variants import AXES
 
@@ -182,7 +183,6 @@ def run_command(study: str, out: str | None, jobs: int, fresh: bool, profile: st
     with stopping.immediate(f"{done}; the report was not written (`workbench report {summary.out_dir}` "
                             "writes it)" if OWN_PROCESS else None):
         from workbench.api import write_report
-        from workbench.run.folder import default_reports_dir
 
         index = write_report(summary.out_dir, reports_dir or default_reports_dir(summary.out_dir, summary.study))
     stopping.check(f"stopped by {stopping.reason()} {done}; the report was written ({index})")
@@ -401,7 +401,6 @@ def report_command(out_dir: str, reports_dir: str | None, no_pictures: bool, wit
     """Write the comparison report of the study stored in OUT_DIR (no training)."""
     name = stored_study_name(out_dir)  # the store is checked before the report layer (pandas, seaborn) loads
     from workbench.api import write_report
-    from workbench.run.folder import default_reports_dir
 
     index = write_report(out_dir, reports_dir or default_reports_dir(out_dir, name),
                          pictures=not no_pictures, with_data=with_data)
