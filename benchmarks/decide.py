@@ -39,11 +39,11 @@ from benchmarks import RESULTS_DIR
 from workbench.recipes.train.gates import Gates
 from workbench.recipes.train.runs import TrainRuns
 from workbench.recipes.train.verdicts import Verdicts, seeds_wanted
-from workbench.report.sequential import EARLIER_LOOKS, LOOKS, LookRule, grow_seeds, sequential_verdicts
-from workbench.report.stats import Verdict
-from workbench.study import TrainStudy
+from workbench.recipes.train.sequential import EARLIER_LOOKS, LOOKS, LookRule, grow_seeds, sequential_verdicts
+from workbench.recipes.train.stats import Verdict
+from workbench.recipes.train.study import TrainStudy
 from workbench.study.keys import label
-from workbench.study.sweep import point_key
+from workbench.recipes.train.sweep import point_key
 
 ROOT = Path(__file__).resolve().parent.parent
 CASES = {  # name -> (study file, its stored results)

@@ -29,10 +29,10 @@ LAYERS = {
     "tasks": ["tasks/"],  # base, metrics, baselines, symbols
     "plugins": ["plugins/"],  # position_*, attention_*, norm_*, ffn_*, task_*: leaves, imported by no module
     "cost": ["cost/"],  # measure, workload, timing, flops, memory, memory_figures, budget, fit
-    "study": ["study/"],  # keys, yaml_file, train_section, sections, schema, sweep, tuning
-    "run": ["run/"],  # runner, executor, executor_ray, train (with batches, run_module, recording, ...), store, scaling
-    "report": ["report/"],  # shared statistics (stats, intervals, sequential, learned_gate) and rendering
-    "recipes": ["recipes/"],  # train/ and scaling/: each study kind's loop, sections and report
+    "study": ["study/"],  # StudyBase and loading: keys, yaml_file, train_section, sections, schema
+    "run": ["run/"],  # runner, executor, executor_ray, train (with batches, run_module, recording, ...), store
+    "report": ["report/"],  # what every kind's report shares: outcomes, intervals, the document and its rendering
+    "recipes": ["recipes/"],  # train/ and scaling/: each study kind whole, from its study class to its report
     "interface": ["api", "cli", "notebook", "scaffold", "__init__", "__main__"],
 }
 

@@ -144,7 +144,7 @@ def study_of(info: Mapping[str, Any]):
     try:
         return kinds[kind].study.model_validate(data, context={STORED: True})
     except (ValidationError, WorkbenchError) as err:  # a SpecError from a validator, or pydantic's report
-        problem = unwrap(err) if isinstance(err, ValidationError) else err
+        problem = unwrap(err, fields=kinds[kind].study.model_fields) if isinstance(err, ValidationError) else err
         raise WorkbenchError(f"the results store holds a damaged study description ({str(problem)[:200]}); "
                              "move the store away and run the study again") from None
 

@@ -12,7 +12,7 @@ pooled. Everything is read from the stores; nothing is trained.
 The comparison is a training study like any other (its sweep holds each variant's values as the
 folders' studies wrote them), so the report computes chance levels, the learned gate, deltas to
 a baseline (`--baseline`, else the first folder's own) and verdicts on `--expect "A > B on
-metric"` exactly as a study's report does (workbench.report.stats.verdicts).
+metric"` exactly as a study's report does (workbench.recipes.train.stats.verdicts).
 """
 
 from __future__ import annotations
@@ -33,14 +33,15 @@ from workbench.registry import variants
 from workbench.report import build_then_swap, merged_environment, report_destination, study_of, timing_caveat
 from workbench.report import write_files
 from workbench.report.index import write_summary
-from workbench.report.pictures import ModelPictures
+from workbench.recipes.train.pictures import ModelPictures
 from workbench.recipes.train.report import train_report
 from workbench.recipes.train.runs import TrainInputs
 from workbench.report.variants import short_key
 from workbench.results import flatten
 from workbench.variants import variant_name
 from workbench.model.spec import VARIANT_AXES
-from workbench.study import RUN_MEASURES, STORED, TrainStudy, unwrap
+from workbench.recipes.train.study import TrainStudy
+from workbench.study import RUN_MEASURES, STORED, unwrap
 from workbench.study.keys import get_dotted, label
 from workbench.study.yaml_file import suggest
 
@@ -156,7 +157,7 @@ def comparison_inputs(out_dirs: Sequence[str | Path], name: str, baseline: Any =
     try:
         study = TrainStudy.model_validate(fields, context={STORED: True})
     except ValidationError as err:
-        problem = unwrap(err)
+        problem = unwrap(err, fields=TrainStudy.model_fields)
         field = problem.field.split(".")
         option = ("--baseline" if field[0] == "baseline" else
                   f"--expect {expect[int(field[1])]!r}" if field[0] == "expect" else problem.field)

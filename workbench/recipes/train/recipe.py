@@ -29,10 +29,11 @@ from workbench.run.runner import (
 )
 from workbench.run.store import Store, claim_runs_dir, load_results
 from workbench.run.tracking import prepare_trackers, tracker_run
-from workbench.study import StudyFile, TrainStudy
+from workbench.recipes.train.study import TrainStudy
+from workbench.study import StudyFile
 from workbench.study.keys import canonical_json
-from workbench.study.sweep import expand, point_key, sweep_points, tuning_runs
-from workbench.study.tuning import PointTuning, choose, chosen_values, extensions, labels
+from workbench.recipes.train.sweep import expand, point_key, sweep_points, tuning_runs
+from workbench.recipes.train.tuning import PointTuning, choose, chosen_values, extensions, labels
 
 
 class TrainKind(StudyKind):
@@ -138,7 +139,7 @@ class TrainKind(StudyKind):
 def tune(study_file: StudyFile, tuning: list[RunConfig], store: Store, executor, summary: Summary,
          progress: SweepProgress, names: dict[str, str], tracker=None) -> list[PointTuning]:
     """Run the tuning runs; while a point's choice sits at the edge of its grid, run the next
-    candidate past that edge (workbench.study.tuning.extensions) and choose again."""
+    candidate past that edge (workbench.recipes.train.tuning.extensions) and choose again."""
     study = study_file.study
     known, runs = set(), tuning
     while True:
@@ -160,10 +161,10 @@ def add_seeds(study_file: StudyFile, chosen: dict[str, dict[str, Any]] | None, s
               summary: Summary, progress: SweepProgress, names: dict[str, str], tracker=None) -> None:
     """Adaptive seeds: after each round, give the groups of comparisons still undecided the
     seeds of the next look, until every comparison has ended or its groups reached the plan's
-    maximum (workbench.report.sequential: the loop and the rule the report reads back)."""
+    maximum (workbench.recipes.train.sequential: the loop and the rule the report reads back)."""
     # The verdicts' statistics (scipy, pandas) load only for an adaptive study.
     from workbench.recipes.train.verdicts import seeds_wanted
-    from workbench.report.sequential import grow_seeds  # the loop that asks seeds_wanted after each round
+    from workbench.recipes.train.sequential import grow_seeds  # the loop that asks seeds_wanted after each round
 
     study = study_file.study
 

@@ -3,7 +3,7 @@
     points = grid keys (product)  x  each zip group (keys varying together)
     runs   = points x seeds, in that order
 
-With `tune:` a study has two stages (workbench.study.tuning chooses between them):
+With `tune:` a study has two stages (workbench.recipes.train.tuning chooses between them):
 
     tuning runs = points x candidate values x `tune.seeds` seeds past the final ones, split "validation"
     final runs  = points x seeds, each point at its chosen values (ordinary runs)
@@ -31,7 +31,8 @@ from workbench.model.transformer import build_model
 from workbench.registry import get_variant
 from workbench.model.spec import parse_spec
 from workbench.results import VALIDATION, RunConfig
-from workbench.study import StudyFile, TrainStudy, task_section, unwrap
+from workbench.recipes.train.study import TrainStudy
+from workbench.study import StudyFile, task_section, unwrap
 from workbench.study.keys import canonical_json, digest, label, set_dotted
 from workbench.study.train_section import TrainConfig
 from workbench.study.yaml_file import StudyError, limit
@@ -221,7 +222,7 @@ def tuning_runs(study_file: StudyFile, extra: dict[str, list[dict[str, Any]]] | 
     """The tuning runs of a study with `tune:` (none without): every sweep point at every
     candidate value, on the tuning seeds (disjoint from the final ones), evaluated on
     validation sets; `extra` adds candidates per point (point_key -> [{tuned key: value}]),
-    the grid's extension past an edge (workbench.study.tuning). Indices follow the final runs'."""
+    the grid's extension past an edge (workbench.recipes.train.tuning). Indices follow the final runs'."""
     study = study_file.study
     if not isinstance(study, TrainStudy) or study.tune is None:
         return []
