@@ -7,8 +7,12 @@ JOBS ?= 2
 
 .PHONY: quickstart test install
 
+# The user's report goes beside the results, runs/quickstart/reports/quickstart/ (git-ignored):
+# the shipped reports/quickstart/ stays as committed and is compared with it (workbench diff; a
+# difference beyond the tolerance is reported, and does not fail the target).
 quickstart: $(VENV)/.installed-run
 	$(BIN)/workbench run studies/quickstart.yaml --jobs $(JOBS)
+	-$(BIN)/workbench diff reports/quickstart runs/quickstart/reports/quickstart
 
 test: $(VENV)/.installed
 	$(BIN)/python -m pytest -q -n 2

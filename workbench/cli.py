@@ -25,6 +25,7 @@ from rich.table import Table
 
 from workbench.errors import SpecError, WorkbenchError, WorkbenchWarning
 from workbench.registry import NOUN_OF_AXIS, distribution_of, variants
+from workbench.run.folder import default_reports_dir
 from workbench.study.keys import hydra_hint
 from workbench.variants import AXES
 
@@ -147,7 +148,7 @@ def list_variants(axis: str | None, as_json: bool) -> None:
               help="where run folders (checkpoints, final weights) go; default OUT/runs. Use shared storage on a cluster")
 @click.option("--reports", "reports_dir", default=None,
               help="folder that receives <study name>/ with the report when the sweep ends "
-                   "(default: reports/ for the study's default --out runs/<study name>, else OUT/reports/)")
+                   "(default: OUT/reports/, beside the results; the checkout's shipped reports/ only when given)")
 @click.option("--allow-failures", is_flag=True,
               help="exit 0 even when runs failed or did not run (default: exit status 3)")
 def run_command(study: str, out: str | None, jobs: int, fresh: bool, profile: str | None,
@@ -190,22 +191,6 @@ def run_command(study: str, out: str | None, jobs: int, fresh: bool, profile: st
         raise RunsIncomplete(f"{summary.incomplete} of {summary.total} runs did not finish (failed, out of memory "
                              "or not run); the report shows what finished. Run the same command again to retry "
                              "them, or pass --allow-failures to exit 0 anyway")
-
-
-def default_reports_dir(out_dir: str | Path, study_name: str | None) -> Path:
-    """The checkout's reports/ for a study's own default output folder runs/<study name>/, and the
-    report around a report's shipped data (REPORTS/<study name>/data); any other folder keeps its
-    report with its results, in OUT/reports/ (so a trial run under another name never overwrites
-    the study's report in reports/)."""
-    from workbench.run.folder import refuse_links
-
-    out_dir = Path(out_dir)
-    if study_name is not None and out_dir.resolve() == (Path("runs") / study_name).resolve():
-        return Path("reports")
-    if study_name is not None and out_dir.name == "data" and out_dir.parent.name == study_name:
-        return out_dir.parent.parent  # a report's shipped data (reports/NAME/data): rebuild that report
-    refuse_links(out_dir, "reports")  # a received folder's own `reports` must not lead elsewhere
-    return out_dir / "reports"
 
 
 def stored_study_name(out_dir: str | Path) -> str | None:
@@ -407,7 +392,7 @@ def generate_command(folder: str, prompt: str, max_new_tokens: int, strategy: st
 @click.argument("out_dir")
 @click.option("--out", "reports_dir", default=None,
               help="folder that receives <study name>/index.html, report.md, figures/ and results.csv "
-                   "(default: reports/ for OUT_DIR = runs/<study name>, else OUT_DIR/reports/)")
+                   "(default: OUT_DIR/reports/; for a report's shipped data REPORTS/<study name>/data, that report)")
 @click.option("--no-pictures", is_flag=True, help="skip the attention heatmaps (which load each variant's weights)")
 @click.option("--with-data", is_flag=True,
               help="also copy the data the report is built from into its data/ folder (the store, and the weights "
@@ -459,6 +444,23 @@ def compare_command(out_dirs: tuple[str, ...], name: str | None, reports_dir: st
     index = write_comparison(out_dirs, reports_dir, name, pictures=not no_pictures,
                              baseline=yaml_value(baseline) if baseline is not None else None, expect=expect)
     click.echo(f"report: {index} (and {index.parent / 'report.md'})")
+
+
+@main.command("diff")
+@click.argument("shipped")
+@click.argument("yours")
+@click.option("--tolerance", type=click.FloatRange(min=0), default=None,
+              help="how far a number may move and still count as the same, in the metric's units (default: "
+                   "what a change of machine moves the quickstart's accuracies by, measured: docs/guide.md)")
+def diff_command(shipped: str, yours: str, tolerance: float | None) -> None:
+    """How the report YOURS (e.g. runs/quickstart/reports/quickstart) differs from SHIPPED of the
+    same study (reports/quickstart), verdict by verdict; exit status 1 when one changed its outcome
+    or moved beyond the tolerance."""
+    from workbench.report.diff import MACHINE_TOLERANCE, diff_lines
+
+    lines, same = diff_lines(shipped, yours, MACHINE_TOLERANCE if tolerance is None else tolerance)
+    click.echo("\n".join(lines))
+    sys.exit(0 if same else 1)
 
 
 @main.command("report-index")

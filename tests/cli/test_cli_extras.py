@@ -12,17 +12,18 @@ import pytest
 from click.testing import CliRunner
 from conftest import run_within_cpu
 
-from workbench.cli import default_reports_dir, main
+from workbench.cli import main
+from workbench.run.folder import default_reports_dir
 from workbench.report.index import build_index
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_reports_go_beside_results_unless_the_default_layout_is_used():
-    assert default_reports_dir(Path("runs") / "positions", "positions") == Path("reports")
+def test_reports_go_beside_results_unless_rebuilt_from_their_shipped_data():
+    # the study's own default folder too: a run must not overwrite the shipped (tracked) report in reports/
+    assert default_reports_dir(Path("runs") / "positions", "positions") == Path("runs/positions/reports")
     assert default_reports_dir("/data/exp1", "exp1") == Path("/data/exp1/reports")
-    # runs/<another name>: a trial of the study must not overwrite its report in reports/
-    assert default_reports_dir(Path("runs") / "positions-try", "positions") == Path("runs/positions-try/reports")
+    assert default_reports_dir(Path("reports") / "positions" / "data", "positions") == Path("reports")
     for command in ("run", "report"):
         help_text = CliRunner().invoke(main, [command, "--help"]).output
         assert "OUT/reports/" in help_text or "OUT_DIR/reports/" in help_text
@@ -55,7 +56,7 @@ def test_the_index_of_a_users_studies_has_no_project_prose(tmp_path):
     studies.mkdir()
     text = build_index(studies, tmp_path / "reports")
     assert "tutorials" not in text and "2-core" not in text
-    assert text.startswith("# Studies and their reports") and f"`workbench run {studies.as_posix()}/<name>.yaml`" in text
+    assert text.startswith("# Studies and their reports") and f"`workbench run {studies.as_posix()}/<name>.yaml --reports " in text
     (studies / "index-intro.md").write_text("# My lab's studies\n\nOurs.\n")
     assert build_index(studies, tmp_path / "reports").startswith("# My lab's studies\n\nOurs.\n\n| study")
     shipped = build_index(ROOT / "studies", ROOT / "reports")
@@ -70,17 +71,18 @@ train: {steps: 2, batch_size: 4, log_every: 1}
 """
 
 
-def test_a_run_into_another_folder_leaves_the_checkouts_report_alone(tmp_path, monkeypatch):
+@pytest.mark.parametrize("out", [[], ["--out", "runs/tiny-trial"]])
+def test_a_run_leaves_the_checkouts_shipped_report_alone(tmp_path, monkeypatch, out):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "tiny.yaml").write_text(TINY_STUDY)
     shipped = tmp_path / "reports" / "tiny" / "index.html"
-    shipped.parent.mkdir(parents=True)
+    (shipped.parent / "data").mkdir(parents=True)
     shipped.write_text("the study's own report")
-    result = CliRunner().invoke(main, ["run", "tiny.yaml", "--out", "runs/tiny-trial", "--quiet"])
+    result = CliRunner().invoke(main, ["run", "tiny.yaml", "--quiet", *out])
     assert result.exit_code == 0, result.output
     assert shipped.read_text() == "the study's own report"
-    assert sorted(p.name for p in (tmp_path / "reports").rglob("*")) == ["index.html", "tiny"]
-    assert (tmp_path / "runs" / "tiny-trial" / "reports" / "tiny" / "index.html").exists()
+    assert sorted(p.name for p in (tmp_path / "reports").rglob("*")) == ["data", "index.html", "tiny"]
+    assert (tmp_path / (out[1] if out else "runs/tiny") / "reports" / "tiny" / "index.html").exists()
 
 
 def test_run_exits_3_when_a_run_failed_unless_failures_are_allowed(tmp_path, monkeypatch):
@@ -96,7 +98,7 @@ def test_run_exits_3_when_a_run_failed_unless_failures_are_allowed(tmp_path, mon
     failed = CliRunner().invoke(main, ["run", "tiny.yaml", "--quiet"])
     assert failed.exit_code == 3, failed.output
     assert "1 of 1 runs did not finish" in failed.output
-    assert (tmp_path / "reports" / "tiny" / "index.html").exists()  # the report is written all the same
+    assert (tmp_path / "runs" / "tiny" / "reports" / "tiny" / "index.html").exists()  # written all the same
     allowed = CliRunner().invoke(main, ["run", "tiny.yaml", "--quiet", "--allow-failures"])
     assert allowed.exit_code == 0, allowed.output
 

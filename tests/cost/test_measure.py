@@ -3,6 +3,7 @@
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import HANG_GUARD_S
 
 from workbench.cost.fit import analytic_crossover, loglog_slope, measured_crossover
 from workbench.cost.flops import allowed_pairs, count_flops, cpu_flash_pairs
@@ -184,7 +185,7 @@ def test_oom_point_is_recorded_and_the_next_point_still_runs():
     # 2^22 tokens x 16 floats = 256 MiB of input alone, against a 64 MiB allowance.
     huge = Point(model=TINY, scope="block", mode="forward", length=2**22, memory_limit_gb=1 / 16, repeats=1)
     small = Point(model=TINY, scope="block", mode="forward", length=16, repeats=1)
-    rows = run_points([huge, small], time_budget_s=120)
+    rows = run_points([huge, small], time_budget_s=HANG_GUARD_S, startup_timeout_s=HANG_GUARD_S)
     assert [r["status"] for r in rows] == ["oom", "finished"]
     assert "allocate" in rows[0]["error"]
     assert rows[1]["time_median_s"] > 0 and rows[1]["length"] == 16

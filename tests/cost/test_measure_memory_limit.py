@@ -11,6 +11,7 @@ import types
 
 import pytest
 import torch
+from conftest import HANG_GUARD_S
 
 from workbench.cost import measure
 from workbench.cost.measure import limit_memory
@@ -68,7 +69,7 @@ def test_a_measuring_process_on_cuda_keeps_an_unlimited_address_space():
     results = context.Queue()
     child = context.Process(target=limits_in_a_child, args=(results,))
     child.start()
-    after_cuda, after_cpu = results.get(timeout=120)
-    child.join(timeout=30)
+    after_cuda, after_cpu = results.get(timeout=HANG_GUARD_S)
+    child.join(timeout=HANG_GUARD_S)
     assert after_cuda == resource.RLIM_INFINITY
     assert after_cpu != resource.RLIM_INFINITY  # the same process, a CPU point: capped

@@ -4,11 +4,13 @@ the tokens it recorded, and fitted once per seed for the whole study."""
 from __future__ import annotations
 
 import json
+import sys
 
 import numpy as np
 import pandas as pd
 import pytest
 import torch
+from conftest import run_within_cpu
 
 from workbench.recipes.train.gates import Gates
 from workbench.recipes.train.runs import TrainRuns
@@ -17,7 +19,7 @@ from workbench.api import run_study
 from workbench.run.store import load_results
 from workbench.recipes.train.study import TrainStudy
 from workbench.tasks import Consumed
-from workbench.tasks.ngram import covering
+from workbench.tasks.ngram import WittenBell, covering
 from workbench_plugins.task_text_lm import SEEN_BIGRAM, TextLM, TextParams
 
 WORDS = "the cat sat on a mat while one dog ran far away from every red car".split()
@@ -119,3 +121,38 @@ def test_a_budgeted_study_is_gated_on_the_tokens_its_runs_recorded(corpus, tmp_p
                     for seed in (0, 1)])
     assert {g["baseline"] for g in verdict["learned"]} == {SEEN_BIGRAM}
     assert all(g["chance"] == pytest.approx(seen) for g in verdict["learned"])
+
+
+# A study's next run in a process of its own, with every n-gram fit made to fail: it may only
+# read the fits the first run left in the data folder.
+NEXT_RUN = """
+import json, sys
+import workbench_plugins.task_text_lm as text_lm
+from workbench.tasks import Consumed
+
+def fitted_again(*args, **kwargs):
+    raise AssertionError("an n-gram model was fitted again")
+
+text_lm.WittenBell = fitted_again
+task = text_lm.TextLM(text_lm.TextParams(path=sys.argv[1], train_length=16, n_eval=16, decode_samples=0), seed=0)
+print(json.dumps([task.baselines("decoder", 16), task.seen_baselines("decoder", 16, Consumed(4, 20 * 64))]))
+"""
+
+
+def test_the_next_run_of_a_study_reuses_the_n_gram_fits_and_gets_the_same_numbers(corpus, monkeypatch):
+    """Fitted once per corpus, tokenizer and window, whichever process asks first; another
+    window is a fit of its own."""
+    fits, original = [], WittenBell.__init__
+
+    def counted(self, *args, **kwargs):
+        fits.append(args[1])  # the order
+        original(self, *args, **kwargs)
+    monkeypatch.setattr(WittenBell, "__init__", counted)
+    task = text(corpus)
+    first = [task.baselines("decoder", 16), task.seen_baselines("decoder", 16, Consumed(4, 20 * 64))]
+    assert len(fits) == 2  # the whole split's n-grams (one model, its lower orders inside) and the seen 2-gram
+    # The token shards and the fits are in the data folder the session fixture set ($WORKBENCH_DATA_DIR).
+    done = run_within_cpu([sys.executable, "-c", NEXT_RUN, str(corpus)], 120, text=True, check=True)
+    assert json.loads(done.stdout) == first  # the same floats, read back exactly
+    text(corpus).baselines("decoder", 24)
+    assert len(fits) == 3

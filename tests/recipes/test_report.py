@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import run_within_cpu
+from conftest import HANG_GUARD_S, run_within_cpu
 
 from workbench import build_model
 from workbench.report import screenshot as screenshot_tool
@@ -528,7 +528,7 @@ def test_at_1400_by_900_the_first_screen_shows_the_verdict_table_and_a_verdict_f
     measured = index.with_name("first-screen-measured.html")
     measured.write_text(index.read_text().replace("</body>", MEASURE_FIRST_SCREEN))
     dom = screenshot_tool.chromium("--window-size=1400,900", "--virtual-time-budget=3000", "--dump-dom",
-                                   measured.resolve().as_uri())
+                                   measured.resolve().as_uri(), timeout=HANG_GUARD_S)
     layout = json.loads(re.search(r'<pre id="measured">(.*?)</pre>', dom, re.S).group(1).replace("&quot;", '"'))
     # --dump-dom lays the page out in the window less its (headless) frame; --screenshot takes
     # the full 1400 x 900: the first screen is what lies above 900 px at 1400 px wide.
@@ -536,7 +536,7 @@ def test_at_1400_by_900_the_first_screen_shows_the_verdict_table_and_a_verdict_f
     assert layout["table_bottom"] <= 900 and layout["figure_top"] < 900  # both on the first screen
     assert layout["figure_loaded"] and layout["figure_width"] > 250
     assert layout["details_open"] is False  # the rule is folded
-    png = screenshot_tool.screenshot(index.parent, tmp_path / "first.png")
+    png = screenshot_tool.screenshot(index.parent, tmp_path / "first.png", timeout=HANG_GUARD_S)
     assert png_size(png) == (1400, 900)
 
 

@@ -36,3 +36,12 @@ def test_a_report_with_its_data_rebuilds_from_that_data_alone(tmp_path, monkeypa
     assert after["verdicts"] == before["verdicts"] and after["first_result"] == before["first_result"]
     assert (clone / "reports" / "tiny" / "data" / "results.db").is_file()  # rebuilt in place, its data kept
     assert any(p.name.startswith("attention_") for p in (clone / "reports" / "tiny" / "figures").iterdir())
+    # a link planted in the report folder is refused before anything is written: nothing outside is touched
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "keep.png").write_text("keep")
+    shutil.rmtree(clone / "reports" / "tiny" / "figures")
+    (clone / "reports" / "tiny" / "figures").symlink_to(victim)
+    refused = CliRunner().invoke(main, ["report", "reports/tiny/data"])
+    assert refused.exit_code == 2 and "figures is a symbolic link" in refused.output, refused.output
+    assert len(refused.output.splitlines()) == 1 and (victim / "keep.png").read_text() == "keep"

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import HANG_GUARD_S, LEAVE_S, wait_within_cpu
 from test_reliability import alive, kill_group
 
 from workbench.cost.budget import count_tokens, step_cost
@@ -68,7 +69,7 @@ def test_a_ddp_run_on_two_cpu_processes_finishes_and_leaves_the_folder_free(tmp_
     folder's writer lock, rank 0 alone records, and both ranks trained the run's steps."""
     study, out = write(tmp_path), tmp_path / "out"
     proc = workbench_run(study, out, tmp_path)
-    _, err = proc.communicate(timeout=300)
+    err = wait_within_cpu(proc, 300).stderr
     assert proc.returncode == 0, err.decode()[-2000:]
     [run] = expand(load_study(study))
     assert Store(out, create=False).statuses() == {run.run_id: "finished"}
@@ -92,7 +93,7 @@ def test_a_stop_reaches_every_rank_which_checkpoint_and_leave(tmp_path):
     [run] = expand(load_study(study))
     proc = workbench_run(study, out, tmp_path)
     checkpoint = run_dir(out, run.run_id) / LAST_CHECKPOINT
-    deadline = time.monotonic() + 240
+    deadline = time.monotonic() + HANG_GUARD_S
     while not checkpoint.exists():
         if proc.poll() is not None or time.monotonic() > deadline:
             kill_group(proc)
@@ -101,7 +102,7 @@ def test_a_stop_reaches_every_rank_which_checkpoint_and_leave(tmp_path):
     assert len(processes_of(run_dir(out, run.run_id))) == 2  # rank 0 and rank 1
     try:
         proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=120)
+        err = wait_within_cpu(proc, 300).stderr
     finally:
         kill_group(proc)
     assert proc.returncode == 130, err.decode()[-2000:]
@@ -109,7 +110,7 @@ def test_a_stop_reaches_every_rank_which_checkpoint_and_leave(tmp_path):
     assert Store(out, create=False).statuses() == {}
     assert torch.load(checkpoint, weights_only=True)["global_step"] > 0
     assert not (run_dir(out, run.run_id) / RESULT_FILE).exists()
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + LEAVE_S
     while processes_of(run_dir(out, run.run_id)) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not processes_of(run_dir(out, run.run_id))

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from click.testing import CliRunner
+from conftest import HANG_GUARD_S
 
 from workbench.cli import main
 from workbench.errors import WorkbenchError
@@ -260,8 +261,8 @@ def test_a_fifo_in_place_of_the_final_weights_is_refused_by_the_report(received)
     (folder / FINAL_WEIGHTS).unlink()
     os.mkfifo(folder / FINAL_WEIGHTS)
     with pytest.raises(WorkbenchError, match=r"final\.safetensors is not a regular file \(a FIFO\)"):
-        returns_within(lambda: load_final_model(folder), 20, folder / FINAL_WEIGHTS)
-    result = returns_within(lambda: cli("report", str(out)), 120, folder / FINAL_WEIGHTS)
+        returns_within(lambda: load_final_model(folder), HANG_GUARD_S, folder / FINAL_WEIGHTS)
+    result = returns_within(lambda: cli("report", str(out)), HANG_GUARD_S, folder / FINAL_WEIGHTS)
     assert result.exit_code == 2 and "is not a regular file (a FIFO)" in result.output and "Traceback" not in result.output
 
 

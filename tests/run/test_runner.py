@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 from click.testing import CliRunner
+from conftest import HANG_GUARD_S
 
 from workbench.cli import main
 from workbench.errors import WorkbenchError
@@ -190,7 +191,7 @@ def test_sigkilled_sweep_loses_and_repeats_nothing(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "workbench.cli", "run", str(study), "--out", str(out), "--quiet",
                              "--reports", str(tmp_path / "reports")],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + HANG_GUARD_S
     try:
         # kill once the first run is recorded and the second has a checkpoint (it is training)
         while not (recorded(out) == 1 and (run_dir(out, second.run_id) / LAST_CHECKPOINT).exists()):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import multiprocessing
 from types import SimpleNamespace
+from conftest import HANG_GUARD_S
 
 from workbench.run.store import Store, load_curves, load_results, load_run_configs
 
@@ -36,7 +37,7 @@ def test_concurrent_writer_processes_lose_nothing(tmp_path):
     for p in procs:
         p.start()
     for p in procs:
-        p.join(timeout=120)
+        p.join(timeout=HANG_GUARD_S)
     assert [p.exitcode for p in procs] == [0] * WRITERS
     table = load_results(tmp_path)
     assert len(table) == WRITERS * RUNS_EACH and table.run_id.is_unique

@@ -301,7 +301,8 @@ def intro(studies_dir: Path, reports_dir: Path) -> str:
          "The exact rule is printed under each"),
         "report's Verdicts.",
         "",
-        f"Regenerate a report: `workbench run {studies_dir.as_posix()}/<name>.yaml`; regenerate this table:",
+        f"Regenerate a report: `workbench run {studies_dir.as_posix()}/<name>.yaml --reports {reports_dir.as_posix()}`; "
+        "regenerate this table:",
         f"`workbench report-index --studies {studies_dir.as_posix()} --reports {reports_dir.as_posix()}`.",
         f"(Put your own text above the table in `{studies_dir.as_posix()}/{INTRO_FILE}`.)",
     ])

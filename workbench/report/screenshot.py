@@ -31,7 +31,8 @@ def find_chromium() -> str:
 
 
 def chromium(*args: str, timeout: float = 120) -> str:
-    """Run headless Chromium with a throwaway profile; its stdout (e.g. --dump-dom)."""
+    """Run headless Chromium with a throwaway profile; its stdout (e.g. --dump-dom). Past
+    `timeout` seconds of wall time it is taken for hung (a page takes a few)."""
     with tempfile.TemporaryDirectory() as profile:
         done = subprocess.run([find_chromium(), *CHROMIUM_FLAGS, f"--user-data-dir={profile}", *args],
                               capture_output=True, text=True, timeout=timeout)
@@ -41,9 +42,10 @@ def chromium(*args: str, timeout: float = 120) -> str:
     return done.stdout
 
 
-def screenshot(report: str | Path, out: str | Path | None = None, width: int = 1400, height: int = 900) -> Path:
+def screenshot(report: str | Path, out: str | Path | None = None, width: int = 1400, height: int = 900,
+               timeout: float = 120) -> Path:
     """Write the first `width` x `height` pixels of REPORT/index.html (or of the page given) to
-    `out` (default REPORT/first-screen.png); returns its path."""
+    `out` (default REPORT/first-screen.png); returns its path. `timeout`: as `chromium`'s."""
     report = Path(report)
     index = report / "index.html" if report.is_dir() else report
     if not index.is_file():
@@ -51,5 +53,5 @@ def screenshot(report: str | Path, out: str | Path | None = None, width: int = 1
     png = Path(out) if out is not None else index.parent / FIRST_SCREEN
     png.parent.mkdir(parents=True, exist_ok=True)
     chromium(f"--window-size={width},{height}", "--virtual-time-budget=3000", f"--screenshot={png.resolve()}",
-             index.resolve().as_uri())
+             index.resolve().as_uri(), timeout=timeout)
     return png

@@ -6,6 +6,8 @@
     refuse_links(root, ...)  a received folder may hold symbolic links planted to make the
                              workbench write or delete elsewhere: refused before anything is written
     check_run_id(run_id)     a run id read from a store is a path component: its pattern is checked
+    default_reports_dir(out) where a report of `out` goes unless told: beside it, never into the
+                             checkout's tracked reports/
 
 Reading files there (never through a link, never from a FIFO) is workbench.results' read_regular.
 
@@ -108,3 +110,14 @@ def check_run_id(run_id: str) -> str:
                              "damaged or crafted row; move it away and run the study again")
     return run_id
 
+
+def default_reports_dir(out_dir: str | Path, study_name: str | None) -> Path:
+    """A report goes beside its results, in OUT/reports/: a run of a shipped study never
+    overwrites the shipped report in the checkout's reports/ (which is tracked: `make quickstart`
+    must leave a clone as it was), and `workbench diff` then compares the two. The one exception
+    is a report's own shipped data (REPORTS/<study name>/data): that rebuilds the report around it."""
+    out_dir = Path(out_dir)
+    if study_name is not None and out_dir.name == "data" and out_dir.parent.name == study_name:
+        return out_dir.parent.parent  # a report's shipped data (reports/NAME/data): rebuild that report
+    refuse_links(out_dir, "reports")  # a received folder's own `reports` must not lead elsewhere
+    return out_dir / "reports"

@@ -1,0 +1,148 @@
+"""`workbench diff SHIPPED YOURS`: how one report of a study differs from another, verdict by
+verdict, read from the two folders' summary.json alone (no store, nothing trained).
+
+For each verdict: the outcome, the difference with its interval and each group's mean in both
+reports, how far the difference and the group means moved, and whether that is within the
+tolerance. The default tolerance is what a change of machine moves the quickstart's accuracies by
+(MACHINE_TOLERANCE, measured as docs/guide.md's "Your report against the shipped one" says): a
+verdict that moved less and kept its outcome is the shipped one reproduced; a larger move, or a
+changed outcome, is a real difference (other code, other settings) or a fragile verdict.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from workbench.errors import WorkbenchError
+from workbench.report.findings import SUMMARY_FILE
+
+# How far a quickstart accuracy moves between machines: the same run (same code, seed and run
+# id) moved by up to 0.022 between one torch thread with AVX-512 kernels and two threads with
+# ATen's and MKL's AVX2 ones (docs/guide.md gives every figure). A group mean moves at most as far
+# as its runs, a difference of two means at most twice that: 0.05 covers both. In the metric's
+# units: other metrics (a loss, bits per byte) need their own --tolerance.
+MACHINE_TOLERANCE = 0.05
+
+
+def read_summary(folder: str | Path, which: str) -> dict[str, Any]:
+    """The summary.json of a report folder (or of the folder of a file in it), or one line."""
+    folder = Path(folder)
+    if folder.is_file():
+        folder = folder.parent
+    path = folder / SUMMARY_FILE
+    if not path.is_file():
+        raise WorkbenchError(f"{which} {folder}: no {SUMMARY_FILE} there; give a report folder (the one with "
+                             "index.html), e.g. reports/quickstart")
+    try:
+        summary = json.loads(path.read_text(encoding="utf-8"))
+        summary["verdicts"] = [dict(v) for v in summary["verdicts"]]
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as err:
+        raise WorkbenchError(f"{which} {path}: not a report summary ({type(err).__name__}); rebuild that report "
+                             "with `workbench report`") from None
+    return summary
+
+
+@dataclass(frozen=True)
+class Shift:
+    """One verdict in both reports (None where a report lacks it) and how far its numbers moved."""
+
+    statement: str
+    shipped: dict[str, Any] | None
+    yours: dict[str, Any] | None
+    moved_difference: float | None  # yours minus shipped; None when either lacks the number
+    moved_groups: float | None  # the largest move of a group's mean
+
+    def moved_within(self, tolerance: float) -> bool:
+        return all(m is None or abs(m) <= tolerance for m in (self.moved_difference, self.moved_groups))
+
+    def within(self, tolerance: float) -> bool:
+        """Both reports hold it, with the same outcome, and no number moved beyond the tolerance."""
+        return (self.shipped is not None and self.yours is not None
+                and self.shipped["outcome"] == self.yours["outcome"] and self.moved_within(tolerance))
+
+
+def number(record: dict[str, Any] | None, key: str) -> float | None:
+    value = (record or {}).get(key)
+    return float(value) if isinstance(value, int | float) and math.isfinite(value) else None
+
+
+def group_means(verdict: dict[str, Any]) -> dict[str, float | None]:
+    return {g.get("group"): number(g, "mean") for g in verdict.get("groups") or []}
+
+
+def shift(statement: str, shipped: dict[str, Any] | None, yours: dict[str, Any] | None) -> Shift:
+    if shipped is None or yours is None:
+        return Shift(statement, shipped, yours, None, None)
+    a, b = number(shipped.get("difference"), "mean"), number(yours.get("difference"), "mean")
+    means, own = group_means(shipped), group_means(yours)
+    moves = [abs(own[g] - m) for g, m in means.items() if m is not None and own.get(g) is not None]
+    return Shift(statement, shipped, yours, None if a is None or b is None else b - a, max(moves, default=None))
+
+
+def shifts(shipped: dict[str, Any], yours: dict[str, Any]) -> list[Shift]:
+    """Verdicts matched by their statement, in the shipped report's order, then those only yours has."""
+    theirs = {v["statement"]: v for v in shipped["verdicts"]}
+    own = {v["statement"]: v for v in yours["verdicts"]}
+    return [shift(s, theirs.get(s), own.get(s)) for s in dict.fromkeys([*theirs, *own])]
+
+
+def signed(value: float | None) -> str:
+    return "–" if value is None else f"{value:+.3g}"
+
+
+def verdict_text(verdict: dict[str, Any] | None) -> str:
+    """'holds (...); difference +0.574 [+0.529, +0.619]; position=rope 0.998, position=none 0.424'"""
+    if verdict is None:
+        return "not in this report"
+    d = verdict.get("difference") or {}
+    parts = [verdict.get("label") or verdict["outcome"]]
+    if number(d, "mean") is not None:
+        parts.append(f"difference {signed(number(d, 'mean'))} [{signed(number(d, 'lo'))}, {signed(number(d, 'hi'))}]")
+    means = ", ".join(f"{g} {m:.3g}" for g, m in group_means(verdict).items() if m is not None)
+    return "; ".join([*parts, *([means] if means else [])])
+
+
+def moved_text(s: Shift, tolerance: float) -> str:
+    if s.shipped is None or s.yours is None:
+        return "only one report asks this verdict"
+    moved = []
+    if s.moved_difference is not None:
+        moved.append(f"difference {signed(s.moved_difference)}")
+    if s.moved_groups is not None:
+        moved.append(f"group means up to {s.moved_groups:.3g}")
+    size = ", ".join(moved) or "no numbers to compare"
+    same = "same outcome" if s.shipped["outcome"] == s.yours["outcome"] else (
+        f"OUTCOME CHANGED ({s.shipped['outcome']} -> {s.yours['outcome']})")
+    return f"{size}: {'within' if s.moved_within(tolerance) else 'BEYOND'} ±{tolerance:g}; {same}"
+
+
+def diff_lines(shipped_dir: str | Path, yours_dir: str | Path,
+               tolerance: float = MACHINE_TOLERANCE) -> tuple[list[str], bool]:
+    """The comparison as lines, and whether every verdict kept its outcome within the tolerance."""
+    shipped, yours = read_summary(shipped_dir, "SHIPPED"), read_summary(yours_dir, "YOURS")
+    if shipped.get("name") != yours.get("name"):
+        raise WorkbenchError(f"SHIPPED is a report of study {str(shipped.get('name'))[:60]!r}, YOURS of "
+                             f"{str(yours.get('name'))[:60]!r}: diff compares two reports of one study "
+                             "(`workbench compare` puts the runs of several studies in one report)")
+    found = shifts(shipped, yours)
+    lines = [f"{shipped_dir} (shipped) against {yours_dir} (yours), study {shipped.get('name')!r}:"]
+    for s in found:
+        lines += [s.statement, f"  shipped: {verdict_text(s.shipped)}", f"  yours:   {verdict_text(s.yours)}",
+                  f"  moved:   {moved_text(s, tolerance)}"]
+    kept = sum(s.within(tolerance) for s in found)
+    lines.append(summary_line(found, kept, tolerance))
+    return lines, kept == len(found)
+
+
+def summary_line(found: Sequence[Shift], kept: int, tolerance: float) -> str:
+    if not found:
+        return "neither report asks a verdict (no `expect:`)"
+    if kept == len(found):
+        return f"all {len(found)} verdicts kept their outcome, their numbers within ±{tolerance:g}"
+    return (f"{len(found) - kept} of {len(found)} verdicts differ beyond ±{tolerance:g} or in outcome: more than "
+            "a change of machine explains (other code or settings), or a verdict that rests on that little")
