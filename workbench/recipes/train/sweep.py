@@ -275,3 +275,52 @@ def check_tune_metric(study_file: StudyFile, resolved: dict[str, Any], swept: di
         raise study_file.error(SpecError("tune.metric", f"{metric!r}: no evaluation at that length",
                                          [f"{name}@{n}" for n in lengths]),
                                f"in the sweep point {' '.join(f'{k}={v}' for k, v in swept.items())}")
+
+
+class TrainPlan:
+    """Every run of a train study by stage, expanded from the study once and handed to each
+    stage of the recipe (workbench.recipes.train.recipe): the tuning runs (with `tune:`), the
+    final runs (at once without `tune:`, at each point's chosen values once tuning has chosen)
+    and the seed rounds of adaptive seeds. A stage tells the plan what it learned (candidates
+    past a grid edge, the choice, the seeds each point gets) and the plan expands only the runs
+    that adds."""
+
+    def __init__(self, study_file: StudyFile):
+        self.study_file = study_file
+        self.study: TrainStudy = study_file.study
+        self.tuning = tuning_runs(study_file)  # none without `tune:`
+        self.chosen: dict[str, dict[str, Any]] | None = None  # point_key -> chosen values, once tuned
+        self.finals: list[RunConfig] | None = expand(study_file) if self.study.tune is None else None
+
+    @property
+    def known(self) -> list[RunConfig]:
+        """The runs known before anything trains: the tuning runs, and the final runs without `tune:`."""
+        return [*self.tuning, *(self.finals or [])]
+
+    @property
+    def total(self) -> int:
+        """The runs a sweep counts at its start (more past a grid edge, and with adaptive seeds)."""
+        return len(self.tuning) + len(self.study.sweep.points()) * len(self.study.seeds)
+
+    def candidate_finals(self) -> list[RunConfig]:
+        """Every final run the study could have (what --fresh clears): with `tune:`, each point
+        at each candidate."""
+        if self.finals is not None:
+            return self.finals
+        points = [point_key({k: label(v) for k, v in p.items()}, self.study.sweep.keys) for p in self.study.sweep.points()]
+        return [run for values in self.study.tune.points()
+                for run in expand(self.study_file, dict.fromkeys(points, values))]
+
+    def extended_tuning(self, extra: dict[str, list[dict[str, Any]]]) -> list[RunConfig]:
+        """The tuning runs with `extra` candidates per point (point_key -> [{tuned key: value}]) past an edge."""
+        return tuning_runs(self.study_file, extra)
+
+    def choose(self, chosen: dict[str, dict[str, Any]]) -> list[RunConfig]:
+        """The final runs at each point's chosen values (a point without a choice has none)."""
+        self.chosen = chosen
+        self.finals = expand(self.study_file, chosen)
+        return self.finals
+
+    def seed_round(self, seeds: dict[str, int]) -> list[RunConfig]:
+        """The final runs when each point (point_key) runs the first `seeds[point]` of the plan's seeds."""
+        return expand(self.study_file, self.chosen, seeds)
