@@ -154,6 +154,12 @@ def comparison_inputs(out_dirs: Sequence[str | Path], name: str, baseline: Any =
         "baseline": baseline if baseline is not None else carried_baseline(studies, sweep),
         "expect": [parse_expect(text) for text in expect],
     }
+    study = compared_study(fields, expect, runs)
+    return study, runs, pd.concat(curves, ignore_index=True), merged_environment(environments), folder_of
+
+
+def compared_study(fields: dict[str, Any], expect: Sequence[str], runs: pd.DataFrame) -> TrainStudy:
+    """The comparison as a train study, each problem named by the option that caused it."""
     try:
         study = TrainStudy.model_validate(fields, context={STORED: True})
     except ValidationError as err:
@@ -168,7 +174,7 @@ def comparison_inputs(out_dirs: Sequence[str | Path], name: str, baseline: Any =
             known = [str(c) for c in runs.columns if "@" in str(c) or c in RUN_MEASURES]
             raise WorkbenchError(f"compare: --expect {text!r}: no run recorded the metric {exp.metric!r}"
                                  + suggest(exp.metric, known) + f" (valid: {', '.join(known)})")
-    return study, runs, pd.concat(curves, ignore_index=True), merged_environment(environments), folder_of
+    return study
 
 
 def folder_variants(runs: pd.DataFrame, keys: Sequence[str], folder_of: dict[str, Path], folder: Path) -> str:
