@@ -93,7 +93,7 @@ def reordered(runs: pd.DataFrame, order: Sequence[int]) -> pd.DataFrame:
 
 def cost(verdict: Verdict, revealed: pd.DataFrame, keys: Sequence[str]) -> float:
     """CPU minutes the verdict's two groups spent up to its look (all they revealed, undecided)."""
-    from workbench.report.variants import Variants
+    from workbench.report.sweep_points import Variants
 
     labels = Variants.of(keys, revealed).label_runs(revealed)
     mine = revealed[labels.isin([verdict.better, verdict.than])]

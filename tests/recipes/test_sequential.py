@@ -15,7 +15,7 @@ import pytest
 from scipy import stats
 
 from workbench.recipes.train.sequential import EARLIER_LOOKS, LOOKS, obrien_fleming, pocock
-from workbench.report.variants import short_key
+from workbench.report.sweep_points import short_key
 
 
 def test_looks_grow_by_half_up_to_the_maximum_and_spend_exactly_alpha():

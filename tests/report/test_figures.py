@@ -128,7 +128,7 @@ def test_cost_figures_have_their_own_titles_and_plain_log_ticks(drawn, tmp_path)
 
 
 def test_a_legend_names_the_swept_key_with_each_value(drawn, tmp_path):
-    from workbench.report.variants import Variants
+    from workbench.report.sweep_points import Variants
 
     runs = pd.DataFrame({"model.n_kv_heads": [1, 4]})
     variants = Variants.of(["model.n_kv_heads"], runs, {"model.n_kv_heads": [4, 1]})
@@ -149,7 +149,7 @@ def test_position_pictures_are_named_after_the_scheme_not_the_swept_ffn(tmp_path
 
     from workbench import build_model
     from workbench.recipes.train.pictures import ModelPictures
-    from workbench.report.variants import Variants
+    from workbench.report.sweep_points import Variants
     from workbench.study import load_study
     from workbench.recipes.train.sweep import expand
 

@@ -39,7 +39,7 @@ from workbench.results import CONFIG_FILE, FINAL_WEIGHTS, Status, check_regular,
 from workbench.results import short_commit
 from workbench.errors import WorkbenchError, WorkbenchWarning
 from workbench.kinds import study_kinds
-from workbench import registry  # not `variants`: that name is also the submodule report.variants
+from workbench import registry
 from workbench.variants import MODEL_AXES, variant_name
 from workbench.report.document import Paragraph, Report, Section
 from workbench.report.index import run_cpu_s, run_span_s, run_time_text, write_summary

@@ -36,7 +36,7 @@ from workbench.report.index import write_summary
 from workbench.recipes.train.pictures import ModelPictures
 from workbench.recipes.train.report import train_report
 from workbench.recipes.train.runs import TrainInputs
-from workbench.report.variants import short_key
+from workbench.report.sweep_points import short_key
 from workbench.results import flatten
 from workbench.variants import variant_name
 from workbench.model.spec import VARIANT_AXES

@@ -17,7 +17,7 @@ from workbench.registry import get_variant
 from workbench.report.intervals import LEVEL, Share
 from workbench.recipes.train.sequential import LOOKS
 from workbench.recipes.train.learned_gate import Gate, Learned, beats, learned_criterion, make_gate, threshold
-from workbench.report.variants import short_key, value_text
+from workbench.report.sweep_points import short_key, value_text
 from workbench.results import FAILURE_SHARE, KEPT, Status
 from workbench.study import RUN_MEASURES
 from workbench.study.keys import canonical_json

@@ -6,7 +6,7 @@ status counts, and each failed, diverged or out-of-memory run appears with its m
 the step it reached.
 
 The report is the list SECTIONS, in reading order: each section is a function of the study's
-results (workbench.recipes.train.results: the runs, their gates and verdicts) that returns a
+results (workbench.recipes.train.computed: the runs, their gates and verdicts) that returns a
 document section (workbench.report.document), or None where it does not apply. The table
 sections live in tables.py, the figure sections in figures.py; the header (verdict lines,
 Learned lines, verdict figures) is put together by `train_report`.
@@ -28,7 +28,7 @@ from workbench.recipes.train.tuning_section import TuningSection
 from workbench.run import store
 from workbench.recipes.train.tuning import choose
 from workbench.recipes.train import figures, tables
-from workbench.recipes.train.results import TrainResults
+from workbench.recipes.train.computed import TrainResults
 from workbench.recipes.train.stats import RULE
 from workbench.recipes.train.runs import TrainInputs, TrainRuns, metric_direction, metric_range
 

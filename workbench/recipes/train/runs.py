@@ -22,7 +22,7 @@ from workbench.report import figures
 from workbench.report.document import Item, fmt, fmt_interval
 from workbench.report.intervals import Interval, mean_ci
 from workbench.recipes.train.tuning_section import split_stages
-from workbench.report.variants import Variants
+from workbench.report.sweep_points import Variants
 from workbench.recipes.train.compute_curves import to_target_by_run
 from workbench.results import (DESCRIPTIVE_METRICS, FAILURE_SHARE, RUN_MEASURES, SHARE_OF_FAILED, SPENT, TO_TARGET,
                                Metric, Status)

@@ -16,9 +16,9 @@ from workbench.report.document import (Code, Item, Paragraph, Section, Table, fm
 from workbench.report.intervals import difference
 from workbench.recipes.train.sequential import LOOKS
 from workbench.recipes.train.learned_gate import MARGIN
-from workbench.report.variants import short_key, value_text
+from workbench.report.sweep_points import short_key, value_text
 from workbench.results import DESCRIPTIVE_METRICS, FAILURES, Status
-from workbench.recipes.train.results import TrainResults
+from workbench.recipes.train.computed import TrainResults
 from workbench.recipes.train.runs import interval_text, metric_direction, split_metric
 
 # Run measures shown next to each leaderboard (column in the store -> heading, formatter).

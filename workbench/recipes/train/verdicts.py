@@ -17,7 +17,7 @@ from workbench.report.intervals import Interval, first_seeds, paired_correlation
 from workbench.recipes.train.learned_gate import Learned
 from workbench.recipes.train.sequential import LOOKS, LookRule, seeds_for_next_look, sequential_verdicts
 from workbench.recipes.train.stats import Comparison, Verdict, verdicts
-from workbench.report.variants import short_key, value_text
+from workbench.report.sweep_points import short_key, value_text
 from workbench.recipes.train.ladder import cross_scale_line
 from workbench.report.registration import post_hoc
 from workbench.results import FAILURE_SHARE
