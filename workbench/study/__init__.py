@@ -256,10 +256,21 @@ class TrainStudy(StudyBase):
         else:
             raise SpecError(field, "several keys are swept: give {dotted.key: value}", compared)
         for key, v in point.items():
-            options = [label(x) for x in self.sweep.values(key)]
-            if label(v) not in options:
-                raise SpecError(f"{field}.{key}" if len(point) > 1 or isinstance(value, Mapping) else field,
-                                f"{label(v)!r} is not a swept value of {key}", [str(o) for o in options])
+            swept = self.sweep.values(key)
+            options = [label(x) for x in swept]
+            if label(v) in options:
+                continue
+            where = f"{field}.{key}" if len(point) > 1 or isinstance(value, Mapping) else field
+            # A parameterised variant may be named by its name alone where one swept value has it:
+            # `better: layerscale` for `layerscale(init_scale=0.1)`.
+            named = [x for x in swept if isinstance(v, str) and variant_name(x) == v]
+            if len(named) == 1:
+                point[key] = named[0]
+                continue
+            if named:
+                raise SpecError(where, f"{v!r} names {len(named)} swept values of {key}: give one of them in full",
+                                [str(label(x)) for x in named])
+            raise SpecError(where, f"{label(v)!r} is not a swept value of {key}", [str(o) for o in options])
         return point
 
     def run_defining(self) -> dict[str, Any]:
@@ -272,6 +283,16 @@ class TrainStudy(StudyBase):
         if self.scale is not None:  # the same: absent without a ladder
             out["scale"] = self.scale
         return out
+
+
+def variant_name(value: Any) -> str | None:
+    """The variant name of a swept value: `layerscale` for {name: layerscale, init_scale: 0.1}
+    (or its label `layerscale(init_scale=0.1)`); None for a value that names no variant."""
+    if isinstance(value, Mapping):
+        return str(value["name"]) if "name" in value else None
+    if isinstance(value, str):
+        return re.fullmatch(r"([^()]+?)(\(.*\))?", value).group(1) if value else None
+    return None
 
 
 STORED = "stored"  # validation context: a study read back from a results store
