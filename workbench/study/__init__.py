@@ -42,7 +42,7 @@ from workbench.registry import get_variant, variants
 from workbench.study.task_paths import with_task_paths
 from workbench.results import DESCRIPTIVE_METRICS, FAILURE_SHARE, RUN_MEASURES, TO_TARGET
 from workbench.model.spec import VARIANT_AXES, ModelSpec, resolve_choice, spec_error_from
-from workbench.study.keys import digest, label
+from workbench.study.keys import digest, label, value_variant
 from workbench.study.schema import study_json_schema
 from workbench.study.sections import (SEEDS_JSON_SCHEMA, SWEEP_JSON_SCHEMA, TUNE_JSON_SCHEMA, Expectation, SeedPlan,
                                       Sweep, Tune, check_values)
@@ -261,16 +261,13 @@ class TrainStudy(StudyBase):
             if label(v) in options:
                 continue
             where = f"{field}.{key}" if len(point) > 1 or isinstance(value, Mapping) else field
-            # A parameterised variant may be named by its name alone where one swept value has it:
-            # `better: layerscale` for `layerscale(init_scale=0.1)`.
-            named = [x for x in swept if isinstance(v, str) and variant_name(x) == v]
-            if len(named) == 1:
-                point[key] = named[0]
-                continue
-            if named:
+            named = [x for x in swept if isinstance(v, str) and value_variant(x) == v]  # `layerscale` alone
+            if len(named) > 1:
                 raise SpecError(where, f"{v!r} names {len(named)} swept values of {key}: give one of them in full",
                                 [str(label(x)) for x in named])
-            raise SpecError(where, f"{label(v)!r} is not a swept value of {key}", [str(o) for o in options])
+            if not named:
+                raise SpecError(where, f"{label(v)!r} is not a swept value of {key}", [str(o) for o in options])
+            point[key] = named[0]
         return point
 
     def run_defining(self) -> dict[str, Any]:
@@ -283,16 +280,6 @@ class TrainStudy(StudyBase):
         if self.scale is not None:  # the same: absent without a ladder
             out["scale"] = self.scale
         return out
-
-
-def variant_name(value: Any) -> str | None:
-    """The variant name of a swept value: `layerscale` for {name: layerscale, init_scale: 0.1}
-    (or its label `layerscale(init_scale=0.1)`); None for a value that names no variant."""
-    if isinstance(value, Mapping):
-        return str(value["name"]) if "name" in value else None
-    if isinstance(value, str):
-        return re.fullmatch(r"([^()]+?)(\(.*\))?", value).group(1) if value else None
-    return None
 
 
 STORED = "stored"  # validation context: a study read back from a results store
