@@ -134,6 +134,12 @@ class TrainKind(StudyKind):
 
         return report_from_store(out_dir, info, study, dest, pictures)
 
+    def verdicts(self, out_dir: Path, info: dict[str, Any], study: TrainStudy) -> list:
+        # the report's verdict lines, decided from the store without a figure or a page
+        from workbench.recipes.train.report import verdicts_from_store
+
+        return verdicts_from_store(out_dir, study)
+
 
 def tune(study_file: StudyFile, tuning: list[RunConfig], store: Store, executor, summary: Summary,
          progress: SweepProgress, names: dict[str, str], tracker=None) -> list[PointTuning]:
