@@ -25,7 +25,7 @@ from rich.table import Table
 from benchmarks import Check, write_json
 from workbench.cost.fit import fit_exponents
 from workbench.recipes.scaling.study import ScalingStudy
-from workbench.run.scaling import run_scaling
+from workbench.recipes.scaling.measuring import run_scaling
 
 VARIANTS = [
     "full",

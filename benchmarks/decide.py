@@ -39,11 +39,11 @@ from benchmarks import RESULTS_DIR
 from workbench.recipes.train.gates import Gates
 from workbench.recipes.train.runs import TrainRuns
 from workbench.recipes.train.verdicts import Verdicts, seeds_wanted
-from workbench.report.sequential import EARLIER_LOOKS, LOOKS, LookRule, grow_seeds, sequential_verdicts
-from workbench.report.stats import Verdict
-from workbench.study import TrainStudy
+from workbench.recipes.train.sequential import EARLIER_LOOKS, LOOKS, LookRule, grow_seeds, sequential_verdicts
+from workbench.recipes.train.stats import Verdict
+from workbench.recipes.train.study import TrainStudy
 from workbench.study.keys import label
-from workbench.study.sweep import point_key
+from workbench.recipes.train.sweep import point_key
 
 ROOT = Path(__file__).resolve().parent.parent
 CASES = {  # name -> (study file, its stored results)
@@ -93,7 +93,7 @@ def reordered(runs: pd.DataFrame, order: Sequence[int]) -> pd.DataFrame:
 
 def cost(verdict: Verdict, revealed: pd.DataFrame, keys: Sequence[str]) -> float:
     """CPU minutes the verdict's two groups spent up to its look (all they revealed, undecided)."""
-    from workbench.report.variants import Variants
+    from workbench.report.sweep_points import Variants
 
     labels = Variants.of(keys, revealed).label_runs(revealed)
     mine = revealed[labels.isin([verdict.better, verdict.than])]

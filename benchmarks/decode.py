@@ -23,7 +23,7 @@ from benchmarks import Check, write_json
 from workbench.cost.fit import fit_exponents
 from workbench.model.transformer import build_model
 from workbench.recipes.scaling.study import ScalingStudy
-from workbench.run.scaling import run_scaling
+from workbench.recipes.scaling.measuring import run_scaling
 
 ATTENTIONS = {"MHA": 8, "GQA": 2, "MQA": 1}  # name -> n_kv_heads, with 8 query heads
 MODEL = {"family": "decoder", "d_model": 256, "n_heads": 8, "n_layers": 4, "position": "rope", "vocab_size": 256}

@@ -90,7 +90,7 @@ import time, sys
 t0 = float(sys.argv[1])
 import torch; torch.set_num_threads({threads})
 from workbench.study import load_study
-from workbench.study.sweep import expand
+from workbench.recipes.train.sweep import expand
 from workbench.run.recording import RunRecorder
 from workbench.run.train import train_run
 import tempfile, pathlib, os

@@ -40,7 +40,7 @@ DATA_PROBE = f"""
 import statistics, sys, time
 from workbench.model.weights import make_task
 from workbench.study import load_study
-from workbench.study.sweep import expand
+from workbench.recipes.train.sweep import expand
 config = expand(load_study(sys.argv[1]))[0].config
 task = make_task(config)
 size, family = config["train"]["batch_size"], config["model"]["family"]

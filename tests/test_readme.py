@@ -126,8 +126,8 @@ def resolves(dotted: str) -> bool:
 
 
 def test_every_python_name_shown_imports_where_it_is_shown():
-    readme = shown_python_names(README.read_text(encoding="utf-8"))
-    assert "workbench.build_model" in readme and "workbench.model.position.PositionScheme" in readme
+    assert "workbench.build_model" in shown_python_names(README.read_text(encoding="utf-8"))
+    assert "workbench.model.position.PositionScheme" in shown_python_names((DOCS / "plugins.md").read_text(encoding="utf-8"))
     names = {(page_name(page), name) for page in PAGES for name in shown_python_names(page.read_text(encoding="utf-8"))}
     assert [(page, name) for page, name in sorted(names) if not resolves(name)] == []
 
@@ -228,3 +228,32 @@ def test_the_code_layout_table_names_every_folder_and_module():
         assert named <= modules | root, f"{folder}/: the table names {sorted(named - modules - root)}, not modules"
     named = {layer: set(re.findall(r"`([a-z_0-9]+)`", rows[layer])) for layer in ("foundation", "interface")}
     assert named["foundation"] | named["interface"] - {"workbench"} == {p.stem for p in PACKAGE.glob("*.py")}
+
+
+MIN_REPEATED_CHARS = 160  # shorter ones (a caption, a command's one-line gloss) may well recur
+
+
+def prose_paragraphs(text: str) -> list[str]:
+    """The paragraphs of a page, whitespace folded, without code blocks and table rows."""
+    text = re.sub(r"```.*?```", "", text, flags=re.S)
+    paragraphs = (" ".join(block.split()) for block in re.split(r"\n\s*\n", text))
+    return [p for p in paragraphs if len(p) >= MIN_REPEATED_CHARS and not p.startswith("|")]
+
+
+def repeated_paragraphs(pages: dict[str, str]) -> dict[str, list[str]]:
+    """Each paragraph that more than one page holds, with the pages that hold it."""
+    holders: dict[str, list[str]] = {}
+    for name, text in pages.items():
+        for paragraph in dict.fromkeys(prose_paragraphs(text)):
+            holders.setdefault(paragraph, []).append(name)
+    return {p[:80]: names for p, names in holders.items() if len(names) > 1}
+
+
+def test_the_readme_and_the_docs_say_a_thing_once():
+    """A paragraph lives on one page; the others link to it (two copies drift apart)."""
+    assert repeated_paragraphs({page.name: page.read_text(encoding="utf-8") for page in PAGES}) == {}
+
+
+def test_the_repeat_check_sees_a_copied_paragraph():
+    paragraph = "A variant is one class in one module, registered through its entry point. " * 3
+    assert list(repeated_paragraphs({"a.md": paragraph, "b.md": f"# B\n\n{paragraph}\n"}).values()) == [["a.md", "b.md"]]

@@ -116,8 +116,8 @@ def final_runs(out_dir: Path) -> pd.DataFrame:
     """The study's final runs (tuning runs aside) with the variant label the report prints
     (`attrs["variants"]`: the workbench.report.variants.Variants they were labelled by)."""
     from workbench.report import study_of
-    from workbench.report.tuning import split_stages
-    from workbench.report.variants import Variants
+    from workbench.recipes.train.tuning_section import split_stages
+    from workbench.report.sweep_points import Variants
 
     study = study_of(store.load_study_info(out_dir))
     runs, _ = split_stages(store.load_results(out_dir))
@@ -144,8 +144,8 @@ def split_top(text: str, sep: str) -> list[str]:
 def pick_variant(name: str, variants) -> str:
     """The one variant label that `name` denotes (see `StudyRun.run_folder`); an error listing
     the candidates (or every variant), one per line, otherwise."""
-    from workbench.report.variants import short_key
-    from workbench.study import value_variant
+    from workbench.report.sweep_points import short_key
+    from workbench.study.keys import value_variant
 
     if name in variants.labels:
         return name

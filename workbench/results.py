@@ -95,7 +95,7 @@ SHARE_OF_FAILED = Metric(higher_is_better=False, range=(0.0, 1.0))
 # so curves can be drawn against training tokens, counted FLOPs or training seconds.
 PROGRESS = "progress"
 PROGRESS_MEASURES = ("tokens", "flops", "seconds")
-# What a run spent until its evaluations first reached a stated score (workbench.report.compute_curves);
+# What a run spent until its evaluations first reached a stated score (workbench.recipes.train.compute_curves);
 # each is SPENT.
 TO_TARGET = {f"{measure}_to_target": measure for measure in PROGRESS_MEASURES}
 

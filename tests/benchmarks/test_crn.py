@@ -9,7 +9,7 @@ import pytest
 
 from benchmarks.crn import INITS, STUDIES, paired_figures
 from workbench.study import load_study
-from workbench.study.sweep import expand
+from workbench.recipes.train.sweep import expand
 
 
 @pytest.mark.parametrize("name", list(STUDIES))

@@ -14,7 +14,7 @@ from workbench.errors import WorkbenchError
 from workbench.run.runner import check_study
 from workbench.run.store import Store
 from workbench.study import load_study
-from workbench.study.sweep import expand
+from workbench.recipes.train.sweep import expand
 
 STUDY = """\
 name: t

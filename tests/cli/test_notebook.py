@@ -12,7 +12,7 @@ from workbench.errors import WorkbenchError
 from workbench.model.weights import make_task
 from workbench import notebook
 from workbench.notebook import Tokenizer, pick_variant
-from workbench.report.variants import Variants
+from workbench.report.sweep_points import Variants
 
 NOTEBOOK = Path(__file__).resolve().parents[2] / "examples" / "notebook.ipynb"
 

@@ -17,7 +17,7 @@ from workbench.api import run_study
 from workbench.run.store import load_curves, load_results
 from workbench.study import load_study
 from workbench.study.train_section import TrainConfig
-from workbench.study.sweep import expand, run_identity
+from workbench.recipes.train.sweep import expand, run_identity
 
 from conftest import tiny_spec, tokens
 

@@ -17,7 +17,7 @@ from workbench.recipes.train.runs import TrainRuns
 from workbench.api import write_report
 from workbench.api import run_study
 from workbench.run.store import load_results
-from workbench.study import TrainStudy
+from workbench.recipes.train.study import TrainStudy
 from workbench.tasks import Consumed
 from workbench.tasks.ngram import WittenBell, covering
 from workbench_plugins.task_text_lm import SEEN_BIGRAM, TextLM, TextParams

@@ -65,7 +65,7 @@ def test_a_swept_null_matches_its_expectation_point():
     # top_p: null comes back from the results table as NaN; the report must still find it.
     import pandas as pd
 
-    from workbench.report.variants import Variants
+    from workbench.report.sweep_points import Variants
 
     runs = pd.DataFrame({"task.top_p": [float("nan"), 0.9]})
     variants = Variants.of(["task.top_p"], runs, {"task.top_p": [None, 0.9]})

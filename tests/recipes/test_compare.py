@@ -14,7 +14,7 @@ from workbench.cli import main
 from workbench.recipes.train.compare import comparison_inputs
 from workbench.run.store import Store
 from workbench.study import load_study
-from workbench.study.sweep import expand
+from workbench.recipes.train.sweep import expand
 from workbench.results import RunResult
 
 STUDY = """\

@@ -10,9 +10,9 @@ import pandas as pd
 import pytest
 
 from workbench.recipes.train.plan import PILOT_SEED, Noise, metric_noise, pilot_seeds, planned_family
-from workbench.report.seed_planning import Goal
-from workbench.report.stats import Comparison
-from workbench.study import TrainStudy
+from workbench.recipes.train.seed_planning import Goal
+from workbench.recipes.train.stats import Comparison
+from workbench.recipes.train.study import TrainStudy
 
 
 def comparison(better, than, metric="bpc", margin=None, counts=False) -> Comparison:

@@ -15,7 +15,7 @@ from workbench.report import ReportSkipWarning
 from workbench.run.runner import check_providers
 from workbench.run.store import Store
 from workbench.study import load_study
-from workbench.study.sweep import expand
+from workbench.recipes.train.sweep import expand
 from workbench.results import RunResult
 
 STUDY = """\

@@ -30,7 +30,7 @@ from workbench.run.store import Store, run_dir
 from workbench.study import load_study
 from workbench.study.keys import canonical_json
 from workbench.results import FINAL_WEIGHTS, RunConfig, RunResult, git_commit, short_commit
-from workbench.study.sweep import expand
+from workbench.recipes.train.sweep import expand
 from workbench.model.weights import save_final_weights
 
 TRAIN_STUDY_QUESTION = "Does ALiBi extrapolate? <script>alert('x')</script> & more"
@@ -346,7 +346,7 @@ def scaling_row(attention: str, mode: str, n: int, cache: bool | None) -> dict:
 
 @pytest.fixture(scope="module")
 def scaling_report(tmp_path_factory):
-    from workbench.run.scaling import COORDINATES, measurement_id, measurements
+    from workbench.recipes.scaling.measuring import COORDINATES, measurement_id, measurements
 
     root = tmp_path_factory.mktemp("scaling")
     (root / "study.yaml").write_text(SCALING_STUDY)

@@ -128,7 +128,7 @@ def test_cost_figures_have_their_own_titles_and_plain_log_ticks(drawn, tmp_path)
 
 
 def test_a_legend_names_the_swept_key_with_each_value(drawn, tmp_path):
-    from workbench.report.variants import Variants
+    from workbench.report.sweep_points import Variants
 
     runs = pd.DataFrame({"model.n_kv_heads": [1, 4]})
     variants = Variants.of(["model.n_kv_heads"], runs, {"model.n_kv_heads": [4, 1]})
@@ -148,10 +148,10 @@ def test_position_pictures_are_named_after_the_scheme_not_the_swept_ffn(tmp_path
     import torch
 
     from workbench import build_model
-    from workbench.report.pictures import ModelPictures
-    from workbench.report.variants import Variants
+    from workbench.recipes.train.pictures import ModelPictures
+    from workbench.report.sweep_points import Variants
     from workbench.study import load_study
-    from workbench.study.sweep import expand
+    from workbench.recipes.train.sweep import expand
 
     (tmp_path / "s.yaml").write_text(
         "name: ffns\ntask: {name: copy, train_length: 4, n_eval: 8, alphabet_size: 4}\n"
@@ -176,7 +176,7 @@ def test_a_score_bias_picture_takes_its_range_and_caption_from_the_scheme(tmp_pa
     from torch import nn
 
     from workbench.model.position import PositionScheme
-    from workbench.report.pictures import ModelPictures
+    from workbench.recipes.train.pictures import ModelPictures
 
     class SignedBias(PositionScheme):
         name = "signed_bias"
@@ -222,7 +222,7 @@ def test_curves_of_few_seeds_show_each_seed_and_the_mean_without_a_t_band(drawn,
 
 
 def test_a_verdict_figure_shows_every_seed_the_mean_interval_the_threshold_and_the_baseline(drawn, tmp_path):
-    from workbench.report.verdict_figure import verdict_groups
+    from workbench.recipes.train.verdict_figure import verdict_groups
 
     palette = figures.variant_palette(["position=rope", "position=none"])
     groups = [("position=none", [0.42, 0.41, 0.44], 0.4256, 0.399, 0.452),

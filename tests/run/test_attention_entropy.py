@@ -20,8 +20,9 @@ from workbench.errors import WorkbenchError
 from workbench.model.transformer import CrossAttention, SelfAttention, attention_entropy, record_attention
 from workbench.recipes.train.runs import metric_columns, metric_range
 from workbench.run.evaluate import evaluate_lengths, measure_attention_entropy
-from workbench.study import TrainStudy, load_study
-from workbench.study.sweep import expand
+from workbench.recipes.train.study import TrainStudy
+from workbench.study import load_study
+from workbench.recipes.train.sweep import expand
 from workbench.model.weights import make_task
 
 STUDIES = Path(__file__).resolve().parents[2] / "studies"

@@ -25,7 +25,7 @@ from workbench.run.distributed import LOG_FILE, shard
 from workbench.run.folder import WriterLock
 from workbench.run.store import Store, run_dir
 from workbench.study import load_study
-from workbench.study.sweep import expand
+from workbench.recipes.train.sweep import expand
 from workbench.model.weights import make_task
 
 STUDY = """\

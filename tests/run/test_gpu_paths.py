@@ -15,7 +15,7 @@ from workbench import build_model
 from workbench.results import Status
 from workbench.run.train import train_run
 from workbench.study import load_study
-from workbench.study.sweep import expand
+from workbench.recipes.train.sweep import expand
 from workbench.tasks import Tally
 from workbench.model.weights import make_task
 

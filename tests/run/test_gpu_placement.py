@@ -18,7 +18,7 @@ from workbench.errors import WorkbenchError
 from workbench.hardware import Machine, gpus_per_run
 from workbench.results import RunResult, Status
 from workbench.study import load_study
-from workbench.study.sweep import expand
+from workbench.recipes.train.sweep import expand
 from workbench.run.executor import Executor, Job, LocalProcessExecutor, gpu_slots, visible_gpu_ids
 from workbench.run.executor_ray import RayExecutor
 from workbench.api import run_study

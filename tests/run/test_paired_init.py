@@ -21,7 +21,7 @@ from workbench.model.position import INIT_STD
 from workbench.model.weights import make_task
 from workbench.run.run_module import RunModule
 from workbench.study import load_study
-from workbench.study.sweep import expand
+from workbench.recipes.train.sweep import expand
 
 STUDY = """\
 name: crn

@@ -13,7 +13,7 @@ from workbench.run.executor import Job
 from workbench.results import PROGRESS_FILE, RunResult
 from workbench.run.runner import SweepProgress
 from workbench.study import load_study
-from workbench.study.sweep import expand
+from workbench.recipes.train.sweep import expand
 from workbench.run.train import train_run
 
 STUDY = """\

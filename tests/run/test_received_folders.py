@@ -21,7 +21,7 @@ from workbench.run.folder import LOCK_FILE, WriterLock
 from workbench.api import run_study
 from workbench.run.store import DB_FILE, Store, load_results
 from workbench.study import load_study
-from workbench.study.sweep import expand
+from workbench.recipes.train.sweep import expand
 
 STUDY = """\
 name: tiny-received

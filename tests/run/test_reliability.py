@@ -23,7 +23,7 @@ from workbench.errors import WorkbenchError
 from workbench.api import run_study
 from workbench.run.store import DB_FILE, Store, load_results, run_dir
 from workbench.study import load_study
-from workbench.study.sweep import expand
+from workbench.recipes.train.sweep import expand
 from workbench.results import FINAL_WEIGHTS, LAST_CHECKPOINT, RESULT_FILE, Status
 from workbench.run.batches import StepBatches
 from workbench.run.run_module import RunModule
@@ -419,7 +419,7 @@ def test_the_sweep_size_is_capped_with_a_message(tmp_path, monkeypatch):
 
 def test_absurd_sizes_are_refused_at_validate_with_the_number(tmp_path):
     from workbench.model.transformer import build_model
-    from workbench.study.sweep import estimated_parameters
+    from workbench.recipes.train.sweep import estimated_parameters
 
     big = STUDY.replace("d_model: 32, n_layers: 1", "d_model: 100000, n_layers: 100")
     with pytest.raises(WorkbenchError, match=r"model\.d_model: about 1\.2e\+13 parameters .*over the limit of 2e\+10"):

@@ -25,7 +25,7 @@ from workbench.api import run_study
 from workbench.run.runner import check_study
 from workbench.run.store import DB_FILE, Store, load_curves, load_results, run_dir
 from workbench.study import load_study
-from workbench.study.sweep import expand
+from workbench.recipes.train.sweep import expand
 from workbench.results import LAST_CHECKPOINT, RESULT_FILE, Status
 from workbench.run.batches import StepBatches
 from workbench.run.evaluate import evaluate_lengths

@@ -17,7 +17,7 @@ from workbench.api import run_study
 from workbench.run.tracking import TrackerRun, check_logger, mlflow_metric_name, tracker_run
 from workbench.run.train import train_run
 from workbench.study import load_study
-from workbench.study.sweep import expand
+from workbench.recipes.train.sweep import expand
 
 STUDY = """\
 name: tracked

@@ -24,7 +24,7 @@ import torch
 from workbench.model.weights import make_task
 from workbench.run.train import train_run
 from workbench.study import load_study
-from workbench.study.sweep import expand
+from workbench.recipes.train.sweep import expand
 from workbench.tasks.base import pad
 
 STUDY = """\

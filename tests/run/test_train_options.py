@@ -16,7 +16,7 @@ from workbench.run.environment import check_packages
 from workbench.run.run_module import make_optimizer
 from workbench.run.train import train_run
 from workbench.study import load_study
-from workbench.study.sweep import expand
+from workbench.recipes.train.sweep import expand
 
 TRAIN_LINE = "train: {steps: 20, batch_size: 8}"
 

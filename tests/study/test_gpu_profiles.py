@@ -11,9 +11,10 @@ import pytest
 import yaml
 
 from workbench.run.environment import matmul_precision
-from workbench.study import TrainStudy, load_study
+from workbench.recipes.train.study import TrainStudy
+from workbench.study import load_study
 from workbench.study.keys import label
-from workbench.study.sweep import expand, point_key, tuning_runs
+from workbench.recipes.train.sweep import expand, point_key, tuning_runs
 
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = sorted((ROOT / "studies").glob("*.yaml"))

@@ -15,10 +15,11 @@ from typing import Any
 
 import pytest
 
-from workbench.run.scaling import measurement_runs
-from workbench.study import TrainStudy, load_study
+from workbench.recipes.scaling.measuring import measurement_runs
+from workbench.recipes.train.study import TrainStudy
+from workbench.study import load_study
 from workbench.study.keys import label
-from workbench.study.sweep import expand, point_key, tuning_runs
+from workbench.recipes.train.sweep import expand, point_key, tuning_runs
 
 FROZEN = Path(__file__).resolve().parents[1] / "data" / "frozen_studies"
 EXPECTED: dict[str, dict[str, Any]] = json.loads((FROZEN / "run_ids.json").read_text())

@@ -17,7 +17,7 @@ from conftest import run_within_cpu
 
 from workbench.cli import main
 from workbench.study import load_study
-from workbench.study.sweep import expand, tuning_runs
+from workbench.recipes.train.sweep import expand, tuning_runs
 
 STUDIES = Path(__file__).resolve().parents[2] / "studies"
 

@@ -21,7 +21,7 @@ from workbench.results import VALIDATION
 from workbench.run.store import load_results
 from workbench.run.train import make_task
 from workbench.study import load_study
-from workbench.study.sweep import expand
+from workbench.recipes.train.sweep import expand
 from workbench.tasks import INPUT_IGNORING
 from workbench.tasks import tokens as tokens_module
 from workbench.tasks.corpus import Source

@@ -194,7 +194,6 @@ def block_attention(
     g = h // h_kv
     nb = -(-n // block)
     pad = nb * block - n
-    dev = q.device
     slot_ok = (kv_blocks >= 0) & (kv_blocks < nb)  # [T, S]
     used = slot_ok.any(0)  # drop slots that are empty for every query block (e.g. n < block)
     kv_blocks, slot_ok = kv_blocks[:, used], slot_ok[:, used]
@@ -212,29 +211,47 @@ def block_attention(
         for x in (k, v)
     )
 
-    offsets = torch.arange(block, device=dev)
-    q_idx = (q_blocks[:, None] * block + offsets)[:, :, None]  # [T, block, 1]
-    k_idx = (kv_idx[:, :, None] * block + offsets).reshape(T, 1, c)  # [T, 1, c]
-    keep = slot_ok.repeat_interleave(block, dim=-1)[:, None, :]  # [T, 1, c]
-    if keep_pair is not None:
-        keep = keep & keep_pair(q_idx, k_idx)
-    real = torch.arange(nb * block, device=dev) < n  # the padded tail is never a key
-    real = real.expand(B, -1) if key_mask is None else F.pad(key_mask, (0, pad)) & real
-    real = real.view(B, nb, block)[:, kv_idx].reshape(B, T, 1, c)
-    keep = keep & real  # [B, T, block, c]
-    has_key = keep.any(-1, keepdim=True)  # [B, T, block, 1]
-    # Rows with no readable key read everything and are zeroed after: finite forward and backward.
-    keep = keep | ~has_key
-    keep = keep[:, :, None].expand(B, T, g, block, c).reshape(B, T, 1, g * block, c)
-
-    if score_bias is None:
-        mask = keep.reshape(B * T, 1, g * block, c)
-    else:
-        bias = score_bias((q_idx - k_idx)[None, None])  # [1, h, T, block, c]
-        bias = bias.view(1, h_kv, g, T, block, c).permute(0, 3, 1, 2, 4, 5).reshape(1, T, h_kv, g * block, c)
-        mask = bias.to(q.dtype).masked_fill(~keep, float("-inf")).reshape(B * T, h_kv, g * block, c)
+    q_idx, k_idx, keep, has_key = tile_pairs(q_blocks, kv_idx, slot_ok, block, n, B, keep_pair, key_mask)
+    mask = tile_mask(keep, q_idx - k_idx, score_bias, block, h_kv, g, q.dtype)
     out = F.scaled_dot_product_attention(q_tiles, k_tiles, v_tiles, attn_mask=mask, scale=scale)
     has_key = has_key[:, :, None].expand(B, T, g, block, 1).reshape(B * T, 1, g * block, 1)
     out = out * has_key  # [B*T, h_kv, g*block, hd]
     out = out.view(B, T, h_kv, g, block, hd).permute(0, 2, 3, 1, 4, 5)  # [B, h_kv, g, T, block, hd]
     return out.reshape(B, h, T * block, hd)
+
+
+def tile_mask(keep: Tensor, rel: Tensor, score_bias: ScoreBias | None, block: int, h_kv: int, g: int,
+              dtype) -> Tensor:
+    """The attention mask of `block_attention`'s tiles: `keep` [B, T, block, c] for every query
+    head of a K/V group (stacked as rows), as bools, or with a score bias on `rel` [T, block, c]
+    as additive scores ([B*T, 1 or h_kv, g*block, c])."""
+    B, T, _, c = keep.shape  # the block axis may be 1 (no pair rule): broadcast below
+    keep = keep[:, :, None].expand(B, T, g, block, c).reshape(B, T, 1, g * block, c)
+    if score_bias is None:
+        return keep.reshape(B * T, 1, g * block, c)
+    bias = score_bias(rel[None, None])  # [1, h, T, block, c]
+    bias = bias.view(1, h_kv, g, T, block, c).permute(0, 3, 1, 2, 4, 5).reshape(1, T, h_kv, g * block, c)
+    return bias.to(dtype).masked_fill(~keep, float("-inf")).reshape(B * T, h_kv, g * block, c)
+
+
+def tile_pairs(q_blocks: Tensor, kv_idx: Tensor, slot_ok: Tensor, block: int, n: int, B: int,
+               keep_pair: Callable[[Tensor, Tensor], Tensor] | None,
+               key_mask: Tensor | None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Which (query, key) pairs of each tile of `block_attention` are read: the tiles' query
+    positions q_idx [T, block, 1] and key positions k_idx [T, 1, c], keep [B, T, block or 1, c]
+    and has_key [B, T, block or 1, 1] (rows with no readable key keep every pair, to be zeroed after)."""
+    T, S = kv_idx.shape
+    c, nb = S * block, -(-n // block)
+    offsets = torch.arange(block, device=kv_idx.device)
+    q_idx = (q_blocks[:, None] * block + offsets)[:, :, None]  # [T, block, 1]
+    k_idx = (kv_idx[:, :, None] * block + offsets).reshape(T, 1, c)  # [T, 1, c]
+    keep = slot_ok.repeat_interleave(block, dim=-1)[:, None, :]  # [T, 1, c]
+    if keep_pair is not None:
+        keep = keep & keep_pair(q_idx, k_idx)
+    real = torch.arange(nb * block, device=kv_idx.device) < n  # the padded tail is never a key
+    real = real.expand(B, -1) if key_mask is None else F.pad(key_mask, (0, nb * block - n)) & real
+    real = real.view(B, nb, block)[:, kv_idx].reshape(B, T, 1, c)
+    keep = keep & real  # [B, T, block, c]
+    has_key = keep.any(-1, keepdim=True)  # [B, T, block, 1]
+    # Rows with no readable key read everything and are zeroed after: finite forward and backward.
+    return q_idx, k_idx, keep | ~has_key, has_key

@@ -36,7 +36,7 @@ class PositionLimitError(ValueError):
 class PositionScheme(Variant, nn.Module):
     axis = "position"
     has_score_bias: ClassVar[bool] = False  # lets attention skip building offsets when unused
-    # What the report's picture of the scheme shows (workbench.report.pictures.position_items),
+    # What the report's picture of the scheme shows (workbench.recipes.train.pictures.position_items),
     # in the scheme's own words: only the scheme knows what its values mean. Empty: no gloss.
     picture_note: ClassVar[str] = ""
 

@@ -39,7 +39,7 @@ from workbench.results import CONFIG_FILE, FINAL_WEIGHTS, Status, check_regular,
 from workbench.results import short_commit
 from workbench.errors import WorkbenchError, WorkbenchWarning
 from workbench.kinds import study_kinds
-from workbench import registry  # not `variants`: that name is also the submodule report.variants
+from workbench import registry
 from workbench.variants import MODEL_AXES, variant_name
 from workbench.report.document import Paragraph, Report, Section
 from workbench.report.index import run_cpu_s, run_span_s, run_time_text, write_summary
@@ -144,7 +144,7 @@ def study_of(info: Mapping[str, Any]):
     try:
         return kinds[kind].study.model_validate(data, context={STORED: True})
     except (ValidationError, WorkbenchError) as err:  # a SpecError from a validator, or pydantic's report
-        problem = unwrap(err) if isinstance(err, ValidationError) else err
+        problem = unwrap(err, fields=kinds[kind].study.model_fields) if isinstance(err, ValidationError) else err
         raise WorkbenchError(f"the results store holds a damaged study description ({str(problem)[:200]}); "
                              "move the store away and run the study again") from None
 

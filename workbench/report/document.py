@@ -131,6 +131,7 @@ class Report:
     sections: list[Section]
     learned: list[str] = field(default_factory=list)  # the header's lines: what "learned" means, who met it
     verdict_figures: list[Figure] = field(default_factory=list)  # the first screen's, one per verdict metric
+    verdict_rule: str = ""  # how the kind decides its verdicts, printed under them
 
 
 # ---- number formatting (one place, so tables, captions and figures agree) ---------------------

@@ -1,7 +1,7 @@
 """Means with 95% intervals over seeds, differences between groups, and shares of seeds (failures
 as outcomes). The t intervals and tests are those of scipy.stats (ttest_1samp, ttest_rel,
 ttest_ind with unequal variances), computed from scipy's t distribution directly
-(tests/report/test_stats.py checks them against scipy.stats); exact binomial and Fisher tests
+(tests/recipes/test_stats.py checks them against scipy.stats); exact binomial and Fisher tests
 come from scipy.stats.
 
 Intervals. A group's mean has the two-sided t interval over its seeds (seeds are few, 2-5,
@@ -99,7 +99,7 @@ def t_pvalue(t: float, df: float) -> float:
 
 
 # The numeric cores below take tuples and are cached: an adaptive study's looks read the same
-# seeds again at every round (and the null simulation of tests/report/test_sequential.py runs thousands).
+# seeds again at every round (and the null simulation of tests/recipes/test_sequential.py runs thousands).
 
 
 def mean_ci(values: Sequence[float] | np.ndarray | pd.Series, level: float = LEVEL,

@@ -13,9 +13,7 @@ import jinja2
 
 from workbench.report.document import Report
 from workbench.report.outcomes import Outcome
-from workbench.report.stats import RULE
 
-VERDICT_RULE = RULE  # one text, kept next to the code it describes
 
 # Characters Markdown would read as markup inside running text.
 _MD_SPECIAL = re.compile(r"([\\`*_\[\]#|~])")
@@ -50,11 +48,11 @@ def _environment(markdown: bool) -> jinja2.Environment:
 
 
 def render_html(report: Report) -> str:
-    return _environment(False).get_template("report.html.j2").render(report=report, verdict_rule=VERDICT_RULE,
+    return _environment(False).get_template("report.html.j2").render(report=report,
                                                                       outcomes=Outcome)
 
 
 def render_markdown(report: Report) -> str:
-    text = _environment(True).get_template("report.md.j2").render(report=report, verdict_rule=VERDICT_RULE)
+    text = _environment(True).get_template("report.md.j2").render(report=report)
     text = re.sub(r"\n{3,}", "\n\n", text)  # the template's blocks leave runs of blank lines
     return text.strip() + "\n"

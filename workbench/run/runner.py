@@ -13,7 +13,7 @@ checkpoint, and a run whose result.json was written but not recorded (the driver
 between) is recorded from that file without training again. Failed and oom runs are retried.
 
 A train study with `tune:` runs in two stages through the same executor: its tuning runs,
-then the final runs at each point's chosen values (workbench.study.tuning); both resume the same way.
+then the final runs at each point's chosen values (workbench.recipes.train.tuning); both resume the same way.
 
 One sweep writes a folder at a time (folder.WriterLock, taken before --fresh clears anything), and
 follows no symbolic link a received folder holds (folder.refuse_links).

@@ -139,23 +139,15 @@ def train_here(run_id: str, config: dict[str, Any], run_dir: Path, tracker: Trac
     writes the run folder's files."""
     quiet_lightning()
     start, cpu_start = time.perf_counter(), cpu_seconds()
-    writer = rank_zero()
-    try:
-        if writer:
-            run_dir.mkdir(parents=True, exist_ok=True)
-            write_text_atomic(run_dir / CONFIG_FILE, json.dumps(config, indent=2, sort_keys=True))
-    except OSError as err:  # a full disk, a read-only folder: the sweep cannot go on
-        raise WorkbenchError(f"{run_dir}: cannot write the run folder ({err.strerror}); free some space (or make the "
-                             "folder writable) and run again: finished runs are kept") from None
+    if writer := rank_zero():
+        start_run_folder(run_dir, config)
     train = config["train"]
     device = resolve_accelerator(train)
     memory = PeakMemory(on_cuda=device == "cuda")
     matmul_before = torch.get_float32_matmul_precision()
     matmul = matmul_precision(train, device)
     result = RunResult(run_id=run_id, status=Status.FAILED, peak_memory_instrument=memory.instrument,
-                       environment={**environment(device_name(device)), "float32_matmul_precision": matmul,
-                                    "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
-                                    **run_providers(config)})
+                       environment=run_environment(config, device, matmul))
     recorder = logger = None
     deterministic_before = torch.are_deterministic_algorithms_enabled()
     try:
@@ -169,77 +161,123 @@ def train_here(run_id: str, config: dict[str, Any], run_dir: Path, tracker: Trac
         recorder = RunRecorder(task, module.family, train, cost)
         if module.budget_kind is not None:
             module.spent = functools.partial(recorder.spent, module.budget_kind)
-        checkpoint = ModelCheckpoint(dirpath=run_dir / "checkpoints", save_last=True, save_top_k=0,
-                                     every_n_train_steps=train["checkpoint_every"])
         ckpt = run_dir / LAST_CHECKPOINT
         if writer:
             ckpt.with_name(ckpt.name + ".tmp").unlink(missing_ok=True)  # a save cut short by a kill
         max_steps = train["steps"] if module.budget_kind is None else BUDGET_STEP_CAP  # a budget stops the run
         logger = make_logger(train["logger"], run_dir, config, tracker)
-        trainer = pl.Trainer(
-            max_steps=max_steps, max_epochs=-1, limit_val_batches=0, num_sanity_val_steps=0,
-            accelerator=train["accelerator"], devices=train["devices"], strategy=lightning_strategy(train),
-            num_nodes=train["num_nodes"], precision=train["precision"],
-            gradient_clip_val=train["grad_clip"], gradient_clip_algorithm="norm",
-            accumulate_grad_batches=train["grad_accumulation"],
-            deterministic=device == "cpu", logger=logger,
-            callbacks=[recorder, StopOnRequest(ckpt), checkpoint, memory, ProgressFile(run_dir, train["steps"]),
-                       *user_callbacks(train)],
-            log_every_n_steps=train["log_every"], plugins=[SafeCheckpointIO(), *cluster_environment(train)],
-            enable_progress_bar=False, enable_model_summary=False, default_root_dir=run_dir,
-            use_distributed_sampler=False,  # StepBatches shares each batch between the ranks
-        )
+        trainer = lightning_trainer(train, run_dir, device == "cpu", max_steps, logger,
+                                    [recorder, StopOnRequest(ckpt)], memory)
         datamodule = TaskDataModule(task, module.family, train["batch_size"], max_steps, train["grad_accumulation"])
         trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt if check_regular(ckpt) else None, weights_only=True)
-        result.resumed_from_step = recorder.start_step or None
-        result.steps_done = trainer.global_step
-        result.environment["processes"] = trainer.world_size
-        result.last_step = module.last_step
-        if module.diverged_step is not None:
-            result.status, result.diverged_step = Status.DIVERGED, module.diverged_step
-        else:
-            result.status = Status.FINISHED
-            result.metrics = recorder.last_eval["metrics"]
-            result.not_applicable = recorder.last_eval["not_applicable"]
-            if writer:
-                save_final_weights(module.model, config, trainer.global_step, run_dir / FINAL_WEIGHTS)
+        record_outcome(result, trainer, module, recorder)
+        if writer and result.status == Status.FINISHED:
+            save_final_weights(module.model, config, trainer.global_step, run_dir / FINAL_WEIGHTS)
     except (stopping.RunInterrupted, SIGTERMException) as err:
         # Stopped by a signal: the checkpoint holds the run; nothing is recorded for it.
         raise stopping.RunInterrupted(str(err) or "stopped") from None
     except (torch.OutOfMemoryError, MemoryError) as err:
         result.status, result.error = Status.OOM, f"{type(err).__name__}: {err}".splitlines()[0]
     except Exception as err:  # any other error is this run's outcome; the sweep goes on
-        # PyTorch's CPU allocator raises a RuntimeError, not a MemoryError, when memory runs out
-        result.status = Status.OOM if CPU_ALLOCATOR_FAILED in str(err) else Status.FAILED
-        result.error = f"{type(err).__name__}: {err}".splitlines()[0]
-        if writer:
-            with contextlib.suppress(OSError):  # a full disk fails this too; the error is in the result already
-                write_text_atomic(run_dir / "error.txt", traceback.format_exc())
+        record_error(result, err, run_dir if writer else None)
     finally:
         torch.use_deterministic_algorithms(deterministic_before)  # Trainer(deterministic=True) sets it globally
         torch.set_float32_matmul_precision(matmul_before)  # global too: the next run in this process sets its own
         if logger is not None:
-            try:
-                close_logger(logger, result.status, result.metrics)
-            except Exception as err:  # noqa: BLE001 - a tracker that cannot be reached loses no result
-                warnings.warn(f"train.logger {train['logger']}: could not close the tracker run "
-                              f"({type(err).__name__}: {str(err).splitlines()[0][:120]})", stacklevel=1)
+            close_tracker(logger, train["logger"], result)
     if recorder is not None:
-        result.curves = recorder.curves
-        result.tokens = recorder.tokens
-        result.train_flops = recorder.flops
-        result.train_time_s = recorder.train_time()
-        result.eval_time_s = recorder.session_eval_time
-        result.tokens_per_s = result.tokens / result.train_time_s if result.tokens and result.train_time_s > 0 else None
+        record_spending(result, recorder)
     result.peak_memory_bytes = memory.peak_bytes()
     result.wall_time_s = time.perf_counter() - start
     result.cpu_time_s = cpu_seconds() - cpu_start
     result.environment.update(machine_load())
-    if not writer:
-        return result
+    if writer:
+        write_result(run_dir, result)
+    return result
+
+
+def start_run_folder(run_dir: Path, config: dict[str, Any]) -> None:
+    """The run folder with the run's config, before anything trains."""
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(run_dir / CONFIG_FILE, json.dumps(config, indent=2, sort_keys=True))
+    except OSError as err:  # a full disk, a read-only folder: the sweep cannot go on
+        raise WorkbenchError(f"{run_dir}: cannot write the run folder ({err.strerror}); free some space (or make the "
+                             "folder writable) and run again: finished runs are kept") from None
+
+
+def run_environment(config: dict[str, Any], device: str, matmul: str) -> dict[str, Any]:
+    """What a run records of where it trained, and which package provided each of its variants."""
+    return {**environment(device_name(device)), "float32_matmul_precision": matmul,
+            "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"), **run_providers(config)}
+
+
+def record_error(result: RunResult, err: Exception, run_dir: Path | None) -> None:
+    """A run that raised: failed, or out of memory; the traceback goes to error.txt in `run_dir`
+    (the writer's; None on the other ranks)."""
+    # PyTorch's CPU allocator raises a RuntimeError, not a MemoryError, when memory runs out
+    result.status = Status.OOM if CPU_ALLOCATOR_FAILED in str(err) else Status.FAILED
+    result.error = f"{type(err).__name__}: {err}".splitlines()[0]
+    if run_dir is not None:
+        with contextlib.suppress(OSError):  # a full disk fails this too; the error is in the result already
+            write_text_atomic(run_dir / "error.txt", traceback.format_exc())
+
+
+def lightning_trainer(train: dict[str, Any], run_dir: Path, deterministic: bool, max_steps: int, logger,
+                      callbacks: list, memory: PeakMemory) -> pl.Trainer:
+    """The Lightning Trainer of one run's `train:` section, with the run's own callbacks first,
+    then its checkpoints, peak memory and progress file."""
+    checkpoint = ModelCheckpoint(dirpath=run_dir / "checkpoints", save_last=True, save_top_k=0,
+                                 every_n_train_steps=train["checkpoint_every"])
+    return pl.Trainer(
+        max_steps=max_steps, max_epochs=-1, limit_val_batches=0, num_sanity_val_steps=0,
+        accelerator=train["accelerator"], devices=train["devices"], strategy=lightning_strategy(train),
+        num_nodes=train["num_nodes"], precision=train["precision"],
+        gradient_clip_val=train["grad_clip"], gradient_clip_algorithm="norm",
+        accumulate_grad_batches=train["grad_accumulation"],
+        deterministic=deterministic, logger=logger,
+        callbacks=[*callbacks, checkpoint, memory, ProgressFile(run_dir, train["steps"]), *user_callbacks(train)],
+        log_every_n_steps=train["log_every"], plugins=[SafeCheckpointIO(), *cluster_environment(train)],
+        enable_progress_bar=False, enable_model_summary=False, default_root_dir=run_dir,
+        use_distributed_sampler=False,  # StepBatches shares each batch between the ranks
+    )
+
+
+def record_outcome(result: RunResult, trainer: pl.Trainer, module: RunModule, recorder: RunRecorder) -> None:
+    """How a fit that returned ended: diverged at a step, or finished with its last evaluation."""
+    result.resumed_from_step = recorder.start_step or None
+    result.steps_done = trainer.global_step
+    result.environment["processes"] = trainer.world_size
+    result.last_step = module.last_step
+    if module.diverged_step is not None:
+        result.status, result.diverged_step = Status.DIVERGED, module.diverged_step
+    else:
+        result.status = Status.FINISHED
+        result.metrics = recorder.last_eval["metrics"]
+        result.not_applicable = recorder.last_eval["not_applicable"]
+
+
+def close_tracker(logger, name: str, result: RunResult) -> None:
+    try:
+        close_logger(logger, result.status, result.metrics)
+    except Exception as err:  # noqa: BLE001 - a tracker that cannot be reached loses no result
+        warnings.warn(f"train.logger {name}: could not close the tracker run "
+                      f"({type(err).__name__}: {str(err).splitlines()[0][:120]})", stacklevel=1)
+
+
+def record_spending(result: RunResult, recorder: RunRecorder) -> None:
+    """What the run spent, as its recorder counted it (also for a run that failed part way)."""
+    result.curves = recorder.curves
+    result.tokens = recorder.tokens
+    result.train_flops = recorder.flops
+    result.train_time_s = recorder.train_time()
+    result.eval_time_s = recorder.session_eval_time
+    result.tokens_per_s = result.tokens / result.train_time_s if result.tokens and result.train_time_s > 0 else None
+
+
+def write_result(run_dir: Path, result: RunResult) -> None:
     try:
         write_json_atomic(run_dir / RESULT_FILE, result.to_json())
     except OSError as err:  # a full disk, a folder made read-only: the sweep cannot go on
         raise WorkbenchError(f"{run_dir / RESULT_FILE}: cannot write it ({err.strerror}); free some space (or make "
                              "the folder writable) and run again: finished runs are kept") from None
-    return result

@@ -1,12 +1,12 @@
-"""Study files: the study classes, their cross-field checks, and loading; a study's runs.
+"""Study files: what every kind of study shares (StudyBase, the task section, dotted keys
+checked against the fields they name) and loading; each kind's study class lives in its recipe
+(workbench.recipes.train.study, workbench.recipes.scaling.study).
 
     keys.py       dotted keys, value labels, hashing (run ids, study hashes)
     yaml_file.py  YAML with a line map, size limits, profiles and `--set`, error hints
     train_section.py  the `train:` section (optimiser, budget, devices)
     sections.py   the `expect:`, `seeds:`, `sweep:` and `tune:` sections
     schema.py     the JSON Schema of study files
-    sweep.py      a study -> its runs, each validated (run ids)
-    tuning.py     each sweep point's chosen training values (`tune:`)
 
 A study names a task, a model, a training budget and the seeds, and sweeps dotted keys:
 
@@ -19,7 +19,8 @@ path, problem and valid choices:
 
     YAML text --SafeLoader compose--> node tree (key -> line) + plain data
               --profile overrides--> data --pydantic (Study kind)--> validated study
-    `workbench.study.sweep.expand` then validates every run's model spec.
+    A kind's recipe then expands the study to its runs (workbench.recipes.train.sweep.expand
+    validates every run's model spec).
 
 The `kind` field selects the study class through the study-kind registry (workbench.kinds);
 a new kind is a StudyBase subclass with its own section plus a StudyKind that runs and reports it.
@@ -28,33 +29,30 @@ a new kind is a StudyBase subclass with its own section plus a StudyKind that ru
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
-from pydantic import ConfigDict, Field, ValidationError, ValidationInfo, WithJsonSchema, field_validator, model_validator
-from pydantic.json_schema import SkipJsonSchema
+from pydantic import ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from workbench import kinds
 from workbench.errors import SpecError
 from workbench.registry import get_variant, variants
 from workbench.study.task_paths import with_task_paths
-from workbench.results import DESCRIPTIVE_METRICS, FAILURE_SHARE, RUN_MEASURES, TO_TARGET
-from workbench.model.spec import VARIANT_AXES, ModelSpec, resolve_choice, spec_error_from
-from workbench.study.keys import digest, label, value_variant
+from workbench.results import RUN_MEASURES
+from workbench.model.spec import VARIANT_AXES, ModelSpec, spec_error_from
+from workbench.study.keys import digest
 from workbench.study.schema import study_json_schema
-from workbench.study.sections import (SEEDS_JSON_SCHEMA, SWEEP_JSON_SCHEMA, TUNE_JSON_SCHEMA, Expectation, SeedPlan,
-                                      Sweep, Tune, check_values)
+from workbench.study.sections import Expectation
 from workbench.study.train_section import BUDGET_KINDS, TrainConfig
 from workbench.study.yaml_file import LineMap, StudyError, apply_overrides, apply_profile, read_yaml, suggest
 from workbench.variants import StrictModel
 
-__all__ = ["load_study", "study_json_schema", "StudyFile", "StudyBase", "TrainStudy", "STORED", "RUN_MEASURES"]
+__all__ = ["load_study", "study_json_schema", "StudyFile", "StudyBase", "STORED", "RUN_MEASURES"]
 
 SWEEPABLE_SECTIONS = ("task", "model", "train")
 MAX_NAME_CHARS = 100  # a study's name names folders (runs/<name>, reports/.<name>.building-<pid>)
-SCALE_JSON_SCHEMA = {"anyOf": [{"type": "object", "additionalProperties": {"type": "array", "minItems": 2}}, {"type": "null"}]}
 
 
 def task_section(value: Any) -> dict[str, Any]:
@@ -73,9 +71,10 @@ def task_section(value: Any) -> dict[str, Any]:
     return {"name": str(name), **params.model_dump()}
 
 
-def unwrap(err: ValidationError, prefix: str = "") -> SpecError:
+def unwrap(err: ValidationError, prefix: str = "", fields: Iterable[str] | None = None) -> SpecError:
     """A pydantic report as one SpecError: a SpecError raised inside a validator keeps its own
-    field; otherwise the first error's location becomes the field path."""
+    field; otherwise the first error's location becomes the field path. `fields`: the top-level
+    fields of the study class that was validated (for an unknown top-level key's hint)."""
     first = err.errors()[0]
     inner = (first.get("ctx") or {}).get("error")
     if isinstance(inner, SpecError):
@@ -83,14 +82,16 @@ def unwrap(err: ValidationError, prefix: str = "") -> SpecError:
     if first["type"] == "extra_forbidden":
         path = ".".join(str(p) for p in (prefix, *first["loc"]) if p != "")
         parent = ".".join(path.split(".")[:-1])
-        return SpecError(path, "unknown key" + suggest(path.split(".")[-1], known_keys(parent)), known_keys(parent))
+        known = known_keys(parent, fields)
+        return SpecError(path, "unknown key" + suggest(path.split(".")[-1], known), known)
     return spec_error_from(err, prefix)
 
 
-def known_keys(section: str) -> list[str] | None:
-    """Field names valid inside a dotted section of a train study (for 'unknown key' hints)."""
+def known_keys(section: str, fields: Iterable[str] | None = None) -> list[str] | None:
+    """Field names valid inside a dotted section of a study (for 'unknown key' hints); the top
+    level's are `fields`, the study class's."""
     tops = {
-        "": list(TrainStudy.model_fields),
+        "": list(fields) if fields is not None else None,
         "train": list(TrainConfig.model_fields),
         "model": list(ModelSpec.model_fields),
         "sweep": None,
@@ -138,150 +139,6 @@ class StudyBase(StrictModel):
         raise NotImplementedError
 
 
-class TrainStudy(StudyBase):
-    """Train every sweep point on a task and compare the final metrics."""
-
-    kind: Literal["train"] = Field("train", description="train: a sweep of trained models")
-    task: Annotated[
-        dict[str, Any], WithJsonSchema({"x-section": "TaskSection"})
-    ] = Field(description="{name: <task>, <task params>}; see `workbench list task`")
-    model: Annotated[dict[str, Any], WithJsonSchema({"x-section": "ModelSection"})] = Field(
-        default_factory=dict, description="the model spec (see the README); the task sets vocab_size"
-    )
-    train: TrainConfig
-    sweep: Annotated[Sweep, WithJsonSchema(SWEEP_JSON_SCHEMA)] = Field(default_factory=Sweep)
-    baseline: Any = Field(
-        None, description="the swept value (or {dotted.key: value}) the others are compared against"
-    )
-    expect: list[Expectation] = Field([], description="claims the report checks")
-    tune: Annotated[Tune | None, WithJsonSchema(TUNE_JSON_SCHEMA)] = Field(
-        None, description="choose values (e.g. train.lr) per sweep point on validation sets before its seeds run"
-    )
-    seeds: Annotated[list[Annotated[int, Field(ge=0, le=2**32 - 1)]], WithJsonSchema(SEEDS_JSON_SCHEMA)] = Field(
-        [0], min_length=1, description="every sweep point trains once per seed (0 .. 2^32-1), or {first, max}")
-    seed_plan: SkipJsonSchema[SeedPlan | None] = Field(
-        None, description="set by `seeds: {first, max}` (adaptive seeds); `seeds` then holds the first ones")
-
-    @model_validator(mode="before")
-    @classmethod
-    def _adaptive_seeds(cls, data: Any) -> Any:
-        """`seeds: {first: 3, max: 20}` -> seeds [0, 1, 2] and the plan to add more."""
-        if isinstance(data, Mapping) and isinstance(data.get("seeds"), Mapping):
-            if "seed_plan" in data:
-                raise SpecError("seed_plan", "set it through `seeds: {first: N, max: M}`")
-            try:
-                plan = SeedPlan.model_validate(data["seeds"])
-            except ValidationError as err:
-                raise unwrap(err, "seeds") from None
-            return {**data, "seeds": list(range(plan.first)), "seed_plan": plan}
-        return data
-
-    @property
-    def every_seed(self) -> list[int]:
-        """Every seed a final run may have: the listed ones, or an adaptive plan's up to max."""
-        return self.seed_plan.seeds if self.seed_plan is not None else list(self.seeds)
-
-    @property
-    def tuning_seeds(self) -> list[int]:
-        """Seeds of the tuning runs: the first `tune.seeds` integers above every final seed, so
-        no reported seed was also the one a value was chosen on (no selection bias)."""
-        start = max(self.every_seed) + 1
-        return list(range(start, start + (self.tune.seeds if self.tune is not None else 0)))
-    scale: Annotated[dict[str, list[Any]] | None, WithJsonSchema(SCALE_JSON_SCHEMA)] = Field(
-        None, description="a scale ladder {size key: [rung values], key: [matching value per rung], ...} (e.g. "
-        "model.d_model with train.budget.flops): every sweep point runs at every rung, every expect: entry is decided "
-        "at each rung, and the report says whether it holds across them")
-    curves_against: Literal["step", "tokens", "flops", "seconds"] = Field(
-        "step", description="the x-axis of the report's learning curves: training step, training tokens, counted "
-        "training FLOPs or training seconds")
-
-    @field_validator("task", mode="before")
-    @classmethod
-    def _task(cls, v, info: ValidationInfo):
-        if stored(info):
-            return dict(v)
-        return task_section(v)
-
-    @model_validator(mode="after")
-    def _cross_checks(self, info: ValidationInfo):
-        # A study read back from a store holds its ladder in the sweep already.
-        laddered = self.scale is not None and stored(info) and all(k in self.sweep.keys for k in self.scale)
-        if self.scale is not None and not laddered:
-            check_ladder(self)
-        for key in [] if stored(info) else self.sweep.keys:
-            check_key(key, self.sweep.field(key), self.task)
-            check_swept_variants(key, self.sweep.field(key), self.sweep.values(key), self.model, self.sweep.keys)
-        if self.baseline is not None:
-            self.baseline = self.sweep_point(self.baseline, "baseline")
-        for i, exp in enumerate(self.expect):
-            if not stored(info):
-                check_expected_metric(exp, f"expect.{i}", self)
-            exp.better = self.sweep_point(exp.better, f"expect.{i}.better")
-            exp.than = self.sweep_point(exp.than, f"expect.{i}.than")
-        for profile, overrides in self.profiles.items():
-            for key in overrides:
-                # `sweep.<key>` (`scale.<key>`) replaces a swept (rung) list; `tune.<key>` is checked with tune:
-                if key != "seeds" and not key.startswith("tune.") and not stored(info):
-                    check_key(key.removeprefix("sweep.").removeprefix("scale."), f"profiles.{profile}.{key}", self.task)
-        if self.tune is not None:
-            self.tune = check_tune(self.tune, self)
-        stop = self.train.early_stopping
-        if stop is not None and not stored(info):
-            if stop.metric in RUN_MEASURES or "@" not in stop.metric:
-                lengths = self.task.get("eval_lengths") or [self.task["train_length"]]
-                raise SpecError("train.early_stopping.metric", f"{stop.metric!r} is not evaluated during training: "
-                                f"give metric@length, e.g. loss@{lengths[0]}")
-            check_metric(stop.metric, "train.early_stopping.metric", self)
-        if self.scale is not None and not laddered:
-            self.sweep = ladder_sweep(self)
-        return self
-
-    @property
-    def rung_key(self) -> str | None:
-        """The size key of a scale ladder (its first key), whose values name the rungs."""
-        return next(iter(self.scale)) if self.scale else None
-
-    def sweep_point(self, value: Any, field: str) -> dict[str, Any]:
-        """A swept value (when one key is swept) or {dotted.key: value} -> {key: value}, each
-        value checked against the key's swept values (a variant by name equals {name: ...}). A
-        ladder's keys are rungs, not compared: a bare value names the one other swept key."""
-        keys = self.sweep.keys
-        compared = [k for k in keys if k not in (self.scale or {})]
-        if not keys:
-            raise SpecError(field, "the study sweeps nothing, so there is nothing to compare")
-        if isinstance(value, Mapping) and value and all(k in keys for k in value):
-            point = dict(value)
-        elif len(compared) == 1:
-            point = {compared[0]: value}
-        else:
-            raise SpecError(field, "several keys are swept: give {dotted.key: value}", compared)
-        for key, v in point.items():
-            swept = self.sweep.values(key)
-            options = [label(x) for x in swept]
-            if label(v) in options:
-                continue
-            where = f"{field}.{key}" if len(point) > 1 or isinstance(value, Mapping) else field
-            named = [x for x in swept if isinstance(v, str) and value_variant(x) == v]  # `layerscale` alone
-            if len(named) > 1:
-                raise SpecError(where, f"{v!r} names {len(named)} swept values of {key}: give one of them in full",
-                                [str(label(x)) for x in named])
-            if not named:
-                raise SpecError(where, f"{label(v)!r} is not a swept value of {key}", [str(o) for o in options])
-            point[key] = named[0]
-        return point
-
-    def run_defining(self) -> dict[str, Any]:
-        train = TrainConfig.defining(self.train.model_dump())
-        seeds = self.seed_plan.model_dump() if self.seed_plan is not None else self.seeds
-        out = {"kind": self.kind, "task": self.task, "model": self.model, "train": train,
-               "seeds": seeds, "sweep": self.sweep.model_dump()}
-        if self.tune is not None:  # absent otherwise: an untuned study keeps the hash it always had
-            out["tune"] = self.tune.model_dump()
-        if self.scale is not None:  # the same: absent without a ladder
-            out["scale"] = self.scale
-        return out
-
-
 STORED = "stored"  # validation context: a study read back from a results store
 
 
@@ -315,124 +172,6 @@ def check_key(key: str, field: str, task: dict[str, Any]) -> None:
         return
     if section != "model" and deeper:
         raise SpecError(field, f"{section}.{head} has no sub-keys")
-
-
-def ladder_sweep(study: TrainStudy) -> Sweep:
-    """The study's sweep with its scale ladder as one more zip group (every sweep point at every
-    rung), made after `expect:` and `baseline` were read against the sweep alone, so that an
-    entry such as `better: swiglu` is decided at each rung."""
-    return Sweep(grid=study.sweep.grid, zip=[*study.sweep.zip, dict(study.scale)])
-
-
-def check_ladder(study: TrainStudy) -> None:
-    """A ladder gives one value per rung for each key, at least two rungs, of keys that are
-    neither swept nor tuned."""
-    rungs = {key: check_values(f"scale.{key}", values) for key, values in study.scale.items()}
-    if len(set(rungs.values())) > 1:
-        sizes = ", ".join(f"{k}: {n}" for k, n in rungs.items())
-        raise SpecError("scale", f"every key of a ladder gives one value per rung: equal lengths ({sizes})")
-    if next(iter(rungs.values())) < 2:
-        raise SpecError("scale", "a ladder needs at least two rungs")
-    for key in study.scale:
-        check_key(key, f"scale.{key}", study.task)
-        if key in study.sweep.keys:
-            raise SpecError(f"scale.{key}", f"{key} is also swept: a key is either compared (sweep) or a rung (scale)")
-    if study.tune is not None and any(key in study.tune.values for key in study.scale):
-        raise SpecError("scale", "a tuned key cannot also be a rung")
-
-
-def check_tune(tune: Tune, study: TrainStudy) -> Tune:
-    """Tuned keys name training or model fields that are not swept; the metric is one the task
-    records, at an evaluation length (a bare name means at train_length); the tuning seeds
-    are among the study's. Returns the section with the metric spelled `name@length`."""
-    for key in tune.keys:
-        field = f"tune.{key}"
-        check_key(key, field, study.task)
-        section, _, name = key.partition(".")
-        if section == "task":
-            raise SpecError(field, "tuning chooses how a model learns (train.* or model.*), not the task")
-        if section == "train" and name in TrainConfig.EXECUTION:
-            raise SpecError(field, f"{key} says where a run executes, not what it computes: nothing to tune")
-        if key in study.sweep.keys:
-            raise SpecError(field, f"{key} is also swept: a key is either compared (sweep) or chosen per point (tune)")
-    name, _, length = tune.metric.partition("@")
-    lengths = study.task.get("eval_lengths") or [study.task["train_length"]]
-    choices = [*get_variant("task", study.task["name"]).metrics, "loss"]
-    if name not in choices:
-        why = (" (run measures such as tokens_per_s are not chosen on validation data)" if name in RUN_MEASURES
-               else " (descriptive: no better direction to choose by)" if name in DESCRIPTIVE_METRICS else "")
-        raise SpecError("tune.metric", f"unknown metric {name!r}{why}" + suggest(name, choices),
-                        [f"{c}@{lengths[0]}" for c in choices])
-    if not length:
-        length = str(study.task["train_length"])
-    if "task.eval_lengths" not in study.sweep.keys and (not length.isdigit() or int(length) not in lengths):
-        raise SpecError("tune.metric", f"{tune.metric!r}: no evaluation at length {length}",
-                        [f"{name}@{n}" for n in lengths])
-    return tune.model_copy(update={"metric": f"{name}@{length}"})
-
-
-def check_swept_variants(key: str, field: str, values: list[Any], model: Mapping[str, Any],
-                         swept: list[str]) -> None:
-    """Swept variants are checked where they are written: a typo in `model.ffn: [gelu, swigl]`
-    is blamed on the sweep line (not on a baseline or `expect:` that spells the name right),
-    and a swept variant parameter must belong to the variant the model section selects."""
-    parts = key.split(".")
-    if parts[0] != "model" or len(parts) < 2 or parts[1] not in VARIANT_AXES:
-        return
-    axis = parts[1]
-    if len(parts) == 2:
-        for value in values:
-            try:
-                resolve_choice(axis, value, field)
-            except SpecError as err:
-                raise SpecError(field, f"{err.problem} (in the sweep value {key}={label(value)})", err.choices) from None
-        return
-    if f"model.{axis}" in swept:
-        return  # each swept variant gets the parameter: checked per run by the expansion
-    given = model.get(axis, ModelSpec.model_fields[axis].default)
-    name = given.get("name") if isinstance(given, Mapping) else given
-    if not isinstance(name, str) or name not in variants(axis):
-        return  # the model section's own error is reported when it is validated
-    params = list(variants(axis)[name].Params.model_fields)
-    if parts[2] not in params:
-        having = sorted(n for n, cls in variants(axis).items() if parts[2] in cls.Params.model_fields)
-        where = f"model.{axis} is {name!r}" + ("" if axis in model else " (the default)")
-        hint = f"; set model.{axis}: {{name: {having[0]}}} or sweep model.{axis}" if having else ""
-        raise SpecError(field, f"{where}, which has no parameter {parts[2]!r}{hint}",
-                        [f"model.{axis}.{p}" for p in params] or None)
-
-
-def check_expected_metric(exp: Expectation, field: str, study: TrainStudy) -> None:
-    """An `expect:` entry's metric; a *_to_target one needs a target on an evaluated metric."""
-    if exp.metric not in TO_TARGET:
-        if exp.target is not None:
-            raise SpecError(f"{field}.target", f"only {', '.join(TO_TARGET)} take a target; {exp.metric!r} is "
-                            "compared on its final value")
-        check_metric(exp.metric, f"{field}.metric", study)
-        return
-    if exp.target is None:
-        raise SpecError(f"{field}.target", f"{exp.metric} needs the score to reach: target: {{metric: metric@length, "
-                        "value: number}")
-    if exp.target.metric in RUN_MEASURES:
-        raise SpecError(f"{field}.target.metric", "a target is a score the evaluations record, not a run measure")
-    check_metric(exp.target.metric, f"{field}.target.metric", study)
-
-
-def check_metric(metric: str, field: str, study: TrainStudy) -> None:
-    task_cls = get_variant("task", study.task["name"])
-    names = [*task_cls.metrics, "loss"]
-    name, _, length = metric.partition("@")
-    if metric in RUN_MEASURES or metric == FAILURE_SHARE:
-        return
-    if name in DESCRIPTIVE_METRICS:
-        raise SpecError(field, f"{name} is descriptive (no better direction): the report shows it, `expect:` does "
-                        "not test it", [*names, *RUN_MEASURES])
-    if name not in names:
-        choices = [*names, *RUN_MEASURES, FAILURE_SHARE]
-        raise SpecError(field, f"unknown metric {name!r}" + suggest(name, choices), choices)
-    lengths = study.task.get("eval_lengths") or [study.task["train_length"]]
-    if length and "task.eval_lengths" not in study.sweep.keys and (not length.isdigit() or int(length) not in lengths):
-        raise SpecError(field, f"{metric!r}: no evaluation at length {length}", [f"{name}@{n}" for n in lengths])
 
 
 @dataclass
@@ -494,7 +233,7 @@ def load_study(path: str | Path, profile: str | None = None, overrides: tuple[st
     try:
         study = cls.model_validate(data)
     except ValidationError as err:
-        spec_err = unwrap(err)
+        spec_err = unwrap(err, fields=cls.model_fields)
         raise StudyError(file, lines.line(spec_err.field), spec_err) from None
     except SpecError as err:
         raise StudyError(file, lines.line(err.field), err) from None

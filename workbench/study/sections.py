@@ -47,7 +47,7 @@ class Expectation(StrictModel):
 
 class SeedPlan(StrictModel):
     """`seeds: {first: 3, max: 20}`: every group runs `first` seeds; groups in comparisons
-    still undecided get more, in rounds, up to `max` (workbench.report.sequential.LOOKS)."""
+    still undecided get more, in rounds, up to `max` (workbench.recipes.train.sequential.LOOKS)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     first: int = Field(ge=2, description="seeds every group runs (seed ids 0 .. first-1)")
@@ -186,7 +186,7 @@ TUNE_JSON_SCHEMA = {
 class Tune(StrictModel):
     """A study's `tune:` section: each sweep point picks its own values of `values`' keys (a
     grid over them), the best mean `metric` over `seeds` tuning runs per candidate, scored on
-    validation sets; then its seeds run at that value (workbench.study.tuning)."""
+    validation sets; then its seeds run at that value (workbench.recipes.train.tuning)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     values: dict[str, list[Any]]

@@ -1,4 +1,4 @@
-"""The `scaling` study kind: cost against sequence length (workbench.run.scaling), one stored row
+"""The `scaling` study kind: cost against sequence length (workbench.recipes.scaling.measuring), one stored row
 per measurement, each measured in a fresh process; report: fitted exponents and cost curves.
 
 Measurements that hit a limit (oom, timeout) are data and kept on rerun, like finished ones.
@@ -14,7 +14,7 @@ from workbench.errors import WorkbenchError
 from workbench.hardware import Machine, Need, scaling_needs
 from workbench.kinds import RunOptions, StudyKind
 from workbench.run.runner import Summary, check_study, clear_outputs, execute_runs, sweeping
-from workbench.run.scaling import KEEP_ON_RERUN, MeasureExecutor, measurement_line, measurement_runs
+from workbench.recipes.scaling.measuring import KEEP_ON_RERUN, MeasureExecutor, measurement_line, measurement_runs
 from workbench.run.store import Store
 from workbench.study import StudyFile
 from workbench.recipes.scaling.study import ScalingStudy

@@ -39,7 +39,7 @@ from workbench.report.document import (
     fmt_bytes,
     fmt_seconds,
 )
-from workbench.report.variants import Variants, value_text
+from workbench.report.sweep_points import Variants, value_text
 
 COORDINATES = ("scope", "mode", "length", "kv_cache")
 # The header's Learned line: a cost study trains nothing, so there is no chance level to beat.

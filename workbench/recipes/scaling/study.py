@@ -1,5 +1,5 @@
 """The scaling study file (`kind: scaling`): a model, a sweep over `model.*` keys and the
-`scaling:` section (workbench.run.scaling.ScalingSection: lengths, modes, limits).
+`scaling:` section (workbench.recipes.scaling.measuring.ScalingSection: lengths, modes, limits).
 
     name: attention-cost
     kind: scaling
@@ -17,7 +17,7 @@ from pydantic import Field, WithJsonSchema, model_validator
 
 from workbench.errors import SpecError
 from workbench.model.spec import parse_spec
-from workbench.run.scaling import ScalingSection
+from workbench.recipes.scaling.measuring import ScalingSection
 from workbench.study import StudyBase, check_key
 from workbench.study.keys import set_dotted
 from workbench.study.sections import SWEEP_JSON_SCHEMA, Sweep

@@ -12,7 +12,7 @@ pooled. Everything is read from the stores; nothing is trained.
 The comparison is a training study like any other (its sweep holds each variant's values as the
 folders' studies wrote them), so the report computes chance levels, the learned gate, deltas to
 a baseline (`--baseline`, else the first folder's own) and verdicts on `--expect "A > B on
-metric"` exactly as a study's report does (workbench.report.stats.verdicts).
+metric"` exactly as a study's report does (workbench.recipes.train.stats.verdicts).
 """
 
 from __future__ import annotations
@@ -33,14 +33,15 @@ from workbench.registry import variants
 from workbench.report import build_then_swap, merged_environment, report_destination, study_of, timing_caveat
 from workbench.report import write_files
 from workbench.report.index import write_summary
-from workbench.report.pictures import ModelPictures
+from workbench.recipes.train.pictures import ModelPictures
 from workbench.recipes.train.report import train_report
 from workbench.recipes.train.runs import TrainInputs
-from workbench.report.variants import short_key
+from workbench.report.sweep_points import short_key
 from workbench.results import flatten
 from workbench.variants import variant_name
 from workbench.model.spec import VARIANT_AXES
-from workbench.study import RUN_MEASURES, STORED, TrainStudy, unwrap
+from workbench.recipes.train.study import TrainStudy
+from workbench.study import RUN_MEASURES, STORED, unwrap
 from workbench.study.keys import get_dotted, label
 from workbench.study.yaml_file import suggest
 
@@ -153,10 +154,16 @@ def comparison_inputs(out_dirs: Sequence[str | Path], name: str, baseline: Any =
         "baseline": baseline if baseline is not None else carried_baseline(studies, sweep),
         "expect": [parse_expect(text) for text in expect],
     }
+    study = compared_study(fields, expect, runs)
+    return study, runs, pd.concat(curves, ignore_index=True), merged_environment(environments), folder_of
+
+
+def compared_study(fields: dict[str, Any], expect: Sequence[str], runs: pd.DataFrame) -> TrainStudy:
+    """The comparison as a train study, each problem named by the option that caused it."""
     try:
         study = TrainStudy.model_validate(fields, context={STORED: True})
     except ValidationError as err:
-        problem = unwrap(err)
+        problem = unwrap(err, fields=TrainStudy.model_fields)
         field = problem.field.split(".")
         option = ("--baseline" if field[0] == "baseline" else
                   f"--expect {expect[int(field[1])]!r}" if field[0] == "expect" else problem.field)
@@ -167,7 +174,7 @@ def comparison_inputs(out_dirs: Sequence[str | Path], name: str, baseline: Any =
             known = [str(c) for c in runs.columns if "@" in str(c) or c in RUN_MEASURES]
             raise WorkbenchError(f"compare: --expect {text!r}: no run recorded the metric {exp.metric!r}"
                                  + suggest(exp.metric, known) + f" (valid: {', '.join(known)})")
-    return study, runs, pd.concat(curves, ignore_index=True), merged_environment(environments), folder_of
+    return study
 
 
 def folder_variants(runs: pd.DataFrame, keys: Sequence[str], folder_of: dict[str, Path], folder: Path) -> str:

@@ -15,12 +15,12 @@ import pandas as pd
 from workbench.report import figures
 from workbench.report.document import Figure, Item, Paragraph, Section, Table, VerdictLine, fmt, fmt_interval
 from workbench.report.intervals import mean_ci
-from workbench.report.variants import Variants
-from workbench.report.verdict_figure import verdict_groups
+from workbench.report.sweep_points import Variants
+from workbench.recipes.train.verdict_figure import verdict_groups
 from workbench.cost.fit import fit_power_law, power_law_crossing
-from workbench.report.compute_curves import AXIS_LABELS, against
+from workbench.recipes.train.compute_curves import AXIS_LABELS, against
 from workbench.results import ATTENTION_ENTROPY, FAILURE_SHARE, PROGRESS
-from workbench.recipes.train.results import TrainResults
+from workbench.recipes.train.computed import TrainResults
 from workbench.recipes.train.runs import split_metric
 
 

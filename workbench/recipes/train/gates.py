@@ -1,5 +1,5 @@
 """Did each variant learn at all? The chance levels of its task's baselines at the training
-length, the learned-at-all gate (workbench.report.learned_gate), the share of seeds that
+length, the learned-at-all gate (workbench.recipes.train.learned_gate), the share of seeds that
 failed, and the header's Learned lines (the Learned section is tables.learned)."""
 
 from __future__ import annotations
@@ -15,13 +15,13 @@ import pandas as pd
 
 from workbench.registry import get_variant
 from workbench.report.intervals import LEVEL, Share
-from workbench.report.sequential import LOOKS
-from workbench.report.learned_gate import Gate, Learned, beats, learned_criterion, make_gate, threshold
-from workbench.report.variants import short_key, value_text
+from workbench.recipes.train.sequential import LOOKS
+from workbench.recipes.train.learned_gate import Gate, Learned, beats, learned_criterion, make_gate, threshold
+from workbench.report.sweep_points import short_key, value_text
 from workbench.results import FAILURE_SHARE, KEPT, Status
 from workbench.study import RUN_MEASURES
 from workbench.study.keys import canonical_json
-from workbench.study.sweep import resolve_point
+from workbench.recipes.train.sweep import resolve_point
 from workbench.tasks import Consumed
 from workbench.recipes.train.runs import TrainRuns, metric_direction, split_metric
 

@@ -29,10 +29,11 @@ from workbench.run.runner import (
 )
 from workbench.run.store import Store, claim_runs_dir, load_results
 from workbench.run.tracking import prepare_trackers, tracker_run
-from workbench.study import StudyFile, TrainStudy
+from workbench.recipes.train.study import TrainStudy
+from workbench.study import StudyFile
 from workbench.study.keys import canonical_json
-from workbench.study.sweep import expand, point_key, sweep_points, tuning_runs
-from workbench.study.tuning import PointTuning, choose, chosen_values, extensions, labels
+from workbench.recipes.train.sweep import TrainPlan, sweep_points
+from workbench.recipes.train.tuning import PointTuning, choose, chosen_values, extensions, labels
 
 
 class TrainKind(StudyKind):
@@ -41,13 +42,13 @@ class TrainKind(StudyKind):
 
     def describe(self, study_file: StudyFile) -> str:
         s = study_file.study
-        runs = expand(study_file)
-        tuning = tuning_runs(study_file)  # with `tune:`, the final runs exist once each point has chosen
+        plan = TrainPlan(study_file)  # with `tune:`, the final runs exist once each point has chosen
+        tuning = plan.tuning
         from workbench.run.environment import check_packages  # Lightning loads only for train.callbacks
 
-        for train in train_sections([*runs, *tuning]):
+        for train in train_sections(plan.known):
             check_packages(train)
-        steps = sorted({r.config["train"]["steps"] for r in [*runs, *tuning]})
+        steps = sorted({r.config["train"]["steps"] for r in plan.known})
         n_final = len(sweep_points(s)) * len(s.seeds)
         tuned = (f" (at values chosen by {len(tuning)} tuning runs = {len(sweep_points(s))} sweep points x "
                  f"{len(s.tune.points())} candidates x {s.tune.seeds} seeds)" if tuning else "")
@@ -63,15 +64,14 @@ class TrainKind(StudyKind):
                 f"points x {seeds}{tuned}; task {s.task['name']}; {steps_text}")
 
     def hardware_needs(self, study_file: StudyFile, machine: Machine) -> list[Need]:
-        runs = [*expand(study_file), *tuning_runs(study_file)]
-        needs = [need for train in train_sections(runs) for need in train_needs(train, machine)]
+        needs = [need for train in train_sections(TrainPlan(study_file).known) for need in train_needs(train, machine)]
         return list(dict.fromkeys(needs))
 
     def dry_run(self, study_file: StudyFile) -> str:
         """Every run id with its resolved settings: those shared by all runs once, then per run
         the ones that differ (flattened dotted keys, as `--set` and sweeps name them)."""
         s = study_file.study
-        runs = expand(study_file)
+        runs = TrainPlan(study_file).finals or []  # with `tune:`, known once tuning has chosen
         settings = [flatten(r.config) for r in runs]
         keys = list(dict.fromkeys(k for row in settings for k in row))
         varying = [k for k in keys if len({json.dumps(row.get(k), sort_keys=True, default=str) for row in settings}) > 1]
@@ -86,46 +86,41 @@ class TrainKind(StudyKind):
 
     def run(self, study_file: StudyFile, out: Path, options: RunOptions) -> Summary:
         study = study_file.study
-        tuning = tuning_runs(study_file)  # none without `tune:`
-        finals = expand(study_file) if study.tune is None else None  # with `tune:`, known once tuning is done
+        plan = TrainPlan(study_file)  # the study expanded once; each stage below adds to it
         executor = options.executor or make_executor(options.jobs)
         # Checked against where the runs train (a Ray cluster, not its driver), before the folder
         # is touched (--fresh clears it); so are the GPUs each run gets.
-        check_devices(study_file, [*tuning, *(finals or [])], executor.machine())
-        placement = executor.place(train_sections([*tuning, *(finals or [])]))
+        check_devices(study_file, plan.known, executor.machine())
+        placement = executor.place(train_sections(plan.known))
         if options.runs_dir is not None:  # before --fresh deletes there: the runs folder names this one back
             claim_runs_dir(out, options.runs_dir)
         if options.fresh:
-            clear_outputs(out, [run.run_id for run in [*tuning, *(finals or candidate_final_runs(study_file))]])
+            clear_outputs(out, [run.run_id for run in [*plan.tuning, *plan.candidate_finals()]])
         store = Store(out)
         check_study(store, study_file)
-        check_providers(store, [*tuning, *(finals or [])])
+        check_providers(store, plan.known)
         if options.runs_dir is not None:
             store.save_study({"runs_dir": str(options.runs_dir.resolve())})
 
-        total = len(tuning) + len(study.sweep.points()) * len(study.seeds)  # grows past an edge, with more seeds
-        names = {run.run_id: run.describe for run in [*tuning, *(finals or [])]}
-        prepare_trackers([*tuning, *(finals or [])], study.name, out)  # shared stores, before any worker
+        names = {run.run_id: run.describe for run in plan.known}
+        prepare_trackers(plan.known, study.name, out)  # shared stores, before any worker
 
         def tracker(run: RunConfig):
             return tracker_run(run, study.name, out)
 
-        with sweeping(study.name, out, total, options) as (summary, progress):
+        with sweeping(study.name, out, plan.total, options) as (summary, progress):
             if executor.on_start is None:  # a live row per running run
                 executor.on_start = lambda job: progress.started(job, names[job.run_id])
             if placement:
                 progress.print(placement)
-            chosen = None
-            if finals is None:
-                tunings = tune(study_file, tuning, store, executor, summary, progress, names, tracker)
+            if plan.finals is None:
+                tunings = tune(plan, store, executor, summary, progress, names, tracker)
                 for tuned in tunings:
                     report_choice(tuned, study, summary, progress)
-                chosen = chosen_values(tunings, study.sweep.keys)
-                finals = expand(study_file, chosen)
-                names.update({run.run_id: run.describe for run in finals})
-            execute_runs(finals, "runs", store, executor, summary, progress, tracker=tracker)
+                names.update({run.run_id: run.describe for run in plan.choose(chosen_values(tunings, study.sweep.keys))})
+            execute_runs(plan.finals, "runs", store, executor, summary, progress, tracker=tracker)
             if study.seed_plan is not None:
-                add_seeds(study_file, chosen, store, executor, summary, progress, names, tracker)
+                add_seeds(plan, store, executor, summary, progress, names, tracker)
         return summary
 
     def report(self, out_dir: Path, info: dict[str, Any], study: TrainStudy, dest: Path, pictures: bool):
@@ -141,17 +136,17 @@ class TrainKind(StudyKind):
         return verdicts_from_store(out_dir, study)
 
 
-def tune(study_file: StudyFile, tuning: list[RunConfig], store: Store, executor, summary: Summary,
-         progress: SweepProgress, names: dict[str, str], tracker=None) -> list[PointTuning]:
+def tune(plan: TrainPlan, store: Store, executor, summary: Summary, progress: SweepProgress,
+         names: dict[str, str], tracker=None) -> list[PointTuning]:
     """Run the tuning runs; while a point's choice sits at the edge of its grid, run the next
-    candidate past that edge (workbench.study.tuning.extensions) and choose again."""
-    study = study_file.study
-    known, runs = set(), tuning
+    candidate past that edge (workbench.recipes.train.tuning.extensions) and choose again."""
+    study = plan.study
+    known, runs = set(), plan.tuning
     while True:
         execute_runs(runs, "tuning runs", store, executor, summary, progress, tracker=tracker)
         known |= {run.run_id for run in runs}
         tunings = choose(study, store.runs())
-        runs = [run for run in tuning_runs(study_file, extensions(study, tunings)) if run.run_id not in known]
+        runs = [run for run in plan.extended_tuning(extensions(study, tunings)) if run.run_id not in known]
         if not runs:
             return tunings
         statuses = store.statuses()
@@ -162,23 +157,23 @@ def tune(study_file: StudyFile, tuning: list[RunConfig], store: Store, executor,
         progress.grow(len(pending))
 
 
-def add_seeds(study_file: StudyFile, chosen: dict[str, dict[str, Any]] | None, store: Store, executor,
-              summary: Summary, progress: SweepProgress, names: dict[str, str], tracker=None) -> None:
+def add_seeds(plan: TrainPlan, store: Store, executor, summary: Summary, progress: SweepProgress,
+              names: dict[str, str], tracker=None) -> None:
     """Adaptive seeds: after each round, give the groups of comparisons still undecided the
     seeds of the next look, until every comparison has ended or its groups reached the plan's
-    maximum (workbench.report.sequential: the loop and the rule the report reads back)."""
+    maximum (workbench.recipes.train.sequential: the loop and the rule the report reads back)."""
     # The verdicts' statistics (scipy, pandas) load only for an adaptive study.
     from workbench.recipes.train.verdicts import seeds_wanted
-    from workbench.report.sequential import grow_seeds  # the loop that asks seeds_wanted after each round
+    from workbench.recipes.train.sequential import grow_seeds  # the loop that asks seeds_wanted after each round
 
-    study = study_file.study
+    study = plan.study
 
     def wanted() -> dict[str, int]:
         return seeds_wanted(study, load_results(store.out_dir), choose(study, store.runs()))
 
     def run(counts: dict[str, int], grown: dict[str, int]) -> None:
         statuses = store.statuses()
-        pending = [run for run in expand(study_file, chosen, counts) if statuses.get(run.run_id) not in KEPT]
+        pending = [run for run in plan.seed_round(counts) if statuses.get(run.run_id) not in KEPT]
         progress.print(f"seeds    {len(grown)} groups in undecided comparisons get more seeds "
                        f"(up to {max(grown.values())} each)")
         names.update({run.run_id: run.describe for run in pending})
@@ -224,13 +219,6 @@ def report_choice(tuned: PointTuning, study: TrainStudy, summary: Summary, progr
     else:
         progress.print(f"untuned  {where}: no candidate finished with a finite {metric} ({curve}); "
                        f"its {len(study.seeds)} runs are not run")
-
-
-def candidate_final_runs(study_file: StudyFile) -> list[RunConfig]:
-    """Every final run a study with `tune:` could have: each point at each candidate."""
-    study = study_file.study
-    points = [point_key(labels(p), study.sweep.keys) for p in study.sweep.points()]
-    return [run for values in study.tune.points() for run in expand(study_file, dict.fromkeys(points, values))]
 
 
 @hookimpl

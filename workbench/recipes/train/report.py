@@ -6,7 +6,7 @@ status counts, and each failed, diverged or out-of-memory run appears with its m
 the step it reached.
 
 The report is the list SECTIONS, in reading order: each section is a function of the study's
-results (workbench.recipes.train.results: the runs, their gates and verdicts) that returns a
+results (workbench.recipes.train.computed: the runs, their gates and verdicts) that returns a
 document section (workbench.report.document), or None where it does not apply. The table
 sections live in tables.py, the figure sections in figures.py; the header (verdict lines,
 Learned lines, verdict figures) is put together by `train_report`.
@@ -21,15 +21,16 @@ from typing import Any
 import pandas as pd
 
 from workbench.report import ReportSkipWarning, merged_environment, missing_variants, reproduce_command, timing_caveat
-from workbench.report.convergence import settling, settling_section
+from workbench.recipes.train.convergence import settling, settling_section
 from workbench.report.document import Paragraph, Report, Section
-from workbench.report.pictures import ModelPictures
-from workbench.report.tuning import TuningSection
+from workbench.recipes.train.pictures import ModelPictures
+from workbench.recipes.train.tuning_section import TuningSection
 from workbench.run import store
-from workbench.study.tuning import choose
+from workbench.recipes.train.tuning import choose
 from workbench.recipes.train import figures, tables
 from workbench.recipes.train.gates import Gates
-from workbench.recipes.train.results import TrainResults
+from workbench.recipes.train.computed import TrainResults
+from workbench.recipes.train.stats import RULE
 from workbench.recipes.train.runs import TrainInputs, TrainRuns, metric_direction, metric_range
 from workbench.recipes.train.verdicts import Verdicts
 
@@ -81,7 +82,7 @@ def train_report(inputs: TrainInputs, dest: Path) -> tuple[Report, pd.DataFrame]
     study = r.runs.study
     report = Report(name=study.name, kind="train", question=study.description or "(no description)",
                     verdicts=lines, sections=sections, learned=r.gates.learned_lines(),
-                    verdict_figures=figures.verdict_figures(r, lines))
+                    verdict_figures=figures.verdict_figures(r, lines), verdict_rule=RULE)
     return report, results_table(r.runs)
 
 

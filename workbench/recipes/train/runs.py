@@ -21,13 +21,13 @@ from workbench.registry import get_variant
 from workbench.report import figures
 from workbench.report.document import Item, fmt, fmt_interval
 from workbench.report.intervals import Interval, mean_ci
-from workbench.report.tuning import split_stages
-from workbench.report.variants import Variants
-from workbench.report.compute_curves import to_target_by_run
+from workbench.recipes.train.tuning_section import split_stages
+from workbench.report.sweep_points import Variants
+from workbench.recipes.train.compute_curves import to_target_by_run
 from workbench.results import (DESCRIPTIVE_METRICS, FAILURE_SHARE, RUN_MEASURES, SHARE_OF_FAILED, SPENT, TO_TARGET,
                                Metric, Status)
 from workbench.tasks import METRICS
-from workbench.study.tuning import PointTuning
+from workbench.recipes.train.tuning import PointTuning
 
 
 @dataclass

@@ -14,11 +14,11 @@ import yaml
 from workbench.report.document import (Code, Item, Paragraph, Section, Table, fmt, fmt_bytes, fmt_seconds,
                                        fmt_signed_interval)
 from workbench.report.intervals import difference
-from workbench.report.sequential import LOOKS
-from workbench.report.learned_gate import MARGIN
-from workbench.report.variants import short_key, value_text
+from workbench.recipes.train.sequential import LOOKS
+from workbench.recipes.train.learned_gate import MARGIN
+from workbench.report.sweep_points import short_key, value_text
 from workbench.results import DESCRIPTIVE_METRICS, FAILURES, Status
-from workbench.recipes.train.results import TrainResults
+from workbench.recipes.train.computed import TrainResults
 from workbench.recipes.train.runs import interval_text, metric_direction, split_metric
 
 # Run measures shown next to each leaderboard (column in the store -> heading, formatter).

@@ -1,5 +1,5 @@
 """The verdicts of a training study: each `expect:` entry's comparisons, decided by
-workbench.report.stats (look by look with adaptive seeds), each as a verdict line; the outcomes
+workbench.recipes.train.stats (look by look with adaptive seeds), each as a verdict line; the outcomes
 at each rung of a scale ladder; and which groups get more seeds next (`seeds_wanted`)."""
 
 from __future__ import annotations
@@ -14,18 +14,18 @@ import pandas as pd
 
 from workbench.report.document import VerdictLine, fmt, fmt_signed_interval, level_text
 from workbench.report.intervals import Interval, first_seeds, paired_correlation
-from workbench.report.learned_gate import Learned
-from workbench.report.sequential import LOOKS, LookRule, seeds_for_next_look, sequential_verdicts
-from workbench.report.stats import Comparison, Verdict, verdicts
-from workbench.report.variants import short_key, value_text
-from workbench.report.ladder import cross_scale_line
+from workbench.recipes.train.learned_gate import Learned
+from workbench.recipes.train.sequential import LOOKS, LookRule, seeds_for_next_look, sequential_verdicts
+from workbench.recipes.train.stats import Comparison, Verdict, verdicts
+from workbench.report.sweep_points import short_key, value_text
+from workbench.recipes.train.ladder import cross_scale_line
 from workbench.report.registration import post_hoc
 from workbench.results import FAILURE_SHARE
 from workbench.study.keys import label, point_labels
-from workbench.study.sweep import point_key
+from workbench.recipes.train.sweep import point_key
 from workbench.recipes.train.gates import Gates
 from workbench.recipes.train.runs import TrainRuns, interval_text, metric_direction
-from workbench.study.tuning import PointTuning
+from workbench.recipes.train.tuning import PointTuning
 
 
 def gate_record(g: Learned) -> dict[str, Any]:
@@ -105,7 +105,7 @@ class Verdicts:
     @cached_property
     def decided(self) -> list[tuple[Verdict, int]]:
         """Each verdict with the index of the `expect:` entry it decides; an adaptive study's
-        comparisons are decided look by look (workbench.report.sequential)."""
+        comparisons are decided look by look (workbench.recipes.train.sequential)."""
         comparisons, origins = self.comparisons()
         plan = self.study.seed_plan
         decided = (verdicts(comparisons) if plan is None
@@ -114,7 +114,7 @@ class Verdicts:
 
     def across_scale(self, decided: Sequence[tuple[Verdict, int]]) -> list[dict[str, Any]]:
         """Per `expect:` entry (and per value of any other swept key it does not fix), its
-        outcome at each rung of the scale ladder and the cross-scale line (workbench.report.ladder)."""
+        outcome at each rung of the scale ladder and the cross-scale line (workbench.recipes.train.ladder)."""
         scale_keys = list(self.study.scale or {})
         rung_order = [value_text(v) for v in self.study.scale[self.study.rung_key]]
         rows: dict[tuple[int, str], dict[str, Any]] = {}
@@ -183,7 +183,7 @@ class Verdicts:
 def seeds_wanted(study, runs: pd.DataFrame, tuning: Sequence[PointTuning] = (), rule: LookRule = LOOKS) -> dict[str, int]:
     """Adaptive seeds: point_key -> the seeds its group should have by the next look, for the
     groups of every comparison of the stored `runs` still inconclusive below the plan's maximum
-    (workbench.report.sequential.seeds_for_next_look). The loop calls it after each round; `rule`
+    (workbench.recipes.train.sequential.seeds_for_next_look). The loop calls it after each round; `rule`
     another look rule than the runner's (benchmarks.decide compares two on the same runs)."""
     train_runs = TrainRuns(study, runs, tuning=tuning)
     verdicts = Verdicts(train_runs, Gates(train_runs))

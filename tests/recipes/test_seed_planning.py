@@ -1,4 +1,4 @@
-"""Planning seeds by simulating the verdict rule (workbench.report.seed_planning): the synthetic
+"""Planning seeds by simulating the verdict rule (workbench.recipes.train.seed_planning): the synthetic
 values have the noise and shift asked for, the searched seeds reach the power and fewer do not,
 a larger family and more noise need more seeds, adaptive seeds stop early on a large effect."""
 
@@ -8,8 +8,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from workbench.report.seed_planning import Goal, Planned, SeedSearch, drawn, simulate
-from workbench.report.stats import POWER, Comparison
+from workbench.recipes.train.seed_planning import Goal, Planned, SeedSearch, drawn, simulate
+from workbench.recipes.train.stats import POWER, Comparison
 
 FEW = 200  # replications: enough for the orderings tested here, and quick
 

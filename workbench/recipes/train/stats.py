@@ -1,9 +1,9 @@
 """Verdicts for a study's `expect:` entries: `RULE` states the verdict rule in the words the
 reports print under Verdicts, and `verdicts()` is that rule, step by step, on the intervals of
-workbench.report.intervals and the learned-at-all gates of workbench.report.learned_gate. Every
+workbench.report.intervals and the learned-at-all gates of workbench.recipes.train.learned_gate. Every
 claim decision (an outcome that `decides`, workbench.report.outcomes) rests on a test at the
 look's and Holm's level; the gates only qualify it and never end the test. An inconclusive verdict says what its seeds
-detect and would need (the power of the t test). Adaptive seeds: workbench.report.sequential.
+detect and would need (the power of the t test). Adaptive seeds: workbench.recipes.train.sequential.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from scipy.optimize import brentq
 from workbench.report.document import fmt, level_text
 from workbench.report.intervals import (ALPHA, LEVEL, UNBOUNDED, Interval, Share, difference, finite, first_seeds,
                                         mean_ci, share_difference)
-from workbench.report.learned_gate import MARGIN, Gate, GateState, Learned
+from workbench.recipes.train.learned_gate import MARGIN, Gate, GateState, Learned
 from workbench.report.outcomes import CEILING_LABEL, Outcome
 
 RULE = (

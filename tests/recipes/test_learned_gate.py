@@ -274,7 +274,7 @@ def test_a_third_party_task_declares_baselines_and_the_gate_uses_the_strongest()
     from workbench.recipes.train.gates import Gates
     from workbench.recipes.train.runs import TrainRuns
     from workbench.recipes.train.verdicts import Verdicts
-    from workbench.study import TrainStudy
+    from workbench.recipes.train.study import TrainStudy
 
     with installed_plugin("hinted_copy_plugin", register_tasks=[HintedCopy]):
         study = TrainStudy.model_validate({

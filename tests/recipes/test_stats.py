@@ -15,9 +15,9 @@ from hypothesis import strategies as st_h
 from scipy import stats
 
 from workbench.report.intervals import Share, difference, holm, mean_ci, welch_diff
-from workbench.report.learned_gate import GateState, learned_criterion, make_gate, threshold
-from workbench.report.stats import Comparison, verdict, verdicts
-from workbench.report.variants import Variants
+from workbench.recipes.train.learned_gate import GateState, learned_criterion, make_gate, threshold
+from workbench.recipes.train.stats import Comparison, verdict, verdicts
+from workbench.report.sweep_points import Variants
 
 
 def test_mean_ci_is_the_t_interval():

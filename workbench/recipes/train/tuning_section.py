@@ -12,9 +12,9 @@ import pandas as pd
 
 from workbench.report import figures
 from workbench.report.document import Figure, Item, Paragraph, Section, Table, fmt
-from workbench.report.variants import Variants, short_key, value_text
+from workbench.report.sweep_points import Variants, short_key, value_text
 from workbench.results import TUNE, Status
-from workbench.study.tuning import EXTEND_BOUND, Candidate, PointTuning, higher_is_better, labels, numeric
+from workbench.recipes.train.tuning import EXTEND_BOUND, Candidate, PointTuning, higher_is_better, labels, numeric
 
 
 def split_stages(runs: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:

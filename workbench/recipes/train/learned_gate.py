@@ -15,7 +15,7 @@ duality as Schuirmann's two one-sided tests, which `stats` uses for equivalence)
 seeds all scored the same has no spread; it counts as that value exactly (an exact score, e.g.
 accuracy 1.0 on every seed, rather than an estimate).
 
-The gate never decides a comparison on its own and never ends its test (workbench.report.stats):
+The gate never decides a comparison on its own and never ends its test (workbench.recipes.train.stats):
 it qualifies a decided difference ("only A learned"), marks a verdict whose groups the data
 show both did not learn ("neither group learned": it does not test the claim), and,
 undetermined, sends an adaptive study to more seeds.

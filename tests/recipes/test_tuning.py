@@ -18,10 +18,10 @@ from workbench.api import write_report
 from workbench.api import run_study
 from workbench.run.store import RUNS_DIR, Store, load_results
 from workbench.study import load_study, study_json_schema
-from workbench.study.sweep import expand, tuning_runs
+from workbench.recipes.train.sweep import expand, tuning_runs
 from workbench.results import EVAL, VALIDATION
 from workbench.results import RESULT_FILE
-from workbench.study.tuning import choose, chosen_values
+from workbench.recipes.train.tuning import choose, chosen_values
 
 TASKS = variants("task")
 

@@ -1,7 +1,7 @@
 """Adaptive seeds (`seeds: {first, max}`): repeated looks with alpha spending.
 
 Looks are at `first` seeds per group, then about 1.5 times as many each round, ending at `max`
-(`LOOKS`: 3, 4, 6, 9, 14, 20). Each look applies the verdict rule (workbench.report.stats.verdicts)
+(`LOOKS`: 3, 4, 6, 9, 14, 20). Each look applies the verdict rule (workbench.recipes.train.stats.verdicts)
 at the alpha a Pocock-type spending function (Lan & DeMets 1983) adds there, gates and group
 intervals included; a comparison keeps the first look that ends it (`Outcome.final`). The looks'
 alphas sum to the study's alpha, so by the union bound the chance of any false decision over all
@@ -10,7 +10,7 @@ doubling), kept so that the two can be compared on the same per-seed values.
 
 The runner's add-seeds loop and the report call the same functions: `seeds_for_next_look` says
 which groups get more seeds, `grow_seeds` is the loop itself (the runner passes a function that
-trains the runs; tests/report/test_sequential.py passes one that draws synthetic scores), and
+trains the runs; tests/recipes/test_sequential.py passes one that draws synthetic scores), and
 `sequential_verdicts` is what the report prints.
 """
 
@@ -26,7 +26,7 @@ from scipy import stats as st
 
 from workbench.report.document import fmt
 from workbench.report.intervals import ALPHA
-from workbench.report.stats import CONTAINS_ZERO, Comparison, Verdict, plan_text, verdicts
+from workbench.recipes.train.stats import CONTAINS_ZERO, Comparison, Verdict, plan_text, verdicts
 
 
 def obrien_fleming(fraction: float, alpha: float = ALPHA) -> float:
@@ -89,7 +89,7 @@ def _look_alphas(spending, looks: tuple[int, ...], alpha: float) -> tuple[float,
 
 # The rule every adaptive study runs under (chosen 2026-12-02, issue 44: the same error rate, fewer
 # seeds where every seed shows the effect; docs/verdicts.md has the simulation's figures), and the
-# rule before it, kept so that `python -m benchmarks --only decide` and tests/report/test_sequential.py
+# rule before it, kept so that `python -m benchmarks --only decide` and tests/recipes/test_sequential.py
 # can show both on the same per-seed values.
 LOOKS = LookRule("Pocock-type alpha spending, looks growing by half", pocock, growing_by_half)
 EARLIER_LOOKS = LookRule("O'Brien-Fleming-type alpha spending, looks doubling (the rule of 2026-12-01)",

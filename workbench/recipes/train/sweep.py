@@ -3,7 +3,7 @@
     points = grid keys (product)  x  each zip group (keys varying together)
     runs   = points x seeds, in that order
 
-With `tune:` a study has two stages (workbench.study.tuning chooses between them):
+With `tune:` a study has two stages (workbench.recipes.train.tuning chooses between them):
 
     tuning runs = points x candidate values x `tune.seeds` seeds past the final ones, split "validation"
     final runs  = points x seeds, each point at its chosen values (ordinary runs)
@@ -31,7 +31,8 @@ from workbench.model.transformer import build_model
 from workbench.registry import get_variant
 from workbench.model.spec import parse_spec
 from workbench.results import VALIDATION, RunConfig
-from workbench.study import StudyFile, TrainStudy, task_section, unwrap
+from workbench.recipes.train.study import TrainStudy
+from workbench.study import StudyFile, task_section, unwrap
 from workbench.study.keys import canonical_json, digest, label, set_dotted
 from workbench.study.train_section import TrainConfig
 from workbench.study.yaml_file import StudyError, limit
@@ -221,7 +222,7 @@ def tuning_runs(study_file: StudyFile, extra: dict[str, list[dict[str, Any]]] | 
     """The tuning runs of a study with `tune:` (none without): every sweep point at every
     candidate value, on the tuning seeds (disjoint from the final ones), evaluated on
     validation sets; `extra` adds candidates per point (point_key -> [{tuned key: value}]),
-    the grid's extension past an edge (workbench.study.tuning). Indices follow the final runs'."""
+    the grid's extension past an edge (workbench.recipes.train.tuning). Indices follow the final runs'."""
     study = study_file.study
     if not isinstance(study, TrainStudy) or study.tune is None:
         return []
@@ -274,3 +275,52 @@ def check_tune_metric(study_file: StudyFile, resolved: dict[str, Any], swept: di
         raise study_file.error(SpecError("tune.metric", f"{metric!r}: no evaluation at that length",
                                          [f"{name}@{n}" for n in lengths]),
                                f"in the sweep point {' '.join(f'{k}={v}' for k, v in swept.items())}")
+
+
+class TrainPlan:
+    """Every run of a train study by stage, expanded from the study once and handed to each
+    stage of the recipe (workbench.recipes.train.recipe): the tuning runs (with `tune:`), the
+    final runs (at once without `tune:`, at each point's chosen values once tuning has chosen)
+    and the seed rounds of adaptive seeds. A stage tells the plan what it learned (candidates
+    past a grid edge, the choice, the seeds each point gets) and the plan expands only the runs
+    that adds."""
+
+    def __init__(self, study_file: StudyFile):
+        self.study_file = study_file
+        self.study: TrainStudy = study_file.study
+        self.tuning = tuning_runs(study_file)  # none without `tune:`
+        self.chosen: dict[str, dict[str, Any]] | None = None  # point_key -> chosen values, once tuned
+        self.finals: list[RunConfig] | None = expand(study_file) if self.study.tune is None else None
+
+    @property
+    def known(self) -> list[RunConfig]:
+        """The runs known before anything trains: the tuning runs, and the final runs without `tune:`."""
+        return [*self.tuning, *(self.finals or [])]
+
+    @property
+    def total(self) -> int:
+        """The runs a sweep counts at its start (more past a grid edge, and with adaptive seeds)."""
+        return len(self.tuning) + len(self.study.sweep.points()) * len(self.study.seeds)
+
+    def candidate_finals(self) -> list[RunConfig]:
+        """Every final run the study could have (what --fresh clears): with `tune:`, each point
+        at each candidate."""
+        if self.finals is not None:
+            return self.finals
+        points = [point_key({k: label(v) for k, v in p.items()}, self.study.sweep.keys) for p in self.study.sweep.points()]
+        return [run for values in self.study.tune.points()
+                for run in expand(self.study_file, dict.fromkeys(points, values))]
+
+    def extended_tuning(self, extra: dict[str, list[dict[str, Any]]]) -> list[RunConfig]:
+        """The tuning runs with `extra` candidates per point (point_key -> [{tuned key: value}]) past an edge."""
+        return tuning_runs(self.study_file, extra)
+
+    def choose(self, chosen: dict[str, dict[str, Any]]) -> list[RunConfig]:
+        """The final runs at each point's chosen values (a point without a choice has none)."""
+        self.chosen = chosen
+        self.finals = expand(self.study_file, chosen)
+        return self.finals
+
+    def seed_round(self, seeds: dict[str, int]) -> list[RunConfig]:
+        """The final runs when each point (point_key) runs the first `seeds[point]` of the plan's seeds."""
+        return expand(self.study_file, self.chosen, seeds)

@@ -8,7 +8,7 @@ from workbench.errors import WorkbenchError
 from workbench.cost.fit import fit_exponents
 from workbench.api import run_study
 from workbench.recipes.scaling.study import ScalingStudy
-from workbench.run.scaling import measurements, run_scaling
+from workbench.recipes.scaling.measuring import measurements, run_scaling
 from workbench.results import git_commit
 from workbench.run.store import Store, load_results
 from workbench.study import load_study

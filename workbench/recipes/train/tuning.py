@@ -35,10 +35,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from workbench.registry import get_variant
-from workbench.study import TrainStudy
+from workbench.recipes.train.study import TrainStudy
 from workbench.study.keys import get_dotted, label
 from workbench.results import KEPT, TUNE, Status, run_stage
-from workbench.study.sweep import point_key
+from workbench.recipes.train.sweep import point_key
 
 
 

@@ -14,8 +14,8 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from workbench.report.sequential import EARLIER_LOOKS, LOOKS, obrien_fleming, pocock
-from workbench.report.variants import short_key
+from workbench.recipes.train.sequential import EARLIER_LOOKS, LOOKS, obrien_fleming, pocock
+from workbench.report.sweep_points import short_key
 
 
 def test_looks_grow_by_half_up_to_the_maximum_and_spend_exactly_alpha():
@@ -85,7 +85,7 @@ class Entry:
 def simulated_study_file(groups: Sequence[Group], entries: Sequence[Entry], first: int = 3, most: int = 20):
     import yaml
 
-    from workbench.study import TrainStudy
+    from workbench.recipes.train.study import TrainStudy
 
     lines = "".join(f"  - {{metric: {e.metric}, better: {e.better}, than: {e.than}"
                     + (f", margin: {e.margin}" if e.margin else "") + "}\n" for e in entries)
@@ -246,7 +246,7 @@ def test_an_adaptive_study_adds_seeds_only_to_groups_of_undecided_comparisons(tm
     from workbench.api import run_study
     from workbench.run.store import load_results
     from workbench.study import load_study
-    from workbench.study.sweep import expand
+    from workbench.recipes.train.sweep import expand
 
     plain, adaptive = tmp_path / "plain.yaml", tmp_path / "adaptive.yaml"
     plain.write_text(ADAPTIVE.replace("SEEDS", "[0, 1]"))
@@ -351,8 +351,8 @@ def test_which_groups_get_more_seeds_is_a_function_of_the_study_and_its_runs():
     import yaml
 
     from workbench.recipes.train.verdicts import seeds_wanted
-    from workbench.study import TrainStudy
-    from workbench.study.sweep import point_key
+    from workbench.recipes.train.study import TrainStudy
+    from workbench.recipes.train.sweep import point_key
 
     study = TrainStudy.model_validate(yaml.safe_load(ADAPTIVE.replace("SEEDS", "{first: 2, max: 4}")))
     speed = {("none", 0): 1000.0, ("none", 1): 1400.0, ("rope", 0): 1100.0, ("rope", 1): 1200.0,

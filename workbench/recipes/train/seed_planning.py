@@ -4,8 +4,8 @@ workbench.recipes.train.plan measures each comparison's per-seed noise on a pilo
 that noise, the question is how many seeds per group each `expect:` entry needs to reach its
 outcome with 80% power. The answer is not a formula of today's rule: `simulate` draws synthetic
 normal per-seed values for every comparison of the study (Holm's family, all m of them) and
-decides them with the real decision functions, workbench.report.stats.verdicts for a fixed
-list of seeds and workbench.report.sequential.sequential_verdicts over the looks of adaptive
+decides them with the real decision functions, workbench.recipes.train.stats.verdicts for a fixed
+list of seeds and workbench.recipes.train.sequential.sequential_verdicts over the looks of adaptive
 seeds (`LOOKS.looks`), so the plan follows the rule when the rule changes.
 
 What is drawn. Per comparison and seed, both groups' values are normal with the pilot's group
@@ -36,8 +36,8 @@ import pandas as pd
 
 from workbench.report.intervals import UNBOUNDED
 from workbench.report.outcomes import Outcome
-from workbench.report.sequential import LOOKS, sequential_verdicts
-from workbench.report.stats import MAX_PLANNED_SEEDS, POWER, Comparison, verdicts
+from workbench.recipes.train.sequential import LOOKS, sequential_verdicts
+from workbench.recipes.train.stats import MAX_PLANNED_SEEDS, POWER, Comparison, verdicts
 
 REPLICATIONS = 400
 PLAN_STREAM = 44  # the generators' first key: the plan's draws, apart from any other seeded stream

@@ -33,7 +33,7 @@ from workbench.model.transformer import record_attention
 from workbench.model.position import PositionScheme
 from workbench.report import figures
 from workbench.report.document import Figure, Item, Paragraph, Table, fmt
-from workbench.report.variants import Variants
+from workbench.report.sweep_points import Variants
 from workbench.model.weights import load_final_model, make_task
 
 # Referring words whose attention row is drawn when a sample contains them.
