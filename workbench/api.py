@@ -73,7 +73,7 @@ def write_report(out_dir: str | Path, reports_dir: str | Path = "reports", *, pi
 def study_verdicts(out_dir: str | Path) -> list:
     """Each `expect:` entry's verdict (report.document.VerdictLine) for the study stored in
     `out_dir`, decided by its kind as its report would, without building the report."""
-    from workbench.report import study_of
+    from workbench.report import study_of  # as in write_report: the report layer loads when asked
 
     out_dir = Path(out_dir)
     info = load_study_info(out_dir)

@@ -31,6 +31,8 @@ from workbench.model.weights import load_final_model, make_task
 from workbench.report.document import VerdictLine
 from workbench.report.findings import SUMMARY_FILE
 from workbench.report.outcomes import Outcome
+from workbench.report.sweep_points import Variants, short_key
+from workbench.study.keys import value_variant
 from workbench.run import store
 
 STUDY_COPY = "study.yaml"  # where `run` writes a study given as a mapping, inside its output folder
@@ -114,10 +116,10 @@ def summary_verdicts(index: Path) -> list[VerdictLine]:
 
 def final_runs(out_dir: Path) -> pd.DataFrame:
     """The study's final runs (tuning runs aside) with the variant label the report prints
-    (`attrs["variants"]`: the workbench.report.variants.Variants they were labelled by)."""
-    from workbench.report import study_of
+    (`attrs["variants"]`: the workbench.report.sweep_points.Variants they were labelled by)."""
+    # the report layer and the train recipe load only when a run folder is asked for: `load` stays instant
     from workbench.recipes.train.tuning_section import split_stages
-    from workbench.report.sweep_points import Variants
+    from workbench.report import study_of  # (the same)
 
     study = study_of(store.load_study_info(out_dir))
     runs, _ = split_stages(store.load_results(out_dir))
@@ -141,12 +143,9 @@ def split_top(text: str, sep: str) -> list[str]:
     return [*parts, current.strip()]
 
 
-def pick_variant(name: str, variants) -> str:
+def pick_variant(name: str, variants: Variants) -> str:
     """The one variant label that `name` denotes (see `StudyRun.run_folder`); an error listing
     the candidates (or every variant), one per line, otherwise."""
-    from workbench.report.sweep_points import short_key
-    from workbench.study.keys import value_variant
-
     if name in variants.labels:
         return name
 
@@ -193,7 +192,7 @@ def load(out: str | Path, reports: str | Path | None = None) -> StudyRun:
     """A finished study's folder, read as it stands: nothing trains and no report is built.
     `report` is the report found for it (in `reports`, else OUT/reports/NAME, or the report
     folder a shipped `data/` store lies in); `write_report()` builds one."""
-    from workbench.report import DATA_DIR
+    from workbench.report import DATA_DIR  # the report layer (jinja, matplotlib) loads with the first report
 
     out = Path(out)
     name = str((store.load_study_info(out).get("study") or {}).get("name", ""))

@@ -131,7 +131,7 @@ class TrainKind(StudyKind):
 
     def verdicts(self, out_dir: Path, info: dict[str, Any], study: TrainStudy) -> list:
         # the report's verdict lines, decided from the store without a figure or a page
-        from workbench.recipes.train.report import verdicts_from_store
+        from workbench.recipes.train.report import verdicts_from_store  # as in report: the report layer loads when asked
 
         return verdicts_from_store(out_dir, study)
 
