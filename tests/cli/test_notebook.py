@@ -58,8 +58,8 @@ def test_the_example_notebook_runs_a_study_and_uses_its_model(tmp_path, monkeypa
     loaded = notebook.load(tmp_path / "out")
     assert written() == before
     assert loaded.report == done.report  # the report `run` wrote, found where it put it
-    assert [(v.statement, v.outcome, v.difference_text, v.seeds_text) for v in loaded.verdicts] == \
-        [(v.statement, v.outcome, v.difference_text, v.seeds_text) for v in done.verdicts]
+    assert [(v.statement, v.outcome, v.label, v.detail, v.difference_text, v.seeds_text) for v in loaded.verdicts] == \
+        [(v.statement, v.outcome, v.label, v.detail, v.difference_text, v.seeds_text) for v in done.verdicts]
     rope = done.run_folder(variant="position=rope")
     assert rope.name == results.loc[results["model.position"] == "rope", "run_id"].iloc[0]
     assert [loaded.run_folder(variant=name) for name in ("position=rope", "model.position=rope", "rope")] == [rope] * 3
