@@ -114,3 +114,21 @@ def test_load_says_there_is_no_report_and_builds_none(tmp_path):
     with pytest.raises(WorkbenchError, match="no report of this study found beside it; `.write_report\\(\\)` builds"):
         loaded.report
     assert not (tmp_path / "out" / "reports").exists()
+
+
+def test_a_kind_without_its_own_verdicts_builds_its_report_in_scratch_and_says_so(tmp_path, capsys):
+    from types import SimpleNamespace
+
+    from workbench.kinds import StudyKind
+
+    class Minimal(StudyKind):
+        name = "minimal"
+        describe = dry_run = run = lambda self, *a: None
+
+        def report(self, out_dir, info, study, dest, pictures):
+            assert not pictures and dest.is_dir() and dest != tmp_path
+            return SimpleNamespace(verdicts=["a verdict"]), None
+
+    assert Minimal().verdicts(tmp_path, {}, SimpleNamespace(name="m")) == ["a verdict"]
+    assert "m: building the report (no attention pictures) in a scratch folder" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
