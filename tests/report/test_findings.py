@@ -5,7 +5,10 @@ against the shipped studies (not against reports/, which are regenerated separat
 from __future__ import annotations
 
 import json
+import os
 import re
+import shutil
+import subprocess
 import textwrap
 from pathlib import Path
 
@@ -135,6 +138,53 @@ def test_a_row_registered_after_its_studys_first_result_is_shown_but_not_counted
     row, = findings_rows(build_index(studies, reports))
     assert row[4].startswith("post hoc: not counted (agrees; registered 2026-01-01 00:00 UTC, after that study's "
                              "results")
+    # a row written after its study's results stays post hoc when the study is re-issued into a
+    # fresh store, whose first result is later than the row's registration
+    s["first_result"] = "2026-06-01T12:00:00+00:00"
+    (reports / "positions" / "summary.json").write_text(json.dumps(s))
+    row, = findings_rows(build_index(studies, reports))
+    assert row[4].startswith("post hoc: not counted (agrees; registered 2026-01-01 00:00 UTC, after that study's "
+                             "results")
+
+
+def commit(repo: Path, when: str, message: str) -> str:
+    """Commit everything in `repo` at `when` (UTC, ISO) as author and committer; its hash."""
+    env = {**os.environ, "GIT_AUTHOR_DATE": when, "GIT_COMMITTER_DATE": when, "GIT_AUTHOR_NAME": "t",
+           "GIT_AUTHOR_EMAIL": "t@example.invalid", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@example.invalid"}
+    subprocess.run(["git", "add", "-A"], cwd=repo, env=env, check=True, capture_output=True)
+    subprocess.run(["git", "commit", "-q", "-m", message], cwd=repo, env=env, check=True, capture_output=True)
+    return subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, check=True, capture_output=True,
+                          text=True).stdout.strip()
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
+def test_in_git_a_row_counts_when_its_commit_precedes_the_first_recorded_result(folders):
+    """The provenance check against history: the study's first result is its store's earliest
+    `recorded_at` (FIRST_RESULT, 2026-06-01 12:00); a row first committed before it is counted,
+    one first committed after it is post hoc, whatever its own `registered:` says."""
+    studies, reports = folders
+    repo = studies.parent
+    subprocess.run(["git", "init", "-q"], cwd=repo, check=True, capture_output=True)
+    early = finding("{metric: accuracy@8, better: alibi, than: none}", 'registered: "2026-05-30 09:00"\n')
+    write_findings(studies, early)
+    before = commit(repo, "2026-05-30T09:00:00+00:00", "register the row, before the run")
+    # A later commit edits the row's why (not what it registers) and adds a row that states an
+    # earlier time than the commit that wrote it, after the study's first result.
+    backdated = finding("{metric: accuracy@8, better: rope, than: none}",
+                        'registered: "2026-05-30 09:00"\nwhy: written after the run\n')
+    edited = finding("{metric: accuracy@8, better: alibi, than: none}",
+                     'registered: "2026-05-30 09:00"\nwhy: edited after the run\n')
+    write_findings(studies, edited, backdated)
+    after = commit(repo, "2026-06-02T09:00:00+00:00", "a row after the run")
+    counted, late = findings_rows(build_index(studies, reports))
+    assert counted[2] == f"[positions](positions/report.md)<br>in git since 2026-05-30 09:00 UTC ({before[:7]})"
+    assert counted[4] == "agrees"
+    assert late[2].endswith(f"in git since 2026-06-02 09:00 UTC ({after[:7]})")
+    assert late[4] == ("post hoc: not counted (does not agree; registered 2026-06-02 09:00 UTC, after the study's "
+                       f"first result (2026-06-01 12:00 UTC); in git since 2026-06-02 09:00 UTC ({after[:7]}))")
+    # without the history (an exported tree), only the stated times are there: both count
+    shutil.rmtree(repo / ".git")
+    assert [row[4] for row in findings_rows(build_index(studies, reports))] == ["agrees", "does not agree"]
 
 
 def load_findings_from_text(extra: str):

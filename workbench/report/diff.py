@@ -96,7 +96,7 @@ def signed(value: float | None) -> str:
 
 
 def verdict_text(verdict: dict[str, Any] | None) -> str:
-    """'holds (...); difference +0.574 [+0.529, +0.619]; position=rope 0.998, position=none 0.424'"""
+    """One line: the verdict's label, its difference with the interval, each group's mean."""
     if verdict is None:
         return "not in this report"
     d = verdict.get("difference") or {}

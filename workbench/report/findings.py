@@ -16,7 +16,9 @@ The studies folder's `findings/published.yaml` lists findings of papers, each ti
         why: ""                  # one line; required whenever the row does not read 'agrees'
 
 Agreement is computed from the verdict in `reports/<study>/summary.json` by the kind of the
-paper's claim (`agreement`); no verdict yet, or `comparable: false`, is not comparable. The file
+paper's claim (`agreement`); no verdict yet, or `comparable: false`, is not comparable. A row
+registered after the study's first result (its `registered:` time, or the git commit that first
+held the row when that is later: `registration.first_commits`) is post hoc: shown, not counted. The file
 is checked against the study files (every study and `expect:` entry must exist); a row that
 does not agree and has no `why` stops the index with an error naming it.
 """
@@ -38,7 +40,7 @@ from workbench.report.document import fmt, fmt_interval, fmt_signed_interval, le
 from workbench.report.outcomes import DECIDED, Outcome
 from workbench.report.render import md_cell
 from workbench.model.spec import spec_error_from
-from workbench.report.registration import minute, post_hoc
+from workbench.report.registration import Commit, first_commits, minute, post_hoc, registered_at
 from workbench.study.keys import point_labels
 from workbench.study.yaml_file import LineMap, StudyError, read_yaml, suggest
 
@@ -186,12 +188,38 @@ def agreement(outcome: str | None, finding: Finding, tests_claim: bool = True) -
     return AGREES if (outcome == Outcome.HOLDS) == (finding.paper_expects == "same") else DISAGREES
 
 
-def row_post_hoc(finding: Finding, summary: Mapping[str, Any] | None) -> str:
+def row_key(row: Any) -> str:
+    """What a row registers, as one string: its paper, study, `expect:` entry and kind. Its other
+    fields (setup, result, why, post_hoc) may be written after the run without making it post hoc."""
+    if not isinstance(row, Mapping):
+        return ""
+    paper = row.get("paper") if isinstance(row.get("paper"), Mapping) else {}
+    return json.dumps([paper.get("authors"), paper.get("year"), row.get("study"), row.get("expect"), row.get("kind")],
+                      sort_keys=True, default=str)
+
+
+def row_keys(data: Any) -> list[str]:
+    """The keys of every row of one version of the findings file (for registration.first_commits)."""
+    rows = data.get("findings") if isinstance(data, Mapping) else None
+    return [row_key(r) for r in rows] if isinstance(rows, list) else []
+
+
+def finding_key(finding: Finding) -> str:
+    return row_key(finding.model_dump(mode="json", include={"paper", "study", "expect", "kind"}))
+
+
+def row_post_hoc(finding: Finding, summary: Mapping[str, Any] | None, commit: Commit | None = None) -> str:
     """Why the row is post hoc ('' when registered before its study's first result): from the
-    report's first-result time, or, for a report without one, the row's own `post_hoc`."""
+    report's first-result time against the row's registration (its stated time, or the commit that
+    first held it in git when that is later), and from the row's own `post_hoc` (the project's
+    history), which a re-issued report's later first result does not undo."""
     first = (summary or {}).get("first_result")
     if first is not None:
-        return post_hoc(finding.registered, first)
+        late = post_hoc(registered_at(finding.registered, commit), first)
+        if late:
+            return f"{late}; in git since {commit.text()}" if commit is not None else late
+    # `post_hoc: true` is the project's history: a row written after the results stays post hoc
+    # when its study is re-issued into a fresh store (whose first result is later than the row)
     if finding.post_hoc:
         return f"registered {minute(finding.registered)}, after that study's results (from the project's history)"
     return ""
@@ -240,11 +268,14 @@ def cells(lines: Sequence[str]) -> str:
     return "<br>".join(md_cell(line) for line in lines) or "–"
 
 
-def table_row(row: Row, reports_dir: Path) -> tuple[list[str], str | None]:
-    """The row's cells, and the problem when it needs a `why` and has none."""
+def table_row(row: Row, reports_dir: Path, commit: Commit | None = None) -> tuple[list[str], str | None]:
+    """The row's cells, and the problem when it needs a `why` and has none. `commit`: the commit
+    that first held the row in git, named in its study cell."""
     f = row.finding
     folder = reports_dir / f.study
     study = f"[{f.study}]({f.study}/report.md)" if (folder / "report.md").exists() else md_cell(f.study)
+    if commit is not None:
+        study += "<br>" + md_cell(f"in git since {commit.text()}")
     summary_path = folder / SUMMARY_FILE
     verdicts: list[Mapping[str, Any]] = []
     summary: Mapping[str, Any] = {}
@@ -261,7 +292,7 @@ def table_row(row: Row, reports_dir: Path) -> tuple[list[str], str | None]:
     ours = [verdict_text(v) for v in verdicts] or [f"{entry_text(row.metric, row.better, row.than)}: no verdict"]
     agreements = list(dict.fromkeys(agreement(v["outcome"], f, v.get("tests_claim", True))
                                     for v in verdicts)) or [NOT_COMPARABLE]
-    late = row_post_hoc(f, summary if summary_path.exists() else None)
+    late = row_post_hoc(f, summary if summary_path.exists() else None, commit)
     if late:  # shown, not counted
         agreements = [f"{POST_HOC} ({'; '.join(agreements)}; {late})"]
     why = auto_why or f.why.strip()  # without a verdict, that is the reason, whatever the file says
@@ -280,7 +311,8 @@ def findings_section(path: Path, studies: Mapping[str, Any], reports_dir: Path) 
     if not path.exists():
         return []
     rows = load_findings(path, studies)
-    built = [table_row(row, reports_dir) for row in rows]
+    commits = first_commits(path, row_keys)  # {} outside a git work tree
+    built = [table_row(row, reports_dir, commits.get(finding_key(row.finding))) for row in rows]
     problems = [f"{path}:{row.line}: {problem}" if row.line else f"{path}: {problem}"
                 for row, (_, problem) in zip(rows, built) if problem]
     if problems:
@@ -299,7 +331,9 @@ def findings_section(path: Path, studies: Mapping[str, Any], reports_dir: Path) 
          f"an equivalence ({Outcome.EQUIVALENT} -> agrees, {Outcome.HOLDS}"),
         (f"or {Outcome.DOES_NOT_HOLD} -> does not agree); {Outcome.INCONCLUSIVE}, {Outcome.CEILING}, "
          f"{Outcome.IDENTICAL}, a verdict where neither group learned, or not run -> not"),
-        "comparable. A row registered after its study's first result is post hoc: shown, not counted.",
+        "comparable. A row registered after its study's first result is post hoc: shown, not counted. Where the",
+        "file is in git, a row is registered by the first commit that holds its paper, study, entry and kind",
+        "(shown under the study: \"in git since\"); a `registered:` time earlier than that commit does not count.",
         "",
         "| " + " | ".join(header) + " |",
         "|" + "|".join("---" for _ in header) + "|",
