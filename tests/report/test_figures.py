@@ -238,3 +238,13 @@ def test_a_verdict_figure_shows_every_seed_the_mean_interval_the_threshold_and_t
     assert max(point[1] for seg in caps for point in seg) <= 1.0  # the interval kept inside the metric's range
     assert [t.get_text() for t in ax.get_xticklabels()] == ["position=none", "position=rope"]
     assert [t.get_text() for t in ax.get_legend().get_texts()] == ["learned: ≥ 0.499", "order-blind 0.443"]
+
+
+def test_a_verdict_figure_for_a_lower_is_better_metric_reads_its_threshold_as_at_most(drawn, tmp_path):
+    from workbench.recipes.train.verdict_figure import verdict_groups
+
+    palette = figures.variant_palette(["position=rope", "position=none"])
+    groups = [("position=none", [2.1, 2.2], 2.15, 2.0, 2.3), ("position=rope", [1.6, 1.7], 1.65, 1.5, 1.8)]
+    verdict_groups(groups, palette, tmp_path / "v.png", metric="bpc@64", threshold=1.74,
+                   baseline=("bigram", 1.9), higher_is_better=False)  # bpc: lower is better
+    assert [t.get_text() for t in drawn[0].axes[0].get_legend().get_texts()] == ["learned: ≤ 1.74", "bigram 1.9"]

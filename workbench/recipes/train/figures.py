@@ -21,7 +21,7 @@ from workbench.cost.fit import fit_power_law, power_law_crossing
 from workbench.recipes.train.compute_curves import AXIS_LABELS, against
 from workbench.results import ATTENTION_ENTROPY, FAILURE_SHARE, PROGRESS
 from workbench.recipes.train.computed import TrainResults
-from workbench.recipes.train.runs import split_metric
+from workbench.recipes.train.runs import metric_direction, split_metric
 
 
 def figure(r: TrainResults, path: Path | None, caption: str, alt: str) -> Figure | None:
@@ -51,7 +51,8 @@ def verdict_figures(r: TrainResults, lines: Sequence[VerdictLine]) -> list[Figur
         path = verdict_groups(groups, r.runs.palette, r.dest / "figures" / f"verdict_{slug}.png",
                                       metric=metric, bounds=r.runs.range_of(metric),
                                       threshold=gate["needed"] if gate else None,
-                                      baseline=(gate["baseline"], gate["chance"]) if gate else None)
+                                      baseline=(gate["baseline"], gate["chance"]) if gate else None,
+                                      higher_is_better=metric_direction(metric, r.runs.task_name) is not False)
         lines_text = (f"; dashed: the learned-at-all threshold, dotted: the strongest baseline ({gate['baseline']})"
                       if gate else "")
         drawn = figure(r, path, f"{metric} of the compared groups: each seed a dot, the mean with its 95% t "

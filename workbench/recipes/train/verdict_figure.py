@@ -18,11 +18,12 @@ from workbench.report.figures import UNBOUNDED, Bounds, Palette, styled
 @styled
 def verdict_groups(groups: Sequence[tuple[str, Sequence[float], float, float, float]], palette: Palette, path: Path, *,
                    metric: str, bounds: Bounds = UNBOUNDED, threshold: float | None = None,
-                   baseline: tuple[str, float] | None = None) -> Path | None:
+                   baseline: tuple[str, float] | None = None, higher_is_better: bool = True) -> Path | None:
     """The first screen's figure of one verdict metric: groups (label, per-seed values, mean,
     lo, hi) side by side, each seed a dot, the mean with its interval (clipped to `bounds`);
     `threshold` (the learned-at-all gate's) dashed and the strongest `baseline` (name, score)
-    dotted across every group. Small (it shares the screen with the verdict table)."""
+    dotted across every group; the threshold's legend reads its side from the metric's declared
+    direction (`higher_is_better`: ≥, else ≤, as for bpc). Small (it shares the screen with the verdict table)."""
     if not groups:
         return None
     fig, ax = figures.new_axes(width=max(3.6, 1.1 * len(groups) + 1.8), height=2.9)
@@ -35,7 +36,7 @@ def verdict_groups(groups: Sequence[tuple[str, Sequence[float], float, float, fl
         ax.errorbar([i + 0.12], [mean], yerr=[[below], [above]], fmt="o", capsize=4, markersize=6,
                     color=palette[label], zorder=3)
     if threshold is not None:
-        ax.axhline(threshold, color="grey", linestyle="--", linewidth=1, label=f"learned: ≥ {fmt(threshold)}")
+        ax.axhline(threshold, color="grey", linestyle="--", linewidth=1, label=f"learned: {'≥' if higher_is_better else '≤'} {fmt(threshold)}")
     if baseline is not None:
         ax.axhline(baseline[1], color="black", linestyle=":", linewidth=1, label=f"{baseline[0]} {fmt(baseline[1])}")
     ax.set_xticks(range(len(groups)), [label for label, *_ in groups], rotation=0 if len(groups) <= 3 else 20)
