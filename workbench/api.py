@@ -3,6 +3,7 @@
 
     run_study     load the study file, hand it to its kind (workbench.kinds), which runs it
     write_report  read the study back from its store, let its kind build the report, swap it in
+    study_verdicts  its `expect:` verdicts as the report would decide them, no report built
     run_pilot     `workbench plan`'s pilot: the train recipe names it, run_study runs it
 
 Everything a kind does lies below this module, in its recipe (workbench/recipes/) and the layers
@@ -67,6 +68,17 @@ def write_report(out_dir: str | Path, reports_dir: str | Path = "reports", *, pi
 
     build_then_swap(final, build)
     return final / "index.html"
+
+
+def study_verdicts(out_dir: str | Path) -> list:
+    """Each `expect:` entry's verdict (report.document.VerdictLine) for the study stored in
+    `out_dir`, decided by its kind as its report would, without building the report."""
+    from workbench.report import study_of  # as in write_report: the report layer loads when asked
+
+    out_dir = Path(out_dir)
+    info = load_study_info(out_dir)
+    study = study_of(info)
+    return get_kind(study.kind).verdicts(out_dir, info, study)
 
 
 def build_report(out_dir: Path, info: dict[str, Any], study, dest: Path, pictures: bool) -> None:

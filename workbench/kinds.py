@@ -9,6 +9,7 @@ the file) and the four things the CLI does with a study:
     run        `workbench run`: execute the pending runs into an output folder (the runner
                holds the folder's writer lock around it)
     report     `workbench report`: the report document and the results table from the store
+    verdicts   (optional) the notebook API's verdicts without the report's figures and HTML
 
 Kinds register like variants: a plugin module returns its classes from the
 `register_study_kinds` hook and is declared as an entry point in the `workbench` group. The
@@ -70,6 +71,19 @@ class StudyKind(ABC):
     def report(self, out_dir: Path, info: dict[str, Any], study, dest: Path, pictures: bool):
         """(report.document.Report, results DataFrame) for the study stored in `out_dir`;
         figures are written under `dest`."""
+
+    def verdicts(self, out_dir: Path, info: dict[str, Any], study) -> list:
+        """Each `expect:` entry's verdict (report.document.VerdictLine), as `report` decides them,
+        for the notebook API. This default builds the report (pictures aside) in a scratch folder
+        and says so on stderr; a kind that can decide its verdicts without figures overrides it."""
+        import sys
+        import tempfile
+
+        print(f"{study.name}: building the report (no attention pictures) in a scratch folder to read its "
+              "verdicts", file=sys.stderr)
+        with tempfile.TemporaryDirectory(prefix="workbench-verdicts-") as scratch:
+            report, _ = self.report(out_dir, info, study, Path(scratch), False)
+        return list(report.verdicts)
 
 
 @functools.cache

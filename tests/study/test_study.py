@@ -240,3 +240,23 @@ def test_a_long_enough_learned_table_and_eval_lengths_past_it_validate(tmp_path)
     text = BASE.replace("position: rope", "position: {name: learned, max_len: 20}").replace(
         "alphabet_size: 8}", "alphabet_size: 8, eval_lengths: [8, 32]}")
     assert validate(write(tmp_path, text)).exit_code == 0
+
+
+def test_expect_names_a_parameterised_variant_by_its_name_when_one_is_swept(tmp_path):
+    swept = "sweep:\n  model.residual: [plain, {name: layerscale, init_scale: 0.1}]\n"
+    expect = "expect: [{metric: accuracy@8, better: layerscale, than: plain}]\n"
+    study = load_study(write(tmp_path, BASE + swept + expect)).study
+    assert study.expect[0].better == {"model.residual": {"name": "layerscale", "init_scale": 0.1}}
+    before = [r.run_id for r in expand(load_study(write(tmp_path, BASE + swept, "plain.yaml")))]
+    assert [r.run_id for r in expand(load_study(write(tmp_path, BASE + swept + expect)))] == before
+
+
+def test_expect_naming_two_swept_points_of_one_variant_lists_both(tmp_path):
+    swept = ("sweep:\n  model.residual: [plain, {name: layerscale, init_scale: 0.1}, "
+             "{name: layerscale, init_scale: 0.01}]\n")
+    expect = "expect: [{metric: accuracy@8, better: layerscale, than: plain}]\n"
+    with pytest.raises(Exception) as err:
+        load_study(write(tmp_path, BASE + swept + expect))
+    message = str(err.value)
+    assert "expect.0.better" in message and "'layerscale' names 2 swept values of model.residual" in message
+    assert "layerscale(init_scale=0.01)" in message and "layerscale(init_scale=0.1)" in message

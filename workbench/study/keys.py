@@ -45,6 +45,16 @@ def label(value: Any) -> Any:
     return value
 
 
+def value_variant(value: Any) -> str | None:
+    """The variant name of a swept value: `layerscale` for {name: layerscale, init_scale: 0.1}
+    (or its label `layerscale(init_scale=0.1)`); None for a value that names no variant."""
+    if isinstance(value, Mapping):
+        return str(value["name"]) if "name" in value else None
+    if isinstance(value, str):
+        return re.fullmatch(r"([^()]+?)(\(.*\))?", value).group(1) if value else None
+    return None
+
+
 def point_labels(point: Mapping[str, Any]) -> dict[str, Any]:
     """A sweep point ({dotted.key: value}, e.g. an `expect:` entry's) with each value as its
     label: JSON-safe, and equal for equal variants however they were written."""

@@ -62,6 +62,9 @@ class ScalingKind(StudyKind):
 
         return report_from_store(out_dir, study, info, dest)
 
+    def verdicts(self, out_dir: Path, info: dict[str, Any], study: ScalingStudy) -> list:
+        return []  # a scaling study measures; its report states no `expect:` verdicts
+
 
 @hookimpl
 def register_study_kinds():

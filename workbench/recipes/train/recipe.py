@@ -87,6 +87,8 @@ class TrainKind(StudyKind):
     def run(self, study_file: StudyFile, out: Path, options: RunOptions) -> Summary:
         study = study_file.study
         plan = TrainPlan(study_file)  # the study expanded once; each stage below adds to it
+        # what --fresh clears: every run the study could have (with `tune:`, each point at each candidate)
+        cleared = [run.run_id for run in [*plan.tuning, *plan.candidate_finals()]] if options.fresh else []
         executor = options.executor or make_executor(options.jobs)
         # Checked against where the runs train (a Ray cluster, not its driver), before the folder
         # is touched (--fresh clears it); so are the GPUs each run gets.
@@ -95,7 +97,7 @@ class TrainKind(StudyKind):
         if options.runs_dir is not None:  # before --fresh deletes there: the runs folder names this one back
             claim_runs_dir(out, options.runs_dir)
         if options.fresh:
-            clear_outputs(out, [run.run_id for run in [*plan.tuning, *plan.candidate_finals()]])
+            clear_outputs(out, cleared)
         store = Store(out)
         check_study(store, study_file)
         check_providers(store, plan.known)
@@ -114,10 +116,8 @@ class TrainKind(StudyKind):
             if placement:
                 progress.print(placement)
             if plan.finals is None:
-                tunings = tune(plan, store, executor, summary, progress, names, tracker)
-                for tuned in tunings:
-                    report_choice(tuned, study, summary, progress)
-                names.update({run.run_id: run.describe for run in plan.choose(chosen_values(tunings, study.sweep.keys))})
+                names.update({run.run_id: run.describe for run in tune(plan, store, executor, summary, progress,
+                                                                        names, tracker)})
             execute_runs(plan.finals, "runs", store, executor, summary, progress, tracker=tracker)
             if study.seed_plan is not None:
                 add_seeds(plan, store, executor, summary, progress, names, tracker)
@@ -129,11 +129,18 @@ class TrainKind(StudyKind):
 
         return report_from_store(out_dir, info, study, dest, pictures)
 
+    def verdicts(self, out_dir: Path, info: dict[str, Any], study: TrainStudy) -> list:
+        # the report's verdict lines, decided from the store without a figure or a page
+        from workbench.recipes.train.report import verdicts_from_store  # as in report: the report layer loads when asked
+
+        return verdicts_from_store(out_dir, study)
+
 
 def tune(plan: TrainPlan, store: Store, executor, summary: Summary, progress: SweepProgress,
-         names: dict[str, str], tracker=None) -> list[PointTuning]:
+         names: dict[str, str], tracker=None) -> list[RunConfig]:
     """Run the tuning runs; while a point's choice sits at the edge of its grid, run the next
-    candidate past that edge (workbench.recipes.train.tuning.extensions) and choose again."""
+    candidate past that edge (workbench.recipes.train.tuning.extensions) and choose again.
+    Says each point's choice and returns the final runs at the chosen values (the plan's finals)."""
     study = plan.study
     known, runs = set(), plan.tuning
     while True:
@@ -142,7 +149,9 @@ def tune(plan: TrainPlan, store: Store, executor, summary: Summary, progress: Sw
         tunings = choose(study, store.runs())
         runs = [run for run in plan.extended_tuning(extensions(study, tunings)) if run.run_id not in known]
         if not runs:
-            return tunings
+            for tuned in tunings:
+                report_choice(tuned, study, summary, progress)
+            return plan.choose(chosen_values(tunings, study.sweep.keys))
         statuses = store.statuses()
         pending = [run for run in runs if statuses.get(run.run_id) not in KEPT]
         progress.print(f"extend   {len(runs)} tuning runs past a grid edge (until the choice is bracketed)")

@@ -28,9 +28,11 @@ from workbench.recipes.train.tuning_section import TuningSection
 from workbench.run import store
 from workbench.recipes.train.tuning import choose
 from workbench.recipes.train import figures, tables
+from workbench.recipes.train.gates import Gates
 from workbench.recipes.train.computed import TrainResults
 from workbench.recipes.train.stats import RULE
 from workbench.recipes.train.runs import TrainInputs, TrainRuns, metric_direction, metric_range
+from workbench.recipes.train.verdicts import Verdicts
 
 
 def tuning(r: TrainResults) -> Section | None:
@@ -111,3 +113,12 @@ def report_from_store(out_dir: Path, info: dict[str, Any], study, dest: Path, pi
         tuning=choose(study, records), timing_caveat=timing_caveat(records),
     )
     return train_report(inputs, dest)
+
+
+def verdicts_from_store(out_dir: Path, study) -> list:
+    """The verdict lines of the training study stored in `out_dir`, as its report states them
+    (the same runs, gates and rule), with nothing drawn or written."""
+    records = store.Store(out_dir, create=False).runs()
+    runs = TrainRuns(study, store.load_results(out_dir), store.load_curves(out_dir), choose(study, records))
+    verdicts = Verdicts(runs, Gates(runs))
+    return [verdicts.line(v, index) for v, index in verdicts.decided]

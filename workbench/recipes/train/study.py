@@ -18,7 +18,7 @@ from workbench.model.spec import VARIANT_AXES, ModelSpec, resolve_choice
 from workbench.registry import get_variant, variants
 from workbench.results import DESCRIPTIVE_METRICS, FAILURE_SHARE, RUN_MEASURES, TO_TARGET
 from workbench.study import StudyBase, check_key, stored, task_section, unwrap
-from workbench.study.keys import label
+from workbench.study.keys import label, value_variant
 from workbench.study.sections import (SEEDS_JSON_SCHEMA, SWEEP_JSON_SCHEMA, TUNE_JSON_SCHEMA, Expectation, SeedPlan,
                                       Sweep, Tune, check_values)
 from workbench.study.train_section import TrainConfig
@@ -132,7 +132,8 @@ class TrainStudy(StudyBase):
 
     def sweep_point(self, value: Any, field: str) -> dict[str, Any]:
         """A swept value (when one key is swept) or {dotted.key: value} -> {key: value}, each
-        value checked against the key's swept values (a variant by name equals {name: ...}). A
+        value checked against the key's swept values (a variant by name equals {name: ...}; a
+        parameterised one may be named by its name where one swept value has it). A
         ladder's keys are rungs, not compared: a bare value names the one other swept key."""
         keys = self.sweep.keys
         compared = [k for k in keys if k not in (self.scale or {})]
@@ -145,10 +146,18 @@ class TrainStudy(StudyBase):
         else:
             raise SpecError(field, "several keys are swept: give {dotted.key: value}", compared)
         for key, v in point.items():
-            options = [label(x) for x in self.sweep.values(key)]
-            if label(v) not in options:
-                raise SpecError(f"{field}.{key}" if len(point) > 1 or isinstance(value, Mapping) else field,
-                                f"{label(v)!r} is not a swept value of {key}", [str(o) for o in options])
+            swept = self.sweep.values(key)
+            options = [label(x) for x in swept]
+            if label(v) in options:
+                continue
+            where = f"{field}.{key}" if len(point) > 1 or isinstance(value, Mapping) else field
+            named = [x for x in swept if isinstance(v, str) and value_variant(x) == v]  # `layerscale` alone
+            if len(named) > 1:
+                raise SpecError(where, f"{v!r} names {len(named)} swept values of {key}: give one of them in full",
+                                [str(label(x)) for x in named])
+            if not named:
+                raise SpecError(where, f"{label(v)!r} is not a swept value of {key}", [str(o) for o in options])
+            point[key] = named[0]
         return point
 
     def run_defining(self) -> dict[str, Any]:
