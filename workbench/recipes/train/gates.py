@@ -197,24 +197,39 @@ class Gates:
             gates.append(self.gate(variant, name, length))
         return tuple(gates)
 
-    def failed_seeds(self, variant: str) -> pd.Series:
-        """Per seed that ended (finished or diverged): 1 when it diverged or did not learn (its
-        own score at the training length misses the group's gate), else 0."""
+    def seed_outcomes(self, variant: str) -> pd.DataFrame:
+        """Per seed that ended (finished or diverged; index: seed), two 0/1 columns kept apart:
+        `diverged`, and `missed` when it finished but its own score at the training length misses
+        the group's gate (it did not learn; a missing score counts as missed)."""
         runs = self.runs.final_runs
         mine = runs[(runs["variant"] == variant) & runs["status"].isin(KEPT)]
+        diverged = (mine["status"] == Status.DIVERGED).to_numpy()
+        missed = np.zeros(len(mine), dtype=bool)
         names = list(self.per_metric)
-        failed = mine["status"] == Status.DIVERGED
         if names:
             gate = self.learned(variant, names[0])
             if math.isfinite(gate.needed) and gate.metric in mine:
                 scores = mine[gate.metric].astype(float)
-                missed = scores < gate.needed if gate.higher else scores > gate.needed
-                failed = failed | missed.fillna(True)
-        return pd.Series(failed.astype(float).to_numpy(), index=mine["seed"].to_numpy())
+                missed = (scores < gate.needed if gate.higher else scores > gate.needed).fillna(True).to_numpy() & ~diverged
+        return pd.DataFrame({"diverged": diverged.astype(float), "missed": missed.astype(float)},
+                            index=mine["seed"].to_numpy())
+
+    def failed_seeds(self, variant: str) -> pd.Series:
+        """Per seed that ended: 1 when it diverged or did not learn, else 0 (the failure share's values)."""
+        outcomes = self.seed_outcomes(variant)
+        return outcomes["diverged"] + outcomes["missed"]
 
     def failure_share(self, variant: str) -> Share:
         failed = self.failed_seeds(variant)
         return Share(int(failed.sum()), len(failed))
+
+    def failure_text(self, variant: str) -> tuple[str, str, str]:
+        """The Learned table's cells for one group: seeds that diverged, seeds that did not
+        learn (k/n each, kept apart), and the share of either with its interval."""
+        outcomes = self.seed_outcomes(variant)
+        n = len(outcomes)
+        counts = [f"{int(outcomes[c].sum())}/{n}" if n else "–" for c in ("diverged", "missed")]
+        return counts[0], counts[1], self.failure_share(variant).text
 
     @cached_property
     def per_metric(self) -> dict[str, list[Learned]]:

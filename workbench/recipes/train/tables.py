@@ -249,8 +249,9 @@ def learned(r: TrainResults) -> Section | None:
         f"strongest baseline (of those the task names for its gate) moved {MARGIN:.0%} of the way to a "
         f"perfect score. {gate_scope(r)}, a group learned when the interval of its mean lies past "
         "the threshold, did not learn when it lies short of it, and is undetermined otherwise (a verdict reads "
-        "its gates at its own look and level). Failed seeds: those that diverged or whose own score missed "
-        "the threshold, with an exact (Clopper-Pearson) 95% interval of their share.")]
+        "its gates at its own look and level). Seeds are counted apart: those that diverged, and those that "
+        "finished but did not learn (their own score missed the threshold); the last column is the share of "
+        "either, with an exact (Clopper-Pearson) 95% interval.")]
     for name, gates in r.gates.per_metric.items():
         names = list(dict.fromkeys(b for g in gates for b, _ in g.baselines))
         rows = []
@@ -259,12 +260,13 @@ def learned(r: TrainResults) -> Section | None:
             rows.append([variant, g.metric, interval_text(r.runs.interval(variant, g.metric)),
                          *(fmt(scores.get(b, math.nan)) for b in names), fmt(g.needed),
                          f"{g.state} ({g.untested})" if g.untested else str(g.state),
-                         r.gates.failure_share(variant).text])
+                         *r.gates.failure_text(variant)])
         better = "≥" if metric_direction(name, r.runs.task_name) else "≤"
         items.append(Table(["variant", "at the training length", f"{name} mean [95% CI]", *names,
-                            f"learned: {better}", "learned", "failed seeds [95% CI]"], rows,
+                            f"learned: {better}", "learned", "diverged", "did not learn",
+                            "diverged or did not learn [95% CI]"], rows,
                            caption=f"{name}: score at the training length against the task's baselines",
-                           numeric=[False, False, True, *([True] * len(names)), True, False, True]))
+                           numeric=[False, False, True, *([True] * len(names)), True, False, True, True, True]))
     return Section("Learned at the training length", items)
 
 
