@@ -135,6 +135,17 @@ class Gates:
         except Exception:  # noqa: BLE001 - a task no longer installed: every baseline gates
             return None
 
+    @cached_property
+    def baselines_text(self) -> str:
+        """What each of the task's baselines knows (`Task.baselines_text`), and which gate (`gating_baselines`)."""
+        try:
+            known = get_variant("task", self.runs.task_name).baselines_text
+        except Exception:  # noqa: BLE001 - a task no longer installed: its baselines go unexplained
+            known = "as the task declares them"
+        gating = self.gating_baselines
+        return known + (f". The learned gate reads {' and '.join(gating)} only; the others are shown, not gated"
+                        if gating else ". The learned gate reads the strongest of them")
+
     def gate(self, variant: str, name: str, length: int | None = None) -> Gate:
         """`variant`'s gate on `name` at `length` (default: its training length): its per-seed
         scores there against the task's baselines there (built once: a group is in many comparisons)."""
@@ -223,13 +234,13 @@ class Gates:
         failed = self.failed_seeds(variant)
         return Share(int(failed.sum()), len(failed))
 
-    def failure_text(self, variant: str) -> tuple[str, str, str]:
-        """The Learned table's cells for one group: seeds that diverged, seeds that did not
-        learn (k/n each, kept apart), and the share of either with its interval."""
+    def failure_text(self, variant: str) -> str:
+        """The Learned table's cell for one group: the share of seeds that diverged or did not
+        learn, with its interval, then each kind counted apart ('2/2 = 1 [0.158, 1]: 2 did not learn')."""
         outcomes = self.seed_outcomes(variant)
-        n = len(outcomes)
-        counts = [f"{int(outcomes[c].sum())}/{n}" if n else "–" for c in ("diverged", "missed")]
-        return counts[0], counts[1], self.failure_share(variant).text
+        kinds = [f"{int(outcomes[c].sum())} {word}" for c, word in (("diverged", "diverged"), ("missed", "did not learn"))
+                 if outcomes[c].any()]
+        return self.failure_share(variant).text + (f": {', '.join(kinds)}" if kinds else "")
 
     @cached_property
     def per_metric(self) -> dict[str, list[Learned]]:
