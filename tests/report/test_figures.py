@@ -248,3 +248,27 @@ def test_a_verdict_figure_for_a_lower_is_better_metric_reads_its_threshold_as_at
     verdict_groups(groups, palette, tmp_path / "v.png", metric="bpc@64", threshold=1.74,
                    baseline=("bigram", 1.9), higher_is_better=False)  # bpc: lower is better
     assert [t.get_text() for t in drawn[0].axes[0].get_legend().get_texts()] == ["learned: ≤ 1.74", "bigram 1.9"]
+
+
+def test_attention_captions_of_a_bpe_text_task_show_decoded_text_not_byte_level_pieces(tmp_path):
+    import torch
+
+    from workbench import build_model
+    from workbench.recipes.train.pictures import ModelPictures
+    from workbench_plugins.task_text_lm import TextLM, TextParams
+
+    root = tmp_path / "corpus"
+    root.mkdir()
+    for i in range(6):  # line breaks and indented code: BPE pieces carry Ċ and Ġ for them
+        (root / f"doc{i}.py").write_text("".join(f"def f{i}_{j}(x):\n        return x + {j}\n" for j in range(60)))
+    task = TextLM(TextParams(path=str(root), tokenizer="bpe", vocab_size=300, train_length=16, n_eval=4,
+                             decode_samples=0), seed=0)
+    torch.manual_seed(0)
+    model = build_model({"family": "decoder", "d_model": 16, "n_layers": 1, "n_heads": 2,
+                         "vocab_size": len(task.vocab)}).eval()
+    items = ModelPictures(lambda run_id: tmp_path).attention_items(model, task, "decoder", tmp_path, "v", "v, seed 0")
+    caption = next(item.caption for item in items if "self-attention" in getattr(item, "caption", ""))
+    sample = task.sample("decoder")
+    pieces = sample["batch_tokens"]["tokens"][0]
+    assert any("Ġ" in p or "Ċ" in p for p in pieces)  # the sample does hold byte-level pieces
+    assert f'"{task.words_text(pieces)}"' in caption and "Ġ" not in caption and "Ċ" not in caption

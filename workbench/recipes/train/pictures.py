@@ -165,7 +165,7 @@ class ModelPictures:
                                     title=f"{variant}: {what}, {name}")
             out.append(Figure(path.relative_to(dest).as_posix(),
                               f"{caption_run}: {what} of layer {name} on the sample "
-                              f"\"{' '.join(x_tokens)}\", one panel per head (rows sum to 1).",
+                              f"\"{task.words_text(x_tokens)}\", one panel per head (rows sum to 1).",
                               f"attention heatmap of {variant}", token_legend(list(dict.fromkeys(x_tokens + y_tokens)))))
         out += self.focus_items(recorded_for_samples(model, task, family), task, family, dest, variant, caption_run)
         out += head_similarity_items(recorded, real_lengths(batch, family), caption_run)
@@ -186,7 +186,7 @@ class ModelPictures:
             row = weights[:, q, : len(keys)].numpy()
             path = figures.attention_row(row, dest / "figures" / f"focus_{slug(variant)}_{i}.png", query=focus,
                                          key_tokens=keys, title=f"{variant}: where {figures.printable(repr(focus), 'the pronoun')} looks ({name})")
-            sentence = " ".join(source_tokens)
+            sentence = task.words_text(source_tokens)  # decoded text, not byte-level BPE pieces
             top = [keys[int(np.argmax(row[h]))] for h in range(row.shape[0])]
             out.append(Figure(path.relative_to(dest).as_posix(),
                               f"{caption_run}: attention of {focus!r} over \"{sentence}\" in {name}, per head; "
