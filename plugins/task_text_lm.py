@@ -238,6 +238,11 @@ class TextLM(Task):
     metrics = declared("bpc", "bpc_tail", "perplexity", "distinct_2", "repetition_4")
     hold_out = False  # the split is by document (or by position in one file), not by example
     gate_baselines = (SEEN_BIGRAM,)  # why this one: the module docstring
+    baselines_text = (f"interpolated Witten-Bell n-gram models at the tokenizer's granularity, scored on the same "
+                      f"evaluation windows: {INPUT_IGNORING} (the unigram) and the "
+                      f"{', '.join(f'{n}-gram' for n in NGRAM_ORDERS)} of the whole training text, shown as context; "
+                      f"{SEEN_BIGRAM}, the 2-gram of the text each run read (per seed), which a model that reads no "
+                      "earlier token can match")
 
     def __init__(self, params: TextParams, plan_only: bool = False, **kw):
         super().__init__(params, **kw)

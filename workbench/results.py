@@ -72,6 +72,8 @@ class Metric:
     # (lowest, highest) possible value: reports keep intervals inside it, and the better end is
     # the perfect score the learned-at-all margin is measured towards
     range: tuple[float, float] = (-math.inf, math.inf)
+    # what the number is and how it is computed, in a sentence a report prints ("" : not explained)
+    description: str = ""
 
 
 # What a run spends (time, memory, parameters, FLOPs): never negative, lower is better.

@@ -18,7 +18,7 @@ from workbench.api import write_report
 from workbench.api import run_study
 from workbench.run.store import load_results
 from workbench.recipes.train.study import TrainStudy
-from workbench.tasks import Consumed
+from workbench.tasks import METRICS, Consumed
 from workbench.tasks.ngram import WittenBell, covering
 from workbench_plugins.task_text_lm import SEEN_BIGRAM, TextLM, TextParams
 
@@ -113,9 +113,15 @@ def test_a_budgeted_study_is_gated_on_the_tokens_its_runs_recorded(corpus, tmp_p
         run_study(tmp_path / "seen.yaml", tmp_path / "out", quiet=True)
     finally:
         torch.set_num_threads(threads)
-    summary = json.loads((write_report(tmp_path / "out", tmp_path / "reports", pictures=False).parent
-                          / "summary.json").read_text())
+    folder = write_report(tmp_path / "out", tmp_path / "reports", pictures=False).parent
+    summary = json.loads((folder / "summary.json").read_text())
     assert set(load_results(tmp_path / "out")["train_tokens"]) == {14 * 16}
+    # the report says what bpc is, from its declaration, and describes the n-gram baselines and which gates
+    md = (folder / "report.md").read_text().replace("\\", "")
+    assert f"Metrics: bpc: {METRICS['bpc'].description}" in md and "bits per byte" in METRICS["bpc"].description
+    baselines = next(p for p in md.split("\n\n") if p.startswith("Baselines:"))
+    assert TextLM.baselines_text in baselines and "prefix-aware" not in baselines and "order-blind" not in baselines
+    assert f"The learned gate reads {SEEN_BIGRAM} only" in baselines
     (verdict,) = summary["verdicts"]
     seen = np.mean([text(corpus, seed).seen_baselines("decoder", 16, Consumed(4, 14 * 16))[SEEN_BIGRAM]["bpc"]
                     for seed in (0, 1)])

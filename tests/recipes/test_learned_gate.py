@@ -216,6 +216,10 @@ def test_a_study_trained_for_3_steps_says_neither_group_learned(tmp_path):
     assert 'class="outcome identical">identical (both groups gave the same accuracy@9 on every seed; neither' in html
     assert "Learned at the training length" in html
     assert "; neither group learned: position=rope: accuracy@6" in build_index(studies, reports)
+    # seeds that only missed the gate are counted as not learned, apart from diverged ones
+    md = (folder / "report.md").read_text()
+    row = next(line for line in md.splitlines() if line.startswith("| position=rope | accuracy@6"))
+    assert row.rstrip().endswith("| 2/2 = 1 \\[0.158, 1\\]: 2 did not learn |")  # finished, none diverged
 
 
 # ---- baselines beyond chance: predictors that read the answer's prefix or the input's symbols ----

@@ -418,7 +418,8 @@ def test_training_report_header_states_the_learned_criterion(train_report):
     _, _, index = train_report
     page = parse(index.read_text())
     table = next(t for t in page.tables if t[0][:2] == ["variant", "at the training length"])
-    assert table[0][3:] == ["input-ignoring", "learned: ≥", "learned", "failed seeds [95% CI]"]  # translate's one
+    assert table[0][3:] == ["input-ignoring", "learned: ≥", "learned",
+                            "diverged or did not learn [95% CI]"]  # translate's one
     chance, needed = {row[3] for row in table[1:]}, {row[4] for row in table[1:]}
     states = [row[5] for row in table[1:]]
     assert len(chance) == len(needed) == 1 and set(states) <= {"learned", "did not learn", "undetermined"}

@@ -60,3 +60,14 @@ def test_the_display_shows_each_running_run_and_drops_it_when_done(tmp_path):
         assert [t.id for t in progress.progress.tasks] == [progress.task]
     finally:
         progress.close()
+
+
+def test_a_run_line_leaves_out_the_metrics_the_run_did_not_measure(tmp_path):
+    from workbench.results import Status
+    from workbench.run.runner import run_line
+
+    result = RunResult(run_id="r", status=Status.FINISHED, wall_time_s=1.0,
+                       metrics={"bpc@64": 1.71, "bpc_tail@64": float("nan"), "distinct_2@64": float("nan")})
+    line = run_line(run_of(tmp_path), result)
+    assert "bpc@64=1.71" in line
+    assert "nan" not in line and "bpc_tail" not in line and "distinct_2" not in line

@@ -24,6 +24,7 @@ current step, finished ones are recorded, and RunInterrupted says what each runn
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import sys
 import threading
@@ -285,7 +286,9 @@ def run_line(run: RunConfig, result) -> str:
         return f"{head}  at step {result.diverged_step}"
     if result.status != Status.FINISHED:
         return f"{head}  {result.error}"
-    shown = [f"{k}={v:.3g}" for k, v in result.metrics.items() if not k.startswith("exact_match")][:4]
+    # a metric this run did not measure (NaN: no generation, no tail at that length) is left out, not printed as nan
+    shown = [f"{k}={v:.3g}" for k, v in result.metrics.items()
+             if not k.startswith("exact_match") and not (isinstance(v, float) and math.isnan(v))][:4]
     shown += [f"@{n} n/a" for n in result.not_applicable]
     speed = f"{result.tokens_per_s / 1000:.0f}k tok/s" if result.tokens_per_s else ""
     resumed = f" (resumed at step {result.resumed_from_step})" if result.resumed_from_step else ""

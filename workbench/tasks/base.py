@@ -144,6 +144,8 @@ class Task(Variant):
     sequence_labels: ClassVar[bool] = False  # encoder: one class per sequence instead of per token
     decoder_eos: ClassVar[bool] = True  # decoder: the target ends with a scored <eos>
     hold_out: ClassVar[bool] = True  # training skips examples whose source is in a held-out set
+    # what each of its baselines knows, in a clause the report's Learned section prints
+    baselines_text: ClassVar[str] = f"{INPUT_IGNORING} (knows the layout, not a token)"
     gate_baselines: ClassVar[tuple[str, ...] | None] = None
     """names of the baselines (`baselines`, `seen_baselines`) the learned gate measures against, the
     strongest of them (None: every one); the others are shown beside each group but do not gate"""

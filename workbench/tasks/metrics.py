@@ -21,8 +21,14 @@ METRICS: dict[str, Metric] = {
     "exact_match": Metric(higher_is_better=True, range=SHARE),
     "loss": Metric(higher_is_better=False, range=(0.0, math.inf)),  # nats per target token
     "bleu": Metric(higher_is_better=True, range=(0.0, 100.0)),
-    "bpc": Metric(higher_is_better=False, range=(0.0, math.inf)),
-    "bpc_tail": Metric(higher_is_better=False),  # declared without a range: its intervals and gate are unbounded
+    "bpc": Metric(higher_is_better=False, range=(0.0, math.inf), description=(
+        "bits per byte of the original text (lower is better): the mean loss in nats per token / ln 2 x the "
+        "scored split's tokens per byte, so models with different tokenizers compare (the Pile's bits per "
+        "byte, Gao et al. 2020); with the byte tokenizer the ratio is 1")),
+    # declared without a range: its intervals and gate are unbounded
+    "bpc_tail": Metric(higher_is_better=False, description=(
+        "bpc over the window's tokens past the training length only, which no training window held "
+        "(extrapolation; not measured at lengths up to the training length)")),
     "perplexity": Metric(higher_is_better=False, range=(1.0, math.inf)),
     "distinct_2": Metric(higher_is_better=True, range=SHARE),
     "repetition_4": Metric(higher_is_better=False, range=SHARE),

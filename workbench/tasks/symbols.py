@@ -76,6 +76,9 @@ class SymbolTask(Task):
     # ---- baselines beyond chance --------------------------------------------------------------
 
     order_blind: ClassVar[bool] = False  # the task is about order: knowing the symbols is not enough
+    baselines_text = (f"{Task.baselines_text}, {PREFIX_AWARE} (also reads the answer's own teacher-forced prefix; "
+                      f"not for an encoder), {ORDER_BLIND} (knows which symbols the input holds, not their order; "
+                      "tasks about order)")
 
     def baselines(self, family, length):
         """Input-ignoring (chance); prefix-aware where the model reads the answer's prefix

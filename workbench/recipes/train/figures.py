@@ -85,6 +85,9 @@ def figures_section(r: TrainResults) -> Section:
         long = by_length(r, name)
         if long is None:
             continue
+        if long["value"].isna().all():  # declared by the task, measured by none of these runs (decode_samples: 0)
+            items.append(Paragraph(f"{name}: not measured by these runs."))
+            continue
         if figures.constant(long["value"]):
             items.append(Paragraph(f"{name}: {fmt(long['value'].dropna().iloc[0])} for every variant at every "
                                    "evaluation length, so it is not drawn."))

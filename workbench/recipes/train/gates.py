@@ -135,6 +135,17 @@ class Gates:
         except Exception:  # noqa: BLE001 - a task no longer installed: every baseline gates
             return None
 
+    @cached_property
+    def baselines_text(self) -> str:
+        """What each of the task's baselines knows (`Task.baselines_text`), and which gate (`gating_baselines`)."""
+        try:
+            known = get_variant("task", self.runs.task_name).baselines_text
+        except Exception:  # noqa: BLE001 - a task no longer installed: its baselines go unexplained
+            known = "as the task declares them"
+        gating = self.gating_baselines
+        return known + (f". The learned gate reads {' and '.join(gating)} only; the others are shown, not gated"
+                        if gating else ". The learned gate reads the strongest of them")
+
     def gate(self, variant: str, name: str, length: int | None = None) -> Gate:
         """`variant`'s gate on `name` at `length` (default: its training length): its per-seed
         scores there against the task's baselines there (built once: a group is in many comparisons)."""
@@ -197,24 +208,39 @@ class Gates:
             gates.append(self.gate(variant, name, length))
         return tuple(gates)
 
-    def failed_seeds(self, variant: str) -> pd.Series:
-        """Per seed that ended (finished or diverged): 1 when it diverged or did not learn (its
-        own score at the training length misses the group's gate), else 0."""
+    def seed_outcomes(self, variant: str) -> pd.DataFrame:
+        """Per seed that ended (finished or diverged; index: seed), two 0/1 columns kept apart:
+        `diverged`, and `missed` when it finished but its own score at the training length misses
+        the group's gate (it did not learn; a missing score counts as missed)."""
         runs = self.runs.final_runs
         mine = runs[(runs["variant"] == variant) & runs["status"].isin(KEPT)]
+        diverged = (mine["status"] == Status.DIVERGED).to_numpy()
+        missed = np.zeros(len(mine), dtype=bool)
         names = list(self.per_metric)
-        failed = mine["status"] == Status.DIVERGED
         if names:
             gate = self.learned(variant, names[0])
             if math.isfinite(gate.needed) and gate.metric in mine:
                 scores = mine[gate.metric].astype(float)
-                missed = scores < gate.needed if gate.higher else scores > gate.needed
-                failed = failed | missed.fillna(True)
-        return pd.Series(failed.astype(float).to_numpy(), index=mine["seed"].to_numpy())
+                missed = (scores < gate.needed if gate.higher else scores > gate.needed).fillna(True).to_numpy() & ~diverged
+        return pd.DataFrame({"diverged": diverged.astype(float), "missed": missed.astype(float)},
+                            index=mine["seed"].to_numpy())
+
+    def failed_seeds(self, variant: str) -> pd.Series:
+        """Per seed that ended: 1 when it diverged or did not learn, else 0 (the failure share's values)."""
+        outcomes = self.seed_outcomes(variant)
+        return outcomes["diverged"] + outcomes["missed"]
 
     def failure_share(self, variant: str) -> Share:
         failed = self.failed_seeds(variant)
         return Share(int(failed.sum()), len(failed))
+
+    def failure_text(self, variant: str) -> str:
+        """The Learned table's cell for one group: the share of seeds that diverged or did not
+        learn, with its interval, then each kind counted apart ('2/2 = 1 [0.158, 1]: 2 did not learn')."""
+        outcomes = self.seed_outcomes(variant)
+        kinds = [f"{int(outcomes[c].sum())} {word}" for c, word in (("diverged", "diverged"), ("missed", "did not learn"))
+                 if outcomes[c].any()]
+        return self.failure_share(variant).text + (f": {', '.join(kinds)}" if kinds else "")
 
     @cached_property
     def per_metric(self) -> dict[str, list[Learned]]:

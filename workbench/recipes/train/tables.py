@@ -19,7 +19,7 @@ from workbench.recipes.train.learned_gate import MARGIN
 from workbench.report.sweep_points import short_key, value_text
 from workbench.results import DESCRIPTIVE_METRICS, FAILURES, Status
 from workbench.recipes.train.computed import TrainResults
-from workbench.recipes.train.runs import interval_text, metric_direction, split_metric
+from workbench.recipes.train.runs import interval_text, metric_declaration, metric_direction, split_metric
 
 # Run measures shown next to each leaderboard (column in the store -> heading, formatter).
 MEASURES: dict[str, tuple[str, Callable[[float], str]]] = {
@@ -36,6 +36,8 @@ def setup(r: TrainResults) -> Section:
     task = dict(s.task)
     items.append(Paragraph(f"Task: {task.pop('name')}; " + ", ".join(
         f"{k}={setting(r, f'task.{k}', v)}" for k, v in sorted(task.items()))))
+    if described := metric_descriptions(r):
+        items.append(Paragraph("Metrics: " + "; ".join(described) + "."))
     items.append(Paragraph(budget_text(r)))
     if s.train.budget is not None and s.train.budget.kind != "seconds":
         items.append(steps_table(r))
@@ -55,6 +57,14 @@ def setup(r: TrainResults) -> Section:
     items.append(Paragraph("Reproduce:"))
     items.append(Code(r.inputs.command))
     return Section("Setup", items)
+
+
+def metric_descriptions(r: TrainResults) -> list[str]:
+    """'bpc: bits per byte ...' for each of the task's metrics the runs recorded whose declaration
+    (workbench.results.Metric.description) says what it is and how it is computed."""
+    recorded = {split_metric(c)[0] for c in r.runs.metrics}
+    declared = ((name, metric_declaration(name, r.runs.task_name)) for name in r.runs.task_metrics if name in recorded)
+    return [f"{name}: {m.description}" for name, m in declared if m.description]
 
 
 def seeds_text(r: TrainResults) -> str:
@@ -243,14 +253,14 @@ def learned(r: TrainResults) -> Section | None:
         return None
     items: list[Item] = [Paragraph(
         "Baselines: predictors that cannot solve the task, each derived from the task's own generator "
-        "(`Task.baselines`, exactly or by Monte Carlo with a fixed seed): input-ignoring (knows the layout, "
-        "not a token), prefix-aware (also reads the answer's own teacher-forced prefix), order-blind (knows "
-        "which symbols the input holds, not their order), as the task declares them. The threshold is the "
-        f"strongest baseline (of those the task names for its gate) moved {MARGIN:.0%} of the way to a "
+        f"(`Task.baselines`, exactly or by Monte Carlo with a fixed seed, or fitted on its text): "
+        f"{r.gates.baselines_text}. The threshold is the "
+        f"strongest gating baseline moved {MARGIN:.0%} of the way to a "
         f"perfect score. {gate_scope(r)}, a group learned when the interval of its mean lies past "
         "the threshold, did not learn when it lies short of it, and is undetermined otherwise (a verdict reads "
-        "its gates at its own look and level). Failed seeds: those that diverged or whose own score missed "
-        "the threshold, with an exact (Clopper-Pearson) 95% interval of their share.")]
+        "its gates at its own look and level). The last column: the share of seeds that diverged or finished "
+        "but did not learn (their own score missed the threshold), with an exact (Clopper-Pearson) 95% "
+        "interval, then each kind counted apart.")]
     for name, gates in r.gates.per_metric.items():
         names = list(dict.fromkeys(b for g in gates for b, _ in g.baselines))
         rows = []
@@ -259,10 +269,10 @@ def learned(r: TrainResults) -> Section | None:
             rows.append([variant, g.metric, interval_text(r.runs.interval(variant, g.metric)),
                          *(fmt(scores.get(b, math.nan)) for b in names), fmt(g.needed),
                          f"{g.state} ({g.untested})" if g.untested else str(g.state),
-                         r.gates.failure_share(variant).text])
+                         r.gates.failure_text(variant)])
         better = "≥" if metric_direction(name, r.runs.task_name) else "≤"
         items.append(Table(["variant", "at the training length", f"{name} mean [95% CI]", *names,
-                            f"learned: {better}", "learned", "failed seeds [95% CI]"], rows,
+                            f"learned: {better}", "learned", "diverged or did not learn [95% CI]"], rows,
                            caption=f"{name}: score at the training length against the task's baselines",
                            numeric=[False, False, True, *([True] * len(names)), True, False, True]))
     return Section("Learned at the training length", items)
