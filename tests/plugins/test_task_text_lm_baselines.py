@@ -105,7 +105,11 @@ def test_each_group_is_gated_on_the_text_its_own_runs_read_fitted_once_per_seed(
     assert unrecorded.learned("position=rope", "bpc").text == "position=rope: no chance level of bpc@16"
 
 
-def test_a_budgeted_study_is_gated_on_the_tokens_its_runs_recorded(corpus, tmp_path):
+def test_a_budgeted_study_is_gated_on_the_tokens_its_runs_recorded(corpus, tmp_path, monkeypatch):
+    import workbench.recipes.train.figures as train_figures
+
+    drawn, draw = [], train_figures.verdict_groups
+    monkeypatch.setattr(train_figures, "verdict_groups", lambda *a, **kw: drawn.append(kw) or draw(*a, **kw))
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:  # 3 steps of 4 windows of 16 tokens, then the 2 sequences the last 24 tokens pay for (rounded)
@@ -122,6 +126,8 @@ def test_a_budgeted_study_is_gated_on_the_tokens_its_runs_recorded(corpus, tmp_p
     baselines = next(p for p in md.split("\n\n") if p.startswith("Baselines:"))
     assert TextLM.baselines_text in baselines and "prefix-aware" not in baselines and "order-blind" not in baselines
     assert f"The learned gate reads {SEEN_BIGRAM} only" in baselines
+    # the verdict figure's threshold legend takes bpc's declared direction: lower is better
+    assert [(kw["metric"], kw["higher_is_better"]) for kw in drawn] == [("bpc@16", False)]
     (verdict,) = summary["verdicts"]
     seen = np.mean([text(corpus, seed).seen_baselines("decoder", 16, Consumed(4, 14 * 16))[SEEN_BIGRAM]["bpc"]
                     for seed in (0, 1)])

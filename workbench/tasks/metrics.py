@@ -29,9 +29,14 @@ METRICS: dict[str, Metric] = {
     "bpc_tail": Metric(higher_is_better=False, description=(
         "bpc over the window's tokens past the training length only, which no training window held "
         "(extrapolation; not measured at lengths up to the training length)")),
-    "perplexity": Metric(higher_is_better=False, range=(1.0, math.inf)),
-    "distinct_2": Metric(higher_is_better=True, range=SHARE),
-    "repetition_4": Metric(higher_is_better=False, range=SHARE),
+    "perplexity": Metric(higher_is_better=False, range=(1.0, math.inf), description=(
+        "exp(loss), loss being the mean nats per token: per token, so it compares models of one tokenizer only")),
+    "distinct_2": Metric(higher_is_better=True, range=SHARE, description=(
+        "on the model's own continuations of evaluation prompts: distinct bigrams / all bigrams, over all "
+        "continuations (Li et al. 2016, distinct-n; higher is more diverse; not measured with decode_samples: 0)")),
+    "repetition_4": Metric(higher_is_better=False, range=SHARE, description=(
+        "on the same continuations: the share of a continuation's 4-grams that repeat an earlier one, averaged "
+        "(Welleck et al. 2020, rep-n; higher loops more; not measured with decode_samples: 0)")),
     "symbol_accuracy": Metric(higher_is_better=True, range=SHARE),
     ATTENTION_ENTROPY: Metric(higher_is_better=None, range=SHARE),
 }
