@@ -168,3 +168,16 @@ def test_the_next_run_of_a_study_reuses_the_n_gram_fits_and_gets_the_same_number
     assert json.loads(done.stdout) == first  # the same floats, read back exactly
     text(corpus).baselines("decoder", 24)
     assert len(fits) == 3
+
+
+def test_a_seed_that_diverged_and_one_that_did_not_learn_are_counted_apart(corpus):
+    rows = [("none", 0, "diverged", np.nan), ("none", 1, "finished", 9.0), ("rope", 0, "finished", 9.5),
+            ("rope", 1, "finished", 9.0)]
+    runs = pd.DataFrame([{"run_id": f"{p}{s}", "index": i, "seed": s, "model.position": p, "status": status,
+                          "bpc@16": bpc, "loss@16": bpc, "train_tokens": 30 * 64}
+                         for i, (p, s, status, bpc) in enumerate(rows)])
+    gates = Gates(TrainRuns(study(corpus, steps=30), runs))
+    outcomes = gates.seed_outcomes("position=none")
+    assert outcomes.to_dict("index") == {0: {"diverged": 1.0, "missed": 0.0}, 1: {"diverged": 0.0, "missed": 1.0}}
+    assert gates.failure_text("position=none") == "2/2 = 1 [0.158, 1]: 1 diverged, 1 did not learn"
+    assert gates.failure_text("position=rope") == "2/2 = 1 [0.158, 1]: 2 did not learn"  # none failed to run
