@@ -6,6 +6,7 @@ gradients, decoding) is tests/test_model_contract.py's, over every registered co
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 import test_model_contract as contract
@@ -188,3 +189,22 @@ def test_a_model_with_a_residual_connection_does_not_export_to_hugging_face():
     assert architecture_for(parse_spec(gpt2)).model_type == "gpt2"
     with pytest.raises(SpecError, match=r"^model\.residual\.name: gpt2 \(GPT2LMHeadModel\) needs 'plain', got 'layerscale'"):
         architecture_for(parse_spec({**gpt2, "residual": "layerscale"}))
+
+
+@pytest.mark.slow
+def test_a_study_sweeping_the_residual_built_ins_runs(tmp_path):
+    from workbench.api import run_study  # Lightning and the runner: only this test needs them
+    from workbench.run.store import load_results
+
+    tiny = (Path(__file__).resolve().parents[2] / "studies" / "tiny.yaml").read_text()
+    study = tmp_path / "residuals.yaml"
+    study.write_text(tiny.replace("name: tiny", "name: residuals").replace(
+        "  model.position: [none, rope]\nbaseline: none",
+        "  model.residual: [plain, {name: layerscale, init_scale: 0.1}, rezero, deepnorm]\nbaseline: plain").replace(
+        "  norm: pre", "  norm: post").replace("steps: 30", "steps: 10").split("expect:")[0])  # DeepNorm is post-norm
+    summary = run_study(study, tmp_path / "out", quiet=True)
+    assert summary.statuses == {"finished": 4}
+    runs = load_results(tmp_path / "out")
+    assert sorted(runs["model.residual"].astype(str).str.split("(").str[0]) == ["deepnorm", "layerscale", "plain",
+                                                                                "rezero"]
+    assert runs["steps_done"].eq(10).all() and runs["loss@8"].notna().all()
