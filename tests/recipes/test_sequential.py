@@ -235,7 +235,7 @@ seeds: SEEDS
 sweep:
   model.position: [none, rope, alibi]
 expect:
-  - {metric: tokens_per_s, better: none, than: rope}
+  - {metric: loss@6, better: none, than: rope}
   - {metric: n_params, better: none, than: rope}
 """
 
@@ -265,9 +265,9 @@ def test_an_adaptive_study_adds_seeds_only_to_groups_of_undecided_comparisons(tm
         torch.set_num_threads(threads)
     runs = load_results(tmp_path / "out")
     seeds = runs.groupby("model.position")["seed"].apply(sorted).to_dict()
-    # tokens/s after 2 and 3 seeds (looks at 2, 3, 4): 1 and 2 degrees of freedom decide no timing noise, so
-    # none and rope get the last look's 4; they have the same parameter count on every seed: identical, which
-    # ends at the first look
+    # loss after 2 training steps is the seed's noise, not the position scheme's (looks at 2, 3, 4), so none
+    # and rope get the last look's 4; they have the same parameter count on every seed: identical, which ends at
+    # the first look. (tokens/s decided at 3 seeds on a quiet machine: a timing metric made the test load-bound.)
     assert seeds == {"none": [0, 1, 2, 3], "rope": [0, 1, 2, 3], "alibi": [0, 1]}
     assert summary.total == len(runs) == 10
 
