@@ -65,6 +65,11 @@ def test_a_move_beyond_the_tolerance_a_changed_outcome_or_a_missing_verdict_exit
     (lambda d: None, "YOURS {d}: no summary.json there; give a report folder"),
     (lambda d: (d.mkdir(), (d / "summary.json").write_text("{not json")), "YOURS {d}/summary.json: not a report summary"),
     (lambda d: report(d, name="heads"), "SHIPPED is a report of study 'quickstart', YOURS of 'heads'"),
+    *[(lambda d, verdict=verdict: (d.mkdir(), (d / "summary.json").write_text(
+        json.dumps({"name": "quickstart", "verdicts": [verdict]}))), "YOURS {d}/summary.json: not a report summary")
+      for verdict in ({"outcome": "holds"}, {"statement": ["x"], "outcome": "holds"},
+                      {"statement": "x", "outcome": "holds", "groups": 5},
+                      {"statement": "x", "outcome": "holds", "difference": "wide"})],
 ])
 def test_bad_input_is_one_line(tmp_path, make_yours, message):
     shipped = report(tmp_path / "shipped")

@@ -40,11 +40,22 @@ def read_summary(folder: str | Path, which: str) -> dict[str, Any]:
                              "index.html), e.g. reports/quickstart")
     try:
         summary = json.loads(path.read_text(encoding="utf-8"))
-        summary["verdicts"] = [dict(v) for v in summary["verdicts"]]
+        summary["verdicts"] = [well_formed(v) for v in summary["verdicts"]]
     except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as err:
         raise WorkbenchError(f"{which} {path}: not a report summary ({type(err).__name__}); rebuild that report "
                              "with `workbench report`") from None
     return summary
+
+
+def well_formed(verdict: Any) -> dict[str, Any]:
+    """A received verdict with the fields diff reads in the types it reads them (TypeError otherwise):
+    a summary.json handed over from elsewhere can hold anything."""
+    verdict = dict(verdict)
+    if not (isinstance(verdict["statement"], str) and isinstance(verdict["outcome"], str)
+            and isinstance(verdict.get("label") or "", str) and isinstance(verdict.get("difference") or {}, dict)
+            and all(isinstance(g, dict) and isinstance(g.get("group"), str) for g in verdict.get("groups") or [])):
+        raise TypeError("a verdict's fields")
+    return verdict
 
 
 @dataclass(frozen=True)
