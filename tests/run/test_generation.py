@@ -1,9 +1,10 @@
 """`workbench generate` and exports that generate on their own: a small text_lm study trained
-for a few steps (bytes and a BPE), exported, and continued by a new Python process that imports
-only transformers; its tokens and text equal `workbench generate` on the run and on the export.
-Then the refusals: a folder that holds no model, an empty prompt, a run that is not a language
-model, an export without its tokenizer, a sampling option with greedy decoding; and a study's
-folder given for one of its runs."""
+for a few steps (bytes and a BPE), and a reversal decoder (a symbol task, as the README's
+quickstart trains), exported and continued by a new Python process that imports only
+transformers; its tokens and text equal `workbench generate` on the run and on the export.
+Then the refusals: a folder that holds no model, an empty prompt, a word the vocabulary lacks, a
+model that is not a decoder, an export without its tokenizer, a sampling option with greedy
+decoding; and a study's folder given for one of its runs."""
 
 from __future__ import annotations
 
@@ -107,6 +108,42 @@ def test_an_export_generates_alone_what_workbench_generate_writes(runs, tokenize
     assert generated(export) == ours  # and `workbench generate` reads the export as it reads the run
 
 
+REVERSAL = """\
+name: tiny-reverse
+task: {name: reverse, train_length: 6, min_length: 2, eval_lengths: [6], alphabet_size: 6, n_eval: 8}
+model: {family: decoder, d_model: 32, n_layers: 2, n_heads: 4}
+train: {steps: 40, batch_size: 16, lr: 3.0e-3, log_every: 20, eval_every: 40}
+"""
+
+
+def test_a_symbol_decoder_exports_its_words_and_generates_alone(tmp_path):
+    """The README's quickstart trains decoders that reverse symbol strings: its export holds the
+    task's words as a tokenizer, so transformers alone continues `<bos> a b c d <sep>` as the
+    workbench does (the pipeline is left out: it prefixes the prompt as typed, specials and all)."""
+    (tmp_path / "reverse.yaml").write_text(REVERSAL)
+    trained = cli("run", str(tmp_path / "reverse.yaml"), "--quiet", "--out", str(tmp_path / "runs"), "--reports",
+                  str(tmp_path / "reports"))
+    assert trained.exit_code == 0, trained.output
+    (run,) = [p for p in (tmp_path / "runs" / "runs").iterdir() if p.is_dir()]
+    export = tmp_path / "export"
+    assert cli("export", str(run), "--to", "hf", str(export)).exit_code == 0
+    prompt = "<bos> a b c d <sep>"
+    written = cli("generate", str(run), prompt, "--max-new-tokens", str(N_NEW), "--json")
+    assert written.exit_code == 0, written.output
+    ours = json.loads(written.stdout)
+    assert ours["prompt_ids"] == [1, 4, 5, 6, 7, 3]  # <bos> a b c d <sep>: the ids the task trained on
+    alone = subprocess.run([sys.executable, "-c", ALONE, str(export), prompt, str(N_NEW)], capture_output=True,
+                           text=True)
+    assert alone.returncode == 0, alone.stderr
+    theirs = json.loads(alone.stdout.splitlines()[-1])
+    assert theirs["class"] == "GPTNeoXForCausalLM"
+    assert (theirs["prompt_ids"], theirs["new_ids"], theirs["text"]) == (ours["prompt_ids"], ours["new_ids"],
+                                                                       ours["text"])
+    assert ours["text"].startswith("a b c d")  # words apart by spaces, the specials left out
+    exported = cli("generate", str(export), prompt, "--max-new-tokens", str(N_NEW), "--json")
+    assert json.loads(exported.stdout) == ours
+
+
 def test_sampling_is_seeded_and_top_k_1_is_greedy(runs):
     run = runs["bytes"]
     sampled = generated(run, "--strategy", "sample", "--temperature", "2.0", "--seed", "1")
@@ -130,14 +167,17 @@ def test_what_generate_refuses_is_one_line(runs, tmp_path):
     assert "PROMPT: empty" in refused(str(runs["bytes"]), "")
     assert "--temperature: applies to --strategy sample" in refused(str(runs["bytes"]), "x", "--temperature", "0.5")
 
-    symbols = tmp_path / "copy-run"  # a decoder trained on symbols: not a language model
+    symbols = tmp_path / "copy-run"  # a decoder of a symbol task: its prompt is words of its vocabulary
     symbols.mkdir()
-    config = {"model": {"family": "decoder", "vocab_size": 12, "d_model": 16, "n_heads": 2, "n_layers": 1},
+    config = {"model": {"family": "decoder", "vocab_size": 8, "d_model": 16, "n_heads": 2, "n_layers": 1},
               "task": {"name": "copy", "train_length": 4, "alphabet_size": 4}, "seed": 0}
     save_final_weights(build_model(config["model"]), config, 0, symbols / "final.safetensors")
-    assert "task 'copy' is not a language model" in refused(str(symbols), "a b")
-    assert cli("export", str(symbols), "--to", "hf", str(tmp_path / "copy-export")).exit_code == 0
-    assert "a run of a symbol task exports none" in refused(str(tmp_path / "copy-export"), "a b")
+    assert "its vocabulary apart by whitespace: <pad> <bos> <eos> <sep> a b c d" in refused(str(symbols), "a z")
+    encoder = tmp_path / "copy-encoder"
+    encoder.mkdir()
+    config = {**config, "model": {**config["model"], "family": "encoder"}, "task": {**config["task"], "name": "reverse"}}
+    save_final_weights(build_model(config["model"]), config, 0, encoder / "final.safetensors")
+    assert "its model.family is 'encoder' (trained on 'reverse'); generate continues a prompt with a decoder" in refused(str(encoder), "a b")
 
     export = tmp_path / "export"
     assert cli("export", str(runs["bytes"]), "--to", "hf", str(export)).exit_code == 0

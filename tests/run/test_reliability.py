@@ -846,3 +846,15 @@ def test_a_malformed_progress_file_leaves_the_live_display_running(tmp_path, tex
         assert progress.progress.tasks[-1].completed == 4
     finally:
         progress.close()
+
+
+def test_a_stop_counts_the_seed_rounds_added_since_the_sweep_began(tmp_path):
+    """Adaptive seeds grow the sweep: the stop line counts against what it grew to, never '13 of 6'."""
+    from workbench.kinds import RunOptions
+    from workbench.run.runner import sweeping
+
+    with pytest.raises(stopping.RunInterrupted) as stopped:
+        with sweeping("grown", tmp_path, 6, RunOptions(quiet=True)) as (summary, _):
+            summary.skipped, summary.total = 13, 18  # 6 planned, then two rounds of seeds, 13 of them done
+            raise stopping.RunInterrupted("stopped at step 795")
+    assert "13 of 18 runs done and recorded" in str(stopped.value)

@@ -1,5 +1,5 @@
-"""`workbench export RUN --to hf OUT`: a finished run's saved model (and, for a text task, its
-tokenizer in the model's ids) as a Hugging Face transformers folder (docs/hf.md)."""
+"""`workbench export RUN --to hf OUT`: a finished run's saved model and its task's tokenizer in the
+model's ids as a Hugging Face transformers folder (docs/hf.md)."""
 
 from __future__ import annotations
 
@@ -10,13 +10,13 @@ from workbench.model.hf import architecture_for, import_transformers, to_hf
 from workbench.model.weights import load_final_model, make_task, refuse_non_finite
 from workbench.results import write_folder_atomically
 from workbench.run.store import run_folder_hint
-from workbench.tasks.model_tokenizer import TextTokens, transformers_tokenizer
+from workbench.tasks.model_tokenizer import transformers_tokenizer
 
 
 def export_hf(run_dir: str, out: str) -> str:
-    """Write the run's model to OUT with save_pretrained (config.json, safetensors weights) and,
-    for a text task, its tokenizer (tokenizer.json: model id = tokenizer id + 4, after <pad>
-    <bos> <eos> <sep>), whole or not at all (results.write_folder_atomically). The spec must map
+    """Write the run's model to OUT with save_pretrained (config.json, safetensors weights) and its
+    task's tokenizer in model ids (tokenizer.json, workbench.tasks.model_tokenizer: a text task's
+    id + 4 after <pad> <bos> <eos> <sep>, a symbol task's words), whole or not at all (results.write_folder_atomically). The spec must map
     to a reference architecture, or the first field that does not map is named before anything
     is written; non-finite weights are refused. Returns the line that says how to load it."""
     try:
@@ -26,16 +26,14 @@ def export_hf(run_dir: str, out: str) -> str:
     refuse_non_finite(model, run_dir)
     arch = architecture_for(model.spec)
     task = make_task(config)
-    tokenizer = transformers_tokenizer(task.model_tokenizer()) if isinstance(task, TextTokens) else None
+    tokenizer = transformers_tokenizer(task.model_tokenizer())
     hf_model = to_hf(model)
     import_transformers().utils.logging.disable_progress_bar()  # its writing bar is noise in a command's output
 
     def write(folder: Path) -> None:
         hf_model.save_pretrained(folder)
-        if tokenizer is not None:
-            tokenizer.save_pretrained(folder)
+        tokenizer.save_pretrained(folder)
 
     write_folder_atomically(out, write)
-    loads = f"AutoTokenizer and {arch.auto_class}" if tokenizer is not None else arch.auto_class
-    return (f"{out}: {arch.hf_class} ({arch.model_type}){' and its tokenizer' if tokenizer else ''}; load it with "
-            f"transformers.{loads}.from_pretrained({out!r})")
+    return (f"{out}: {arch.hf_class} ({arch.model_type}) and its tokenizer; load them with "
+            f"transformers.AutoTokenizer and {arch.auto_class}.from_pretrained({out!r})")

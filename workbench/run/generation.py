@@ -1,10 +1,11 @@
-"""`workbench generate FOLDER PROMPT`: a language model's continuation of a text prompt, from a
-finished run folder or from its export (`workbench export --to hf`), decoded as the text task's
-decoding metrics decode (workbench.model.sampling: greedy, or sampling with temperature, top-k,
+"""`workbench generate FOLDER PROMPT`: a decoder's continuation of a prompt, from a finished run
+folder or from its export (`workbench export --to hf`), decoded as the text task's decoding
+metrics decode (workbench.model.sampling: greedy, or sampling with temperature, top-k,
 top-p; the KV cache), until `max_new_tokens` or <eos>.
 
-A run folder's model reads text through its task's tokenizer in model ids
-(workbench.tasks.model_tokenizer). An export folder is read as transformers reads it
+A run folder's model reads the prompt through its task's tokenizer in model ids
+(workbench.tasks.model_tokenizer): text for a text task, the task's words apart by whitespace
+for a symbol task (a reversal decoder answers `<bos> a b c <sep>`). An export folder is read as transformers reads it
 (config.json, safetensors weights; never pickled weights, never code) with its tokenizer.json,
 and its model made a workbench model again (workbench.model.hf.from_hf), so that both continue
 through the same code; its config's eos and pad ids are used. The text is the prompt's tokens
@@ -28,7 +29,6 @@ from workbench.model.weights import load_final_model, make_task
 from workbench.results import FINAL_WEIGHTS, OLD_FINAL_WEIGHTS, check_regular
 from workbench.run.store import run_folder_hint
 from workbench.tasks import SPECIALS
-from workbench.tasks.model_tokenizer import TextTokens
 from workbench.tasks.tokens import HFTokenizer
 
 EXPORT_FILES = (".json", ".safetensors")  # what transformers reads from an export folder
@@ -64,7 +64,7 @@ def decoding(max_new_tokens: int, strategy: str = "greedy", temperature: float |
 
 def load_language_model(folder: str | Path) -> LanguageModel:
     """The model of a finished run folder or of an export folder; one WorkbenchError line for
-    anything else, or for a model that does not continue text."""
+    anything else, or for a model that is not a decoder."""
     folder = Path(folder)
     if not folder.is_dir():
         raise WorkbenchError(f"{folder}: no such folder (give a finished run folder, runs/<study>/runs/<run id>/, "
@@ -79,14 +79,10 @@ def load_language_model(folder: str | Path) -> LanguageModel:
 
 def run_language_model(folder: Path) -> LanguageModel:
     model, config = load_final_model(folder)
-    task_name = config["task"].get("name")
     if config["model"].get("family") != "decoder":
-        raise WorkbenchError(f"{folder}: a {config['model'].get('family')} trained on {task_name!r} is not a "
-                             "language model; generate continues text with a decoder of the text_lm task")
+        raise WorkbenchError(f"{folder}: its model.family is {config['model'].get('family')!r} (trained on "
+                             f"{config['task'].get('name')!r}); generate continues a prompt with a decoder")
     task = make_task(config)
-    if not isinstance(task, TextTokens):
-        raise WorkbenchError(f"{folder}: its task {task_name!r} is not a language model (its tokens are symbols, "
-                             "not text); generate continues text with a decoder of the text_lm task")
     return LanguageModel(model, task.model_tokenizer(), task.eos_id, task.pad_id)
 
 
@@ -95,9 +91,8 @@ def exported_language_model(folder: Path) -> LanguageModel:
         if path.suffix in EXPORT_FILES:
             check_regular(path)  # a link or FIFO is refused before transformers opens it
     if not check_regular(folder / "tokenizer.json"):
-        raise WorkbenchError(f"{folder}: an export without tokenizer.json: a run of a symbol task exports none (its "
-                             "tokens are not text); a text_lm run exported before exports held their tokenizer, "
-                             "export it again")
+        raise WorkbenchError(f"{folder}: an export without tokenizer.json (written before exports held their "
+                             "tokenizer); export the run again")
     transformers = import_transformers()
     transformers.utils.logging.disable_progress_bar()  # its loading bar is noise in a command's output
     try:
@@ -122,7 +117,11 @@ def generate(folder: str | Path, prompt: str, settings: GenerationConfig, seed: 
 
 def continue_text(lm: LanguageModel, prompt: str, settings: GenerationConfig, seed: int = 0) -> Continuation:
     """The model's continuation of `prompt` (sampling draws from a generator seeded with `seed`)."""
-    ids = lm.tokenizer.encode(prompt).ids
+    try:
+        ids = lm.tokenizer.encode(prompt).ids
+    except Exception as err:  # tokenizers raises a bare Exception, e.g. a word a word-level vocabulary lacks
+        raise WorkbenchError(f"PROMPT: {prompt!r} cannot be read by the model's tokenizer ({err}); a symbol task's "
+                             f"prompt is words of its vocabulary apart by whitespace: {known_words(lm.tokenizer)}") from None
     if not ids:
         raise WorkbenchError(f"PROMPT: {prompt!r} is no tokens to the model's tokenizer; give text to continue")
     settings = replace(settings, eos_id=lm.eos_id, pad_id=lm.pad_id)
@@ -133,3 +132,10 @@ def continue_text(lm: LanguageModel, prompt: str, settings: GenerationConfig, se
                              f"the model's positions ({err}): ask for fewer") from None
     new = out[0, len(ids):].tolist()
     return Continuation(lm.tokenizer.decode(ids + new, skip_special_tokens=True), ids, new)
+
+
+def known_words(tokenizer, shown: int = 40) -> str:
+    """The tokenizer's vocabulary by id, the first `shown` of them when it is longer."""
+    words = sorted(tokenizer.get_vocab(), key=tokenizer.token_to_id)
+    more = f" ... ({len(words)} in all)" if len(words) > shown else ""
+    return " ".join(words[:shown]) + more

@@ -310,7 +310,7 @@ def sweeping(study_name: str, out: Path, total: int, options: RunOptions,
     except stopping.RunInterrupted as err:
         done = summary.skipped + sum(summary.statuses.values())
         raise stopping.RunInterrupted(
-            f"stopped by {stopping.reason()}: {done} of {total} runs done and recorded in {out}; {err}; "
+            f"stopped by {stopping.reason()}: {done} of {summary.total} runs done and recorded in {out}; {err}; "
             "run the same command again to continue") from None
     finally:
         stopping.restore_handlers(handlers)

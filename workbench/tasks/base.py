@@ -184,6 +184,14 @@ class Task(Variant):
     def words_text(self, words: Sequence[str]) -> str:
         return " ".join(words)
 
+    def model_tokenizer(self):
+        """The tokenizer in model ids that `workbench generate` reads prompts with and `workbench
+        export` writes: a symbol task's words apart by whitespace (model_tokenizer.word_level); a
+        task of text pieces overrides it."""
+        from workbench.tasks.model_tokenizer import word_level  # it imports this module's SPECIALS
+
+        return word_level(self.vocab)
+
     # ---- what subclasses provide ------------------------------------------------------------
 
     def example(self, rng: np.random.Generator, length: int, training: bool) -> Example:

@@ -1,6 +1,11 @@
-"""A text task's tokenizer in the model's ids: what `workbench generate` encodes prompts with and
+"""A task's tokenizer in the model's ids: what `workbench generate` encodes prompts with and
 decodes continuations with, and what `workbench export --to hf` writes as tokenizer.json, so
 that `transformers.AutoTokenizer` reads and writes the ids the exported model was trained on.
+
+A symbol task's (copy, reverse, passkey, ...) is its vocabulary as a word-level tokenizer
+(`word_level`): its words apart by whitespace, as `Task.text_words` reads them, so a reversal
+decoder is prompted with `<bos> a b c <sep>` and answers `c b a <eos>`. A text task's
+(text_lm) is its `tokenizers` file in model ids, as follows.
 
 A model's vocabulary is the four special tokens (`SPECIALS`: <pad> 0, <bos> 1, <eos> 2, <sep> 3)
 followed by the tokenizer's ids: model id = tokenizer id + 4 (`Task._set_vocab`). The
@@ -21,7 +26,7 @@ what the task never trained on), as are padding and truncation settings.
 from __future__ import annotations
 
 import json
-from typing import Protocol, runtime_checkable
+from collections.abc import Sequence
 
 from workbench.errors import SpecError
 from workbench.model.hf_architecture import import_transformers
@@ -31,12 +36,22 @@ from workbench.tasks.tokens import ByteTokenizer, HFTokenizer
 ROLES = ("pad_token", "bos_token", "eos_token", "sep_token")  # transformers' names of SPECIALS, in order
 
 
-@runtime_checkable
-class TextTokens(Protocol):
-    """A task whose tokens are pieces of text (text_lm): its tokenizer in the model's ids."""
+def word_level(vocab: Sequence[str]):
+    """A symbol task's vocabulary (SPECIALS first, at ids 0..3) as a `tokenizers.Tokenizer`: each
+    whitespace-separated word is the token of that name, the specials are special tokens (also
+    matched without spaces around them, and skipped by `decode(..., skip_special_tokens=True)`),
+    and decoding joins the words with spaces. A word outside the vocabulary cannot be encoded
+    (there is no unknown token: the task never trained one)."""
+    from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
 
-    def model_tokenizer(self):
-        ...
+    spaced = next((word for word in vocab if not word or any(c.isspace() for c in word)), None)
+    if spaced is not None:
+        raise SpecError("task", f"its vocabulary word {spaced!r} is empty or holds whitespace, so a prompt "
+                        "of words apart by whitespace cannot name it")
+    tokenizer = Tokenizer(models.WordLevel(vocab={word: i for i, word in enumerate(vocab)}))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer.add_special_tokens([AddedToken(name, special=True, normalized=False) for name in vocab[:len(SPECIALS)]])
+    return tokenizer
 
 
 def byte_symbols() -> list[str]:
