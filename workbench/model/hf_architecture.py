@@ -10,7 +10,7 @@ from workbench.errors import SpecError, WorkbenchError
 from workbench.model.spec import ModelSpec
 from workbench.model.state_links import Link
 
-# The ids of the tasks' special tokens (workbench.tasks.base.SPECIALS: <pad>, <bos>, <eos>, <sep>),
+# The ids of the tasks' special tokens (workbench.tasks.tokens.SPECIALS: <pad>, <bos>, <eos>, <sep>),
 # declared in every exported config so that transformers pads, starts and stops with them.
 SPECIAL_IDS = dict(pad_token_id=0, bos_token_id=1, eos_token_id=2)
 

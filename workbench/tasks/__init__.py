@@ -14,7 +14,6 @@ A task plugin imports what it needs from here (`from workbench.tasks import Task
 from workbench.tasks.base import (
     FAMILIES,
     IGNORE,
-    SPECIALS,
     TRAIN_STREAM,
     Example,
     LengthRangeParams,
@@ -28,6 +27,7 @@ from workbench.tasks.base import (
 )
 from workbench.tasks.baselines import INPUT_IGNORING, ORDER_BLIND, PREFIX_AWARE, Consumed, blind_scores
 from workbench.tasks.metrics import METRICS, Tally, declared
+from workbench.tasks.tokens import SPECIALS
 from workbench.tasks.symbols import SymbolParams, SymbolTask, symbol_names
 
 __all__ = [

@@ -44,13 +44,14 @@ from workbench.errors import SpecError, WorkbenchError
 from workbench.results import EVAL, VALIDATION, Metric
 from workbench.tasks.baselines import INPUT_IGNORING, Consumed, counted_blind_scores
 from workbench.tasks.metrics import EVERY_TASK, Tally, declared, token_nll
+from workbench.tasks.model_tokenizer import word_level
+from workbench.tasks.tokens import SPECIALS
 from workbench.variants import Params, Variant
 
 FAMILIES = ("decoder", "encoder_decoder", "encoder")
 # Training refuses a task once over half of its first 256+ draws were held out (too small a space).
 HELD_SHARE_LIMIT, HELD_CHECK_DRAWS = 0.5, 256
 IGNORE = -100  # label of an encoder position that is not scored (torch's cross_entropy default)
-SPECIALS = ("<pad>", "<bos>", "<eos>", "<sep>")  # ids 0..3 in every built-in vocabulary
 
 # Seed streams: training and each held-out set draw from disjoint numpy SeedSequences.
 TRAIN_STREAM, EVAL_STREAM, SAMPLE_STREAM, VALID_STREAM = 0, 1, 2, 3
@@ -188,8 +189,6 @@ class Task(Variant):
         """The tokenizer in model ids that `workbench generate` reads prompts with and `workbench
         export` writes: a symbol task's words apart by whitespace (model_tokenizer.word_level); a
         task of text pieces overrides it."""
-        from workbench.tasks.model_tokenizer import word_level  # it imports this module's SPECIALS
-
         return word_level(self.vocab)
 
     # ---- what subclasses provide ------------------------------------------------------------

@@ -30,8 +30,7 @@ from collections.abc import Sequence
 
 from workbench.errors import SpecError
 from workbench.model.hf_architecture import import_transformers
-from workbench.tasks.base import SPECIALS
-from workbench.tasks.tokens import ByteTokenizer, HFTokenizer
+from workbench.tasks.tokens import SPECIALS, ByteTokenizer, HFTokenizer
 
 ROLES = ("pad_token", "bos_token", "eos_token", "sep_token")  # transformers' names of SPECIALS, in order
 

@@ -12,9 +12,10 @@ import numpy as np
 from pydantic import Field
 
 from workbench.results import Metric
-from workbench.tasks.base import SPECIALS, Example, LengthRangeParams, Task
+from workbench.tasks.base import Example, LengthRangeParams, Task
 from workbench.tasks.baselines import BASELINE_SEED, BASELINE_STRINGS, ORDER_BLIND, PREFIX_AWARE, blind_scores
 from workbench.tasks.metrics import declared
+from workbench.tasks.tokens import SPECIALS
 
 
 def symbol_names(n: int) -> list[str]:

@@ -50,6 +50,7 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeR
 from workbench.errors import SpecError, WorkbenchError, WorkbenchWarning, write_error
 from workbench.results import Count, check_regular, first_problem, load_json, read_regular, write_text_atomic
 
+SPECIALS = ("<pad>", "<bos>", "<eos>", "<sep>")  # model ids 0..3 in every built-in vocabulary
 SPLITS = ("train", "val")
 BATCH_BYTES = 8 << 20  # text tokenized between two progress records
 DATA_DIR_ENV = "WORKBENCH_DATA_DIR"
