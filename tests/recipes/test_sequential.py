@@ -272,6 +272,36 @@ def test_an_adaptive_study_adds_seeds_only_to_groups_of_undecided_comparisons(tm
     assert summary.total == len(runs) == 10
 
 
+def test_a_replication_runs_adaptive_seeds_from_its_start_on_ids_the_earlier_study_never_ran(tmp_path):
+    import torch
+    from click.testing import CliRunner
+
+    from workbench.api import run_study
+    from workbench.cli import main
+    from workbench.run.store import load_results
+    from workbench.study import load_study
+    from workbench.recipes.train.sweep import expand
+
+    earlier, replication = tmp_path / "earlier.yaml", tmp_path / "replication.yaml"
+    earlier.write_text(ADAPTIVE.replace("SEEDS", "{first: 2, max: 4}"))
+    replication.write_text(ADAPTIVE.replace("SEEDS", "{first: 2, max: 4, start: 100}"))
+    assert load_study(replication).study.run_defining()["seeds"] == {"first": 2, "max": 4, "start": 100}
+    assert {r.config["seed"] for r in expand(load_study(replication))} == {100, 101}
+    assert not {r.run_id for r in expand(load_study(earlier))} & {r.run_id for r in expand(load_study(replication))}
+    result = CliRunner().invoke(main, ["validate", str(replication)])
+    assert result.exit_code == 0 and "adaptive: up to 4 for groups of undecided comparisons; seed ids from 100" in result.output
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        run_study(replication, tmp_path / "out", quiet=True)
+    finally:
+        torch.set_num_threads(threads)
+    seeds = load_results(tmp_path / "out").groupby("model.position")["seed"].apply(sorted).to_dict()
+    # as in the study from seed 0 above: none and rope grow to the last look, alibi ends at the first
+    assert seeds == {"none": [100, 101, 102, 103], "rope": [100, 101, 102, 103], "alibi": [100, 101]}
+
+
 def test_adaptive_seeds_validate_and_the_schema_accepts_them(tmp_path):
     import json
 

@@ -47,11 +47,14 @@ class Expectation(StrictModel):
 
 class SeedPlan(StrictModel):
     """`seeds: {first: 3, max: 20}`: every group runs `first` seeds; groups in comparisons
-    still undecided get more, in rounds, up to `max` (workbench.recipes.train.sequential.LOOKS)."""
+    still undecided get more, in rounds, up to `max` (workbench.recipes.train.sequential.LOOKS).
+    `start` moves the seed ids, so that a study registered to replicate an earlier one runs on
+    seeds that one never ran (the same seeds would reproduce its numbers, not test them)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-    first: int = Field(ge=2, description="seeds every group runs (seed ids 0 .. first-1)")
+    first: int = Field(ge=2, description="seeds every group runs (seed ids start .. start+first-1)")
     max: int = Field(description="most seeds a group runs; each look tests at the alpha spent at it")
+    start: int = Field(0, ge=0, le=2**32 - 1000, description="the first seed id (default 0)")
 
     @model_validator(mode="after")
     def _ordered(self):
@@ -64,13 +67,19 @@ class SeedPlan(StrictModel):
     @property
     def seeds(self) -> list[int]:
         """Every seed a group may run, in order."""
-        return list(range(self.max))
+        return list(range(self.start, self.start + self.max))
+
+    @property
+    def first_seeds(self) -> list[int]:
+        """The seeds every group runs before the first look."""
+        return self.seeds[: self.first]
 
 
 SEEDS_JSON_SCHEMA = {
     "anyOf": [
         {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 2**32 - 1}, "minItems": 1},
-        {"type": "object", "properties": {"first": {"type": "integer", "minimum": 2}, "max": {"type": "integer"}},
+        {"type": "object", "properties": {"first": {"type": "integer", "minimum": 2}, "max": {"type": "integer"},
+                                          "start": {"type": "integer", "minimum": 0, "maximum": 2**32 - 1000}},
          "required": ["first", "max"], "additionalProperties": False,
          "description": "adaptive: every group runs `first` seeds; groups in undecided comparisons get more, up to `max`"},
     ],

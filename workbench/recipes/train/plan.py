@@ -247,7 +247,8 @@ def plan_scenario(title: str, comparisons: Sequence[Comparison], noise: dict[str
 def seeds_line(study, seeds: int) -> str:
     """The `seeds:` line of the study file for `seeds` per group (adaptive: its max, keeping first)."""
     if study.seed_plan is not None:
-        return f"seeds: {{first: {study.seed_plan.first}, max: {seeds}}}"
+        start = f", start: {study.seed_plan.start}" if study.seed_plan.start else ""
+        return f"seeds: {{first: {study.seed_plan.first}, max: {seeds}{start}}}"
     return f"seeds: [{', '.join(map(str, range(seeds)))}]"
 
 

@@ -52,7 +52,8 @@ class TrainKind(StudyKind):
         n_final = len(sweep_points(s)) * len(s.seeds)
         tuned = (f" (at values chosen by {len(tuning)} tuning runs = {len(sweep_points(s))} sweep points x "
                  f"{len(s.tune.points())} candidates x {s.tune.seeds} seeds)" if tuning else "")
-        seeds = (f"{len(s.seeds)} seeds (adaptive: up to {s.seed_plan.max} for groups of undecided comparisons)"
+        seeds = (f"{len(s.seeds)} seeds (adaptive: up to {s.seed_plan.max} for groups of undecided comparisons"
+                 f"{f'; seed ids from {s.seed_plan.start}' if s.seed_plan.start else ''})"
                  if s.seed_plan is not None else f"{len(s.seeds)} seeds")
         budget = s.train.budget
         steps_text = f"{', '.join(map(str, steps))} steps per run"

@@ -62,7 +62,7 @@ class TrainStudy(StudyBase):
                 plan = SeedPlan.model_validate(data["seeds"])
             except ValidationError as err:
                 raise unwrap(err, "seeds") from None
-            return {**data, "seeds": list(range(plan.first)), "seed_plan": plan}
+            return {**data, "seeds": plan.first_seeds, "seed_plan": plan}
         return data
 
     @property
@@ -162,7 +162,8 @@ class TrainStudy(StudyBase):
 
     def run_defining(self) -> dict[str, Any]:
         train = TrainConfig.defining(self.train.model_dump())
-        seeds = self.seed_plan.model_dump() if self.seed_plan is not None else self.seeds
+        # exclude_defaults: a plan from seed 0 keeps the hash it had before `start` existed
+        seeds = self.seed_plan.model_dump(exclude_defaults=True) if self.seed_plan is not None else self.seeds
         out = {"kind": self.kind, "task": self.task, "model": self.model, "train": train,
                "seeds": seeds, "sweep": self.sweep.model_dump()}
         if self.tune is not None:  # absent otherwise: an untuned study keeps the hash it always had

@@ -73,7 +73,8 @@ def seeds_text(r: TrainResults) -> str:
         return f"seeds {', '.join(map(str, r.runs.study.seeds))}"
     looks = LOOKS.looks(plan.first, plan.max)
     alphas = ", ".join(fmt(a) for a in LOOKS.alphas(looks))
-    return (f"adaptive seeds: {plan.first} per group, more for groups of undecided comparisons up to {plan.max} "
+    ids = f" (seed ids from {plan.start})" if plan.start else ""
+    return (f"adaptive seeds: {plan.first} per group{ids}, more for groups of undecided comparisons up to {plan.max} "
             f"(looks at {', '.join(map(str, looks))} seeds, each at the alpha a Pocock-type spending function "
             f"adds there: {alphas})")
 
