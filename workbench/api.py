@@ -59,12 +59,12 @@ def write_report(out_dir: str | Path, reports_dir: str | Path = "reports", *, pi
     info = load_study_info(out_dir)
     study = study_of(info)
     final = report_destination(Path(reports_dir), study.name)
-    with_data = with_data or out_dir.resolve() == (final / DATA_DIR).resolve()  # rebuilt from its own data: keep it
+    own = out_dir.resolve() == (final / DATA_DIR).resolve()  # rebuilt from its own data: keep it
 
     def build(dest: Path) -> None:
         build_report(out_dir, info, study, dest, pictures)
-        if with_data:
-            ship_data(out_dir, dest / DATA_DIR)
+        if with_data or own:
+            ship_data(out_dir, dest / DATA_DIR, own=own)
 
     build_then_swap(final, build)
     return final / "index.html"

@@ -30,11 +30,16 @@ def test_a_report_with_its_data_rebuilds_from_that_data_alone(tmp_path, monkeypa
     shutil.copytree(tmp_path / "reports", clone / "reports")
     shutil.rmtree(tmp_path / "out")
     monkeypatch.chdir(clone)
+    shipped_store = (clone / "reports" / "tiny" / "data" / "results.db").read_bytes()
     result = CliRunner().invoke(main, ["report", "reports/tiny/data"])
     assert result.exit_code == 0, result.output
     after = json.loads((clone / "reports" / "tiny" / "summary.json").read_text())
     assert after["verdicts"] == before["verdicts"] and after["first_result"] == before["first_result"]
-    assert (clone / "reports" / "tiny" / "data" / "results.db").is_file()  # rebuilt in place, its data kept
+    # rebuilt in place, its data kept byte for byte: a committed store does not change when no row did
+    assert (clone / "reports" / "tiny" / "data" / "results.db").read_bytes() == shipped_store
+    # training it again goes to runs/, never into the shipped store
+    reproduce = (clone / "reports" / "tiny" / "report.md").read_text()
+    assert "--out runs/tiny\nworkbench report runs/tiny\nworkbench report reports/tiny/data" in reproduce
     assert any(p.name.startswith("attention_") for p in (clone / "reports" / "tiny" / "figures").iterdir())
     # a link planted in the report folder is refused before anything is written: nothing outside is touched
     victim = tmp_path / "victim"

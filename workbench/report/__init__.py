@@ -34,6 +34,7 @@ from pydantic import ValidationError
 
 from workbench import stopping
 from workbench.run import store
+from workbench.run.store_schema import side_files
 from workbench.run.folder import refuse_links
 from workbench.results import CONFIG_FILE, FINAL_WEIGHTS, Status, check_regular, git_commit, open_regular
 from workbench.results import short_commit
@@ -95,12 +96,17 @@ def timing_caveat(records: Sequence[Mapping[str, Any]], overlap: bool = True) ->
 
 
 def reproduce_command(info: Mapping[str, Any], out_dir: Path) -> str:
+    """The commands that train the study again and report it. A report rebuilt from its shipped
+    data (REPORT/data) trains into runs/<name>, never into the shipped store, and names the
+    rebuild beside it."""
     source = info.get("source") or f"<the study file of {info.get('name', 'this study')}>"
     profile = info.get("profile")
     overrides = info.get("overrides") or []
     sets = "".join(f" --set {shlex.quote(text)}" for text in overrides)
-    run = f"workbench run {source}" + (f" --profile {profile}" if profile else "") + sets + f" --out {out_dir}"
-    return f"{run}\nworkbench report {out_dir}"
+    trained = Path("runs") / str(info.get("name")) if out_dir.name == DATA_DIR else out_dir
+    run = f"workbench run {source}" + (f" --profile {profile}" if profile else "") + sets + f" --out {trained}"
+    rebuild = f"\nworkbench report {out_dir}  # or: this report again, from its shipped data" if trained != out_dir else ""
+    return f"{run}\nworkbench report {trained}{rebuild}"
 
 
 def write_files(report: Report, results: pd.DataFrame, dest: Path) -> Path:
@@ -191,14 +197,23 @@ def build_then_swap(final: Path, build: Callable[[Path], None]) -> None:
 DATA_DIR = "data"  # in a report folder: the store it was built from, `workbench report` reads it again
 
 
-def ship_data(out_dir: Path, dest: Path) -> None:
+def ship_data(out_dir: Path, dest: Path, own: bool = False) -> None:
     """The data behind a report, compact enough to commit beside it: the results store (runs,
     curves, metrics, provenance; its rows copied into a fresh store, store.copy_store, so a
     received store's schema never travels) and, of each variant, the final weights the pictures
     load (its finished run with the lowest seed), read as regular files inside its run folder.
-    `workbench report DEST` rebuilds the report from it in a fresh clone."""
+    `workbench report DEST` rebuilds the report from it in a fresh clone. `own`: the report is
+    rebuilt from this very data (REPORT/data), whose store the build has just read and so
+    checked (store_schema.check_schema): it is kept byte for byte, as a copy of its rows
+    would lay out every page anew and change a committed file although no row changed (not
+    when its WAL side file holds writes the store file lacks; reading it leaves an empty one)."""
     dest.mkdir(parents=True)
-    store.copy_store(out_dir, dest)
+    db = out_dir / store.DB_FILE
+    wal = side_files(db)[0]
+    if own and (not os.path.lexists(wal) or (check_regular(wal) and os.lstat(wal).st_size == 0)):
+        copy_regular(db, dest / store.DB_FILE)
+    else:
+        store.copy_store(out_dir, dest)
     finished = [r for r in store.Store(out_dir, create=False).runs() if r["status"] == Status.FINISHED]
     lowest: dict[str, dict[str, Any]] = {}
     for r in sorted(finished, key=lambda r: r["seed"]):
@@ -209,8 +224,13 @@ def ship_data(out_dir: Path, dest: Path) -> None:
         for name in (FINAL_WEIGHTS, CONFIG_FILE):
             if check_regular(folder / name):  # a link or FIFO planted there is refused, never followed
                 kept.mkdir(parents=True, exist_ok=True)
-                with open_regular(folder / name) as source, open(kept / name, "xb") as target:
-                    shutil.copyfileobj(source, target)
+                copy_regular(folder / name, kept / name)
+
+
+def copy_regular(source: Path, target: Path) -> None:
+    """`source`, a regular file (never through a link), into a new file `target`."""
+    with open_regular(source) as src, open(target, "xb") as dst:
+        shutil.copyfileobj(src, dst)
 
 
 def report_destination(reports_dir: Path, name: str) -> Path:
