@@ -50,3 +50,28 @@ def test_a_report_with_its_data_rebuilds_from_that_data_alone(tmp_path, monkeypa
     refused = CliRunner().invoke(main, ["report", "reports/tiny/data"])
     assert refused.exit_code == 2 and "figures is a symbolic link" in refused.output, refused.output
     assert len(refused.output.splitlines()) == 1 and (victim / "keep.png").read_text() == "keep"
+
+
+def test_a_text_report_rebuilds_without_its_corpus_leaving_out_only_the_pictures(tmp_path, monkeypatch):
+    """A clone on a machine without the study's corpus: the attention pictures need the task's
+    text and are left out with one line each; every verdict and table comes from the store."""
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for i in range(6):
+        (corpus / f"doc{i}.txt").write_text(f"document {i}: " + "the cat sat on the mat and looked at it. " * 40)
+    study = tmp_path / "lm.yaml"
+    study.write_text(f"name: lm\ntask: {{name: text_lm, train_length: 16, n_eval: 4, path: {corpus}, decode_samples: 0}}\n"
+                     "model: {d_model: 16, n_layers: 1, n_heads: 2}\ntrain: {steps: 2, batch_size: 2}\nseeds: [0]\n")
+    run_study(study, tmp_path / "out", quiet=True)
+    shipped = CliRunner().invoke(main, ["report", str(tmp_path / "out"), "--out", str(tmp_path / "reports"), "--with-data"])
+    assert shipped.exit_code == 0, shipped.output
+    before = json.loads((tmp_path / "reports" / "lm" / "summary.json").read_text())
+    assert "attention_" in (tmp_path / "reports" / "lm" / "report.md").read_text()
+
+    shutil.rmtree(corpus)
+    monkeypatch.chdir(tmp_path)
+    rebuilt = CliRunner().invoke(main, ["report", "reports/lm/data"])
+    assert rebuilt.exit_code == 0, rebuilt.output
+    md = (tmp_path / "reports" / "lm" / "report.md").read_text()
+    assert "no attention pictures: its task cannot be made here (task.path: no such file" in md
+    assert json.loads((tmp_path / "reports" / "lm" / "summary.json").read_text())["runs"] == before["runs"]

@@ -20,6 +20,7 @@ For each variant, the finished run with the lowest seed is loaded (no training h
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -29,9 +30,10 @@ import pandas as pd
 import torch
 from torch import Tensor
 
+from workbench.errors import WorkbenchError
 from workbench.model.transformer import record_attention
 from workbench.model.position import PositionScheme
-from workbench.report import figures
+from workbench.report import ReportSkipWarning, figures
 from workbench.report.document import Figure, Item, Paragraph, Table, fmt
 from workbench.report.sweep_points import Variants
 from workbench.model.weights import load_final_model, make_task
@@ -120,7 +122,12 @@ class ModelPictures:
                 items.append(Paragraph(f"{variant}: no final weights in {folder.name} (trained before they were kept?)."))
                 continue
             torch.manual_seed(0)
-            task = self.make_task(config)
+            try:
+                task = self.make_task(config)
+            except WorkbenchError as err:  # e.g. a text task whose corpus is not on this machine
+                warnings.warn(f"{variant}: no attention pictures ({err})", ReportSkipWarning, stacklevel=2)
+                items.append(Paragraph(f"{variant}: no attention pictures: its task cannot be made here ({err})."))
+                continue
             family = config["model"]["family"]
             caption_run = f"{variant}, seed {int(run['seed'])}"
             items += self.attention_items(model, task, family, dest, variant, caption_run)
