@@ -140,11 +140,15 @@ def test_the_budget_ledger_prices_each_decided_verdict_in_cpu_minutes(tmp_path):
     ran("describes", [], [120.0])  # 2 min
     ran("undecided", [("inconclusive", True), ("does not hold", False)], [240.0, 240.0, 240.0])  # 12 min
     ran("old", [("holds", True)], [None])
+    # "undecided" was issued under an earlier rule: it counts in the table's total, not in the current rule's
+    earlier = json.loads((reports / "undecided" / "summary.json").read_text())
+    (reports / "undecided" / "summary.json").write_text(json.dumps({**earlier, "rule": "2026-12-01: an earlier rule"}))
     ledger = build_index(studies, reports).split("## Budget ledger")[1].split("\n## ")[0]
     rows = [line for line in ledger.splitlines() if line.startswith("| ")]
     assert rows[1:] == ["| decides | 10.0 | 2 of 3 | 5.0 |",
                         "| describes | 2.0 | 0 of 0 | — |",
                         "| old | not recorded | 1 of 1 | – |",
                         "| undecided | 12.0 | 0 of 2 | — |",
-                        "| **total (3 studies)** | **24.0** | **2 of 5** | **12.0** |"]
+                        "| **total (3 studies)** | **24.0** | **2 of 5** | **12.0** |",
+                        "| **issued under the current rule (2 studies)** | **12.0** | **2 of 3** | **6.0** |"]
     assert "Left out of the total: old" in ledger

@@ -225,6 +225,7 @@ class Spend:
     cpu_s: float | None  # CPU seconds its runs spent (summary.json's run_cpu_s); None: not recorded
     asked: int  # verdicts its `expect:` entries ask
     decided: int  # of them, outcomes that conclude about the claim (holds, does not hold, equivalent)
+    current: bool = False  # issued under today's VERDICT_RULE (re-issued, or first issued, since it)
 
 
 def decides(verdict: dict[str, Any]) -> bool:
@@ -234,7 +235,8 @@ def decides(verdict: dict[str, Any]) -> bool:
 
 
 def study_spend(name: str, summary: dict[str, Any]) -> Spend:
-    return Spend(name, summary.get("run_cpu_s"), len(summary["verdicts"]), sum(map(decides, summary["verdicts"])))
+    return Spend(name, summary.get("run_cpu_s"), len(summary["verdicts"]), sum(map(decides, summary["verdicts"])),
+                 summary.get("rule") == VERDICT_RULE)
 
 
 def per_decided(cpu_s: float, decided: int) -> str:
@@ -244,18 +246,23 @@ def per_decided(cpu_s: float, decided: int) -> str:
 
 def ledger_section(spends: Sequence[Spend]) -> list[str]:
     """The budget ledger: per study that ran, its CPU minutes, verdicts decided of asked and CPU
-    minutes per decided verdict; the total over the table. CPU time, not wall time times cores:
-    a run that waited for a busy machine spent nothing meanwhile. A study that recorded no CPU
-    time is listed and left out of the total, which says so."""
+    minutes per decided verdict; the total over the table, and over the studies issued under
+    the current rule (what the table costs as it is re-issued). CPU time, not wall time times
+    cores: a run that waited for a busy machine spent nothing meanwhile. A study that recorded
+    no CPU time is listed and left out of the totals, which say so."""
     if not spends:
         return []
     counted = [s for s in spends if s.cpu_s is not None]
     rows = [[s.study, "not recorded" if s.cpu_s is None else f"{s.cpu_s / 60:.1f}", f"{s.decided} of {s.asked}",
              "–" if s.cpu_s is None else per_decided(s.cpu_s, s.decided)] for s in spends]
-    cpu, decided, asked = (sum(s.cpu_s for s in counted), sum(s.decided for s in counted),
-                           sum(s.asked for s in counted))
-    rows.append([f"**total ({len(counted)} studies)**", f"**{cpu / 60:.1f}**", f"**{decided} of {asked}**",
-                 f"**{per_decided(cpu, decided)}**"])
+
+    def total(title: str, of: Sequence[Spend]) -> list[str]:
+        cpu, decided, asked = sum(s.cpu_s for s in of), sum(s.decided for s in of), sum(s.asked for s in of)
+        return [f"**{title} ({len(of)} studies)**", f"**{cpu / 60:.1f}**", f"**{decided} of {asked}**",
+                f"**{per_decided(cpu, decided)}**"]
+
+    rows.append(total("total", counted))
+    rows.append(total("issued under the current rule", [s for s in counted if s.current]))
     header = ["study", "CPU min", "verdicts decided of asked", "CPU min per decided verdict"]
     lines = [
         "## Budget ledger",
@@ -264,8 +271,9 @@ def ledger_section(spends: Sequence[Spend]) -> list[str]:
         "processes, as the results store records it, summed over the study's runs, tuning runs included), the "
         f"verdicts it decided (**{Outcome.HOLDS}**, **{Outcome.DOES_NOT_HOLD}** or **{Outcome.EQUIVALENT}**, "
         "counting one that tests its claim) of those its `expect:` entries ask, and the CPU minutes per decided "
-        "verdict (—: none decided). A study without `expect:` spends minutes and decides nothing; the total "
-        "counts both.",
+        "verdict (—: none decided). A study without `expect:` spends minutes and decides nothing; the totals "
+        "count both. The last row counts only the studies whose report was issued under the current rule "
+        "(the rule each report prints under its Verdicts).",
         "",
         "| " + " | ".join(header) + " |",
         "|---|--:|--:|--:|",
