@@ -75,3 +75,19 @@ def test_a_text_report_rebuilds_without_its_corpus_leaving_out_only_the_pictures
     md = (tmp_path / "reports" / "lm" / "report.md").read_text()
     assert "no attention pictures: its task cannot be made here (task.path: no such file" in md
     assert json.loads((tmp_path / "reports" / "lm" / "summary.json").read_text())["runs"] == before["runs"]
+
+
+def test_shipped_data_keeps_no_weights_of_tuning_runs(tmp_path):
+    """The pictures load each variant's final run with the lowest seed: a tuning run's weights
+    (one per candidate value) would only make the committed data larger."""
+    tiny = (Path(__file__).resolve().parents[2] / "studies" / "tiny.yaml").read_text()
+    study = tmp_path / "tuned.yaml"
+    study.write_text(tiny.replace("train: {steps: 30,", "tune: {train.lr: [1.0e-3, 3.0e-3], metric: loss@8, seeds: 1}\n"
+                                  "train: {steps: 30,"))
+    run_study(study, tmp_path / "out", quiet=True)
+    result = CliRunner().invoke(main, ["report", str(tmp_path / "out"), "--out", str(tmp_path / "reports"), "--with-data"])
+    assert result.exit_code == 0, result.output
+    weights = list((tmp_path / "reports" / "tiny" / "data").rglob("final.safetensors"))
+    assert len(weights) == 2  # one per variant: none, rope; not the 4 tuning runs
+    configs = [json.loads((w.parent / "config.json").read_text()) for w in weights]
+    assert all(c.get("split") != "validation" for c in configs)

@@ -36,8 +36,8 @@ from workbench import stopping
 from workbench.run import store
 from workbench.run.store_schema import side_files
 from workbench.run.folder import refuse_links
-from workbench.results import CONFIG_FILE, FINAL_WEIGHTS, Status, check_regular, git_commit, open_regular
-from workbench.results import short_commit
+from workbench.results import CONFIG_FILE, FINAL, FINAL_WEIGHTS, Status, check_regular, git_commit, open_regular
+from workbench.results import run_stage, short_commit
 from workbench.errors import WorkbenchError, WorkbenchWarning
 from workbench.kinds import study_kinds
 from workbench import registry
@@ -201,7 +201,8 @@ def ship_data(out_dir: Path, dest: Path, own: bool = False) -> None:
     """The data behind a report, compact enough to commit beside it: the results store (runs,
     curves, metrics, provenance; its rows copied into a fresh store, store.copy_store, so a
     received store's schema never travels) and, of each variant, the final weights the pictures
-    load (its finished run with the lowest seed), read as regular files inside its run folder.
+    load (its finished run with the lowest seed, not a tuning run), read as regular files inside
+    its run folder.
     `workbench report DEST` rebuilds the report from it in a fresh clone. `own`: the report is
     rebuilt from this very data (REPORT/data), whose store the build has just read and so
     checked (store_schema.check_schema): it is kept byte for byte, as a copy of its rows
@@ -214,7 +215,8 @@ def ship_data(out_dir: Path, dest: Path, own: bool = False) -> None:
         copy_regular(db, dest / store.DB_FILE)
     else:
         store.copy_store(out_dir, dest)
-    finished = [r for r in store.Store(out_dir, create=False).runs() if r["status"] == Status.FINISHED]
+    finished = [r for r in store.Store(out_dir, create=False).runs()  # tuning runs draw no picture
+                if r["status"] == Status.FINISHED and run_stage(r["config"]) == FINAL]
     lowest: dict[str, dict[str, Any]] = {}
     for r in sorted(finished, key=lambda r: r["seed"]):
         lowest.setdefault(json.dumps(r["swept"], sort_keys=True), r)
