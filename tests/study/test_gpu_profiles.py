@@ -19,7 +19,7 @@ from workbench.recipes.train.sweep import expand, point_key, tuning_runs
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = sorted((ROOT / "studies").glob("*.yaml"))
 # Studies about numerics: their gpu profile keeps full float32, with a comment saying why.
-FULL_FLOAT32 = {"attention-scaling-factor", "attention-scaling-lr"}
+FULL_FLOAT32 = {"attention-scaling-factor", "attention-scaling-lr", "attention-scaling-replication"}
 
 
 @pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.stem)
