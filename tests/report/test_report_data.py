@@ -91,3 +91,13 @@ def test_shipped_data_keeps_no_weights_of_tuning_runs(tmp_path):
     assert len(weights) == 2  # one per variant: none, rope; not the 4 tuning runs
     configs = [json.loads((w.parent / "config.json").read_text()) for w in weights]
     assert all(c.get("split") != "validation" for c in configs)
+
+
+def test_only_a_reports_own_data_folder_reproduces_into_runs():
+    from workbench.report import reproduce_command
+
+    info = {"name": "tiny", "source": "studies/tiny.yaml"}
+    shipped = reproduce_command(info, Path("reports/tiny/data"))
+    assert shipped.startswith("workbench run studies/tiny.yaml --out runs/tiny\nworkbench report runs/tiny\n")
+    # a user's own run folder that happens to be called data is where the study trains again
+    assert reproduce_command(info, Path("data")) == "workbench run studies/tiny.yaml --out data\nworkbench report data"

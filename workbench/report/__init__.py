@@ -103,9 +103,10 @@ def reproduce_command(info: Mapping[str, Any], out_dir: Path) -> str:
     profile = info.get("profile")
     overrides = info.get("overrides") or []
     sets = "".join(f" --set {shlex.quote(text)}" for text in overrides)
-    trained = Path("runs") / str(info.get("name")) if out_dir.name == DATA_DIR else out_dir
+    shipped = out_dir.name == DATA_DIR and out_dir.parent.name == str(info.get("name"))  # REPORTS/<name>/data
+    trained = Path("runs") / str(info.get("name")) if shipped else out_dir
     run = f"workbench run {source}" + (f" --profile {profile}" if profile else "") + sets + f" --out {trained}"
-    rebuild = f"\nworkbench report {out_dir}  # or: this report again, from its shipped data" if trained != out_dir else ""
+    rebuild = f"\nworkbench report {out_dir}  # or: this report again, from its shipped data" if shipped else ""
     return f"{run}\nworkbench report {trained}{rebuild}"
 
 

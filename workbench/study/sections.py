@@ -54,7 +54,8 @@ class SeedPlan(StrictModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     first: int = Field(ge=2, description="seeds every group runs (seed ids start .. start+first-1)")
     max: int = Field(description="most seeds a group runs; each look tests at the alpha spent at it")
-    start: int = Field(0, ge=0, le=2**32 - 1000, description="the first seed id (default 0)")
+    # below 2^31 less room for max and tuning seeds: the pilot's seeds (recipes.train.plan) start there
+    start: int = Field(0, ge=0, le=2**31 - 2000, description="the first seed id (default 0)")
 
     @model_validator(mode="after")
     def _ordered(self):
@@ -79,7 +80,7 @@ SEEDS_JSON_SCHEMA = {
     "anyOf": [
         {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 2**32 - 1}, "minItems": 1},
         {"type": "object", "properties": {"first": {"type": "integer", "minimum": 2}, "max": {"type": "integer"},
-                                          "start": {"type": "integer", "minimum": 0, "maximum": 2**32 - 1000}},
+                                          "start": {"type": "integer", "minimum": 0, "maximum": 2**31 - 2000}},
          "required": ["first", "max"], "additionalProperties": False,
          "description": "adaptive: every group runs `first` seeds; groups in undecided comparisons get more, up to `max`"},
     ],

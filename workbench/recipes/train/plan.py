@@ -2,7 +2,7 @@
 
 1. The pilot: the study itself with `pilot` seeds (1 or 2) per group, under the name
    <name>-pilot in its own folder (runs/<name>-pilot/), at seeds from PILOT_SEED = 2^31 up, which
-   the study never runs (its seeds are 0 .. max-1 of at most 1000, its tuning seeds just past
+   the study never runs (its seeds are start .. start+max-1, below 2^31, its tuning seeds just past
    them): no pilot run can stand in for a run of the study or enter its verdicts. A second plan
    resumes the pilot; a tuned study's pilot tunes too, as the study will.
 2. The noise, per comparison the pilot's SD of the paired per-seed differences (what the rule's
