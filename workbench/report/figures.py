@@ -1,7 +1,9 @@
 """The figures of a report: plain functions from tidy DataFrames to PNG files.
 
 Every figure is drawn with the Agg backend (no display) and saved without a creation date or
-software version, so regenerating a report gives byte-identical PNGs. One palette, keyed by
+software version, so regenerating a report gives byte-identical PNGs. They are saved with a
+palette of 256 colours (a colormap has 256 entries), about a third of the bytes of full colour:
+reports ship in the repository, figures and all. One palette, keyed by
 variant label, is passed to every figure of a report: a variant keeps its colour throughout.
 Bands are the same 95% t intervals over seeds as the tables (stats.mean_ci), not bootstraps.
 """
@@ -9,6 +11,7 @@ Bands are the same 95% t intervals over seeds as the tables (stats.mean_ci), not
 from __future__ import annotations
 
 import functools
+import io
 import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
@@ -27,6 +30,7 @@ import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 from matplotlib import font_manager  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
+from PIL import Image  # noqa: E402
 
 from workbench.report.document import fmt_bytes  # noqa: E402
 from workbench.report.intervals import mean_ci  # noqa: E402
@@ -38,8 +42,6 @@ P = ParamSpec("P")
 R = TypeVar("R")
 Palette = Mapping[str, tuple[float, float, float]]
 DPI = 110
-# PNG metadata matplotlib would otherwise write: its version, which changes between installs.
-PNG_METADATA = {"Software": None}
 
 
 def styled(draw: Callable[P, R]) -> Callable[P, R]:
@@ -135,8 +137,14 @@ def byte_unit(largest: float) -> tuple[float, str]:
 
 def save(fig: Figure, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=DPI, metadata=PNG_METADATA)  # constrained layout already fits the labels
+    rendered = io.BytesIO()
+    fig.savefig(rendered, format="png", dpi=DPI)  # constrained layout already fits the labels
     plt.close(fig)
+    # Pillow writes no metadata of its own (matplotlib's would name its version); no dithering,
+    # so flat areas and lines keep one colour each.
+    with Image.open(rendered) as image:
+        image.convert("RGB").quantize(256, method=Image.Quantize.MEDIANCUT, dither=Image.Dither.NONE) \
+            .save(path, format="PNG", optimize=True)
     return path
 
 
