@@ -247,17 +247,26 @@ def validate_command(study: str, profile: str | None, overrides: tuple[str, ...]
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
               help="override a study field (after --profile), as in `run`; repeatable")
 @click.option("--quiet", is_flag=True, help="no progress bar while the pilot trains: one plain line per run")
+@click.option("--from", "stored", default=None, metavar="FOLDER",
+              help="plan from an earlier issue of the study instead of a pilot: the runs in FOLDER (its run "
+                   "folder, or a report's shipped REPORTS/NAME/data), their noise and CPU seconds; nothing trains")
 def plan_command(study: str, pilot_seeds: int, effect: float | None, effect_sd: float | None, out: str | None,
-                 jobs: int, fresh: bool, profile: str | None, overrides: tuple[str, ...], quiet: bool) -> None:
+                 jobs: int, fresh: bool, profile: str | None, overrides: tuple[str, ...], quiet: bool,
+                 stored: str | None) -> None:
     """Train a pilot of STUDY (1 or 2 seeds per group, in a folder of its own, never read by a
-    verdict) and print per `expect:` entry the seeds and CPU minutes its margin or --effect needs
-    with 80% power (or what the study's seeds detect), and the `seeds:` line to register."""
+    verdict), or read an earlier issue's runs (--from), and print per `expect:` entry the seeds
+    and CPU minutes its margin or --effect needs with 80% power (or what the study's seeds
+    detect), and the `seeds:` line to register."""
     with stopping.immediate(stopping.BEFORE_START if OWN_PROCESS else None):
         from workbench.api import run_pilot
-        from workbench.recipes.train.plan import check_effect, plan_lines
+        from workbench.recipes.train.plan import check_effect, plan_lines, stored_pilot
 
         check_effect(effect, effect_sd)
-        pilot = run_pilot(study, pilot_seeds, out, profile, overrides, jobs, fresh, quiet)
+        if stored is not None and (out is not None or fresh):
+            raise SpecError("--from", f"{'--out' if out is not None else '--fresh'} names a pilot to train; with "
+                            "--from the plan reads the stored runs and trains nothing")
+        pilot = (stored_pilot(study, stored, profile, overrides) if stored is not None
+                 else run_pilot(study, pilot_seeds, out, profile, overrides, jobs, fresh, quiet))
     with stopping.immediate(f"after the pilot: its runs are recorded in {pilot.out}, and the same command plans "
                             "from them without training again" if OWN_PROCESS else None):
         lines = plan_lines(pilot, effect, effect_sd)

@@ -78,6 +78,7 @@ def test_one_pilot_seed_plans_the_cost_only(study):
     (["--effect", "-0.1"], "error: --effect: -0.1: a true difference to plan for is a positive number"),
     (["--out", "runs/tiny"], "error: --out: runs/tiny is the study's own folder"),
     (["--pilot-seeds", "3"], "'--pilot-seeds': 3 is not in the range 1<=x<=2"),
+    (["--from", "elsewhere", "--fresh"], "error: --from: --fresh names a pilot to train; with --from the plan reads"),
 ])
 def test_bad_arguments_are_one_line_before_anything_trains(study, args, message):
     result = CliRunner().invoke(main, ["plan", "tiny.yaml", *args])
@@ -91,3 +92,39 @@ def test_a_study_without_expect_entries_has_nothing_to_plan(study):
     assert result.exit_code == 2 and not (study / "runs").exists()
     assert result.output.strip() == ("error: bare.yaml: the study has no `expect:` entries, so there are no verdicts "
                                      "to plan seeds for; `workbench validate` says what it runs")
+
+
+def test_a_plan_from_an_earlier_issue_reads_its_stored_runs_and_trains_nothing(study):
+    assert CliRunner().invoke(main, ["run", "tiny.yaml", "--quiet"]).exit_code == 0
+    before = sorted(p.name for p in (study / "runs").iterdir())
+    result = CliRunner().invoke(main, ["plan", "tiny.yaml", "--from", "runs/tiny", "--set", "seeds={first: 2, max: 6}"])
+    assert result.exit_code == 0, result.output
+    assert sorted(p.name for p in (study / "runs").iterdir()) == before  # no pilot folder, nothing trained
+    out = result.output
+    assert re.search(r"^tiny: a plan from the runs stored in runs/tiny: 9 runs, up to 3 seeds per group, [\d.]+ CPU min "
+                     r"when they ran; nothing trained$", out, re.M)
+    # 2 comparisons of accuracy@4, 3 paired seeds each: 4 degrees of freedom (a 2-seed pilot gives 2)
+    assert re.search(r"noise: .* accuracy@4 [\d.]+ \(4 df\); the plan reads the stored runs' noise only", out)
+    assert "Noise as the stored runs measured it" in out
+    assert re.search(r"the study as written \(seeds: \{first: 2, max: 6\}\): 6 to 18 runs", out)
+    assert re.search(r"to register before the real runs .*\):\nseeds: \{first: 2, max: \d+\}\n$", out)
+
+
+def test_a_plan_from_stored_runs_of_another_study_or_sweep_is_one_line(study):
+    (study / "other.yaml").write_text(STUDY.replace("name: tiny", "name: other")
+                                      .replace("[none, rope, alibi]", "[none, rope]").split("  - {metric: accuracy@4, better: alibi")[0])
+    assert CliRunner().invoke(main, ["run", "other.yaml", "--quiet"]).exit_code == 0
+    other = CliRunner().invoke(main, ["plan", "tiny.yaml", "--from", "runs/other"])
+    assert other.exit_code == 2 and other.output.strip() == (
+        "error: --from: runs/other holds the runs of study 'other', not 'tiny': a plan reads an earlier issue of the "
+        "same study (its run folder, or REPORTS/NAME/data)")
+    # the same study, run with one group fewer: the plan cannot price or measure the missing one
+    (study / "narrow.yaml").write_text((study / "other.yaml").read_text().replace("name: other", "name: tiny"))
+    assert CliRunner().invoke(main, ["run", "narrow.yaml", "--quiet", "--out", "narrow"]).exit_code == 0
+    narrow = CliRunner().invoke(main, ["plan", "tiny.yaml", "--from", "narrow"])
+    assert narrow.exit_code == 2 and narrow.output.strip() == (
+        "error: --from: narrow has no finished run of position=alibi: a plan from stored runs needs every group of "
+        "the study's sweep (without --from, a pilot trains them)")
+    missing = CliRunner().invoke(main, ["plan", "tiny.yaml", "--from", "nowhere"])
+    assert missing.exit_code == 2 and len(missing.output.strip().splitlines()) == 1, missing.output
+    assert "Traceback" not in missing.output + narrow.output + other.output

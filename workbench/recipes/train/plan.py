@@ -27,11 +27,19 @@
    seeds it is expected to run (adaptive seeds stop early), plus the pilot's tuning runs, which
    the study repeats whatever its seeds. CPU time depends on the threads a run gets, so the
    pilot should run with the study's --jobs.
+
+`--from FOLDER` reads an earlier issue of the same study instead of a pilot (its run folder, or a
+report's shipped data REPORTS/NAME/data): the noise of its seeds and its CPU seconds per run, with
+nothing trained. Its variance only is read, as a pilot's. Where the re-issue runs some of the same
+seeds (a study's seeds reproduce their runs), those runs are an internal pilot in Wittes &
+Brittain's sense, which re-estimates the variance from the study's own first data and keeps the
+error rate; their many seeds give the SD more degrees of freedom than a pilot's two.
 """
 
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -45,6 +53,7 @@ from scipy import stats as st
 from workbench.errors import SpecError, WorkbenchError
 from workbench.report.document import fmt
 from workbench.report.outcomes import Outcome
+from workbench.report.sweep_points import Variants, value_text
 from workbench.recipes.train.seed_planning import REPLICATIONS, Goal, Planned, SeedSearch, Simulated
 from workbench.recipes.train.stats import MAX_PLANNED_SEEDS, POWER, Comparison
 from workbench.recipes.train.gates import Gates
@@ -52,7 +61,7 @@ from workbench.recipes.train.runs import TrainRuns
 from workbench.recipes.train.verdicts import Verdicts
 from workbench.results import KEPT
 from workbench.run.runner import Summary, default_out_dir
-from workbench.run.store import Store, load_results
+from workbench.run.store import Store, load_results, load_study_info
 from workbench.study import StudyFile, load_study
 from workbench.recipes.train.tuning import choose
 
@@ -145,6 +154,7 @@ class Pilot:
     out: Path
     summary: Summary
     runs: TrainRuns
+    stored: bool = False  # an earlier issue's runs (`--from`), not a pilot trained for the plan
 
     @property
     def cpu_per_run(self) -> dict[str, float]:
@@ -179,9 +189,8 @@ class PilotStudy:
     overrides: tuple[str, ...]
 
 
-def pilot_study(path: str | Path, seeds: int, out: str | Path | None = None, profile: str | None = None,
-                overrides: tuple[str, ...] = ()) -> PilotStudy:
-    """The pilot of the study at `path`; refuses a study with nothing to plan before anything trains."""
+def plannable(path: str | Path, profile: str | None, overrides: tuple[str, ...]) -> StudyFile:
+    """The study at `path`, refused when it has nothing to plan (before anything trains or is read)."""
     study_file = load_study(path, profile, overrides)
     study = study_file.study
     if study.kind != "train":
@@ -190,6 +199,14 @@ def pilot_study(path: str | Path, seeds: int, out: str | Path | None = None, pro
     if not study.expect:
         raise WorkbenchError(f"{path}: the study has no `expect:` entries, so there are no verdicts to plan seeds "
                              "for; `workbench validate` says what it runs")
+    return study_file
+
+
+def pilot_study(path: str | Path, seeds: int, out: str | Path | None = None, profile: str | None = None,
+                overrides: tuple[str, ...] = ()) -> PilotStudy:
+    """The pilot of the study at `path`; refuses a study with nothing to plan before anything trains."""
+    study_file = plannable(path, profile, overrides)
+    study = study_file.study
     out = Path(out) if out is not None else Path("runs") / f"{study.name}-pilot"
     if out.resolve() == default_out_dir(study_file).resolve():
         raise SpecError("--out", f"{out} is the study's own folder; the pilot's runs go elsewhere (default: "
@@ -204,6 +221,30 @@ def read_pilot(pilot: PilotStudy, summary: Summary) -> Pilot:
     tuning = choose(pilot_file.study, Store(pilot.out, create=False).runs())
     return Pilot(pilot.study_file, pilot_file, pilot.out, summary,
                  TrainRuns(pilot_file.study, load_results(pilot.out), tuning=tuning))
+
+
+def stored_pilot(path: str | Path, folder: str | Path, profile: str | None = None,
+                 overrides: tuple[str, ...] = ()) -> Pilot:
+    """The runs an earlier issue of the study at `path` recorded in `folder` (received data: its
+    store is checked as `workbench report` checks it), read as the plan's pilot; nothing trains.
+    Refused, in one line, when they are another study's or lack a group of this one's sweep."""
+    study_file = plannable(path, profile, overrides)
+    study, folder = study_file.study, Path(folder)
+    stored = load_study_info(folder).get("name")
+    if stored != study.name:
+        raise SpecError("--from", f"{folder} holds the runs of study {stored!r}, not {study.name!r}: a plan reads "
+                        "an earlier issue of the same study (its run folder, or REPORTS/NAME/data)")
+    records = Store(folder, create=False).runs()
+    runs = TrainRuns(study, load_results(folder), tuning=choose(study, records))
+    swept = Variants(tuple(runs.keys), tuple(tuple(value_text(point.get(k)) for k in runs.keys)
+                                             for point in study.sweep.points()))
+    missing = [g for g in swept.labels if g not in set(runs.finished["variant"])]
+    if missing:
+        raise SpecError("--from", f"{folder} has no finished run of {', '.join(missing)}: a plan from stored runs "
+                        "needs every group of the study's sweep (without --from, a pilot trains them)")
+    final = runs.final_runs
+    summary = Summary(folder, len(final), statuses=Counter(final["status"]), study=study.name)
+    return Pilot(study_file, study_file, folder, summary, runs, stored=True)
 
 
 # ---- the plan --------------------------------------------------------------------------------
@@ -308,24 +349,31 @@ def legend(comparisons: Sequence[Comparison], origins: Sequence[int]) -> list[st
 
 
 def pilot_lines(found: Pilot, noise: dict[str, Noise], effect_sd: float | None) -> list[str]:
-    """What the pilot ran, cost and measured."""
-    cpu, pilot = found.cpu_per_run, len(found.pilot_file.study.seeds)
-    seeds = ", ".join(map(str, found.pilot_file.study.seeds))
+    """What the pilot (or the stored runs read as one) ran, cost and measured."""
+    cpu, name, runs = found.cpu_per_run, found.study_file.study.name, len(found.runs.all_runs)
     tuning = f" (and {fmt(found.tuning_cpu_s / 60)} CPU min of tuning runs in all)" if found.tuning_cpu_s else ""
-    lines = [f"{found.study_file.study.name}: a plan from a pilot of {pilot} seed{'s' * (pilot > 1)} per group: "
-             f"{len(found.runs.all_runs)} runs in {found.out} (seeds {seeds}, which the study never runs: no verdict "
-             f"reads them), {fmt(found.cpu_s / 60)} CPU min",
-             f"CPU seconds per run{tuning}:", *(f"  {fmt(cpu[g]):>6}  {g}" for g in found.runs.variants.labels)]
+    if found.stored:
+        most = max(found.runs.seeds_run.values())
+        source, spreadless = "the stored", "1 seed per group" if most == 1 else "no spread in the stored runs"
+        head = (f"{name}: a plan from the runs stored in {found.out}: {runs} runs, up to {most} seeds per group, "
+                f"{fmt(found.cpu_s / 60)} CPU min when they ran; nothing trained")
+        unfinished = "the plan reads those that did"
+    else:
+        seeds = found.pilot_file.study.seeds
+        source, spreadless = "the pilot", "1 pilot seed" if len(seeds) == 1 else "no spread in the pilot"
+        head = (f"{name}: a plan from a pilot of {len(seeds)} seed{'s' * (len(seeds) > 1)} per group: {runs} runs in "
+                f"{found.out} (seeds {', '.join(map(str, seeds))}, which the study never runs: no verdict reads them), "
+                f"{fmt(found.cpu_s / 60)} CPU min")
+        unfinished = "the plan reads those that did (the same command retries them)"
+    lines = [head, f"CPU seconds per run{tuning}:", *(f"  {fmt(cpu[g]):>6}  {g}" for g in found.runs.variants.labels)]
     if found.summary.incomplete:
-        lines.append(f"note: {found.summary.incomplete} pilot runs did not finish; the plan reads those that did "
-                     "(the same command retries them)")
+        lines.append(f"note: {found.summary.incomplete} {source.removeprefix('the ')} runs did not finish; {unfinished}")
     if noise:
         lines.append("noise: the SD of the paired per-seed differences, pooled over the comparisons of each metric: "
                      + ", ".join(f"{m} {fmt(n.sd)} ({n.df} df)" for m, n in noise.items())
-                     + "; the plan reads the pilot's noise only, never its differences")
+                     + f"; the plan reads {source} runs' noise only, never their differences")
     else:
-        lines.append(f"noise: unknown ({'1 pilot seed' if pilot == 1 else 'no spread in the pilot'}): only the cost "
-                     "is planned" + (", and --effect-sd" if effect_sd else ""))
+        lines.append(f"noise: unknown ({spreadless}): only the cost is planned" + (", and --effect-sd" if effect_sd else ""))
     return lines
 
 
@@ -393,7 +441,7 @@ def plan_lines(found: Pilot, effect: float | None = None, effect_sd: float | Non
     noise = metric_noise(comparisons)
     lines = [*pilot_lines(found, noise, effect_sd), *legend(comparisons, origins),
              written_line(study, cpu, tuning_s)]
-    readings = [("Noise as the pilot measured it", noise)]
+    readings = [(f"Noise as {'the stored runs' if found.stored else 'the pilot'} measured it", noise)]
     if noise:
         readings.append((f"Noise at its {UPPER_CONFIDENCE:.0%} upper confidence bound (Browne 1995)",
                          {m: n.upper() for m, n in noise.items()}))
