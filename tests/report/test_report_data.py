@@ -7,10 +7,16 @@ import json
 import shutil
 from pathlib import Path
 
+import torch
 from click.testing import CliRunner
+from safetensors import safe_open
 
 from workbench.cli import main
 from workbench.api import run_study
+
+
+def weights(data: Path) -> dict[str, bytes]:
+    return {p.relative_to(data).as_posix(): p.read_bytes() for p in data.rglob("final.safetensors")}
 
 
 def test_a_report_with_its_data_rebuilds_from_that_data_alone(tmp_path, monkeypatch):
@@ -24,6 +30,9 @@ def test_a_report_with_its_data_rebuilds_from_that_data_alone(tmp_path, monkeypa
     kept = sorted(p.relative_to(data).as_posix() for p in data.rglob("*") if p.is_file())
     assert kept[0] == "results.db" and len([k for k in kept if k.endswith("final.safetensors")]) == 2  # one per variant
     before = json.loads((shipped / "summary.json").read_text())
+    with safe_open(str(next(data.rglob("final.safetensors"))), framework="pt") as f:  # half the bytes of float32
+        assert {f.get_tensor(name).dtype for name in f.keys()} == {torch.float16} and "config" in f.metadata()
+    pictures = {p.name: p.read_bytes() for p in (shipped / "figures").glob("attention_*")}
 
     # a fresh clone: the reports folder alone, somewhere else, the study's run folder gone
     clone = tmp_path / "clone"
@@ -31,12 +40,17 @@ def test_a_report_with_its_data_rebuilds_from_that_data_alone(tmp_path, monkeypa
     shutil.rmtree(tmp_path / "out")
     monkeypatch.chdir(clone)
     shipped_store = (clone / "reports" / "tiny" / "data" / "results.db").read_bytes()
+    shipped_weights = weights(clone / "reports" / "tiny" / "data")
     result = CliRunner().invoke(main, ["report", "reports/tiny/data"])
     assert result.exit_code == 0, result.output
     after = json.loads((clone / "reports" / "tiny" / "summary.json").read_text())
     assert after["verdicts"] == before["verdicts"] and after["first_result"] == before["first_result"]
     # rebuilt in place, its data kept byte for byte: a committed store does not change when no row did
     assert (clone / "reports" / "tiny" / "data" / "results.db").read_bytes() == shipped_store
+    assert weights(clone / "reports" / "tiny" / "data") == shipped_weights
+    # the pictures are drawn at the precision the weights ship in: the rebuild draws the same pixels
+    assert pictures and {p.name: p.read_bytes() for p in (clone / "reports" / "tiny" / "figures").glob("attention_*")} \
+        == pictures
     # training it again goes to runs/, never into the shipped store
     reproduce = (clone / "reports" / "tiny" / "report.md").read_text()
     assert "--out runs/tiny\nworkbench report runs/tiny\nworkbench report reports/tiny/data" in reproduce

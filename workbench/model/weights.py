@@ -4,6 +4,12 @@ and the task it trained on, loaded without Lightning and without running code.
 final.safetensors holds the trained weights (safetensors: no pickle) with the resolved run
 config and the step as metadata; run folders written before that hold final.pt, loaded with
 `weights_only=True` (tensors and plain data only).
+
+A report ships the weights its pictures load in float16 (`write_shipped_weights`: half the bytes
+of the repository's reports), and its pictures are drawn from the weights at that precision
+(`load_pictured_model`) whether they are read from a run folder or from the shipped data, so a
+report and its rebuild from the data draw the same pixels. Rounding a weight to float16 moves it by
+at most 2^-11 of itself, far below what an attention map or a position picture shows.
 """
 
 from __future__ import annotations
@@ -54,6 +60,40 @@ def save_final_weights(model: torch.nn.Module, config: dict[str, Any], step: int
     tmp = path.with_name(path.name + ".tmp")
     safetensors.torch.save_model(model, str(tmp), metadata={"config": json.dumps(config), "step": str(step)})
     os.replace(tmp, path)
+
+
+def shipped_precision(tensor: torch.Tensor) -> torch.Tensor:
+    """`tensor` as a report ships it: a float32 tensor in float16 when every value stays finite
+    there, any other tensor as it is."""
+    if tensor.dtype != torch.float32:
+        return tensor
+    half = tensor.to(torch.float16)
+    return half if bool(torch.isfinite(half).all()) else tensor
+
+
+def write_shipped_weights(source: Path, target: Path) -> bool:
+    """The final weights file `source` (a regular file, checked by the caller) written to the new
+    file `target` at shipped precision, its metadata (run config, step) kept; False, with nothing
+    written, when it is at that precision already (shipped data: the caller copies its bytes, as
+    safetensors writes the metadata in an order that changes from one process to the next)."""
+    with safetensors.safe_open(str(source), framework="pt") as f:
+        metadata = f.metadata()
+        stored = {name: f.get_tensor(name) for name in f.keys()}
+    shipped = {name: shipped_precision(tensor) for name, tensor in stored.items()}
+    if all(shipped[name] is tensor for name, tensor in stored.items()):
+        return False
+    safetensors.torch.save_file(shipped, str(target), metadata=metadata)
+    return True
+
+
+def load_pictured_model(run_dir: str | Path) -> tuple[Transformer, dict[str, Any]]:
+    """load_final_model, its weights rounded to shipped precision (idempotent: weights read from
+    shipped data come back unchanged)."""
+    model, config = load_final_model(run_dir)
+    with torch.no_grad():
+        for tensor in model.state_dict().values():  # these share storage with the model's own
+            tensor.copy_(shipped_precision(tensor))
+    return model, config
 
 
 class SkipInitialisers(TorchFunctionMode):

@@ -202,8 +202,8 @@ def ship_data(out_dir: Path, dest: Path, own: bool = False) -> None:
     """The data behind a report, compact enough to commit beside it: the results store (runs,
     curves, metrics, provenance; its rows copied into a fresh store, store.copy_store, so a
     received store's schema never travels) and, of each variant, the final weights the pictures
-    load (its finished run with the lowest seed, not a tuning run), read as regular files inside
-    its run folder.
+    load (its finished run with the lowest seed, not a tuning run; in float16, ship_file), read as
+    regular files inside its run folder.
     `workbench report DEST` rebuilds the report from it in a fresh clone. `own`: the report is
     rebuilt from this very data (REPORT/data), whose store the build has just read and so
     checked (store_schema.check_schema): it is kept byte for byte, as a copy of its rows
@@ -227,7 +227,23 @@ def ship_data(out_dir: Path, dest: Path, own: bool = False) -> None:
         for name in (FINAL_WEIGHTS, CONFIG_FILE):
             if check_regular(folder / name):  # a link or FIFO planted there is refused, never followed
                 kept.mkdir(parents=True, exist_ok=True)
-                copy_regular(folder / name, kept / name)
+                ship_file(folder / name, kept / name)
+
+
+def ship_file(source: Path, target: Path) -> None:
+    """A run folder's file into shipped data: final weights at shipped precision (float16, what
+    the pictures are drawn at: workbench.model.weights); weights already at it (a rebuild from
+    shipped data), a weights file that does not read as one (refused in one line where it is
+    loaded) and any other file are copied byte for byte."""
+    if source.name == FINAL_WEIGHTS:
+        from workbench.model.weights import write_shipped_weights  # torch loads only where weights ship
+
+        try:
+            if write_shipped_weights(source, target):
+                return
+        except Exception:  # noqa: BLE001 - received data: whatever it holds, the copy below ships it unchanged
+            target.unlink(missing_ok=True)
+    copy_regular(source, target)
 
 
 def copy_regular(source: Path, target: Path) -> None:

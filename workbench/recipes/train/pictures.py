@@ -36,7 +36,7 @@ from workbench.model.position import PositionScheme
 from workbench.report import ReportSkipWarning, figures
 from workbench.report.document import Figure, Item, Paragraph, Table, fmt
 from workbench.report.sweep_points import Variants
-from workbench.model.weights import load_final_model, make_task
+from workbench.model.weights import load_pictured_model, make_task
 
 # Referring words whose attention row is drawn when a sample contains them.
 FOCUS_TOKENS = ("它", "it")
@@ -101,7 +101,7 @@ class ModelPictures:
     `run_dir` maps a run id to its folder; `load` returns (model, config) from a run folder
     and `make_task` a task from a run config (workbench.model.weights' functions by default)."""
 
-    def __init__(self, run_dir: Callable[[str], Path], load: Callable[[Path], tuple[Any, dict]] = load_final_model,
+    def __init__(self, run_dir: Callable[[str], Path], load: Callable[[Path], tuple[Any, dict]] = load_pictured_model,
                  make_task: Callable[[dict], Any] = make_task):
         self.run_dir, self.load, self.make_task = run_dir, load, make_task
 
