@@ -22,15 +22,17 @@
 # it from a clone. The index is rewritten last.
 # A study whose runs fail (exit status 3) does not stop the next; the script exits non-zero.
 #
-# Default list: the studies still issued under an earlier rule on 2026-12-04, cheapest first (CPU
-# minutes of their last issue): position-extrapolation 28, heads 35, families 37, ffn-compute 38,
-# norm-placement 41, attention-scaling-lr 54, attention-scaling-factor 83. None is registered for
-# its re-issue yet; heads (a ceiling), position-extrapolation (neither group learned past the
-# training length) and attention-scaling-factor (over 30 CPU minutes) need a redesign first.
+# Default list: the studies still issued under an earlier rule on 2026-12-04 (evening), cheapest
+# first (CPU minutes of their last issue): position-extrapolation 28, heads 35, families 37,
+# attention-scaling-lr 54, attention-scaling-factor 83. families and attention-scaling-lr are
+# registered for their re-issue (1500eb0); heads (a ceiling), position-extrapolation (neither group
+# learned past the training length) and attention-scaling-factor (over 30 CPU minutes) need a
+# redesign, registered before its runs, first. Where an earlier issue shipped its data, size the
+# re-issue with `workbench plan studies/<name>.yaml --from reports/<name>/data` (nothing trains).
 set -u
 cd "$(dirname "$0")"
 
-STUDIES=(position-extrapolation heads families ffn-compute norm-placement attention-scaling-lr attention-scaling-factor)
+STUDIES=(position-extrapolation heads families attention-scaling-lr attention-scaling-factor)
 [ "$#" -gt 0 ] && STUDIES=("$@")
 BIN=.venv/bin
 export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
