@@ -265,6 +265,34 @@ def test_baselines_are_the_best_predictor_with_that_information(name, baseline, 
     assert task.baselines("decoder", 4)[baseline]["accuracy"] == pytest.approx(exact, abs=0.004)
 
 
+@pytest.mark.parametrize("n", [4, 5])
+def test_difference_baselines_are_the_best_predictors_with_that_information(n):
+    """Against exhaustive enumeration of every string: input-ignoring is uniform per label, and
+    its whole-row chance one over the map's image (A^n rows for even n, A^(n-1) for odd n);
+    side-blind is the Bayes-optimal predictor that knows its position and each symbol's
+    unordered pair of neighbours (a missing one 0: an end symbol's one neighbour is known)."""
+    a = 4
+    task = make("difference", train_length=n, alphabet_size=a)
+    rows, sides = Counter(), Counter()
+    per_position: dict[tuple, Counter] = {}
+    for s in itertools.product(range(a), repeat=n):
+        labels = tuple(t - task.first_symbol for t in task.transform([v + task.first_symbol for v in s]))
+        rows[labels] += 1
+        padded = (0, *s, 0)
+        for k in range(n):
+            per_position.setdefault((k, tuple(sorted((padded[k], padded[k + 2])))), Counter())[labels[k]] += 1
+    chance = task.chance("encoder", n)
+    assert chance["accuracy"] == pytest.approx(1 / a)
+    assert chance["exact_match"] == pytest.approx(max(rows.values()) / a**n)
+    assert len(rows) == a ** (n - n % 2)
+    side_blind = task.baselines("encoder", n)["side-blind"]
+    exact = sum(max(c.values()) for c in per_position.values()) / (a**n * n)
+    assert side_blind["accuracy"] == pytest.approx(exact, abs=0.004)
+    assert side_blind["symbol_accuracy"] == side_blind["accuracy"]  # an encoder scores no <eos>
+    assert make("difference", train_length=12, alphabet_size=10).baselines("encoder", 12)["side-blind"]["accuracy"] \
+        == pytest.approx((2 + 10 * 0.6) / 12, abs=0.003)  # inside: sure when equal or 5 apart, else one of two
+
+
 class HintedCopy(TASKS["copy"]):
     """A third-party task that declares one more baseline through the task interface."""
 

@@ -17,6 +17,7 @@ SHARE = (0.0, 1.0)
 SHIPPED = {
     "classify": {"accuracy": (True, SHARE)},
     "copy": {"accuracy": (True, SHARE), "exact_match": (True, SHARE), "symbol_accuracy": (True, SHARE)},
+    "difference": {"accuracy": (True, SHARE), "exact_match": (True, SHARE), "symbol_accuracy": (True, SHARE)},
     "passkey": {"accuracy": (True, SHARE), "exact_match": (True, SHARE)},
     "recall": {"accuracy": (True, SHARE), "exact_match": (True, SHARE)},
     "reverse": {"accuracy": (True, SHARE), "exact_match": (True, SHARE), "symbol_accuracy": (True, SHARE)},

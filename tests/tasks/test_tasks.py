@@ -31,7 +31,7 @@ def small(name: str, **params):
 
 
 def test_builtin_tasks_registered():
-    assert {"copy", "reverse", "sort", "recall", "translate", "text_lm", "classify"} <= set(TASKS)
+    assert {"copy", "reverse", "sort", "difference", "recall", "translate", "text_lm", "classify"} <= set(TASKS)
     for cls in TASKS.values():
         assert "train_length" in cls.Params.model_fields and cls.metrics and cls.families
 
@@ -124,6 +124,17 @@ def test_sort_and_reverse_targets():
         task = make(name, train_length=7)
         for ex in task.eval_examples(7)[:20]:
             assert list(ex.target) == list(fn(list(ex.source))) and len(ex.source) == 7
+
+
+def test_difference_labels_each_symbol_with_its_right_neighbour_minus_its_left():
+    task = make("difference", train_length=7, alphabet_size=5)
+    first = task.first_symbol
+    for ex in task.eval_examples(7)[:20] + task.eval_examples(4)[:5]:
+        values = [t - first for t in ex.source] + [0]  # index -1 and n: the missing neighbours, 0
+        expected = [(values[i + 1] - values[i - 1]) % 5 + first for i in range(len(ex.source))]
+        assert list(ex.target) == expected
+    batch = task.train_batch(0, 4, "encoder")  # one label per symbol, every symbol scored
+    assert torch.equal(batch["labels"] != IGNORE, batch["padding_mask"])
 
 
 def test_text_lm_splits_by_file():
