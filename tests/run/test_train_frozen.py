@@ -10,7 +10,9 @@ The expected values below were produced by running ecea219's code with that one 
 CPU with AVX512); ecea219 unchanged gives 0x1.0703da0000000p+1 at step 50, the rest equal.
 The batches are integers and hold on any machine; float results depend on the torch
 build, the CPU's vector instructions and the thread count, so the training check runs
-only where they match the recording.
+only where they match the recording. They depend on the CPU's maker too: on an AMD EPYC
+(AVX512, the same torch), ecea219's code with that one change gives 0x1.0703da0000000p+1 at
+step 50, as the current code does there, and the rest equal (recorded 2026-12-04).
 """
 
 from __future__ import annotations
@@ -38,10 +40,21 @@ RECORDED_ON = ("2.13.0+cpu", "AVX512")  # torch version and CPU capability of th
 BATCHES_SHA256 = "ff6506ac0dab5ddb827f8ff7056b73b8dfdbf4bde0549bbd65c3f2a702f1a4fa"  # batches 0..59
 TRAIN_LOSS = {10: "0x1.3c50a00000000p+1", 20: "0x1.30b5260000000p+1", 30: "0x1.20de620000000p+1",
               40: "0x1.0e48e60000000p+1", 50: "0x1.0703d80000000p+1", 60: "0x1.ef3b8a0000000p+0"}
+# The step-50 loss per CPU maker where it differs from the recording above (see the docstring).
+TRAIN_LOSS_BY_VENDOR = {"AuthenticAMD": TRAIN_LOSS | {50: "0x1.0703da0000000p+1"}}
 METRICS = {"accuracy@12": "0x1.0d89d89d89d8ap-2", "accuracy@16": "0x1.8d2d2d2d2d2d3p-3",
            "exact_match@12": "0x0.0p+0", "exact_match@16": "0x0.0p+0",
            "loss@12": "0x1.1053462762762p+1", "loss@16": "0x1.20ab0b4b4b4b5p+1",
            "symbol_accuracy@12": "0x1.0555555555555p-2", "symbol_accuracy@16": "0x1.6000000000000p-3"}
+
+
+def cpu_vendor() -> str:
+    """The CPU's maker as Linux names it (GenuineIntel, AuthenticAMD); "" where it cannot be read."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return ""
+    return next((line.split(":", 1)[1].strip() for line in lines if line.startswith("vendor_id")), "")
 
 
 @pytest.fixture
@@ -92,5 +105,5 @@ def test_short_run_records_the_losses_and_metrics_of_ecea219(run, tmp_path):
     finally:
         torch.set_num_threads(before)
     losses = {step: value.hex() for step, split, metric, value in result.curves if (split, metric) == ("train", "loss")}
-    assert losses == TRAIN_LOSS
+    assert losses == TRAIN_LOSS_BY_VENDOR.get(cpu_vendor(), TRAIN_LOSS)
     assert {name: value.hex() for name, value in result.metrics.items()} == METRICS
