@@ -2,8 +2,8 @@
 # Issue 45: re-issue shipped studies under the current verdict rule, one after the other, on one
 # thread at the lowest priority, and ship each report with its data:
 #
-#     nohup ./reissue.sh > runs/reissue.log 2>&1 &       # from the repository root: the default list
-#     ./reissue.sh rope-vs-learned gqa-vs-mha             # only these studies, in this order
+#     nohup ./reissue.sh heads families > runs/reissue.log 2>&1 &   # from the repository root
+#     ./reissue.sh rope-vs-learned gqa-vs-mha                        # these studies, in this order
 #
 # Before a study is re-issued, its file is registered in a commit of its own: `seeds:` adaptive
 # with `max` of at least 12 (or a line saying why not), and the findings of earlier runs taken
@@ -22,18 +22,14 @@
 # it from a clone. The index is rewritten last.
 # A study whose runs fail (exit status 3) does not stop the next; the script exits non-zero.
 #
-# Default list: the studies still issued under an earlier rule on 2026-12-04 (evening), cheapest
-# first (CPU minutes of their last issue): position-extrapolation 28, heads 35, families 37,
-# attention-scaling-lr 54, attention-scaling-factor 83. families and attention-scaling-lr are
-# registered for their re-issue (1500eb0); heads (a ceiling), position-extrapolation (neither group
-# learned past the training length) and attention-scaling-factor (over 30 CPU minutes) need a
-# redesign, registered before its runs, first. Where an earlier issue shipped its data, size the
+# Default list: none. Since 2026-12-04 (evening) every shipped study is issued under the current
+# rule, so name the studies to re-issue. Where an earlier issue shipped its data, size the
 # re-issue with `workbench plan studies/<name>.yaml --from reports/<name>/data` (nothing trains).
 set -u
 cd "$(dirname "$0")"
 
-STUDIES=(position-extrapolation heads families attention-scaling-lr attention-scaling-factor)
-[ "$#" -gt 0 ] && STUDIES=("$@")
+[ "$#" -gt 0 ] || { echo "reissue: name the studies to re-issue (e.g. ./reissue.sh heads)" >&2; exit 2; }
+STUDIES=("$@")
 BIN=.venv/bin
 export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 mkdir -p runs
