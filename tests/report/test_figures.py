@@ -240,6 +240,16 @@ def test_a_verdict_figure_shows_every_seed_the_mean_interval_the_threshold_and_t
     assert [t.get_text() for t in ax.get_legend().get_texts()] == ["learned: ≥ 0.499", "order-blind 0.443"]
 
 
+def test_a_verdict_figure_stacks_the_keys_of_a_multi_key_group_label(drawn, tmp_path):
+    from workbench.recipes.train.verdict_figure import verdict_groups
+
+    labels = ["n_heads=1, position=rope", "attention=full(scaled=True, window=4), lr=0.003"]
+    groups = [(label, [0.5, 0.6], 0.55, 0.4, 0.7) for label in labels]
+    verdict_groups(groups, figures.variant_palette(labels), tmp_path / "v.png", metric="accuracy@12")
+    ticks = [t.get_text() for t in drawn[0].axes[0].get_xticklabels()]
+    assert ticks == ["n_heads=1\nposition=rope", "attention=full(scaled=True, window=4)\nlr=0.003"]
+
+
 def test_a_verdict_figure_for_a_lower_is_better_metric_reads_its_threshold_as_at_most(drawn, tmp_path):
     from workbench.recipes.train.verdict_figure import verdict_groups
 

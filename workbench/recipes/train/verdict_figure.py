@@ -39,9 +39,22 @@ def verdict_groups(groups: Sequence[tuple[str, Sequence[float], float, float, fl
         ax.axhline(threshold, color="grey", linestyle="--", linewidth=1, label=f"learned: {'≥' if higher_is_better else '≤'} {fmt(threshold)}")
     if baseline is not None:
         ax.axhline(baseline[1], color="black", linestyle=":", linewidth=1, label=f"{baseline[0]} {fmt(baseline[1])}")
-    ax.set_xticks(range(len(groups)), [label for label, *_ in groups], rotation=0 if len(groups) <= 3 else 20)
+    ax.set_xticks(range(len(groups)), [stacked(label) for label, *_ in groups], rotation=0 if len(groups) <= 3 else 20)
     ax.set_xlim(-0.6, len(groups) - 0.4)
     ax.set(ylabel=metric, title=f"{metric}: dots seeds, bars mean and 95% CI")
     if threshold is not None or baseline is not None:
         ax.legend(fontsize="small", loc="best")
     return figures.save(fig, path)
+
+
+def stacked(label: str) -> str:
+    """A group's label with one swept key a line ("n_heads=1, position=rope" -> two lines), so
+    the labels of groups that differ in several keys do not run into each other; a comma inside
+    a variant's parameters ("full(scaled=True, window=4)") stays on its line."""
+    lines, depth, start = [], 0, 0
+    for i, ch in enumerate(label):
+        depth += (ch in "([{") - (ch in ")]}")
+        if depth == 0 and label.startswith(", ", i):
+            lines.append(label[start:i])
+            start = i + 2
+    return "\n".join([*lines, label[start:]])
