@@ -26,7 +26,11 @@ def verdict_groups(groups: Sequence[tuple[str, Sequence[float], float, float, fl
     direction (`higher_is_better`: ≥, else ≤, as for bpc). Small (it shares the screen with the verdict table)."""
     if not groups:
         return None
-    fig, ax = figures.new_axes(width=max(3.6, 1.1 * len(groups) + 1.8), height=2.9)
+    labels = [stacked(label) for label, *_ in groups]
+    lines = [label.split("\n") for label in labels]
+    per_group = max(1.1, 0.075 * max(len(line) for group in lines for line in group))  # inches: its longest line
+    fig, ax = figures.new_axes(width=max(3.6, per_group * len(groups) + 1.8),
+                               height=2.9 + 0.15 * (max(map(len, lines)) - 1))
     low, high = bounds
     for i, (label, values, mean, lo, hi) in enumerate(groups):
         offsets = np.linspace(-0.12, 0.12, len(values)) if len(values) > 1 else np.zeros(len(values))
@@ -39,7 +43,7 @@ def verdict_groups(groups: Sequence[tuple[str, Sequence[float], float, float, fl
         ax.axhline(threshold, color="grey", linestyle="--", linewidth=1, label=f"learned: {'≥' if higher_is_better else '≤'} {fmt(threshold)}")
     if baseline is not None:
         ax.axhline(baseline[1], color="black", linestyle=":", linewidth=1, label=f"{baseline[0]} {fmt(baseline[1])}")
-    ax.set_xticks(range(len(groups)), [stacked(label) for label, *_ in groups], rotation=0 if len(groups) <= 3 else 20)
+    ax.set_xticks(range(len(groups)), labels)
     ax.set_xlim(-0.6, len(groups) - 0.4)
     ax.set(ylabel=metric, title=f"{metric}: dots seeds, bars mean and 95% CI")
     if threshold is not None or baseline is not None:
