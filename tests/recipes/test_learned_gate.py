@@ -273,7 +273,7 @@ def test_difference_baselines_are_the_best_predictors_with_that_information(n):
     unordered pair of neighbours (a missing one 0: an end symbol's one neighbour is known)."""
     a = 4
     task = make("difference", train_length=n, alphabet_size=a)
-    rows, sides = Counter(), Counter()
+    rows = Counter()
     per_position: dict[tuple, Counter] = {}
     for s in itertools.product(range(a), repeat=n):
         labels = tuple(t - task.first_symbol for t in task.transform([v + task.first_symbol for v in s]))
