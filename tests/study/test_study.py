@@ -106,6 +106,25 @@ profiles:
     assert load_study(path, profile="long").study_hash != load_study(path).study_hash
 
 
+def test_a_profile_can_replace_zipped_lists_and_their_keys_are_checked(tmp_path):
+    """A zip of a scheme and its rate is replaced whole by `sweep.zip` (a longer table at a longer
+    length), and a key inside it that names no field is one located error, as anywhere else."""
+    zipped = BASE + """\
+sweep:
+  zip: {model.position: [none, {name: learned, max_len: 16}], train.lr: [1.0e-3, 3.0e-3]}
+profiles:
+  long: {task.train_length: 40, sweep.zip: {model.position: [none, {name: learned, max_len: 128}], train.lr: [1.0e-3, 3.0e-3]}}
+"""
+    path = write(tmp_path, zipped)
+    runs = expand(load_study(path, profile="long"))
+    assert [(r.config["model"]["position"].get("max_len"), r.config["train"]["lr"]) for r in runs] == [
+        (None, 1e-3), (None, 1e-3), (128, 3e-3), (128, 3e-3)]
+    bad = write(tmp_path, zipped.replace("train.lr: [1.0e-3, 3.0e-3]}}", "train.lrr: [1.0e-3, 3.0e-3]}}"), "bad.yaml")
+    result = validate(bad)
+    assert result.exit_code == 2
+    assert "profiles.long.sweep.zip.train.lrr" in result.stderr and "no such key 'train.lrr'" in result.stderr
+
+
 def test_baseline_and_expectations_are_normalised(tmp_path):
     path = write(tmp_path, BASE + """\
 sweep: {model.position: [none, rope]}

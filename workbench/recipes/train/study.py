@@ -108,10 +108,20 @@ class TrainStudy(StudyBase):
             exp.better = self.sweep_point(exp.better, f"expect.{i}.better")
             exp.than = self.sweep_point(exp.than, f"expect.{i}.than")
         for profile, overrides in self.profiles.items():
-            for key in overrides:
-                # `sweep.<key>` (`scale.<key>`) replaces a swept (rung) list; `tune.<key>` is checked with tune:
-                if key != "seeds" and not key.startswith("tune.") and not stored(info):
-                    check_key(key.removeprefix("sweep.").removeprefix("scale."), f"profiles.{profile}.{key}", self.task)
+            for key, value in overrides.items():
+                # `sweep.<key>` (`scale.<key>`) replaces a swept (rung) list, `sweep.zip` the zipped
+                # groups (their keys are checked); `tune.<key>` is checked with tune:
+                if key == "seeds" or key.startswith("tune.") or stored(info):
+                    continue
+                field = f"profiles.{profile}.{key}"
+                if key == "sweep.zip":
+                    groups = value if isinstance(value, list) else [value]
+                    if not all(isinstance(g, dict) for g in groups):
+                        raise SpecError(field, "expected {dotted.key: [values], ...} (or a list of them), as sweep.zip")
+                    for zipped in (k for g in groups for k in g):
+                        check_key(zipped, f"{field}.{zipped}", self.task)
+                else:
+                    check_key(key.removeprefix("sweep.").removeprefix("scale."), field, self.task)
         if self.tune is not None:
             self.tune = check_tune(self.tune, self)
         stop = self.train.early_stopping
