@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import shutil
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -39,7 +40,8 @@ from benchmarks import RESULTS_DIR
 from workbench.recipes.train.gates import Gates
 from workbench.recipes.train.runs import TrainRuns
 from workbench.recipes.train.verdicts import Verdicts, seeds_wanted
-from workbench.recipes.train.sequential import EARLIER_LOOKS, LOOKS, LookRule, grow_seeds, sequential_verdicts
+from workbench.recipes.train.sequential import (EARLIER_LOOKS, LOOKS, WITHOUT_FUTILITY, LookRule, grow_seeds,
+                                                sequential_verdicts)
 from workbench.recipes.train.stats import Verdict
 from workbench.recipes.train.study import TrainStudy
 from workbench.study.keys import label
@@ -53,7 +55,7 @@ CASES = {  # name -> (study file, its stored results)
 }
 ORDERS, QUICK_ORDERS = 200, 10
 FIRST, MOST = 3, 12
-RULES = {"today": LOOKS, "earlier": EARLIER_LOOKS}
+RULES = {"today": LOOKS, "without futility": WITHOUT_FUTILITY, "earlier": EARLIER_LOOKS}
 
 
 def adaptive(path: Path, first: int = FIRST, most: int = MOST) -> TrainStudy:
@@ -222,12 +224,76 @@ def section(console: Console, quick: bool = False) -> dict[str, Any]:
     return results
 
 
+def replayed_issue(source: Path, out: Path, rule: LookRule = LOOKS) -> tuple[list[str], list[str]]:
+    """Re-issue the adaptive study stored in `source` (a store, e.g. reports/NAME/data) under `rule`
+    without training: its final runs are revealed to the runner's add-seeds loop seed by seed (the
+    tuning runs as they are), as `workbench run` would train them, and `out` receives a copy of the
+    store holding only the runs the loop asked for (with their run folders). A run of a seed is the
+    same run whichever rule asks for it (training is deterministic given its config and seed on one
+    machine), so `out` is what a fresh issue under `rule` would store, at the CPU time each run spent
+    when it ran; `workbench report OUT` then reports it. Returns (run ids kept, run ids dropped)."""
+    from workbench.recipes.train.tuning import choose
+    from workbench.report import study_of
+    from workbench.run.store import DB_FILE, Store, load_results, runs_root
+
+    if out.exists():
+        raise SystemExit(f"{out} exists: give a new folder")
+    store = Store(source, create=False)
+    study = study_of(store.study_record())
+    plan = getattr(study, "seed_plan", None)
+    if plan is None:
+        raise SystemExit(f"{source}: not an adaptive study (seeds: {{first, max}}): nothing to replay")
+    runs = load_results(source)
+    tunings = choose(study, store.runs())
+    final = runs["stage"] == "final"
+    keys = list(study.sweep.keys)
+    swept = {r["run_id"]: r["swept"] for r in store.runs()}  # labels as stored (a frame reads null as NaN)
+    point_of = np.array([point_key({k: swept[run_id].get(k) for k in keys}, keys) for run_id in runs["run_id"]])
+    order = runs["seed"].to_numpy() - plan.start  # the n-th seed of the plan: its look
+    revealed = dict.fromkeys(point_of[final.to_numpy()], plan.first)
+
+    def stored() -> pd.DataFrame:  # what load_results would return after this round
+        shown = np.array([not f or o < revealed[p] for f, o, p in zip(final, order, point_of)])
+        return runs[shown]
+
+    def reveal(counts: dict[str, int], grown: dict[str, int]) -> None:
+        for point, n in grown.items():
+            have = int(((point_of == point) & final.to_numpy() & (order < n)).sum())
+            if have < n:
+                raise SystemExit(f"{source}: the rule asks for {n} seeds of {point}; the store holds {have} "
+                                 "(a replay reveals stored runs only)")
+        revealed.update(grown)
+
+    grow_seeds(lambda: seeds_wanted(study, stored(), tunings, rule), reveal, plan.first)
+    kept = stored()["run_id"].tolist()
+    dropped = sorted(set(runs["run_id"]) - set(kept))
+    out.mkdir(parents=True)
+    (out / DB_FILE).write_bytes((Path(source) / DB_FILE).read_bytes())
+    with Store(out).connect() as conn:
+        conn.executemany("DELETE FROM runs WHERE run_id = ?", [(r,) for r in dropped])
+        conn.executemany("DELETE FROM curves WHERE run_id = ?", [(r,) for r in dropped])
+    folders = runs_root(source)
+    for run_id in kept:  # the weights a report's pictures load, where the store shipped them
+        if (folders / run_id).is_dir():
+            shutil.copytree(folders / run_id, runs_root(out) / run_id)
+    return kept, dropped
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.decide", description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help=f"{QUICK_ORDERS} orders instead of {ORDERS}")
     parser.add_argument("--out", type=Path, default=RESULTS_DIR / "decide.json", help="JSON output")
+    parser.add_argument("--reissue", nargs=2, type=Path, metavar=("STORE", "OUT"),
+                        help="re-issue the adaptive study stored in STORE under today's rule, training nothing: "
+                             "OUT (a new folder) receives the runs it asks for (replayed_issue)")
     args = parser.parse_args(argv)
     console = Console(width=150)
+    if args.reissue:
+        source, out = args.reissue
+        kept, dropped = replayed_issue(source, out)
+        console.print(f"{out}: {len(kept)} runs of {len(kept) + len(dropped)} kept, {len(dropped)} the rule no longer "
+                      f"asks for dropped; report it with `workbench report {out} --out reports --with-data`")
+        return 0
     results = section(console, args.quick)
     args.out.write_text(json.dumps(results, indent=1, default=str))
     console.print(f"wrote {args.out}")

@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from workbench.recipes.train.sequential import EARLIER_LOOKS, LOOKS, obrien_fleming, pocock
+from workbench.recipes.train.sequential import EARLIER_LOOKS, LOOKS, WITHOUT_FUTILITY, obrien_fleming, pocock
 from workbench.report.sweep_points import short_key
 
 
@@ -183,11 +183,13 @@ def test_two_thousand_null_studies_through_the_runners_loop_decide_at_most_at_th
     assert rate([any(false_decision(v, e) for v, e in zip(s, NULL_ENTRIES)) for s in studies], True) <= \
         0.05 + mc_error(0.05, n)
     # the gates qualify, never decide and never end the test: "only A learned" only beside a decided
-    # difference; below the threshold the data mostly show that neither learned, and that verdict does not
-    # test the claim, whatever its outcome
+    # difference; below the threshold a verdict that shows neither group learned does not test the claim,
+    # whatever its outcome; there futility stops the equal groups mostly at 4 seeds (looks 3, 4, 6, 8), before
+    # their gates could show it
     assert all(v.outcome.decides for s in studies for v in s if v.only)
     below = [s[0] for s in studies]
-    assert rate([v.neither != "" for v in below], True) > 0.5 and not any(v.tests_claim for v in below if v.neither)
+    assert rate([v.neither != "" for v in below], True) > 0.02 and not any(v.tests_claim for v in below if v.neither)
+    assert np.mean([v.seeds for v in below]) < 5.5  # 4.5 measured (seed 2026): 8 seeds without futility
     assert not any(v.outcome == "not tested" for s in studies for v in s)
     # equal groups with a margin of two SDs are found equivalent, mostly (the correct decision there)
     assert rate([s[2].outcome for s in studies], "equivalent") > 0.5
@@ -209,21 +211,30 @@ def test_a_true_difference_is_found_with_80_percent_power_and_plain_ones_sooner_
     differences, and a null), looks up to 20 seeds. Today's rule finds one SD with at least 80% power;
     the seeds it takes, today's rule beside the earlier one on the same draws, are printed (and are in
     docs/verdicts.md). A difference that every seed shows ends sooner than under the earlier rule."""
-    found = {}
+    found, null_seeds = {}, {}
     for effect in (1, 2, 4):
         groups = [Group(2.0 + effect * DIFF_SD / SD), Group(2.0), Group(2.0)]
         study = simulated_study_file(groups, [Entry(0, 1, true_difference=effect * DIFF_SD), Entry(1, 2)])
         limits = thresholds(study)
-        for rule in (LOOKS, EARLIER_LOOKS):
-            rng = np.random.default_rng(7)  # the same draws for both rules
-            found[effect, rule] = seeds_to_decide([simulated_study(rng, study, groups, limits, rule)
-                                                   for _ in range(150)])
+        for rule in (LOOKS, WITHOUT_FUTILITY, EARLIER_LOOKS):
+            rng = np.random.default_rng(7)  # the same draws for every rule
+            studies = [simulated_study(rng, study, groups, limits, rule) for _ in range(150)]
+            found[effect, rule] = seeds_to_decide(studies)
+            null_seeds[effect, rule] = float(np.mean([s[1].seeds for s in studies]))  # the second entry: no difference
     assert found[1, LOOKS][0] >= 0.80
     assert found[4, LOOKS][2] < found[4, EARLIER_LOOKS][2]
+    # futility: a comparison with no difference stops long before the maximum, at little cost in power
+    assert all(null_seeds[e, LOOKS] < 0.5 * null_seeds[e, WITHOUT_FUTILITY] for e in (1, 2, 4))
+    assert found[1, LOOKS][0] >= found[1, WITHOUT_FUTILITY][0] - 0.1
     print("\n" + "; ".join(
-        f"{effect} SD: power {found[effect, LOOKS][0]:.0%} (earlier rule {found[effect, EARLIER_LOOKS][0]:.0%}), median "
-        f"seeds {found[effect, LOOKS][1]:g} ({found[effect, EARLIER_LOOKS][1]:g}), mean {found[effect, LOOKS][2]:.1f} "
-        f"({found[effect, EARLIER_LOOKS][2]:.1f})" for effect in (1, 2, 4)))
+        f"{effect} SD: power {found[effect, LOOKS][0]:.0%} (without futility {found[effect, WITHOUT_FUTILITY][0]:.0%}, "
+        f"earlier rule {found[effect, EARLIER_LOOKS][0]:.0%}), median seeds {found[effect, LOOKS][1]:g} "
+        f"({found[effect, WITHOUT_FUTILITY][1]:g}, {found[effect, EARLIER_LOOKS][1]:g}), mean "
+        f"{found[effect, LOOKS][2]:.1f} ({found[effect, WITHOUT_FUTILITY][2]:.1f}, {found[effect, EARLIER_LOOKS][2]:.1f})"
+        for effect in (1, 2, 4))
+        + "; the null entry beside it: mean seeds " + ", ".join(
+            f"{null_seeds[e, LOOKS]:.1f} ({null_seeds[e, WITHOUT_FUTILITY]:.1f}, {null_seeds[e, EARLIER_LOOKS]:.1f})"
+            for e in (1, 2, 4)))
 
 
 ADAPTIVE = """\
@@ -394,3 +405,53 @@ def test_which_groups_get_more_seeds_is_a_function_of_the_study_and_its_runs():
     # once the groups have the plan's maximum, nothing more is asked for
     more = pd.concat([runs, runs.assign(seed=runs["seed"] + 2, run_id=runs["run_id"] + "b")], ignore_index=True)
     assert seeds_wanted(study, more) == {}
+
+
+FUTILE = """\
+name: futile
+task: {name: copy, train_length: 6, n_eval: 16, alphabet_size: 6}
+model: {family: decoder, d_model: 16, n_layers: 1, n_heads: 2}
+train: {steps: 2, batch_size: 4, lr: 1.0e-3, warmup_steps: 0, eval_every: 2, log_every: 1}
+seeds: {first: 3, max: 12}
+sweep:
+  model.position: [none, rope]
+expect:
+  - ENTRY
+"""
+
+
+def test_a_comparison_its_seeds_cannot_decide_gets_no_more_and_the_report_says_why():
+    """Futility: at 4 seeds a difference of 1.25 tokens/s beside a spread of the paired differences of
+    about 12 would be found at 12 seeds with far under 5% power, so its groups get no more seeds; at 3
+    seeds (2 df) the spread is not read yet; a comparison with a margin, or under the rule without
+    futility, still grows; a plain difference grows."""
+    import yaml
+
+    from workbench.recipes.train.gates import Gates
+    from workbench.recipes.train.runs import TrainRuns
+    from workbench.recipes.train.sequential import sequential_verdicts
+    from workbench.recipes.train.study import TrainStudy
+    from workbench.recipes.train.verdicts import Verdicts, seeds_wanted
+
+    def study(entry: str):
+        return TrainStudy.model_validate(yaml.safe_load(FUTILE.replace("ENTRY", entry)))
+
+    def runs(none: list[float], rope: list[float]) -> pd.DataFrame:
+        return pd.DataFrame([{"run_id": f"{p}{s}", "index": i, "seed": s, "model.position": p, "status": "finished",
+                              "tokens_per_s": v} for i, (p, s, v) in enumerate(
+                                  [("none", s, v) for s, v in enumerate(none)] + [("rope", s, v) for s, v in enumerate(rope)])])
+
+    plain = study("{metric: tokens_per_s, better: none, than: rope}")
+    margin = study("{metric: tokens_per_s, better: none, than: rope, margin: 0.5}")
+    near = runs([1000, 1400, 900, 1300], [1010, 1390, 905, 1280])  # differences -10, +10, -5, +20
+    assert seeds_wanted(plain, near) == {}
+    assert set(seeds_wanted(plain, near.query("seed < 3")).values()) == {4}  # 3 seeds: not read yet
+    assert set(seeds_wanted(margin, near).values()) == {6}
+    assert set(seeds_wanted(plain, near, rule=WITHOUT_FUTILITY).values()) == {6}
+    apart = runs([1000, 1400, 900, 1300], [990, 1330, 905, 1240])  # differences +10, +70, -5, +60
+    assert set(seeds_wanted(plain, apart).values()) == {6}
+    train_runs = TrainRuns(plain, near)
+    comparisons, _ = Verdicts(train_runs, Gates(train_runs)).comparisons()
+    [verdict] = sequential_verdicts(comparisons, LOOKS.looks(3, 12))
+    assert verdict.outcome == "inconclusive" and verdict.seeds == 4
+    assert "; no more seeds after 4: 12 seeds would find the observed difference 3.75 with" in verdict.reason

@@ -125,6 +125,25 @@ profiles:
     assert "profiles.long.sweep.zip.train.lrr" in result.stderr and "no such key 'train.lrr'" in result.stderr
 
 
+def test_an_entry_naming_one_zipped_key_names_the_keys_zipped_with_it(tmp_path):
+    """Each scheme at its own rate (a zip): `better: {model.position: rope}` is the point of rope and
+    its rate, so its runs are found (like with like over the rate would pair none: no two schemes share
+    one); a value two rows share leaves the rest to be compared like with like."""
+    path = write(tmp_path, BASE + """\
+sweep:
+  zip: {model.position: [none, rope, alibi], train.lr: [1.0e-2, 3.0e-3, 3.0e-3]}
+baseline: {model.position: none}
+expect:
+  - {metric: accuracy@8, better: {model.position: rope}, than: {model.position: none}}
+  - {metric: accuracy@8, better: {train.lr: 3.0e-3}, than: {train.lr: 1.0e-2}}
+""")
+    study = load_study(path).study
+    assert study.baseline == {"model.position": "none", "train.lr": 1e-2}
+    assert study.expect[0].better == {"model.position": "rope", "train.lr": 3e-3}
+    assert study.expect[0].than == {"model.position": "none", "train.lr": 1e-2}
+    assert study.expect[1].better == {"train.lr": 3e-3} and study.expect[1].than == {"train.lr": 1e-2, "model.position": "none"}
+
+
 def test_baseline_and_expectations_are_normalised(tmp_path):
     path = write(tmp_path, BASE + """\
 sweep: {model.position: [none, rope]}

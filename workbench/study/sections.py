@@ -47,7 +47,8 @@ class Expectation(StrictModel):
 
 class SeedPlan(StrictModel):
     """`seeds: {first: 3, max: 20}`: every group runs `first` seeds; groups in comparisons
-    still undecided get more, in rounds, up to `max` (workbench.recipes.train.sequential.LOOKS).
+    still undecided get more, in rounds, up to `max`, unless more cannot decide them
+    (workbench.recipes.train.sequential.LOOKS, `futility`).
     `start` moves the seed ids, so that a study registered to replicate an earlier one runs on
     seeds that one never ran (the same seeds would reproduce its numbers, not test them)."""
 

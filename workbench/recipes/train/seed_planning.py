@@ -104,7 +104,8 @@ def simulate(planned: Sequence[Planned], seeds: int, first: int | None = None, g
     for r in range(replications):
         z = np.random.default_rng([PLAN_STREAM, r]).standard_normal((seeds, 2, m))
         family = [drawn(p, z[:, :, k], index) for k, p in enumerate(planned)]
-        decided = verdicts(family, plan=False) if looks is None else sequential_verdicts(family, looks, plan=False)
+        decided = (verdicts(family, plan=False) if looks is None
+                   else sequential_verdicts(family, looks, plan=False, stop_futile=True))
         reached[r] = [p.goal is not None and v.outcome == p.goal.outcome for p, v in zip(planned, decided)]
         spent[r] = [v.seeds or seeds for v in decided]
     power = tuple(float(reached[:, k].mean()) if p.goal is not None else math.nan for k, p in enumerate(planned))

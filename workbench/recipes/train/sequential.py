@@ -26,7 +26,8 @@ from scipy import stats as st
 
 from workbench.report.document import fmt
 from workbench.report.intervals import ALPHA
-from workbench.recipes.train.stats import CONTAINS_ZERO, Comparison, Verdict, plan_text, verdicts
+from workbench.recipes.train.stats import (CONTAINS_ZERO, FUTILE_FROM, FUTILE_POWER, INCONCLUSIVE, Comparison, Verdict,
+                                          plan_text, power, verdicts)
 
 
 def obrien_fleming(fraction: float, alpha: float = ALPHA) -> float:
@@ -70,6 +71,7 @@ class LookRule:
     name: str
     spending: Callable[[float, float], float]
     schedule: Callable[[int, int], list[int]]
+    futile_power: float = 0.0  # stop adding seeds below this power (`futility`); 0: never stop
 
     def looks(self, first: int, most: int) -> list[int]:
         return self.schedule(first, most)
@@ -90,47 +92,89 @@ def _look_alphas(spending, looks: tuple[int, ...], alpha: float) -> tuple[float,
 # The rule every adaptive study runs under (chosen 2026-12-02, issue 44: the same error rate, fewer
 # seeds where every seed shows the effect; docs/verdicts.md has the simulation's figures), and the
 # rule before it, kept so that `python -m benchmarks --only decide` and tests/recipes/test_sequential.py
-# can show both on the same per-seed values.
-LOOKS = LookRule("Pocock-type alpha spending, looks growing by half", pocock, growing_by_half)
+# can show both on the same per-seed values. Since 2026-12-04 an inconclusive comparison whose seeds
+# cannot decide it gets no more (`futility`); `WITHOUT_FUTILITY` is the same rule that grows every
+# inconclusive comparison to `max`, kept for the same comparison.
+LOOKS = LookRule("Pocock-type alpha spending, looks growing by half, futility", pocock, growing_by_half,
+                 futile_power=FUTILE_POWER)
+WITHOUT_FUTILITY = LookRule("Pocock-type alpha spending, looks growing by half (every inconclusive comparison "
+                            "to max: the rule of 2026-12-02)", pocock, growing_by_half)
 EARLIER_LOOKS = LookRule("O'Brien-Fleming-type alpha spending, looks doubling (the rule of 2026-12-01)",
                          obrien_fleming, doubling)
 
 
+def futility(c: Comparison, v: Verdict, most: int, futile_power: float) -> str:
+    """Why more seeds, up to `most` per group, would not let the inconclusive `v` decide its
+    claim, in words ("" when they could): neither group learned (then no seed count makes it test
+    the claim), or, for a difference without a margin, the test at `most` seeds would find the
+    observed difference with under `futile_power` power at the level `v` was read at (conditional
+    power at the current estimate: stochastic curtailment, Lan, Simon & Halperin 1982). Non-binding:
+    verdicts are read from whatever seeds the groups have, at the looks' alphas, so stopping only
+    removes chances to decide, never adds one, and the error rate stays what the looks bound.
+    `futile_power` 0: never futile."""
+    d = v.diff
+    if v.outcome is not INCONCLUSIVE or futile_power <= 0 or v.seeds < FUTILE_FROM:
+        return ""
+    if v.neither:
+        return "neither group learned, so no seed count makes it test the claim"
+    if c.margin or d.method not in ("paired", "Welch") or not (math.isfinite(d.se) and d.se > 0):
+        return ""
+    sd = d.se * math.sqrt(d.n) if d.method == "paired" else d.se * math.sqrt(d.n / 2)
+    chance = power(abs(d.mean), sd, most, 1 - d.level, d.method == "paired")
+    if not chance < futile_power:
+        return ""
+    return f"{most} seeds would find the observed difference {fmt(d.mean)} with {chance:.0%} power"
+
+
 def sequential_verdicts(comparisons: Sequence[Comparison], looks: Sequence[int], plan: bool = True,
-                        rule: LookRule = LOOKS) -> list[Verdict]:
+                        rule: LookRule = LOOKS, stop_futile: bool = False) -> list[Verdict]:
     """Verdicts of an adaptive study: at each look (its first n seeds, for the comparisons
     whose groups ran them) RULE runs at that look's spent alpha; a comparison keeps the first
     look that ends it, otherwise its last look's verdict. Each verdict records its look.
-    `plan`: an inconclusive verdict states what its seeds would need (the runner does not ask)."""
+    `plan`: an inconclusive verdict states what its seeds would need, and why its groups stopped
+    short of the maximum when `futility` stopped them (the runner does not ask). `stop_futile`: a
+    futile look ends the comparison, as when its groups get no more seeds (`workbench plan`
+    simulates comparisons whose groups no other comparison grows)."""
     alphas = rule.alphas(looks)
+    stopped: set[int] = set()  # comparisons a futile look ended (stop_futile)
     final: list[Verdict | None] = [None] * len(comparisons)
     last: list[Comparison] = list(comparisons)  # each comparison as its deciding (or last) look saw it
     for j, (n, alpha) in enumerate(zip(looks, alphas)):
         available = [j == 0 or c.seeds_run >= n for c in comparisons]
-        if j > 0 and not any(ok and not final[i].outcome.final for i, ok in enumerate(available)):
+        if j > 0 and not any(ok and not final[i].outcome.final and i not in stopped for i, ok in enumerate(available)):
             break
         at_look = [c.truncated(n) if ok else replace(c, better_values=pd.Series(dtype=float),
                                                       than_values=pd.Series(dtype=float))
                    for c, ok in zip(comparisons, available)]
         for i, v in enumerate(verdicts(at_look, alpha, plan=False)):
-            if not available[i] or (final[i] is not None and final[i].outcome.final):
+            if not available[i] or (final[i] is not None and (final[i].outcome.final or i in stopped)):
                 continue
             if v.outcome.final:
                 v = replace(v, reason=f"{v.reason}; look {j + 1} of {len(looks)} ({n} seeds, alpha {fmt(alpha)})")
             final[i], last[i] = replace(v, look=j + 1, looks=len(looks), seeds=n), at_look[i]
-    return [replace(v, reason=v.reason + plan_text(c, v.diff)) if plan and v.reason == CONTAINS_ZERO else v
-            for v, c in zip(final, last) if v is not None]
+            if stop_futile and futility(at_look[i], final[i], looks[-1], rule.futile_power):
+                stopped.add(i)
+    return [closing(v, c, looks[-1], rule) if plan else v for v, c in zip(final, last) if v is not None]
+
+
+def closing(v: Verdict, c: Comparison, most: int, rule: LookRule) -> Verdict:
+    """An inconclusive verdict with what its seeds would need, and, when its groups stopped short
+    of `most` seeds because more could not decide it, why."""
+    reason = v.reason + plan_text(c, v.diff) if v.reason == CONTAINS_ZERO else v.reason
+    why = futility(c, v, most, rule.futile_power) if v.seeds and v.seeds < most else ""
+    return replace(v, reason=f"{reason}; no more seeds after {v.seeds}: {why}" if why else reason)
 
 
 def seeds_for_next_look(comparisons: Sequence[Comparison], decided: Sequence[Verdict],
-                        looks: Sequence[int]) -> dict[str, int]:
+                        looks: Sequence[int], rule: LookRule = LOOKS) -> dict[str, int]:
     """Group -> the seeds it should have by the next look: the groups of every comparison that
     is still inconclusive below the plan's maximum (an undetermined gate keeps a comparison
-    inconclusive unless its difference is decided)."""
+    inconclusive unless its difference is decided), unless more seeds could not decide it
+    (`futility`)."""
     wanted: dict[str, int] = {}
     for c, v in zip(comparisons, decided):
         following = next((n for n in looks if n > c.seeds_run), None)
-        if v.outcome.final or following is None:
+        if v.outcome.final or following is None or futility(c, v, looks[-1], rule.futile_power):
             continue
         for group in (c.better, c.than):
             wanted[group] = max(wanted.get(group, 0), following)

@@ -23,6 +23,12 @@ from workbench.report.intervals import (ALPHA, LEVEL, UNBOUNDED, Interval, Share
 from workbench.recipes.train.learned_gate import MARGIN, Gate, GateState, Learned
 from workbench.report.outcomes import CEILING_LABEL, Outcome
 
+# Futility (adaptive seeds, since 2026-12-04; workbench.recipes.train.sequential.futility): from this
+# many seeds on, an inconclusive comparison whose seeds cannot decide it gets no more; "cannot": under
+# this power at `max` seeds at the observed difference and spread, or neither group learned.
+FUTILE_FROM = 4  # 3 seeds give the spread 2 df: too few to read it from
+FUTILE_POWER = 0.05
+
 RULE = (
     f"Rule: a verdict compares two groups (one sweep point each, its finished seeds) and is decided only by a "
     f"test of the difference of their means: a t interval, paired over seeds when both groups finished the same "
@@ -47,7 +53,10 @@ RULE = (
     f"gate. Adaptive seeds: looks at `first` seeds, then about 1.5 times as many each round up to `max`; each look "
     f"tests at the alpha a Pocock-type spending function (Lan & DeMets 1983) adds at that look, gates and intervals "
     f"included, and a comparison keeps the first look that ends it; an {Outcome.INCONCLUSIVE} comparison's groups "
-    f"get the next look's seeds. A comparison of what runs spent to reach a stated score (flops_to_target, lower is "
+    f"get the next look's seeds, unless from {FUTILE_FROM} seeds on more cannot decide it (neither group learned, or, "
+    f"without a margin, `max` seeds would find the observed difference with under {FUTILE_POWER:.0%} power): "
+    f"non-binding futility, which "
+    f"adds no decision. A comparison of what runs spent to reach a stated score (flops_to_target, lower is "
     f"better) reads '{Outcome.NOT_REACHED}' when a finished run of either group never reached it."
 )
 

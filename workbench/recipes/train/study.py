@@ -144,7 +144,9 @@ class TrainStudy(StudyBase):
         """A swept value (when one key is swept) or {dotted.key: value} -> {key: value}, each
         value checked against the key's swept values (a variant by name equals {name: ...}; a
         parameterised one may be named by its name where one swept value has it). A
-        ladder's keys are rungs, not compared: a bare value names the one other swept key."""
+        ladder's keys are rungs, not compared: a bare value names the one other swept key. Keys
+        zipped with a named one are filled in where the named values pick one row of the zip (a
+        scheme zipped with its learning rate names its rate too)."""
         keys = self.sweep.keys
         compared = [k for k in keys if k not in (self.scale or {})]
         if not keys:
@@ -168,6 +170,12 @@ class TrainStudy(StudyBase):
             if not named:
                 raise SpecError(where, f"{label(v)!r} is not a swept value of {key}", [str(o) for o in options])
             point[key] = named[0]
+        for group in self.sweep.zip:  # zipped keys vary together: naming some of them names the rest
+            given = [k for k in group if k in point]
+            rows = [i for i in range(len(group[given[0]]))
+                    if all(label(group[k][i]) == label(point[k]) for k in given)] if given else []
+            if len(rows) == 1:
+                point.update({k: values[rows[0]] for k, values in group.items() if k not in point})
         return point
 
     def run_defining(self) -> dict[str, Any]:

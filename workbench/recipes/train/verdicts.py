@@ -190,5 +190,5 @@ def seeds_wanted(study, runs: pd.DataFrame, tuning: Sequence[PointTuning] = (), 
     looks = rule.looks(study.seed_plan.first, study.seed_plan.max)
     comparisons, _ = verdicts.comparisons()
     decided = sequential_verdicts(comparisons, looks, plan=False, rule=rule)
-    return {verdicts.point_keys[group]: n for group, n in seeds_for_next_look(comparisons, decided, looks).items()
+    return {verdicts.point_keys[group]: n for group, n in seeds_for_next_look(comparisons, decided, looks, rule).items()
             if group in verdicts.point_keys}

@@ -1,0 +1,96 @@
+"""Re-issuing a stored adaptive study under a look rule without training (`python -m
+benchmarks.decide --reissue STORE OUT`): the stored runs are revealed to the runner's own
+add-seeds loop, so under the rule the store was issued with every run comes back, and under
+today's futility only the runs it asks for."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from benchmarks.decide import replayed_issue
+from workbench.recipes.train.gates import Gates
+from workbench.recipes.train.runs import TrainRuns
+from workbench.recipes.train.sequential import LOOKS, WITHOUT_FUTILITY, sequential_verdicts
+from workbench.recipes.train.sweep import expand, point_key
+from workbench.recipes.train.verdicts import Verdicts
+from workbench.report import study_of
+from workbench.results import RunResult
+from workbench.run.store import Store, load_results
+from workbench.study import load_study
+from workbench.study.keys import canonical_json, label
+
+STUDY = """\
+name: replayed
+task: {name: copy, train_length: 6, n_eval: 16, alphabet_size: 6}
+model: {family: decoder, d_model: 16, n_layers: 1, n_heads: 2}
+train: {steps: 2, batch_size: 4, lr: 1.0e-3, warmup_steps: 0, eval_every: 2, log_every: 1}
+seeds: {first: 3, max: 8}
+sweep:
+  model.position: [none, rope, alibi]
+expect:
+  - {metric: tokens_per_s, better: none, than: rope}
+  - {metric: tokens_per_s, better: alibi, than: rope}
+"""
+# tokens/s per seed (no gate): none and rope the same but for noise; alibi far ahead on every seed
+SPEED = {"none": [1000, 1400, 900, 1300, 1100, 1200, 950, 1250],
+         "rope": [1010, 1390, 905, 1280, 1105, 1190, 960, 1240],
+         "alibi": [2000, 2400, 1900, 2300, 2100, 2200, 1950, 2250]}
+
+
+@pytest.fixture
+def stored(tmp_path) -> Path:
+    """The study as the rule of 2026-12-02 issued it: none and rope, undecided, grown to 8 seeds."""
+    (tmp_path / "study.yaml").write_text(STUDY)
+    study_file = load_study(tmp_path / "study.yaml")
+    study = study_file.study
+    store = Store(tmp_path / "issued")
+    store.save_study({"name": study.name, "kind": study.kind, "hash": study_file.study_hash,
+                      "run_defining": canonical_json(study.run_defining()),
+                      "study": json.dumps(study.model_dump(mode="json"), default=str),
+                      "yaml": study_file.text, "source": str(study_file.path), "profile": ""})
+    grown = {"none": 8, "rope": 8, "alibi": 3}
+    keys = list(study.sweep.keys)
+    for run in expand(study_file, seeds={point_key({keys[0]: label(p)}, keys): n for p, n in grown.items()}):
+        speed = SPEED[run.swept["model.position"]][run.seed]
+        store.record(run, RunResult(run_id=run.run_id, status="finished", steps_done=2, metrics={}, curves=[
+            (2, "train", "loss", 1.0)], n_params=5000, wall_time_s=10.0, cpu_time_s=15.0, tokens=1200,
+            tokens_per_s=float(speed), environment={"device": "cpu"}))
+    return tmp_path / "issued"
+
+
+def verdicts_of(store: Path):
+    study = study_of(Store(store, create=False).study_record())
+    runs = TrainRuns(study, load_results(store))
+    comparisons, _ = Verdicts(runs, Gates(runs)).comparisons()
+    return sequential_verdicts(comparisons, LOOKS.looks(study.seed_plan.first, study.seed_plan.max))
+
+
+def test_a_replay_keeps_the_runs_its_own_rule_trained_and_drops_only_what_futility_no_longer_asks(stored, tmp_path):
+    everything = set(load_results(stored)["run_id"])
+    kept, dropped = replayed_issue(stored, tmp_path / "same", WITHOUT_FUTILITY)
+    assert set(kept) == everything and not dropped  # the loop asked for exactly the runs the store holds
+
+    kept, dropped = replayed_issue(stored, tmp_path / "today", LOOKS)
+    runs = load_results(stored).set_index("run_id")
+    assert sorted(runs.loc[dropped, "seed"]) == [4, 4, 5, 5, 6, 6, 7, 7]  # none and rope stop at 4 (looks 3, 4, 6, 8)
+    with sqlite3.connect(tmp_path / "today" / "results.db") as conn:
+        assert {r for (r,) in conn.execute("SELECT run_id FROM runs")} == set(kept)
+        assert not {r for (r,) in conn.execute("SELECT DISTINCT run_id FROM curves")} & set(dropped)
+    before, after = verdicts_of(stored), verdicts_of(tmp_path / "today")
+    assert (before[1].outcome, before[1].seeds) == (after[1].outcome, after[1].seeds) == ("holds", 3)
+    assert (before[0].outcome, before[0].seeds) == ("inconclusive", 8)
+    assert (after[0].outcome, after[0].seeds) == ("inconclusive", 4) and "no more seeds after 4" in after[0].reason
+
+
+def test_a_replay_refuses_a_folder_that_exists_and_a_rule_that_asks_for_runs_never_stored(stored, tmp_path):
+    (tmp_path / "taken").mkdir()
+    with pytest.raises(SystemExit, match="exists: give a new folder"):
+        replayed_issue(stored, tmp_path / "taken")
+    today = tmp_path / "today"
+    replayed_issue(stored, today)
+    with pytest.raises(SystemExit, match="the rule asks for 6 seeds of .*; the store holds 4"):
+        replayed_issue(today, tmp_path / "again", WITHOUT_FUTILITY)
