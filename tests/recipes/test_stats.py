@@ -392,3 +392,15 @@ def test_a_level_prints_with_the_digits_its_alpha_needs_everywhere_it_is_shown()
     line = VerdictLine("a is better than b on x", "holds", "holds", "", difference={
         "mean": 0.159, "lo": 0.121, "hi": 0.197, "level": 0.99965, "method": "paired"})
     assert line.interval_kind == "99.965% paired"  # it printed "100% paired"
+
+
+def test_the_verdict_table_shows_what_each_label_adds_to_its_outcome():
+    from workbench.report.document import VerdictLine
+    from workbench.report.outcomes import CEILING_LABEL
+
+    def reason(outcome: str, label: str) -> str:
+        return VerdictLine("a is better than b on x", outcome, label, "").reason
+
+    assert reason("ceiling", CEILING_LABEL) == "the task does not separate them"  # it printed "(: the task ...)"
+    assert reason("holds", "holds (only a learned)") == "only a learned"
+    assert reason("holds", "holds") == ""

@@ -97,7 +97,7 @@ class VerdictLine:
     @property
     def reason(self) -> str:
         """What the label adds to the outcome ("only rope learned"), or ""."""
-        rest = self.label.removeprefix(self.outcome).strip()
+        rest = self.label.removeprefix(self.outcome).removeprefix(":").strip()  # "ceiling: the task ..."
         return rest[1:-1] if rest.startswith("(") and rest.endswith(")") else rest
 
     @property
