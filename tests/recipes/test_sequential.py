@@ -237,6 +237,28 @@ def test_a_true_difference_is_found_with_80_percent_power_and_plain_ones_sooner_
             for e in (1, 2, 4)))
 
 
+def test_futility_keeps_an_equivalence_within_reach_and_stops_one_out_of_it():
+    """150 studies of two equivalence entries with no true difference, looks up to 20 seeds: a margin of
+    two SDs of the per-seed differences (within reach: found by about 7 seeds) and one of a third of an SD
+    (out of reach: over a hundred seeds would be needed for 80% power). With futility the first is found about as often,
+    and the second stops long before the maximum; printed beside the rule without it, on the same draws."""
+    groups = [Group(2.0), Group(2.0), Group(2.0), Group(2.0)]
+    study = simulated_study_file(groups, [Entry(0, 1, margin=MARGIN), Entry(2, 3, margin=DIFF_SD / 3)])
+    limits = thresholds(study)
+    found = {}
+    for rule in (LOOKS, WITHOUT_FUTILITY):
+        rng = np.random.default_rng(11)
+        studies = [simulated_study(rng, study, groups, limits, rule) for _ in range(150)]
+        found[rule] = [(rate([s[k].outcome for s in studies], "equivalent"), float(np.mean([s[k].seeds for s in studies])))
+                       for k in (0, 1)]
+    print(f"\nwithin reach: equivalent {found[LOOKS][0][0]:.0%} ({found[WITHOUT_FUTILITY][0][0]:.0%} without futility), "
+          f"mean seeds {found[LOOKS][0][1]:.1f} ({found[WITHOUT_FUTILITY][0][1]:.1f}); out of reach: equivalent "
+          f"{found[LOOKS][1][0]:.0%} ({found[WITHOUT_FUTILITY][1][0]:.0%}), mean seeds {found[LOOKS][1][1]:.1f} "
+          f"({found[WITHOUT_FUTILITY][1][1]:.1f})")
+    assert found[LOOKS][0][0] >= found[WITHOUT_FUTILITY][0][0] - 0.05
+    assert found[LOOKS][1][1] < 0.5 * found[WITHOUT_FUTILITY][1][1]
+
+
 ADAPTIVE = """\
 name: adaptive
 task: {name: copy, train_length: 6, n_eval: 16, alphabet_size: 6}
@@ -421,10 +443,11 @@ expect:
 
 
 def test_a_comparison_its_seeds_cannot_decide_gets_no_more_and_the_report_says_why():
-    """Futility: at 4 seeds a difference of 1.25 tokens/s beside a spread of the paired differences of
-    about 12 would be found at 12 seeds with far under 5% power, so its groups get no more seeds; at 3
-    seeds (2 df) the spread is not read yet; a comparison with a margin, or under the rule without
-    futility, still grows; a plain difference grows."""
+    """Futility: at 4 seeds a difference of 3.75 tokens/s beside a spread of the paired differences of
+    about 13 would be found at 12 seeds with far under 5% power, so its groups get no more seeds; at 3
+    seeds (2 df) the spread is not read yet; with a margin of 30 its equivalence could still be shown,
+    so it grows, with one of 0.5 it could not; under the rule without futility it grows; a plain
+    difference grows."""
     import yaml
 
     from workbench.recipes.train.gates import Gates
@@ -442,11 +465,13 @@ def test_a_comparison_its_seeds_cannot_decide_gets_no_more_and_the_report_says_w
                                   [("none", s, v) for s, v in enumerate(none)] + [("rope", s, v) for s, v in enumerate(rope)])])
 
     plain = study("{metric: tokens_per_s, better: none, than: rope}")
-    margin = study("{metric: tokens_per_s, better: none, than: rope, margin: 0.5}")
+    margin = study("{metric: tokens_per_s, better: none, than: rope, margin: 30}")
+    narrow = study("{metric: tokens_per_s, better: none, than: rope, margin: 0.5}")
     near = runs([1000, 1400, 900, 1300], [1010, 1390, 905, 1280])  # differences -10, +10, -5, +20
     assert seeds_wanted(plain, near) == {}
     assert set(seeds_wanted(plain, near.query("seed < 3")).values()) == {4}  # 3 seeds: not read yet
     assert set(seeds_wanted(margin, near).values()) == {6}
+    assert seeds_wanted(narrow, near) == {}
     assert set(seeds_wanted(plain, near, rule=WITHOUT_FUTILITY).values()) == {6}
     apart = runs([1000, 1400, 900, 1300], [990, 1330, 905, 1240])  # differences +10, +70, -5, +60
     assert set(seeds_wanted(plain, apart).values()) == {6}

@@ -27,7 +27,7 @@ from scipy import stats as st
 from workbench.report.document import fmt
 from workbench.report.intervals import ALPHA
 from workbench.recipes.train.stats import (CONTAINS_ZERO, FUTILE_FROM, FUTILE_POWER, INCONCLUSIVE, Comparison, Verdict,
-                                          plan_text, power, verdicts)
+                                          equivalence_power, plan_text, power, verdicts)
 
 
 def obrien_fleming(fraction: float, alpha: float = ALPHA) -> float:
@@ -106,9 +106,10 @@ EARLIER_LOOKS = LookRule("O'Brien-Fleming-type alpha spending, looks doubling (t
 def futility(c: Comparison, v: Verdict, most: int, futile_power: float) -> str:
     """Why more seeds, up to `most` per group, would not let the inconclusive `v` decide its
     claim, in words ("" when they could): neither group learned (then no seed count makes it test
-    the claim), or, for a difference without a margin, the test at `most` seeds would find the
-    observed difference with under `futile_power` power at the level `v` was read at (conditional
-    power at the current estimate: stochastic curtailment, Lan, Simon & Halperin 1982). Non-binding:
+    the claim), or the test at `most` seeds would find the observed difference, and, for an entry
+    with a margin, the equivalence within it, each with under `futile_power` power at the level
+    `v` was read at, were the observed difference and spread the true ones (conditional power at
+    the current estimate: stochastic curtailment, Lan, Simon & Halperin 1982). Non-binding:
     verdicts are read from whatever seeds the groups have, at the looks' alphas, so stopping only
     removes chances to decide, never adds one, and the error rate stays what the looks bound.
     `futile_power` 0: never futile."""
@@ -117,13 +118,17 @@ def futility(c: Comparison, v: Verdict, most: int, futile_power: float) -> str:
         return ""
     if v.neither:
         return "neither group learned, so no seed count makes it test the claim"
-    if c.margin or d.method not in ("paired", "Welch") or not (math.isfinite(d.se) and d.se > 0):
+    if d.method not in ("paired", "Welch") or not (math.isfinite(d.se) and d.se > 0):
         return ""
-    sd = d.se * math.sqrt(d.n) if d.method == "paired" else d.se * math.sqrt(d.n / 2)
-    chance = power(abs(d.mean), sd, most, 1 - d.level, d.method == "paired")
+    paired, alpha = d.method == "paired", 1 - d.level
+    sd = d.se * math.sqrt(d.n) if paired else d.se * math.sqrt(d.n / 2)
+    chance = power(abs(d.mean), sd, most, alpha, paired)
+    if c.margin:
+        chance = max(chance, equivalence_power(d.mean, sd, most, alpha, paired, c.margin))
     if not chance < futile_power:
         return ""
-    return f"{most} seeds would find the observed difference {fmt(d.mean)} with {chance:.0%} power"
+    what = f"the observed difference {fmt(d.mean)}" + (f" or its equivalence within ±{fmt(c.margin)}" if c.margin else "")
+    return f"{most} seeds would find {what} with {chance:.0%} power"
 
 
 def sequential_verdicts(comparisons: Sequence[Comparison], looks: Sequence[int], plan: bool = True,

@@ -25,7 +25,8 @@ from workbench.report.outcomes import CEILING_LABEL, Outcome
 
 # Futility (adaptive seeds, since 2026-12-04; workbench.recipes.train.sequential.futility): from this
 # many seeds on, an inconclusive comparison whose seeds cannot decide it gets no more; "cannot": under
-# this power at `max` seeds at the observed difference and spread, or neither group learned.
+# this power at `max` seeds at the observed difference and spread (for the difference, and for the
+# equivalence where the entry has a margin), or neither group learned.
 FUTILE_FROM = 4  # 3 seeds give the spread 2 df: too few to read it from
 FUTILE_POWER = 0.05
 
@@ -53,8 +54,9 @@ RULE = (
     f"gate. Adaptive seeds: looks at `first` seeds, then about 1.5 times as many each round up to `max`; each look "
     f"tests at the alpha a Pocock-type spending function (Lan & DeMets 1983) adds at that look, gates and intervals "
     f"included, and a comparison keeps the first look that ends it; an {Outcome.INCONCLUSIVE} comparison's groups "
-    f"get the next look's seeds, unless from {FUTILE_FROM} seeds on more cannot decide it (neither group learned, or, "
-    f"without a margin, `max` seeds would find the observed difference with under {FUTILE_POWER:.0%} power): "
+    f"get the next look's seeds, unless from {FUTILE_FROM} seeds on more cannot decide it (neither group learned, or "
+    f"`max` seeds would find the observed difference, and with a `margin:` the equivalence, with under "
+    f"{FUTILE_POWER:.0%} power): "
     f"non-binding futility, which "
     f"adds no decision. A comparison of what runs spent to reach a stated score (flops_to_target, lower is "
     f"better) reads '{Outcome.NOT_REACHED}' when a finished run of either group never reached it."
@@ -78,6 +80,19 @@ def power(effect: float, sd: float, n: int, alpha: float, paired: bool) -> float
     exact = float(st.nct.sf(crit, df, nc) + st.nct.cdf(-crit, df, nc))
     # scipy's noncentral t gives NaN far in the tail, where the normal approximation is exact enough
     return exact if math.isfinite(exact) else float(st.norm.sf(crit - nc) + st.norm.cdf(-crit - nc))
+
+
+def equivalence_power(difference: float, sd: float, n: int, alpha: float, paired: bool, margin: float) -> float:
+    """Power of the two one-sided tests of ±`margin`, each at level `alpha`, with `n` seeds per
+    group when the true difference is `difference` (`sd` as in `power`): the chance that the
+    1 - 2 alpha interval lies inside ±margin, in the normal approximation with the t quantile
+    (Schuirmann 1987's power with the spread taken as known)."""
+    if n < 2 or sd <= 0:
+        return math.nan
+    df, scale = (n - 1, sd / math.sqrt(n)) if paired else (2 * n - 2, sd * math.sqrt(2 / n))
+    crit = st.t.ppf(1 - alpha, df)
+    inside = st.norm.cdf((margin - difference) / scale - crit) + st.norm.cdf((margin + difference) / scale - crit) - 1
+    return max(0.0, float(inside))
 
 
 def detectable(sd: float, n: int, alpha: float, paired: bool) -> float:
