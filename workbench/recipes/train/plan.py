@@ -317,7 +317,8 @@ def scenario_table(sc: Scenario, comparisons: Sequence[Comparison], study, cpu: 
     for column in ("noise SD", "planned for", "max seeds" if plan else "seeds", now, "mean seeds", "CPU min"):
         # Numbers never break; on a narrow screen the words of "planned for" wrap instead.
         table.add_column(column, justify="left" if column == "planned for" else "right", overflow="fold",
-                         no_wrap=column != "planned for")
+                         no_wrap=column != "planned for",
+                         min_width=len(Outcome.EQUIVALENT) + 1 if column == "planned for" else None)
     for k, (c, p) in enumerate(zip(comparisons, sc.planned)):
         row = [str(k + 1), fmt(p.sd) if p.goal else "–"]
         pair = cpu.get(c.better, math.nan) + cpu.get(c.than, math.nan)
