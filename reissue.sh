@@ -25,6 +25,10 @@
 # Default list: none. Since 2026-12-04 (evening) every shipped study is issued under the current
 # rule, so name the studies to re-issue. Where an earlier issue shipped its data, size the
 # re-issue with `workbench plan studies/<name>.yaml --from reports/<name>/data` (nothing trains).
+# A change of which runs the rule asks for (not of how verdicts read them: futility, 2026-12-04)
+# re-issues a shipped adaptive study without training: `python -m benchmarks.decide --reissue
+# reports/<name>/data runs/<name>` keeps the runs the runner's loop asks for, then `workbench
+# report runs/<name> --out reports --with-data` as below.
 set -u
 cd "$(dirname "$0")"
 
