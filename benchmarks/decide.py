@@ -37,6 +37,7 @@ from rich.table import Table
 from scipy import optimize, special
 
 from benchmarks import RESULTS_DIR
+from workbench.errors import WorkbenchError
 from workbench.recipes.train.gates import Gates
 from workbench.recipes.train.runs import TrainRuns
 from workbench.recipes.train.verdicts import Verdicts, seeds_wanted
@@ -234,7 +235,7 @@ def replayed_issue(source: Path, out: Path, rule: LookRule = LOOKS) -> tuple[lis
     when it ran; `workbench report OUT` then reports it. Returns (run ids kept, run ids dropped)."""
     from workbench.recipes.train.tuning import choose
     from workbench.report import study_of
-    from workbench.run.store import DB_FILE, Store, load_results, runs_root
+    from workbench.run.store import DB_FILE, Store, load_results, run_dir
 
     if out.exists():
         raise SystemExit(f"{out} exists: give a new folder")
@@ -267,15 +268,15 @@ def replayed_issue(source: Path, out: Path, rule: LookRule = LOOKS) -> tuple[lis
     grow_seeds(lambda: seeds_wanted(study, stored(), tunings, rule), reveal, plan.first)
     kept = stored()["run_id"].tolist()
     dropped = sorted(set(runs["run_id"]) - set(kept))
+    folders = {run_id: run_dir(source, run_id) for run_id in kept}  # refuses a folder holding a link
     out.mkdir(parents=True)
     (out / DB_FILE).write_bytes((Path(source) / DB_FILE).read_bytes())
     with Store(out).connect() as conn:
         conn.executemany("DELETE FROM runs WHERE run_id = ?", [(r,) for r in dropped])
         conn.executemany("DELETE FROM curves WHERE run_id = ?", [(r,) for r in dropped])
-    folders = runs_root(source)
-    for run_id in kept:  # the weights a report's pictures load, where the store shipped them
-        if (folders / run_id).is_dir():
-            shutil.copytree(folders / run_id, runs_root(out) / run_id)
+    for run_id, folder in folders.items():  # the weights a report's pictures load, where the store shipped them
+        if folder.is_dir():
+            shutil.copytree(folder, run_dir(out, run_id))
     return kept, dropped
 
 
@@ -290,7 +291,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     console = Console(width=150)
     if args.reissue:
         source, out = args.reissue
-        kept, dropped = replayed_issue(source, out)
+        try:
+            kept, dropped = replayed_issue(source, out)
+        except WorkbenchError as err:  # a damaged or foreign store: one line, nothing written
+            raise SystemExit(f"error: {err}") from None
         console.print(f"{out}: {len(kept)} runs of {len(kept) + len(dropped)} kept, {len(dropped)} the rule no longer "
                       f"asks for dropped; report it with `workbench report {out} --out reports --with-data`")
         return 0

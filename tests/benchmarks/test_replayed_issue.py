@@ -94,3 +94,32 @@ def test_a_replay_refuses_a_folder_that_exists_and_a_rule_that_asks_for_runs_nev
     replayed_issue(stored, today)
     with pytest.raises(SystemExit, match="the rule asks for 6 seeds of .*; the store holds 4"):
         replayed_issue(today, tmp_path / "again", WITHOUT_FUTILITY)
+
+
+def test_a_received_store_gets_one_line_and_nothing_written(stored, tmp_path):
+    """A store is data: a run folder holding a link (a weights file that points elsewhere) and a
+    damaged study record are each refused in one line, before anything is written."""
+    from benchmarks.decide import main
+    from workbench.run.store import run_dir
+
+    def refused(out: Path) -> str:
+        with pytest.raises(SystemExit) as stop:
+            main(["--reissue", str(stored), str(out)])
+        assert not out.exists()
+        return str(stop.value)
+
+    folder = run_dir(stored, load_results(stored).query("seed == 0")["run_id"].iloc[0])
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text("{}")
+    (tmp_path / "outside.txt").write_text("not the study's")
+    (folder / "final.safetensors").symlink_to(tmp_path / "outside.txt")
+    message = refused(tmp_path / "linked")
+    assert message.startswith("error: ") and "\n" not in message and "is a symbolic link" in message
+    (folder / "final.safetensors").unlink()
+    replayed_issue(stored, tmp_path / "copy")  # without the link, the folder is copied with the run
+    assert (run_dir(tmp_path / "copy", folder.name) / "config.json").is_file()
+
+    with sqlite3.connect(stored / "results.db") as conn:
+        conn.execute("UPDATE study SET value = 'not json' WHERE key = 'study'")
+    message = refused(tmp_path / "damaged")
+    assert message.startswith("error: ") and "\n" not in message and "damaged" in message
