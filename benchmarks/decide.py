@@ -235,7 +235,7 @@ def replayed_issue(source: Path, out: Path, rule: LookRule = LOOKS) -> tuple[lis
     when it ran; `workbench report OUT` then reports it. Returns (run ids kept, run ids dropped)."""
     from workbench.recipes.train.tuning import choose
     from workbench.report import study_of
-    from workbench.run.store import DB_FILE, Store, load_results, run_dir
+    from workbench.run.store import Store, copy_store, load_results, run_dir
 
     if out.exists():
         raise SystemExit(f"{out} exists: give a new folder")
@@ -244,11 +244,11 @@ def replayed_issue(source: Path, out: Path, rule: LookRule = LOOKS) -> tuple[lis
     plan = getattr(study, "seed_plan", None)
     if plan is None:
         raise SystemExit(f"{source}: not an adaptive study (seeds: {{first, max}}): nothing to replay")
-    runs = load_results(source)
-    tunings = choose(study, store.runs())
+    runs, rows = load_results(source), store.runs()
+    tunings = choose(study, rows)
     final = runs["stage"] == "final"
     keys = list(study.sweep.keys)
-    swept = {r["run_id"]: r["swept"] for r in store.runs()}  # labels as stored (a frame reads null as NaN)
+    swept = {r["run_id"]: r["swept"] for r in rows}  # labels as stored (a frame reads null as NaN)
     point_of = np.array([point_key({k: swept[run_id].get(k) for k in keys}, keys) for run_id in runs["run_id"]])
     order = runs["seed"].to_numpy() - plan.start  # the n-th seed of the plan: its look
     revealed = dict.fromkeys(point_of[final.to_numpy()], plan.first)
@@ -270,7 +270,7 @@ def replayed_issue(source: Path, out: Path, rule: LookRule = LOOKS) -> tuple[lis
     dropped = sorted(set(runs["run_id"]) - set(kept))
     folders = {run_id: run_dir(source, run_id) for run_id in kept}  # refuses a folder holding a link
     out.mkdir(parents=True)
-    (out / DB_FILE).write_bytes((Path(source) / DB_FILE).read_bytes())
+    copy_store(source, out)  # its rows into a fresh store: nothing of a received file's schema travels
     with Store(out).connect() as conn:
         conn.executemany("DELETE FROM runs WHERE run_id = ?", [(r,) for r in dropped])
         conn.executemany("DELETE FROM curves WHERE run_id = ?", [(r,) for r in dropped])

@@ -32,7 +32,7 @@ from workbench.report.document import VerdictLine
 from workbench.report.findings import SUMMARY_FILE
 from workbench.report.outcomes import Outcome
 from workbench.report.sweep_points import Variants, short_key
-from workbench.study.keys import value_variant
+from workbench.study.keys import split_top, value_variant
 from workbench.run import store
 
 STUDY_COPY = "study.yaml"  # where `run` writes a study given as a mapping, inside its output folder
@@ -128,19 +128,6 @@ def final_runs(out_dir: Path) -> pd.DataFrame:
     runs = runs.assign(variant=variants.label_runs(runs))
     runs.attrs["variants"] = variants
     return runs
-
-
-def split_top(text: str, sep: str) -> list[str]:
-    """`text` split at each `sep` outside parentheses (a value `layerscale(a=1, b=2)` stays whole)."""
-    parts, depth, current = [], 0, ""
-    for ch in text:
-        depth += (ch == "(") - (ch == ")")
-        if ch == sep and depth == 0:
-            parts.append(current.strip())
-            current = ""
-        else:
-            current += ch
-    return [*parts, current.strip()]
 
 
 def pick_variant(name: str, variants: Variants) -> str:

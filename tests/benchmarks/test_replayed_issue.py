@@ -97,8 +97,9 @@ def test_a_replay_refuses_a_folder_that_exists_and_a_rule_that_asks_for_runs_nev
 
 
 def test_a_received_store_gets_one_line_and_nothing_written(stored, tmp_path):
-    """A store is data: a run folder holding a link (a weights file that points elsewhere) and a
-    damaged study record are each refused in one line, before anything is written."""
+    """A store is data: a run folder holding a link (a weights file that points elsewhere), a
+    planted trigger and a damaged study record are each refused in one line, before anything is
+    written."""
     from benchmarks.decide import main
     from workbench.run.store import run_dir
 
@@ -118,6 +119,13 @@ def test_a_received_store_gets_one_line_and_nothing_written(stored, tmp_path):
     (folder / "final.safetensors").unlink()
     replayed_issue(stored, tmp_path / "copy")  # without the link, the folder is copied with the run
     assert (run_dir(tmp_path / "copy", folder.name) / "config.json").is_file()
+
+    with sqlite3.connect(stored / "results.db") as conn:  # a trigger the replay's deletions would fire
+        conn.execute("CREATE TRIGGER planted AFTER DELETE ON runs BEGIN DELETE FROM study; END")
+    message = refused(tmp_path / "triggered")
+    assert message.startswith("error: ") and "\n" not in message and "trigger 'planted'" in message
+    with sqlite3.connect(stored / "results.db") as conn:
+        conn.execute("DROP TRIGGER planted")
 
     with sqlite3.connect(stored / "results.db") as conn:
         conn.execute("UPDATE study SET value = 'not json' WHERE key = 'study'")

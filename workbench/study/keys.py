@@ -55,6 +55,21 @@ def value_variant(value: Any) -> str | None:
     return None
 
 
+def split_top(text: str, sep: str) -> list[str]:
+    """`text` split at each `sep` outside brackets, each part stripped: a label such as
+    `layerscale(a=1, b=2)` or a JSON list stays whole (a group label "n_heads=1, position=rope"
+    splits into its keys)."""
+    parts, depth, current = [], 0, ""
+    for ch in text:
+        depth += (ch in "([{") - (ch in ")]}")
+        if ch == sep and depth == 0:
+            parts.append(current.strip())
+            current = ""
+        else:
+            current += ch
+    return [*parts, current.strip()]
+
+
 def point_labels(point: Mapping[str, Any]) -> dict[str, Any]:
     """A sweep point ({dotted.key: value}, e.g. an `expect:` entry's) with each value as its
     label: JSON-safe, and equal for equal variants however they were written."""

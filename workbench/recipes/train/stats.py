@@ -56,9 +56,7 @@ RULE = (
     f"included, and a comparison keeps the first look that ends it; an {Outcome.INCONCLUSIVE} comparison's groups "
     f"get the next look's seeds, unless from {FUTILE_FROM} seeds on more cannot decide it (neither group learned, or "
     f"`max` seeds would find the observed difference, and with a `margin:` the equivalence, with under "
-    f"{FUTILE_POWER:.0%} power): "
-    f"non-binding futility, which "
-    f"adds no decision. A comparison of what runs spent to reach a stated score (flops_to_target, lower is "
+    f"{FUTILE_POWER:.0%} power): non-binding futility, which adds no decision. A comparison of what runs spent to reach a stated score (flops_to_target, lower is "
     f"better) reads '{Outcome.NOT_REACHED}' when a finished run of either group never reached it."
 )
 

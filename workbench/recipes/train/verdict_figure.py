@@ -13,6 +13,7 @@ import numpy as np
 from workbench.report.document import fmt
 from workbench.report import figures
 from workbench.report.figures import UNBOUNDED, Bounds, Palette, styled
+from workbench.study.keys import split_top
 
 
 @styled
@@ -26,8 +27,8 @@ def verdict_groups(groups: Sequence[tuple[str, Sequence[float], float, float, fl
     direction (`higher_is_better`: ≥, else ≤, as for bpc). Small (it shares the screen with the verdict table)."""
     if not groups:
         return None
-    labels = [stacked(label) for label, *_ in groups]
-    lines = [label.split("\n") for label in labels]
+    lines = [split_top(label, ",") for label, *_ in groups]  # one swept key a line
+    labels = ["\n".join(group) for group in lines]
     per_group = max(1.1, 0.075 * max(len(line) for group in lines for line in group))  # inches: its longest line
     fig, ax = figures.new_axes(width=max(3.6, per_group * len(groups) + 1.8),
                                height=2.9 + 0.15 * (max(map(len, lines)) - 1))
@@ -50,15 +51,3 @@ def verdict_groups(groups: Sequence[tuple[str, Sequence[float], float, float, fl
         ax.legend(fontsize="small", loc="best")
     return figures.save(fig, path)
 
-
-def stacked(label: str) -> str:
-    """A group's label with one swept key a line ("n_heads=1, position=rope" -> two lines), so
-    the labels of groups that differ in several keys do not run into each other; a comma inside
-    a variant's parameters ("full(scaled=True, window=4)") stays on its line."""
-    lines, depth, start = [], 0, 0
-    for i, ch in enumerate(label):
-        depth += (ch in "([{") - (ch in ")]}")
-        if depth == 0 and label.startswith(", ", i):
-            lines.append(label[start:i])
-            start = i + 2
-    return "\n".join([*lines, label[start:]])
