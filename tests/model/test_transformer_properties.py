@@ -53,7 +53,9 @@ def capture_qkv(model: nn.Module) -> list[tuple[torch.Tensor, torch.Tensor, torc
 # ---- P1: NoPE encoder is permutation-equivariant; every position scheme breaks it ---------
 
 
-def encoder_rows_under_permutation(position: str) -> tuple[torch.Tensor, torch.Tensor]:
+def encoder_rows_under_permutation(position: str, perm: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(output of the permuted input, permuted output) of a 2-layer encoder; a random
+    permutation of 10 tokens unless `perm` is given."""
     model = build(tiny_spec("encoder", position=position, n_layers=2))
     # At init the blocks add ~1% to a unit-RMS token stream with near-uniform attention, so a
     # scheme acting inside attention (RoPE) moves the output by ~1e-5; larger attention
@@ -64,7 +66,8 @@ def encoder_rows_under_permutation(position: str) -> tuple[torch.Tensor, torch.T
                 m.qkv.weight.mul_(10)
                 m.out.weight.mul_(10)
     x = tokens(2, 10)
-    perm = torch.randperm(10, generator=torch.Generator().manual_seed(1))
+    if perm is None:
+        perm = torch.randperm(10, generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         return model.encode(x[:, perm]), model.encode(x)[:, perm]
 
@@ -78,6 +81,23 @@ def test_p1_nope_encoder_is_permutation_equivariant():
 def test_p1_every_position_scheme_breaks_permutation_equivariance(position):
     permuted_output, output_permuted = encoder_rows_under_permutation(position)
     assert_differs(permuted_output, output_permuted, by=1e-3)
+
+
+# ALiBi's penalty -slope * |i - j| is the same for a key on either side: an encoder with it is
+# equivariant to reversing the input, so it cannot tell a left neighbour from a right one (the
+# position-direction study's ALiBi group). Schemes that tell sides break the symmetry.
+REVERSAL = torch.arange(9, -1, -1)
+
+
+def test_alibi_encoder_is_reversal_equivariant():
+    reversed_output, output_reversed = encoder_rows_under_permutation("alibi", REVERSAL)
+    assert_close(reversed_output, output_reversed, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("position", [p for p in POSITIONS if p not in ("none", "alibi")])
+def test_every_other_position_scheme_tells_left_from_right(position):
+    reversed_output, output_reversed = encoder_rows_under_permutation(position, REVERSAL)
+    assert_differs(reversed_output, output_reversed, by=1e-3)
 
 
 # ---- P2: sinusoidal encoding is the formula; low dimensions change fast -------------------
