@@ -1,7 +1,11 @@
 """ALiBi (Press et al. 2022): no position embedding; each head adds -slope * |i - j| to its
 attention scores. Slopes form the geometric sequence 2^(-8/h), 2^(-16/h), ..., 2^(-8);
 for h not a power of two, the paper's interleaving of the nearest powers is used.
-Symmetric in i - j, so it works for causal and bidirectional attention alike.
+Press et al. define it for causal attention; a bidirectional stack here uses the same
+symmetric penalty (as MosaicBERT does), which gives a key on the left and one on the right at
+the same distance the same bias. An encoder with ALiBi is therefore equivariant to reversing
+its input (tests/model/test_transformer_properties.py) and cannot tell a left neighbour from a
+right one (studies/position-direction.yaml).
 
 The slopes follow the model's dtype, computed in it (exactly in a float64 model; a cast of
 float32 slopes would round those that are not powers of two, e.g. 2^-0.5 at 16 heads).

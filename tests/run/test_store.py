@@ -6,6 +6,7 @@ import multiprocessing
 from types import SimpleNamespace
 from conftest import HANG_GUARD_S
 
+from workbench.run import store_schema
 from workbench.run.store import Store, load_curves, load_results, load_run_configs
 
 WRITERS, RUNS_EACH = 3, 15
@@ -76,6 +77,30 @@ def test_a_store_written_before_the_index_column_was_named_reads_and_resumes(tmp
     Store(tmp_path).record(*fake(0, 3))  # a writer renames the column and goes on
     table = load_results(tmp_path)
     assert list(table.columns[:3]) == ["run_id", "index", "seed"] and list(table["index"]) == [0, 1, 2, 3]
+
+
+def test_a_store_written_before_curves_lost_their_rowid_reads_and_copies_at_half_the_bytes(tmp_path):
+    """Stores written before 2026-12-05 keep their curves in a rowid table with a key index; they
+    are read and written as before, and copy_store (what a report's shipped data is made with)
+    puts the same rows into a WITHOUT ROWID table of about half the bytes."""
+    import sqlite3
+
+    from workbench.run.store import copy_store
+
+    old, new = tmp_path / "old", tmp_path / "new"
+    old.mkdir()
+    with sqlite3.connect(old / "results.db") as conn:  # SCHEMA as it was, curves with a rowid
+        conn.executescript(store_schema.SCHEMA.replace(") WITHOUT ROWID;", ");"))
+    store = Store(old)
+    for i in range(40):
+        run, result = fake(0, i)
+        result.curves = [(s, split, m, s / 7) for s in range(1, 101) for split, m in (("train", "loss"), ("eval", "loss@8"))]
+        store.record(run, result)
+    copy_store(old, new)
+    with sqlite3.connect(new / "results.db") as conn:
+        assert "WITHOUT ROWID" in conn.execute("SELECT sql FROM sqlite_master WHERE name = 'curves'").fetchone()[0]
+    assert load_curves(new).equals(load_curves(old)) and len(load_curves(new)) == 40 * 200
+    assert (new / "results.db").stat().st_size < 0.7 * (old / "results.db").stat().st_size
 
 
 # ---- issue 40: a failing disk is not a damaged store ------------------------------------------

@@ -67,7 +67,8 @@ CREATE TABLE IF NOT EXISTS curves (
     metric TEXT NOT NULL,               -- loss, lr, accuracy@64, ...
     value REAL,
     PRIMARY KEY (run_id, step, split, metric)
-);
+) WITHOUT ROWID;                        -- the rows live in the key's b-tree: about half the bytes of a
+                                        -- rowid table and its key index (stores written before keep theirs)
 """
 TABLES = ("study", "runs", "curves")
 # Columns a store written by an earlier workbench may lack, or hold under an earlier name.
