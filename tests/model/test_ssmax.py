@@ -32,16 +32,21 @@ def test_s_starts_at_the_papers_value_and_is_learned_per_head():
     assert all(torch.equal(p, torch.full((4,), SSMAX_INIT)) for p in scales)
 
 
-def test_scores_are_s_log_n_times_the_plain_ones():
-    """Against the plain softmax computed by hand, for an encoder row of n keys."""
+@pytest.mark.parametrize("causal", [False, True])
+def test_scores_are_s_log_n_times_the_plain_ones(causal):
+    """Against a softmax computed by hand: n = 9 keys for every encoder row, n = t + 1 for the
+    causal row of position t."""
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(2, 4, 9, 8, generator=g) for _ in range(3))
     attention = variant(n_kv_heads=4)
     pos = torch.arange(9).expand(2, 9)
-    out = attention(q, k, v, q_pos=pos, k_pos=pos, key_mask=None, causal=False, score_bias=None)
-    factor = attention.ssmax_scale.view(1, 4, 1, 1) * math.log(9)
-    weights = torch.softmax(factor * (q @ k.transpose(-2, -1)) / math.sqrt(8), -1)
-    assert_close(out, weights @ v, **TIGHT)
+    out = attention(q, k, v, q_pos=pos, k_pos=pos, key_mask=None, causal=causal, score_bias=None)
+    n = torch.arange(1, 10.0).view(1, 1, 9, 1) if causal else torch.tensor(9.0)
+    factor = attention.ssmax_scale.view(1, 4, 1, 1) * n.log()
+    scores = factor * (q @ k.transpose(-2, -1)) / math.sqrt(8)
+    if causal:
+        scores = scores.masked_fill(torch.ones(9, 9, dtype=torch.bool).triu(1), float("-inf"))
+    assert_close(out, torch.softmax(scores, -1) @ v, **TIGHT)
 
 
 @pytest.mark.parametrize("causal", [False, True])
