@@ -11,6 +11,8 @@ with a score bias (ALiBi, T5's) only q.k is scaled, not the bias (the paper's mo
 counting the keys of a causal or padded row takes an [nq, nk] boolean relation.
 """
 
+import math
+
 import torch
 import torch.nn.functional as F
 from pydantic import Field
@@ -43,11 +45,11 @@ class FullAttention(AttentionVariant):
     def length_scaled_queries(self, q: Tensor, q_pos: Tensor, k_pos: Tensor, key_mask: Tensor | None,
                               causal: bool) -> Tensor:
         """q times s * log(n), n the keys each query reads (at least 1: a padding query reads none)."""
-        if key_mask is None and not causal:
-            n = torch.tensor(float(k_pos.shape[-1]), device=q.device)
+        if key_mask is None and not causal:  # every query reads every key
+            log_n = math.log(k_pos.shape[-1])
         else:
-            n = self.visible_keys(q_pos, k_pos, key_mask, causal).sum(-1, keepdim=True).clamp_min(1).to(q.dtype)
-        return q * (self.ssmax_scale.view(1, -1, 1, 1) * n.log()).to(q.dtype)  # [B, h, nq, hd]
+            log_n = self.visible_keys(q_pos, k_pos, key_mask, causal).sum(-1, keepdim=True).clamp_min(1).to(q.dtype).log()
+        return q * (self.ssmax_scale.view(1, -1, 1, 1) * log_n).to(q.dtype)  # [B, h, nq, hd]
 
     def dense(self, q, k, v, *, q_pos, k_pos, key_mask, causal, score_bias, return_weights=False):
         if self.params.length_scaled:
