@@ -11,7 +11,7 @@ import torch
 from torch.testing import assert_close
 
 from conftest import build, check_causal, check_greedy_decoding, incremental_logits, tiny_spec, tokens
-from plugins.attention_full import SSMAX_INIT, FullAttention, FullAttentionParams
+from workbench_plugins.attention_full import SSMAX_INIT, FullAttention, FullAttentionParams  # as registered
 
 SSMAX = {"name": "full", "length_scaled": True}
 TIGHT = dict(atol=1e-5, rtol=1e-5)
@@ -100,9 +100,10 @@ def test_a_longer_input_does_not_flatten_attention_as_plain_softmax_does():
 def test_a_decoder_with_it_is_causal_and_decodes_from_its_cache_as_it_trains(position):
     model = build(tiny_spec("decoder", attention=SSMAX, position=position, n_layers=2))
     with torch.no_grad():
-        for m in model.modules():
-            if isinstance(m, FullAttention):
-                m.ssmax_scale.copy_(torch.linspace(0.3, 1.2, m.n_heads))
+        scaled = [m for m in model.modules() if isinstance(m, FullAttention)]
+        assert len(scaled) == 2  # the heads get different s, so a mix-up of heads shows
+        for m in scaled:
+            m.ssmax_scale.copy_(torch.linspace(0.3, 1.2, m.n_heads))
         check_causal(model)
         tgt = tokens(2, 11)
         for prefill in (1, 4):
