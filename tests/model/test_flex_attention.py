@@ -142,6 +142,27 @@ def test_flex_forward_equals_dense_on_cpu(name, causal, n_kv_heads, monkeypatch)
     torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
+def test_flex_with_scalable_softmax_equals_dense_on_cpu(causal, monkeypatch):
+    """Full attention with a score bias goes through flex on CUDA; Scalable-Softmax scales its
+    queries before that kernel as before the dense one (the CPU standing in for CUDA)."""
+    variant = make("full", n_kv_heads=1, head_dim=HD, length_scaled=True)
+    with torch.no_grad():
+        variant.ssmax_scale.copy_(torch.linspace(0.3, 1.4, H))  # a mix-up of heads shows
+    n = 150
+    q, k, v = qkv(2, n, 1)
+    pos = torch.arange(n).expand(2, n)
+    kwargs = dict(q_pos=pos, k_pos=pos, key_mask=None, causal=causal, score_bias=alibi_bias(torch.float32))
+    calls = []
+    monkeypatch.setattr(flex, "FLEX_DEVICES", ("cpu",))
+    monkeypatch.setattr(type(variant), "flex", lambda self, *a, **kw: calls.append(1) or attention.AttentionVariant.flex(self, *a, **kw))
+    with torch.no_grad():
+        out = variant(q, k, v, **kwargs)
+        expected = variant.dense(q, k, v, **kwargs)
+    assert calls, "the FlexAttention path was not taken"
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+
+
 @needs_cuda
 @pytest.mark.parametrize("name", sorted(VARIANTS))
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
