@@ -9,7 +9,7 @@ matrix in turn from one stream, so an arm with a parameter more starts with othe
 of them). Each study below runs through the workbench's own runner (`run_study`, as `workbench
 run --jobs N`) with `train.init: [sequential, paired]` swept over the same seeds, and per
 comparison and metric this prints, for each init:
-  * r: the Pearson correlation of the two arms' outcomes across seeds (workbench.report.intervals.
+  * r: the Pearson correlation of the two arms' outcomes across seeds (workbench.stats.intervals.
     paired_correlation, as the report shows it);
   * the SD of the paired differences;
 and the ratio of the SDs (paired / sequential) with a 95% bootstrap interval over seeds (scipy's,
@@ -36,7 +36,7 @@ from rich.table import Table
 from scipy import stats as st
 
 from benchmarks import write_json
-from workbench.report.intervals import paired_correlation
+from workbench.stats.intervals import paired_correlation
 
 INITS = ("sequential", "paired")
 

@@ -41,9 +41,9 @@ from workbench.errors import WorkbenchError
 from workbench.recipes.train.gates import Gates
 from workbench.recipes.train.runs import TrainRuns
 from workbench.recipes.train.verdicts import Verdicts, seeds_wanted
-from workbench.recipes.train.sequential import (EARLIER_LOOKS, LOOKS, WITHOUT_FUTILITY, LookRule, grow_seeds,
-                                                sequential_verdicts)
-from workbench.recipes.train.stats import Verdict
+from workbench.stats.sequential import (BEFORE_MIN_SEEDS, EARLIER_LOOKS, LOOKS, WITHOUT_FUTILITY, LookRule,
+                                       grow_seeds, sequential_verdicts)
+from workbench.stats.rule import Verdict
 from workbench.recipes.train.study import TrainStudy
 from workbench.study.keys import label
 from workbench.recipes.train.sweep import point_key
@@ -56,7 +56,7 @@ CASES = {  # name -> (study file, its stored results)
 }
 ORDERS, QUICK_ORDERS = 200, 10
 FIRST, MOST = 3, 12
-RULES = {"today": LOOKS, "without futility": WITHOUT_FUTILITY, "earlier": EARLIER_LOOKS}
+RULES = {"today": LOOKS, "2026-12-04": BEFORE_MIN_SEEDS, "without futility": WITHOUT_FUTILITY, "earlier": EARLIER_LOOKS}
 
 
 def adaptive(path: Path, first: int = FIRST, most: int = MOST) -> TrainStudy:
@@ -85,7 +85,7 @@ def replay(study: TrainStudy, runs: pd.DataFrame, rule: LookRule = LOOKS) -> tup
 
     grow_seeds(lambda: seeds_wanted(study, stored(), rule=rule), lambda counts, grown: revealed.update(grown),
                plan.first)
-    return sequential_verdicts(comparisons(), looks, plan=False, rule=rule), stored()
+    return sequential_verdicts(comparisons(), looks, plan=False, rule=rule, seeds=study.every_seed), stored()
 
 
 def reordered(runs: pd.DataFrame, order: Sequence[int]) -> pd.DataFrame:
@@ -225,22 +225,32 @@ def section(console: Console, quick: bool = False) -> dict[str, Any]:
     return results
 
 
-def replayed_issue(source: Path, out: Path, rule: LookRule = LOOKS) -> tuple[list[str], list[str]]:
+def replayed_issue(source: Path, out: Path, rule: LookRule = LOOKS,
+                   study_path: Path | None = None) -> tuple[list[str], list[str]]:
     """Re-issue the adaptive study stored in `source` (a store, e.g. reports/NAME/data) under `rule`
     without training: its final runs are revealed to the runner's add-seeds loop seed by seed (the
     tuning runs as they are), as `workbench run` would train them, and `out` receives a copy of the
     store holding only the runs the loop asked for (with their run folders). A run of a seed is the
     same run whichever rule asks for it (training is deterministic given its config and seed on one
     machine), so `out` is what a fresh issue under `rule` would store, at the CPU time each run spent
-    when it ran; `workbench report OUT` then reports it. Returns (run ids kept, run ids dropped)."""
+    when it ran; `workbench report OUT` then reports it. `study_path`: issue under that study file
+    as it now reads (its expectations, notes: what may change without changing a run), recorded in
+    OUT as `workbench run` records it; refused when it defines other runs than the store's.
+    Returns (run ids kept, run ids dropped)."""
     from workbench.recipes.train.tuning import choose
     from workbench.report import study_of
+    from workbench.run.runner import check_study
     from workbench.run.store import Store, copy_store, load_results, run_dir
+    from workbench.study import load_study
 
     if out.exists():
         raise SystemExit(f"{out} exists: give a new folder")
     store = Store(source, create=False)
-    study = study_of(store.study_record())
+    study_file = load_study(study_path) if study_path is not None else None
+    if study_file is not None and study_file.study_hash != store.study_record().get("hash"):
+        raise SystemExit(f"{study_path} defines other runs than the study stored in {source}: a replay re-issues "
+                         "the same runs (the study's expectations and notes may change, not its runs)")
+    study = study_file.study if study_file is not None else study_of(store.study_record())
     plan = getattr(study, "seed_plan", None)
     if plan is None:
         raise SystemExit(f"{source}: not an adaptive study (seeds: {{first, max}}): nothing to replay")
@@ -271,6 +281,8 @@ def replayed_issue(source: Path, out: Path, rule: LookRule = LOOKS) -> tuple[lis
     folders = {run_id: run_dir(source, run_id) for run_id in kept}  # refuses a folder holding a link
     out.mkdir(parents=True)
     copy_store(source, out)  # its rows into a fresh store: nothing of a received file's schema travels
+    if study_file is not None:
+        check_study(Store(out), study_file)  # the study file as it now reads, recorded as `workbench run` does
     with Store(out).connect() as conn:
         conn.executemany("DELETE FROM runs WHERE run_id = ?", [(r,) for r in dropped])
         conn.executemany("DELETE FROM curves WHERE run_id = ?", [(r,) for r in dropped])
@@ -287,12 +299,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--reissue", nargs=2, type=Path, metavar=("STORE", "OUT"),
                         help="re-issue the adaptive study stored in STORE under today's rule, training nothing: "
                              "OUT (a new folder) receives the runs it asks for (replayed_issue)")
+    parser.add_argument("--study", type=Path, help="with --reissue: issue under this study file as it now reads "
+                                                   "(its runs must be the store's)")
     args = parser.parse_args(argv)
     console = Console(width=150)
     if args.reissue:
         source, out = args.reissue
         try:
-            kept, dropped = replayed_issue(source, out)
+            kept, dropped = replayed_issue(source, out, study_path=args.study)
         except WorkbenchError as err:  # a damaged or foreign store: one line, nothing written
             raise SystemExit(f"error: {err}") from None
         console.print(f"{out}: {len(kept)} runs of {len(kept) + len(dropped)} kept, {len(dropped)} the rule no longer "

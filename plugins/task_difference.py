@@ -13,7 +13,7 @@ import functools
 import numpy as np
 
 from workbench import hookimpl
-from workbench.tasks import SymbolTask, Task
+from workbench.tasks import MECHANISM, SymbolTask, Task
 from workbench.tasks.baselines import BASELINE_SEED, BASELINE_STRINGS
 
 SIDE_BLIND = "side-blind"  # knows both neighbours of each symbol, not which side each is on
@@ -31,6 +31,7 @@ class Difference(SymbolTask):
 
     name = "difference"
     families = ("encoder",)  # a label per input symbol, read in both directions
+    claim_kind = MECHANISM  # built so that telling a neighbour's side decides it
 
     baselines_text = (f"{Task.baselines_text}, {SIDE_BLIND} (knows the two neighbours of "
                       "each symbol, not which side each is on, and the one neighbour of an end symbol: what one "

@@ -85,8 +85,8 @@ from pydantic import Field, field_validator, model_serializer
 from workbench import hookimpl
 from workbench.errors import SpecError, WorkbenchError, WorkbenchWarning
 from workbench.results import VALIDATION
-from workbench.tasks import (INPUT_IGNORING, SPECIALS, TRAIN_STREAM, Consumed, Example, Task, TaskParams, declared,
-                             rng_for)
+from workbench.tasks import (INPUT_IGNORING, LANGUAGE_MODEL, SPECIALS, TRAIN_STREAM, Consumed, Example, Task, TaskParams,
+                             declared, rng_for)
 from workbench.tasks.baselines import cached
 from workbench.tasks.corpus import (
     Document,
@@ -238,6 +238,7 @@ class TextLM(Task):
     metrics = declared("bpc", "bpc_tail", "perplexity", "distinct_2", "repetition_4")
     hold_out = False  # the split is by document (or by position in one file), not by example
     gate_baselines = (SEEN_BIGRAM,)  # why this one: the module docstring
+    claim_kind = LANGUAGE_MODEL
     baselines_text = (f"interpolated Witten-Bell n-gram models at the tokenizer's granularity, scored on the same "
                       f"evaluation windows: {INPUT_IGNORING} (the unigram) and the "
                       f"{', '.join(f'{n}-gram' for n in NGRAM_ORDERS)} of the whole training text, shown as context; "

@@ -24,6 +24,7 @@ SOURCES = {"workbench": PACKAGE, "workbench_plugins": PLUGINS}
 # are modules in workbench/ itself. A study kind is a recipe at the top, over the layers it puts
 # together, so following a study from its file to its report only ever goes down.
 LAYERS = {
+    "stats": ["stats/"],  # the verdict rule: intervals, tests, Holm, looks, futility, gates, seed planning
     "foundation": ["errors", "variants", "hookspecs", "registry", "results", "kinds", "stopping", "hardware"],
     "model": ["model/"],  # transformer, spec, position, attention, norm, ffn, cache, sampling, weights
     "tasks": ["tasks/"],  # base, metrics, baselines, symbols
@@ -31,7 +32,7 @@ LAYERS = {
     "cost": ["cost/"],  # measure, workload, timing, flops, memory, memory_figures, budget, fit
     "study": ["study/"],  # StudyBase and loading: keys, yaml_file, train_section, sections, schema
     "run": ["run/"],  # runner, executor, executor_ray, train (with batches, run_module, recording, ...), store
-    "report": ["report/"],  # what every kind's report shares: outcomes, intervals, the document and its rendering
+    "report": ["report/"],  # what every kind's report shares: the document, its rendering, figures, the index
     "recipes": ["recipes/"],  # train/ and scaling/: each study kind whole, from its study class to its report
     "interface": ["api", "cli", "notebook", "scaffold", "__init__", "__main__"],
 }
@@ -179,6 +180,17 @@ def test_no_import_circle():
     assert cycles(graph()) == []
 
 
+def test_the_verdict_rule_imports_nothing_else_of_the_workbench():
+    """workbench/stats/ is the rule's one home: it can be read and tested alone, and a change of
+    the rule is a change there."""
+    outside = sorted(f"{a} -> {b}" for a, targets in graph().items() if a.startswith("workbench.stats")
+                     for b in targets if not b.startswith("workbench.stats"))
+    assert outside == []
+    assert {name for name in modules() if name.startswith("workbench.stats.")} >= {
+        "workbench.stats.intervals", "workbench.stats.family", "workbench.stats.sequential", "workbench.stats.gate",
+        "workbench.stats.power", "workbench.stats.planning", "workbench.stats.rule"}
+
+
 def test_imports_run_down_the_layers():
     upward = sorted(f"{a} -> {b}" for a, targets in graph().items() for b in targets if layer(b) > layer(a))
     assert upward == []
@@ -198,7 +210,7 @@ def test_the_checker_sees_a_circle():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 
-@pytest.mark.parametrize("module", ["workbench.recipes.train.report", "workbench.recipes.train.runs",
+@pytest.mark.parametrize("module", ["workbench.recipes.train.report.build", "workbench.recipes.train.runs",
                                     "workbench.run.store", "workbench.run.runner"])
 def test_readers_of_the_record_do_not_import_the_training_module(module):
     assert "workbench.run.train" not in graph()[module]

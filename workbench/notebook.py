@@ -4,7 +4,8 @@ report back, and use a trained model on text.
     from workbench import notebook
     done = notebook.run({"name": "mine", "task": {...}, "sweep": {...}, ...}, out="runs/mine")
     done.results      # pandas DataFrame, one row per run (workbench.run.store.load_results)
-    done.verdicts     # one VerdictLine per `expect:` entry: statement, outcome, difference, groups
+    done.verdicts     # one VerdictLine per `expect:` entry: statement, outcome, qualifier, difference, groups
+    done.curves       # pandas DataFrame, one row per logged point, with each run's variant, seed and swept keys
     done.report       # path of the report's index.html
     trained = notebook.load_model(done.run_folder(variant="position=rope", seed=0))
     trained.generate("c a d a e")   # text in, text out: the run's own vocabulary
@@ -30,7 +31,7 @@ from workbench.errors import WorkbenchError
 from workbench.model.weights import load_final_model, make_task
 from workbench.report.document import VerdictLine
 from workbench.report.findings import SUMMARY_FILE
-from workbench.report.outcomes import Outcome
+from workbench.stats.outcomes import Outcome
 from workbench.report.sweep_points import Variants, short_key
 from workbench.study.keys import split_top, value_variant
 from workbench.run import store
@@ -78,6 +79,15 @@ class StudyRun:
             self._verdicts = summary_verdicts(self.index) if self.from_report else study_verdicts(self.out_dir)
         return self._verdicts
 
+    @property
+    def curves(self) -> pd.DataFrame:
+        """Every logged point of every final run (run_id, step, split, metric, value) with the run's
+        variant label, seed and swept keys as columns, to select and plot by, e.g.
+        `curves.query("metric == 'loss' and split == 'eval'").groupby(["model.position", "step"])`."""
+        runs = final_runs(self.out_dir)
+        keys = [k for k in runs.attrs["variants"].keys if k in runs]
+        return store.load_curves(self.out_dir).merge(runs[["run_id", "variant", "seed", *keys]], on="run_id")
+
     def run_folder(self, variant: str | None = None, seed: int = 0) -> Path:
         """The folder of the run of `variant` and `seed`. `variant` is the label the report prints
         (`position=rope`; with several swept keys `position=rope, norm=pre`), or enough of it to
@@ -110,7 +120,8 @@ def summary_verdicts(index: Path) -> list[VerdictLine]:
     return [VerdictLine(statement=r["statement"], outcome=Outcome(r["outcome"]), label=r["label"],
                         detail=r.get("detail", ""), note=r.get("note", ""), gates=r.get("learned", []),
                         difference=r.get("difference", {}), groups=r.get("groups", []), expect=r.get("expect", {}),
-                        look=r.get("look"), post_hoc=r.get("post_hoc", ""), tests_claim=r.get("tests_claim", True))
+                        look=r.get("look"), post_hoc=r.get("post_hoc", ""), tests_claim=r.get("tests_claim", True),
+                        qualifier=r.get("qualifier", ""), differs=r.get("differs", []))
             for r in records]
 
 
@@ -118,7 +129,7 @@ def final_runs(out_dir: Path) -> pd.DataFrame:
     """The study's final runs (tuning runs aside) with the variant label the report prints
     (`attrs["variants"]`: the workbench.report.sweep_points.Variants they were labelled by)."""
     # the report layer and the train recipe load only when a run folder is asked for: `load` stays instant
-    from workbench.recipes.train.tuning_section import split_stages
+    from workbench.recipes.train.runs import split_stages
     from workbench.report import study_of  # (the same)
 
     study = study_of(store.load_study_info(out_dir))

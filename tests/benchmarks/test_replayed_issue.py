@@ -14,7 +14,7 @@ import pytest
 from benchmarks.decide import replayed_issue
 from workbench.recipes.train.gates import Gates
 from workbench.recipes.train.runs import TrainRuns
-from workbench.recipes.train.sequential import LOOKS, WITHOUT_FUTILITY, sequential_verdicts
+from workbench.stats.sequential import LOOKS, WITHOUT_FUTILITY, sequential_verdicts
 from workbench.recipes.train.sweep import expand, point_key
 from workbench.recipes.train.verdicts import Verdicts
 from workbench.report import study_of
@@ -43,7 +43,8 @@ SPEED = {"none": [1000, 1400, 900, 1300, 1100, 1200, 950, 1250],
 
 @pytest.fixture
 def stored(tmp_path) -> Path:
-    """The study as the rule of 2026-12-02 issued it: none and rope, undecided, grown to 8 seeds."""
+    """The study as the rule without futility issues it: none and rope, undecided, grown to 8 seeds;
+    alibi, far ahead on every seed, decided at the first look that decides (4 seeds)."""
     (tmp_path / "study.yaml").write_text(STUDY)
     study_file = load_study(tmp_path / "study.yaml")
     study = study_file.study
@@ -52,7 +53,7 @@ def stored(tmp_path) -> Path:
                       "run_defining": canonical_json(study.run_defining()),
                       "study": json.dumps(study.model_dump(mode="json"), default=str),
                       "yaml": study_file.text, "source": str(study_file.path), "profile": ""})
-    grown = {"none": 8, "rope": 8, "alibi": 3}
+    grown = {"none": 8, "rope": 8, "alibi": 4}
     keys = list(study.sweep.keys)
     for run in expand(study_file, seeds={point_key({keys[0]: label(p)}, keys): n for p, n in grown.items()}):
         speed = SPEED[run.swept["model.position"]][run.seed]
@@ -76,14 +77,14 @@ def test_a_replay_keeps_the_runs_its_own_rule_trained_and_drops_only_what_futili
 
     kept, dropped = replayed_issue(stored, tmp_path / "today", LOOKS)
     runs = load_results(stored).set_index("run_id")
-    assert sorted(runs.loc[dropped, "seed"]) == [4, 4, 5, 5, 6, 6, 7, 7]  # none and rope stop at 4 (looks 3, 4, 6, 8)
+    assert sorted(runs.loc[dropped, "seed"]) == [6, 6, 7, 7]  # none and rope stop at 6 (looks 3, 4, 6, 8)
     with sqlite3.connect(tmp_path / "today" / "results.db") as conn:
         assert {r for (r,) in conn.execute("SELECT run_id FROM runs")} == set(kept)
         assert not {r for (r,) in conn.execute("SELECT DISTINCT run_id FROM curves")} & set(dropped)
     before, after = verdicts_of(stored), verdicts_of(tmp_path / "today")
-    assert (before[1].outcome, before[1].seeds) == (after[1].outcome, after[1].seeds) == ("holds", 3)
+    assert (before[1].outcome, before[1].seeds) == (after[1].outcome, after[1].seeds) == ("holds", 4)
     assert (before[0].outcome, before[0].seeds) == ("inconclusive", 8)
-    assert (after[0].outcome, after[0].seeds) == ("inconclusive", 4) and "no more seeds after 4" in after[0].reason
+    assert (after[0].outcome, after[0].seeds) == ("inconclusive", 6) and "no more seeds after 6" in after[0].reason
 
 
 def test_a_replay_refuses_a_folder_that_exists_and_a_rule_that_asks_for_runs_never_stored(stored, tmp_path):
@@ -92,7 +93,7 @@ def test_a_replay_refuses_a_folder_that_exists_and_a_rule_that_asks_for_runs_nev
         replayed_issue(stored, tmp_path / "taken")
     today = tmp_path / "today"
     replayed_issue(stored, today)
-    with pytest.raises(SystemExit, match="the rule asks for 6 seeds of .*; the store holds 4"):
+    with pytest.raises(SystemExit, match="the rule asks for 8 seeds of .*; the store holds 6"):
         replayed_issue(today, tmp_path / "again", WITHOUT_FUTILITY)
 
 
@@ -131,3 +132,21 @@ def test_a_received_store_gets_one_line_and_nothing_written(stored, tmp_path):
         conn.execute("UPDATE study SET value = 'not json' WHERE key = 'study'")
     message = refused(tmp_path / "damaged")
     assert message.startswith("error: ") and "\n" not in message and "damaged" in message
+
+
+def test_a_replay_issues_under_the_study_file_as_it_now_reads_when_its_runs_are_the_stores(stored, tmp_path):
+    """`--study FILE`: an entry's words may change after its runs (here a note), and the re-issue records
+    the file as `workbench run` would; a file that defines other runs (more steps) is refused in one line."""
+    from benchmarks.decide import main
+
+    noted = tmp_path / "noted.yaml"
+    noted.write_text(STUDY.replace("{metric: tokens_per_s, better: alibi, than: rope}",
+                                   "{metric: tokens_per_s, better: alibi, than: rope, note: written later}"))
+    replayed_issue(stored, tmp_path / "noted", study_path=noted)
+    record = Store(tmp_path / "noted", create=False).study_record()
+    assert "written later" in record["yaml"] and study_of(record).expect[1].note == "written later"
+    longer = tmp_path / "longer.yaml"
+    longer.write_text(STUDY.replace("steps: 2,", "steps: 3,"))
+    with pytest.raises(SystemExit) as stop:
+        main(["--reissue", str(stored), str(tmp_path / "longer"), "--study", str(longer)])
+    assert "defines other runs than the study stored" in str(stop.value) and not (tmp_path / "longer").exists()

@@ -106,7 +106,7 @@ def test_each_group_is_gated_on_the_text_its_own_runs_read_fitted_once_per_seed(
 
 
 def test_a_budgeted_study_is_gated_on_the_tokens_its_runs_recorded(corpus, tmp_path, monkeypatch):
-    import workbench.recipes.train.figures as train_figures
+    import workbench.recipes.train.report.figures as train_figures
 
     drawn, draw = [], train_figures.verdict_groups
     monkeypatch.setattr(train_figures, "verdict_groups", lambda *a, **kw: drawn.append(kw) or draw(*a, **kw))

@@ -6,7 +6,7 @@ import math
 import pandas as pd
 import pytest
 
-from workbench.recipes.train.convergence import settling, settling_section
+from workbench.recipes.train.report.convergence import settling, settling_section
 
 
 def curves_of(runs: dict[str, list[tuple[int, float]]], metric: str = "accuracy@12") -> pd.DataFrame:

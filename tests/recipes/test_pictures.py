@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from workbench.recipes.train.pictures import head_divergence, head_similarity_items, js_divergence
+from workbench.recipes.train.report.pictures import head_divergence, head_similarity_items, js_divergence
 
 
 def test_js_divergence_bounds():

@@ -10,8 +10,8 @@ import pandas as pd
 import pytest
 
 from workbench.recipes.train.plan import PILOT_SEED, Noise, metric_noise, pilot_seeds, planned_family
-from workbench.recipes.train.seed_planning import Goal
-from workbench.recipes.train.stats import Comparison
+from workbench.stats.planning import Goal
+from workbench.stats.rule import Comparison
 from workbench.recipes.train.study import TrainStudy
 
 

@@ -505,7 +505,7 @@ def test_the_first_screen_is_a_verdict_table_and_a_figure_per_verdict_metric(tra
 
 def test_an_outcome_without_a_badge_of_its_own_gets_the_neutral_one():
     from workbench.report.document import Report, VerdictLine
-    from workbench.report.outcomes import Outcome
+    from workbench.stats.outcomes import Outcome
     from workbench.report.render import render_html
 
     line = VerdictLine(statement="a is better than b on loss@8", outcome=Outcome.IDENTICAL,

@@ -15,7 +15,7 @@ from workbench.cost.fit import PowerLaw, fit_power_law, power_law_crossing
 from workbench.errors import WorkbenchError
 from workbench.api import write_report
 from workbench.recipes.train.compute_curves import to_target
-from workbench.recipes.train.ladder import cross_scale_line
+from workbench.recipes.train.report.ladder import cross_scale_line
 from workbench.results import RunResult
 from workbench.run.store import Store
 from workbench.study import load_study

@@ -148,7 +148,7 @@ def test_position_pictures_are_named_after_the_scheme_not_the_swept_ffn(tmp_path
     import torch
 
     from workbench import build_model
-    from workbench.recipes.train.pictures import ModelPictures
+    from workbench.recipes.train.report.pictures import ModelPictures
     from workbench.report.sweep_points import Variants
     from workbench.study import load_study
     from workbench.recipes.train.sweep import expand
@@ -176,7 +176,7 @@ def test_a_score_bias_picture_takes_its_range_and_caption_from_the_scheme(tmp_pa
     from torch import nn
 
     from workbench.model.position import PositionScheme
-    from workbench.recipes.train.pictures import ModelPictures
+    from workbench.recipes.train.report.pictures import ModelPictures
 
     class SignedBias(PositionScheme):
         name = "signed_bias"
@@ -222,7 +222,7 @@ def test_curves_of_few_seeds_show_each_seed_and_the_mean_without_a_t_band(drawn,
 
 
 def test_a_verdict_figure_shows_every_seed_the_mean_interval_the_threshold_and_the_baseline(drawn, tmp_path):
-    from workbench.recipes.train.verdict_figure import verdict_groups
+    from workbench.recipes.train.report.verdict_figure import verdict_groups
 
     palette = figures.variant_palette(["position=rope", "position=none"])
     groups = [("position=none", [0.42, 0.41, 0.44], 0.4256, 0.399, 0.452),
@@ -241,7 +241,7 @@ def test_a_verdict_figure_shows_every_seed_the_mean_interval_the_threshold_and_t
 
 
 def test_a_verdict_figure_stacks_the_keys_of_a_multi_key_group_label(drawn, tmp_path):
-    from workbench.recipes.train.verdict_figure import verdict_groups
+    from workbench.recipes.train.report.verdict_figure import verdict_groups
 
     labels = ["n_heads=1, position=rope", "attention=full(scaled=True, window=4), lr=0.003"]
     groups = [(label, [0.5, 0.6], 0.55, 0.4, 0.7) for label in labels]
@@ -251,7 +251,7 @@ def test_a_verdict_figure_stacks_the_keys_of_a_multi_key_group_label(drawn, tmp_
 
 
 def test_a_verdict_figure_for_a_lower_is_better_metric_reads_its_threshold_as_at_most(drawn, tmp_path):
-    from workbench.recipes.train.verdict_figure import verdict_groups
+    from workbench.recipes.train.report.verdict_figure import verdict_groups
 
     palette = figures.variant_palette(["position=rope", "position=none"])
     groups = [("position=none", [2.1, 2.2], 2.15, 2.0, 2.3), ("position=rope", [1.6, 1.7], 1.65, 1.5, 1.8)]
@@ -264,7 +264,7 @@ def test_attention_captions_of_a_bpe_text_task_show_decoded_text_not_byte_level_
     import torch
 
     from workbench import build_model
-    from workbench.recipes.train.pictures import ModelPictures
+    from workbench.recipes.train.report.pictures import ModelPictures
     from workbench_plugins.task_text_lm import TextLM, TextParams
 
     root = tmp_path / "corpus"

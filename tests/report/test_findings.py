@@ -220,6 +220,30 @@ def test_table_renders_numbers_links_and_computed_agreement(folders):
     assert unfit[3].endswith("holds") and unfit[4:] == ["not comparable", "not their setup"]
 
 
+def test_a_row_agrees_only_where_the_arms_differ_in_the_claims_factor_alone(folders):
+    """swiglu-replication's case: SwiGLU at 1e-3 against GELU at 3e-3 "holds", but the arms differ in the
+    FFN and the rate, so the row does not count as agreeing unless it says it compares each at its tuned
+    rate; arms that differ in two swept settings never count."""
+    studies, reports = folders
+    summary_path = reports / "positions" / "summary.json"
+    s = json.loads(summary_path.read_text())
+    s["verdicts"][0]["differs"] = ["model.position", "train.lr"]
+    summary_path.write_text(json.dumps(s))
+    write_findings(studies, finding("{metric: accuracy@8, better: alibi, than: none}"),
+                   finding("{metric: accuracy@8, better: alibi, than: none}", "each_at_its_tuned_rate: true\n"))
+    confounded, tuned = findings_rows(build_index(studies, reports))
+    assert confounded[4:] == ["not comparable", "the compared arms differ in model.position and train.lr, not in the "
+                              "claim's factor alone; a rate tuned per arm is part of the factor only where the row says "
+                              "so (each at its tuned rate)"]
+    assert tuned[4:] == ["agrees", "–"]
+    s["verdicts"][0]["differs"] = ["model.position", "model.d_model"]  # two swept settings: a rate does not excuse it
+    summary_path.write_text(json.dumps(s))
+    assert all(row[4] == "not comparable" for row in findings_rows(build_index(studies, reports)))
+    del s["verdicts"][0]["differs"]  # a summary.json from before the record: not counted, and says why
+    summary_path.write_text(json.dumps(s))
+    assert "regenerate the report" in findings_rows(build_index(studies, reports))[0][5]
+
+
 def test_a_row_that_does_not_agree_without_why_is_an_error_naming_it(folders):
     studies, reports = folders
     path = write_findings(studies, finding("{metric: accuracy@8, better: alibi, than: none}"),

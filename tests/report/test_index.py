@@ -4,11 +4,13 @@ summary.json / results.csv that reports leave behind; no training here."""
 import json
 import textwrap
 
+import pytest
 from click.testing import CliRunner
 
 from workbench.cli import main
+from workbench.errors import WorkbenchError
 from workbench.report.document import Report, VerdictLine
-from workbench.report.outcomes import VERDICT_RULE
+from workbench.stats.outcomes import VERDICT_RULE
 from workbench.report.index import build_index, run_cpu_s, run_span_s, scaling_findings, summary
 
 STUDY = """\
@@ -23,8 +25,9 @@ expect:
 """
 
 
-def write_study(folder, name):
-    (folder / f"{name}.yaml").write_text(textwrap.dedent(STUDY.format(name=name)))
+def write_study(folder, name, task="{name: copy, train_length: 4}", metric="accuracy@4"):
+    (folder / f"{name}.yaml").write_text(textwrap.dedent(STUDY.format(name=name)).replace(
+        "{name: copy, train_length: 4}", task).replace("accuracy@4", metric))
 
 
 def test_summary_counts_runs_and_spans_the_sweep():
@@ -37,8 +40,7 @@ def test_summary_counts_runs_and_spans_the_sweep():
     assert s["statuses"] == {"diverged": 1, "finished": 1} and s["run_span_s"] == 60 and s["run_cpu_s"] == 60
     assert s["verdicts"] == [{"statement": verdict.statement, "outcome": "holds", "label": "holds", "detail": "detail",
                               "note": "note", "tests_claim": True, "difference": {}, "learned": [], "groups": [], "expect": {},
-                              "look": None,
-                              "post_hoc": ""}]
+                              "look": None, "post_hoc": "", "differs": [], "qualifier": ""}]
     # the rule it was issued under, and its first result (what a margin or a findings row registered later is after)
     assert s["rule"] == VERDICT_RULE and s["first_result"] == "2026-01-01T10:00:10+00:00"
 
@@ -127,8 +129,8 @@ def test_the_budget_ledger_prices_each_decided_verdict_in_cpu_minutes(tmp_path):
     studies, reports = tmp_path / "studies", tmp_path / "reports"
     studies.mkdir()
 
-    def ran(name, outcomes, cpu_per_run):
-        write_study(studies, name)
+    def ran(name, outcomes, cpu_per_run, task="{name: copy, train_length: 4}"):
+        write_study(studies, name, task, "bpc@16" if "text_lm" in task else "accuracy@4")
         runs = [{"status": "finished", "recorded_at": "2026-01-01T10:00:00+00:00", "wall_time_s": 60.0,
                  "cpu_time_s": cpu} for cpu in cpu_per_run]
         verdicts = [VerdictLine("rope is better than none on accuracy@4", outcome, outcome, "", "", tests_claim=tests)
@@ -140,15 +142,30 @@ def test_the_budget_ledger_prices_each_decided_verdict_in_cpu_minutes(tmp_path):
     ran("describes", [], [120.0])  # 2 min
     ran("undecided", [("inconclusive", True), ("does not hold", False)], [240.0, 240.0, 240.0])  # 12 min
     ran("old", [("holds", True)], [None])
+    ran("text", [("holds", True)], [180.0], task="{name: text_lm, train_length: 16}")  # 3 min
+    ran("mechanism", [("holds", True), ("holds", True)], [60.0], task="{name: difference, train_length: 4}")  # 1 min
     # "undecided" was issued under an earlier rule: it counts in the table's total, not in the current rule's
     earlier = json.loads((reports / "undecided" / "summary.json").read_text())
     (reports / "undecided" / "summary.json").write_text(json.dumps({**earlier, "rule": "2026-12-01: an earlier rule"}))
+    # a pilot of 1 CPU min recorded for "text": its minutes count with the study's
+    (studies / "ledger").mkdir()
+    (studies / "ledger" / "pilots.yaml").write_text(
+        'pilots:\n  - {study: text, cpu_min: 1.0, recorded: "its header"}\n')
     ledger = build_index(studies, reports).split("## Budget ledger")[1].split("\n## ")[0]
     rows = [line for line in ledger.splitlines() if line.startswith("| ")]
-    assert rows[1:] == ["| decides | 10.0 | 2 of 3 | 5.0 |",
-                        "| describes | 2.0 | 0 of 0 | — |",
-                        "| old | not recorded | 1 of 1 | – |",
-                        "| undecided | 12.0 | 0 of 2 | — |",
-                        "| **total (3 studies)** | **24.0** | **2 of 5** | **12.0** |",
-                        "| **issued under the current rule (2 studies)** | **12.0** | **2 of 3** | **6.0** |"]
+    assert rows[1:] == ["| text | language model on text | 3.0 | 1.0 | 1 of 1 | 4.0 |",
+                        "| **language model on text (1 studies)** |  | **3.0** | **1.0** | **1 of 1** | **4.0** |",
+                        "| decides | symbol task | 10.0 | – | 2 of 3 | 5.0 |",
+                        "| describes | symbol task | 2.0 | – | 0 of 0 | — |",
+                        "| old | symbol task | not recorded | – | 1 of 1 | – |",
+                        "| undecided | symbol task | 12.0 | – | 0 of 2 | — |",
+                        "| **symbol task (3 studies)** |  | **24.0** | **0.0** | **2 of 5** | **12.0** |",
+                        "| mechanism | constructed mechanism | 1.0 | – | 2 of 2 | 0.5 |",
+                        "| **constructed mechanism (1 studies)** |  | **1.0** | **0.0** | **2 of 2** | **0.5** |",
+                        "| **total (5 studies)** | | **28.0** | **1.0** | **5 of 8** | **5.8** |".replace("| |", "|  |"),
+                        "| **issued under the current rule (4 studies)** |  | **16.0** | **1.0** | **5 of 6** | **3.4** |"]
+    # a pilot of a study the folder does not have is refused, naming its line
+    (studies / "ledger" / "pilots.yaml").write_text('pilots:\n  - {study: txet, cpu_min: 1.0, recorded: "x"}\n')
+    with pytest.raises(WorkbenchError, match=r"pilots.yaml:2.*pilots.0.study.*'txet'.*did you mean 'text'"):
+        build_index(studies, reports)
     assert "Left out of the total: old" in ledger

@@ -11,16 +11,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Literal
 
-from workbench.report.outcomes import Outcome
-
-
-def level_text(level: float) -> str:
-    """A confidence level as a percentage with the digits its alpha needs: 95%, 97.5%, 99.997%."""
-    for digits in range(8):
-        text = f"{level * 100:.{digits}f}"
-        if abs(float(text) - level * 100) <= 0.05 * (1 - level) * 100:
-            return f"{text}%"
-    return f"{level:.10%}"
+from workbench.stats.numbers import fmt, level_text  # noqa: F401 - the report's number formatting is the rule's
+from workbench.stats.outcomes import Outcome
 
 
 @dataclass
@@ -91,6 +83,8 @@ class VerdictLine:
     look: dict | None = None  # adaptive seeds: the look it was read at (look, of, seeds); None: fixed seeds
     post_hoc: str = ""  # its margin was registered after the study's first result (workbench.report.registration)
     tests_claim: bool = True  # False when neither group learned: shown, not counted as testing the claim
+    differs: list[str] = field(default_factory=list)  # the settings the two compared groups differ in (tuned ones too)
+    qualifier: str = ""  # what the gates and the claim's predicted level add to the outcome (Verdict.qualifier)
 
     # ---- the first screen's verdict table reads these -------------------------------------
 
@@ -132,20 +126,10 @@ class Report:
     learned: list[str] = field(default_factory=list)  # the header's lines: what "learned" means, who met it
     verdict_figures: list[Figure] = field(default_factory=list)  # the first screen's, one per verdict metric
     verdict_rule: str = ""  # how the kind decides its verdicts, printed under them
+    notices: list[str] = field(default_factory=list)  # above everything: e.g. runs the rule asks for that were not run
 
 
 # ---- number formatting (one place, so tables, captions and figures agree) ---------------------
-
-
-def fmt(x: float | int | None, digits: int = 3) -> str:
-    """3 significant digits for small values, thousands separators for large ones."""
-    if x is None or (isinstance(x, float) and math.isnan(x)):
-        return "–"
-    if isinstance(x, (int,)) or (abs(x) >= 1000 and float(x).is_integer()):
-        return f"{int(x):,}"
-    if abs(x) >= 1000:
-        return f"{x:,.0f}"
-    return f"{x:.{digits}g}" if x != 0 else "0"
 
 
 def fmt_interval(mean: float, lo: float, hi: float) -> str:

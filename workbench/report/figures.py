@@ -33,7 +33,7 @@ from matplotlib.figure import Figure  # noqa: E402
 from PIL import Image  # noqa: E402
 
 from workbench.report.document import fmt_bytes  # noqa: E402
-from workbench.report.intervals import mean_ci  # noqa: E402
+from workbench.stats.intervals import mean_ci  # noqa: E402
 
 # A CJK font often ships one weight (500): matplotlib would log a warning for every text.
 logging.getLogger("matplotlib.font_manager").addFilter(lambda r: "Failed to find font weight" not in r.getMessage())

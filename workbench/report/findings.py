@@ -37,7 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from workbench.errors import SpecError, WorkbenchError, unknown_name
 from workbench.report.document import fmt, fmt_interval, fmt_signed_interval, level_text
-from workbench.report.outcomes import DECIDED, Outcome
+from workbench.stats.outcomes import DECIDED, Outcome
 from workbench.report.render import md_cell
 from workbench.model.spec import spec_error_from
 from workbench.report.registration import Commit, first_commits, minute, post_hoc, registered_at
@@ -85,6 +85,10 @@ class Finding(BaseModel):
     post_hoc: bool | None = Field(
         None, description="for a report that records no first-result time (issued before it was recorded): "
                           "whether the row was written after that study's results, from the project's history")
+    each_at_its_tuned_rate: bool = Field(
+        False, description="the claim compares each arm at its own tuned learning rate, so arms that differ in "
+                           "their rate as well as in the claim's factor still test it (otherwise such a row is not "
+                           "comparable: the factor is confounded with the rate)")
     why: str = Field("", description="one line; required whenever the row does not read 'agrees'")
 
 
@@ -188,6 +192,26 @@ def agreement(outcome: str | None, finding: Finding, tests_claim: bool = True) -
     return AGREES if (outcome == Outcome.HOLDS) == (finding.paper_expects == "same") else DISAGREES
 
 
+RATE_KEYS = ("train.lr",)
+
+
+def confounded(verdict: Mapping[str, Any], finding: Finding) -> str:
+    """Why the verdict's two arms do not differ in the claim's factor alone, in words ('' when they
+    do): they differ in more than one setting, unless the others are learning rates and the row
+    says it compares each arm at its tuned rate. A summary.json without the settings (written before
+    they were recorded) cannot say, and is not counted either."""
+    differs = verdict.get("differs")
+    if differs is None:
+        return "its summary.json predates the record of which settings the arms differ in: regenerate the report"
+    others = [k for k in differs if not (finding.each_at_its_tuned_rate and k in RATE_KEYS)]
+    if len(others) <= 1:
+        return ""
+    rate = any(k in RATE_KEYS for k in differs)
+    return (f"the compared arms differ in {' and '.join(others)}, not in the claim's factor alone"
+            + ("; a rate tuned per arm is part of the factor only where the row says so (each at its tuned rate)"
+               if rate else ""))
+
+
 def row_key(row: Any) -> str:
     """What a row registers, as one string: its paper, study, `expect:` entry and kind. Its other
     fields (setup, result, why, post_hoc) may be written after the run without making it post hoc."""
@@ -241,7 +265,9 @@ def verdict_text(v: Mapping[str, Any]) -> str:
     """'alibi is better than sinusoidal on bpc_tail@256: 3.33 [3.29, 3.37] vs 3.84 [3.75, 3.93];
     difference -0.512 [-0.663, -0.362] (97.5% paired); holds' (the groups in the statement's order)."""
     groups = [group_text(g) for g in v.get("groups", [])]
-    parts = [" vs ".join(groups)] if groups else []
+    levels = {number(g.get("level")) for g in v.get("groups", []) if g.get("level") is not None}
+    shown = f" ({level_text(levels.pop())})" if len(levels) == 1 and groups else ""
+    parts = [" vs ".join(groups) + shown] if groups else []
     d = v.get("difference") or {}
     if d.get("mean") is not None:
         text = f"difference {fmt_signed_interval(number(d['mean']), number(d.get('lo')), number(d.get('hi')))}"
@@ -290,8 +316,12 @@ def table_row(row: Row, reports_dir: Path, commit: Commit | None = None) -> tupl
             auto_why = ("its summary.json predates this table: regenerate the report (`workbench report OUT`)"
                         if old else f"no verdict on this expect: entry in {summary_path.as_posix()}: rerun the study")
     ours = [verdict_text(v) for v in verdicts] or [f"{entry_text(row.metric, row.better, row.than)}: no verdict"]
-    agreements = list(dict.fromkeys(agreement(v["outcome"], f, v.get("tests_claim", True))
+    confounds = list(dict.fromkeys(c for c in (confounded(v, f) for v in verdicts) if c))
+    agreements = list(dict.fromkeys(NOT_COMPARABLE if confounded(v, f) else agreement(v["outcome"], f,
+                                                                                       v.get("tests_claim", True))
                                     for v in verdicts)) or [NOT_COMPARABLE]
+    if confounds:  # not counted, whatever the file says
+        auto_why = auto_why or "; ".join(confounds) + (f" (the row's own why: {f.why.strip()})" if f.why.strip() else "")
     late = row_post_hoc(f, summary if summary_path.exists() else None, commit)
     if late:  # shown, not counted
         agreements = [f"{POST_HOC} ({'; '.join(agreements)}; {late})"]
@@ -317,20 +347,23 @@ def findings_section(path: Path, studies: Mapping[str, Any], reports_dir: Path) 
                 for row, (_, problem) in zip(rows, built) if problem]
     if problems:
         raise WorkbenchError("\n".join(problems))
-    header = ["paper (claim)", "their setup and number", "our study", "our number [95% CI]",
+    header = ["paper (claim)", "their setup and number", "our study", "our number [CI at its level]",
               "agreement", "why"]
     return [
         "## Published findings",
         "",
         f"One row per finding in `{path.as_posix()}`, beside the verdict of the study's `expect:` entry that",
-        "tests it: each group's mean over seeds with its 95% t interval, the difference with its (Holm-widened)",
-        "interval, and the verdict. Agreement is computed from the kind of the paper's claim: a difference",
+        "tests it: each group's mean over seeds with its t interval at the level the verdict's look read it, the",
+        "difference with its (Holm-widened) interval, each level in parentheses, and the verdict. A row counts as",
+        "agreeing or not only when the compared arms differ in the claim's factor alone (a learning rate tuned per",
+        "arm is part of it where the row says `each_at_its_tuned_rate`). Agreement is computed from the kind of the",
+        "paper's claim: a difference",
         (f"({Outcome.HOLDS} -> agrees, {Outcome.DOES_NOT_HOLD} or {Outcome.EQUIVALENT} -> does not agree), "
          f"a direction ({Outcome.HOLDS} -> agrees,"),
         (f"{Outcome.DOES_NOT_HOLD} -> does not agree, {Outcome.EQUIVALENT} -> not comparable), "
          f"an equivalence ({Outcome.EQUIVALENT} -> agrees, {Outcome.HOLDS}"),
         (f"or {Outcome.DOES_NOT_HOLD} -> does not agree); {Outcome.INCONCLUSIVE}, {Outcome.CEILING}, "
-         f"{Outcome.IDENTICAL}, a verdict where neither group learned, or not run -> not"),
+         f"{Outcome.FLOOR}, {Outcome.IDENTICAL}, a verdict where neither group learned, or not run -> not"),
         "comparable. A row registered after its study's first result is post hoc: shown, not counted. Where the",
         "file is in git, a row is registered by the first commit that holds its paper, study, entry and kind",
         "(shown under the study: \"in git since\"); a `registered:` time earlier than that commit does not count.",

@@ -8,7 +8,8 @@ question, and the claim ids its header comment or `expect:` names), and what `wo
 run` / `workbench report` wrote to `reports/<name>/`: `summary.json` (verdicts, run counts,
 run time) and, for scaling studies, `results.csv` (refitted here to one exponent line per
 variant). A study that was never run is listed as "not run". Below the table, the budget
-ledger: what each study's runs cost in CPU minutes for the verdicts they decided. Below that,
+ledger: what each study's runs (and recorded pilots) cost in CPU minutes for the verdicts they
+decided, by the kind of claim they are evidence of. Below that,
 the studies folder's `findings/published.yaml` (when it has one) becomes the "Published
 findings" table (workbench.report.findings).
 """
@@ -26,14 +27,20 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from workbench.cost import fit
+from workbench.errors import unknown_name
+from workbench.model.spec import spec_error_from
+from workbench.registry import get_variant
 from workbench.report.document import Report, fmt_seconds
 from workbench.report.findings import FINDINGS_FILE, SUMMARY_FILE, findings_section
-from workbench.report.outcomes import DECIDED, VERDICT_RULE, Outcome
+from workbench.stats.outcomes import DECIDED, VERDICT_RULE, Outcome
 from workbench.report.registration import minute
 from workbench.results import Status, write_text_atomic
 from workbench.study import load_study
+from workbench.study.yaml_file import StudyError, read_yaml
+from workbench.tasks import CLAIM_KINDS, SYMBOL_TASK
 
 CLAIM_ID = re.compile(r"\b[EP]\d{1,2}\b")
 
@@ -84,9 +91,10 @@ def summary(report: Report, runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
                       "note": v.note, "tests_claim": v.tests_claim,
                       "difference": json_numbers(v.difference), "learned": [json_numbers(g) for g in v.gates],
                       "groups": [json_numbers(g) for g in v.groups], "expect": v.expect, "look": v.look,
-                      "post_hoc": v.post_hoc}
+                      "post_hoc": v.post_hoc, "differs": v.differs, "qualifier": v.qualifier}
                      for v in report.verdicts],
         "learned_criterion": report.learned,
+        "notices": report.notices,
         "runs": len(runs),
         "statuses": dict(sorted(statuses.items())),
         "run_span_s": None if span is None else round(span),
@@ -202,6 +210,7 @@ def study_row(study_path: Path, study, reports_dir: Path, s: dict[str, Any] | No
         elif any("baselines" not in g for v in s["verdicts"] for g in v["learned"]):  # gated on chance alone
             findings.insert(0, "_decided against chance alone, before the task's stronger baselines: "
                                "rerun the study to re-decide_")
+        findings[:0] = [f"_{notice}_" for notice in s.get("notices", [])]
     elif s["kind"] == "scaling" and (folder / "results.csv").exists():
         exponents = scaling_findings(pd.read_csv(folder / "results.csv"))
         findings = ["measured (no `expect:`; verdicts in the report's Notes); fitted exponents:", *exponents]
@@ -216,6 +225,44 @@ def study_row(study_path: Path, study, reports_dir: Path, s: dict[str, Any] | No
 
 # ---- the budget ledger ----------------------------------------------------------------------
 
+PILOTS_FILE = Path("ledger") / "pilots.yaml"  # in the studies folder (outside its *.yaml glob)
+
+
+class Pilot(BaseModel):
+    """CPU spent on a pilot before a study's runs (`workbench plan`'s, or runs that sized it by hand),
+    where the project recorded it: a pilot's runs live in a folder of their own, not shipped."""
+
+    model_config = ConfigDict(extra="forbid")
+    study: str = Field(description="the study it sized")
+    cpu_min: float = Field(ge=0, allow_inf_nan=False, description="its runs' CPU minutes")
+    recorded: str = Field(min_length=1, description="where the figure was written down")
+
+
+class PilotsFile(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    pilots: list[Pilot] = Field(default_factory=list)
+
+
+def pilot_minutes(path: Path, studies: Sequence[str]) -> dict[str, float]:
+    """Study -> the pilots' CPU minutes the studies folder's `ledger/pilots.yaml` records ({} without
+    one); a row naming no study of the folder is refused, naming its line."""
+    if not path.exists():
+        return {}
+    file = str(path)
+    _, data, lines = read_yaml(path)
+    try:
+        pilots = PilotsFile.model_validate(data).pilots
+    except ValidationError as err:
+        spec = spec_error_from(err)
+        raise StudyError(file, lines.line(spec.field), spec) from None
+    out: dict[str, float] = {}
+    for i, pilot in enumerate(pilots):
+        if pilot.study not in studies:
+            field = f"pilots.{i}.study"
+            raise StudyError(file, lines.line(field), unknown_name(field, pilot.study, studies, "study"))
+        out[pilot.study] = out.get(pilot.study, 0.0) + pilot.cpu_min
+    return out
+
 
 @dataclass(frozen=True)
 class Spend:
@@ -226,6 +273,13 @@ class Spend:
     asked: int  # verdicts its `expect:` entries ask
     decided: int  # of them, outcomes that conclude about the claim (holds, does not hold, equivalent)
     current: bool = False  # issued under today's VERDICT_RULE (re-issued, or first issued, since it)
+    kind: str = SYMBOL_TASK  # what kind of claim its verdicts are evidence of (its task's `claim_kind`)
+    pilot_s: float = 0.0  # CPU seconds of the pilots that sized it, where recorded
+    incomplete: bool = False  # its report says the current rule asks for runs it has not run
+
+    @property
+    def total_s(self) -> float | None:
+        return None if self.cpu_s is None else self.cpu_s + self.pilot_s
 
 
 def decides(verdict: dict[str, Any]) -> bool:
@@ -234,9 +288,17 @@ def decides(verdict: dict[str, Any]) -> bool:
     return verdict["outcome"] in DECIDED and verdict.get("tests_claim", True)
 
 
-def study_spend(name: str, summary: dict[str, Any]) -> Spend:
+def claim_kind(study) -> str:
+    """The kind of claim a study's verdicts are evidence of: its task's (`Task.claim_kind`)."""
+    try:
+        return get_variant("task", study.task["name"]).claim_kind
+    except Exception:  # noqa: BLE001 - a task no longer installed: counted as a symbol task, the default
+        return SYMBOL_TASK
+
+
+def study_spend(name: str, summary: dict[str, Any], kind: str = SYMBOL_TASK, pilot_min: float = 0.0) -> Spend:
     return Spend(name, summary.get("run_cpu_s"), len(summary["verdicts"]), sum(map(decides, summary["verdicts"])),
-                 summary.get("rule") == VERDICT_RULE)
+                 summary.get("rule") == VERDICT_RULE, kind, pilot_min * 60, bool(summary.get("notices")))
 
 
 def per_decided(cpu_s: float, decided: int) -> str:
@@ -244,40 +306,61 @@ def per_decided(cpu_s: float, decided: int) -> str:
     return f"{cpu_s / 60 / decided:.1f}" if decided else "—"
 
 
-def ledger_section(spends: Sequence[Spend]) -> list[str]:
-    """The budget ledger: per study that ran, its CPU minutes, verdicts decided of asked and CPU
-    minutes per decided verdict; the total over the table, and over the studies issued under
-    the current rule (what the table costs as it is re-issued). CPU time, not wall time times
-    cores: a run that waited for a busy machine spent nothing meanwhile. A study that recorded
-    no CPU time is listed and left out of the totals, which say so."""
-    if not spends:
-        return []
+def ledger_rows(spends: Sequence[Spend]) -> list[list[str]]:
+    """The ledger's rows: each kind of claim's studies, then its subtotal; the total over every
+    study, and over the studies issued under the current rule."""
     counted = [s for s in spends if s.cpu_s is not None]
-    rows = [[s.study, "not recorded" if s.cpu_s is None else f"{s.cpu_s / 60:.1f}", f"{s.decided} of {s.asked}",
-             "–" if s.cpu_s is None else per_decided(s.cpu_s, s.decided)] for s in spends]
 
     def total(title: str, of: Sequence[Spend]) -> list[str]:
-        cpu, decided, asked = sum(s.cpu_s for s in of), sum(s.decided for s in of), sum(s.asked for s in of)
-        return [f"**{title} ({len(of)} studies)**", f"**{cpu / 60:.1f}**", f"**{decided} of {asked}**",
-                f"**{per_decided(cpu, decided)}**"]
+        runs, pilots = sum(s.cpu_s for s in of), sum(s.pilot_s for s in of)
+        decided, asked = sum(s.decided for s in of), sum(s.asked for s in of)
+        return [f"**{title} ({len(of)} studies)**", "", f"**{runs / 60:.1f}**", f"**{pilots / 60:.1f}**",
+                f"**{decided} of {asked}**", f"**{per_decided(runs + pilots, decided)}**"]
 
+    rows = []
+    for kind in CLAIM_KINDS:
+        mine = [s for s in spends if s.kind == kind]
+        rows += [[s.study + " (incomplete)" * s.incomplete, kind, "not recorded" if s.cpu_s is None else f"{s.cpu_s / 60:.1f}",
+                  f"{s.pilot_s / 60:.1f}" if s.pilot_s else "–", f"{s.decided} of {s.asked}",
+                  "–" if s.total_s is None else per_decided(s.total_s, s.decided)] for s in mine]
+        if mine:
+            rows.append(total(kind, [s for s in mine if s.cpu_s is not None]))
     rows.append(total("total", counted))
     rows.append(total("issued under the current rule", [s for s in counted if s.current]))
-    header = ["study", "CPU min", "verdicts decided of asked", "CPU min per decided verdict"]
+    return rows
+
+
+def ledger_section(spends: Sequence[Spend]) -> list[str]:
+    """The budget ledger: per study that ran, grouped by the kind of claim its verdicts are evidence
+    of, its CPU minutes (its runs', and its pilots' where recorded), verdicts decided of asked and
+    CPU minutes per decided verdict; each kind's subtotal, the total, and the total over the studies
+    issued under the current rule. CPU time, not wall time times cores: a run that waited for a busy
+    machine spent nothing meanwhile. A study that recorded no CPU time is listed and left out of
+    the totals, which say so."""
+    if not spends:
+        return []
+    header = ["study", "kind of claim", "CPU min", "pilot CPU min", "verdicts decided of asked",
+              "CPU min per decided verdict"]
     lines = [
         "## Budget ledger",
         "",
         "What each study's verdicts cost: the CPU minutes its runs spent (user and system time of each run's "
-        "processes, as the results store records it, summed over the study's runs, tuning runs included), the "
-        f"verdicts it decided (**{Outcome.HOLDS}**, **{Outcome.DOES_NOT_HOLD}** or **{Outcome.EQUIVALENT}**, "
-        "counting one that tests its claim) of those its `expect:` entries ask, and the CPU minutes per decided "
-        "verdict (—: none decided). A study without `expect:` spends minutes and decides nothing; the totals "
-        "count both. The last row counts only the studies whose report was issued under the current rule "
-        "(the rule each report prints under its Verdicts).",
+        "processes, as the results store records it, summed over the study's runs, tuning runs included) and "
+        f"those of the pilots that sized it where they were recorded (`{PILOTS_FILE.as_posix()}` in the studies "
+        f"folder), the verdicts it decided (**{Outcome.HOLDS}**, **{Outcome.DOES_NOT_HOLD}** or "
+        f"**{Outcome.EQUIVALENT}**, counting one that tests its claim) of those its `expect:` entries ask, and the "
+        "CPU minutes per decided verdict, pilots included (—: none decided). A study without `expect:` spends "
+        "minutes and decides nothing; the totals count both. Studies are grouped by the kind of claim their "
+        "verdicts are evidence of (their task's): a language model on text, a task of symbols, or a constructed "
+        "mechanism (a task built so that the architecture decides the answer, where one-layer models decide "
+        "plain differences in few seeds), each with its subtotal, so that a total moved by adding cheap claims "
+        "of one kind shows as such. A study marked incomplete stopped short of the seeds the current rule asks "
+        "for (its report says which): its undecided verdicts may yet decide. The last row counts only the studies "
+        "whose report was issued under the current rule (the rule each report prints under its Verdicts).",
         "",
         "| " + " | ".join(header) + " |",
-        "|---|--:|--:|--:|",
-        *("| " + " | ".join(row) + " |" for row in rows),
+        "|---|---|--:|--:|--:|--:|",
+        *("| " + " | ".join(row) + " |" for row in ledger_rows(spends)),
     ]
     missing = [s.study for s in spends if s.cpu_s is None]
     if missing:
@@ -320,7 +403,9 @@ def build_index(studies_dir: Path, reports_dir: Path) -> str:
     studies = {p: load_study(p).study for p in sorted(studies_dir.glob("*.yaml"))}
     summaries = {p: read_summary(reports_dir, study.name) for p, study in studies.items()}
     rows = [study_row(p, study, reports_dir, summaries[p]) for p, study in studies.items()]
-    spends = [study_spend(study.name, summaries[p]) for p, study in studies.items() if summaries[p] is not None]
+    pilots = pilot_minutes(studies_dir / PILOTS_FILE, [study.name for study in studies.values()])
+    spends = [study_spend(study.name, summaries[p], claim_kind(study), pilots.get(study.name, 0.0))
+              for p, study in studies.items() if summaries[p] is not None]
     findings = findings_section(studies_dir / FINDINGS_FILE, {s.name: s for s in studies.values()}, reports_dir)
     header = ["study (report)", "claims", "question", "verdicts", "run time", "study file"]
     lines = [

@@ -12,7 +12,7 @@ from functools import lru_cache
 import jinja2
 
 from workbench.report.document import Report
-from workbench.report.outcomes import Outcome
+from workbench.stats.outcomes import Outcome
 
 
 # Characters Markdown would read as markup inside running text.

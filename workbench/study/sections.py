@@ -12,6 +12,7 @@ from typing import Any
 from pydantic import ConfigDict, Field, model_validator
 
 from workbench.errors import SpecError
+from workbench.stats.outcomes import Outcome
 from workbench.study.yaml_file import limit, suggest
 from workbench.variants import StrictModel
 
@@ -35,8 +36,12 @@ class Expectation(StrictModel):
     than: Any = Field(description="the swept value (or {dotted.key: value}) it is compared against")
     claim: str | None = Field(None, description="id of the claim it tests (e.g. E6)")
     margin: float | None = Field(None, gt=0, description="smallest difference of interest: an interval inside "
-                                 "±margin reads 'equivalent' (two one-sided tests)")
+                                 f"±margin reads '{Outcome.EQUIVALENT}' (two one-sided tests)")
     note: str = Field("", description="free text shown with the verdict")
+    than_predicted: str | None = Field(
+        None, description="the level the claim predicts for `than`, one of the task's baselines (e.g. side-blind): a "
+                          "verdict that holds with `than` below it says so (it fell short for more than the claimed "
+                          "reason)")
     registered: datetime | None = Field(
         None, description="when the margin was written (UTC, e.g. 2026-12-01 09:30; the commit that introduced it): "
                           "after the study's first result, the verdict reads 'post hoc'")
@@ -48,7 +53,7 @@ class Expectation(StrictModel):
 class SeedPlan(StrictModel):
     """`seeds: {first: 3, max: 20}`: every group runs `first` seeds; groups in comparisons
     still undecided get more, in rounds, up to `max`, unless more cannot decide them
-    (workbench.recipes.train.sequential.LOOKS, `futility`).
+    (workbench.stats.sequential.LOOKS, `futility`).
     `start` moves the seed ids, so that a study registered to replicate an earlier one runs on
     seeds that one never ran (the same seeds would reproduce its numbers, not test them)."""
 

@@ -12,7 +12,11 @@ A task plugin imports what it needs from here (`from workbench.tasks import Task
 """
 
 from workbench.tasks.base import (
+    CLAIM_KINDS,
     FAMILIES,
+    LANGUAGE_MODEL,
+    MECHANISM,
+    SYMBOL_TASK,
     IGNORE,
     TRAIN_STREAM,
     Example,
@@ -31,6 +35,7 @@ from workbench.tasks.tokens import SPECIALS
 from workbench.tasks.symbols import SymbolParams, SymbolTask, symbol_names
 
 __all__ = [
+    "CLAIM_KINDS", "LANGUAGE_MODEL", "MECHANISM", "SYMBOL_TASK",
     "FAMILIES", "IGNORE", "INPUT_IGNORING", "METRICS", "ORDER_BLIND", "PREFIX_AWARE", "SPECIALS", "TRAIN_STREAM",
     "Consumed", "Example",
     "LengthRangeParams", "SymbolParams", "SymbolTask", "Tally", "Task", "TaskParams", "blind_scores", "declared",

@@ -134,6 +134,14 @@ def real(rows: Sequence[Sequence[int]], left: bool = False) -> Tensor:
     return ar >= (width - lengths)[:, None] if left else ar < lengths[:, None]
 
 
+# What a study's verdicts are evidence of, by its task: a language model on text, a task of symbols, or
+# a constructed mechanism (a task built so that the architecture decides the answer, e.g. the difference
+# task, where a scheme that weighs both sides alike cannot pass). Verdicts of the last kind come easily
+# (a one-layer model, plain differences at few seeds): the budget ledger keeps them apart.
+LANGUAGE_MODEL, SYMBOL_TASK, MECHANISM = "language model on text", "symbol task", "constructed mechanism"
+CLAIM_KINDS = (LANGUAGE_MODEL, SYMBOL_TASK, MECHANISM)
+
+
 class Task(Variant):
     """Base of every task: seeded examples, family formatting, loss and metrics."""
 
@@ -150,6 +158,8 @@ class Task(Variant):
     gate_baselines: ClassVar[tuple[str, ...] | None] = None
     """names of the baselines (`baselines`, `seen_baselines`) the learned gate measures against, the
     strongest of them (None: every one); the others are shown beside each group but do not gate"""
+    claim_kind: ClassVar[str] = SYMBOL_TASK
+    """what kind of evidence a study on the task is (CLAIM_KINDS): the index's budget ledger counts each apart"""
 
     pad_id, bos_id, eos_id, sep_id = 0, 1, 2, 3
 

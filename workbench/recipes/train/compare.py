@@ -12,7 +12,7 @@ pooled. Everything is read from the stores; nothing is trained.
 The comparison is a training study like any other (its sweep holds each variant's values as the
 folders' studies wrote them), so the report computes chance levels, the learned gate, deltas to
 a baseline (`--baseline`, else the first folder's own) and verdicts on `--expect "A > B on
-metric"` exactly as a study's report does (workbench.recipes.train.stats.verdicts).
+metric"` exactly as a study's report does (workbench.stats.rule.verdicts).
 """
 
 from __future__ import annotations
@@ -33,8 +33,8 @@ from workbench.registry import variants
 from workbench.report import build_then_swap, merged_environment, report_destination, study_of, timing_caveat
 from workbench.report import write_files
 from workbench.report.index import write_summary
-from workbench.recipes.train.pictures import ModelPictures
-from workbench.recipes.train.report import train_report
+from workbench.recipes.train.report.pictures import ModelPictures
+from workbench.recipes.train.report.build import train_report
 from workbench.recipes.train.runs import TrainInputs
 from workbench.report.sweep_points import short_key
 from workbench.results import flatten

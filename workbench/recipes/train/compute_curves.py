@@ -9,7 +9,7 @@ evaluations first reached a stated score (`expect: {metric: flops_to_target, tar
 first that reaches it, the spending is interpolated linearly in the score; a run that
 reaches the target at its first evaluation has nothing earlier to interpolate from and is
 given that evaluation's spending (an upper bound). A run that never reaches it has no value:
-Outcome.NOT_REACHED is its own outcome, never a large number (workbench.report.outcomes).
+Outcome.NOT_REACHED is its own outcome, never a large number (workbench.stats.outcomes).
 """
 
 from __future__ import annotations

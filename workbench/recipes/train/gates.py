@@ -1,5 +1,5 @@
 """Did each variant learn at all? The chance levels of its task's baselines at the training
-length, the learned-at-all gate (workbench.recipes.train.learned_gate), the share of seeds that
+length, the learned-at-all gate (workbench.stats.gate), the share of seeds that
 failed, and the header's Learned lines (the Learned section is tables.learned)."""
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ import numpy as np
 import pandas as pd
 
 from workbench.registry import get_variant
-from workbench.report.intervals import LEVEL, Share
-from workbench.recipes.train.sequential import LOOKS
-from workbench.recipes.train.learned_gate import Gate, Learned, beats, learned_criterion, make_gate, threshold
+from workbench.stats.intervals import LEVEL, Share
+from workbench.stats.sequential import LOOKS
+from workbench.stats.gate import Gate, Learned, beats, learned_criterion, make_gate, threshold
 from workbench.report.sweep_points import short_key, value_text
 from workbench.results import FAILURE_SHARE, KEPT, Status
 from workbench.study import RUN_MEASURES
@@ -172,8 +172,8 @@ class Gates:
             return gate.at(LEVEL)
         looks = LOOKS.looks(plan.first, plan.max)
         ran = self.runs.seeds_run.get(variant, 0)
-        look, alpha = next(((n, a) for n, a in reversed(list(zip(looks, LOOKS.alphas(looks)))) if n <= ran),
-                           (looks[0], LOOKS.alphas(looks)[0]))
+        alphas = LOOKS.reading_alphas(looks)
+        look, alpha = next(((n, a) for n, a in reversed(list(zip(looks, alphas))) if n <= ran), (looks[0], alphas[0]))
         return gate.truncated(look).at(1 - alpha)
 
     @cached_property

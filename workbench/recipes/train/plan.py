@@ -19,7 +19,7 @@
    14: 1933-1940) shows to keep the planned power in most pilots, where the SD itself falls short
    in about half of them. The `seeds:` line to register comes from the upper bound. One pilot
    seed measures no noise: then only the cost is planned (and `--effect-sd`, which needs none).
-3. The seeds: workbench.recipes.train.seed_planning simulates the study's whole family through the real
+3. The seeds: workbench.stats.planning simulates the study's whole family through the real
    verdict rule: per entry with a margin, the seeds for Outcome.EQUIVALENT with 80% power when
    the true difference is 0; with `--effect X` (metric units) or `--effect-sd K` (noise SDs), the
    seeds for Outcome.HOLDS; with neither, the smallest effect the study's own seeds detect.
@@ -52,10 +52,11 @@ from scipy import stats as st
 
 from workbench.errors import SpecError, WorkbenchError
 from workbench.report.document import fmt
-from workbench.report.outcomes import Outcome
+from workbench.stats.outcomes import Outcome
 from workbench.report.sweep_points import Variants, value_text
-from workbench.recipes.train.seed_planning import REPLICATIONS, Goal, Planned, SeedSearch, Simulated
-from workbench.recipes.train.stats import MAX_PLANNED_SEEDS, POWER, Comparison
+from workbench.stats.planning import REPLICATIONS, Goal, Planned, SeedSearch, Simulated
+from workbench.stats.power import MAX_PLANNED_SEEDS, POWER
+from workbench.stats.rule import Comparison
 from workbench.recipes.train.gates import Gates
 from workbench.recipes.train.runs import TrainRuns
 from workbench.recipes.train.verdicts import Verdicts

@@ -3,7 +3,7 @@
     validate  expand every run (and tuning run); list the hardware each training setting needs
     run       tuning runs first when the study has `tune:`, then the final runs, through the
               executor (workbench.run.runner.execute_runs); finished and diverged runs are kept
-    report    workbench.recipes.train.report from the store, with attention pictures from
+    report    workbench.recipes.train.report.build from the store, with attention pictures from
               the saved final weights
 """
 
@@ -30,6 +30,7 @@ from workbench.run.runner import (
 from workbench.run.store import Store, claim_runs_dir, load_results
 from workbench.run.tracking import prepare_trackers, tracker_run
 from workbench.recipes.train.study import TrainStudy
+from workbench.stats.family import MIN_SEEDS
 from workbench.study import StudyFile
 from workbench.study.keys import canonical_json
 from workbench.recipes.train.sweep import TrainPlan, sweep_points
@@ -61,8 +62,12 @@ class TrainKind(StudyKind):
             per_rung = ", the ladder's per rung" if s.scale else ""
             steps_text = (f"a budget of {budget.text()} per run{per_rung}" if budget.kind == "seconds"
                           else f"{steps_text} at batch 0's cost (a budget of {budget.text()}{per_rung})")
+        most = s.seed_plan.max if s.seed_plan is not None else len(s.seeds)
+        short = (f"\nnote: at most {most} seeds per group: a verdict needs {MIN_SEEDS}, so no `expect:` entry can be "
+                 f"decided (seeds that each learn or not line up by chance on fewer); give seeds: {{first: "
+                 f"{min(most, 3)}, max: 12}} or {MIN_SEEDS} seeds" if s.expect and most < MIN_SEEDS else "")
         return (f"ok: {study_file.path} ({s.kind} study {s.name!r}): {n_final} runs = {len(sweep_points(s))} sweep "
-                f"points x {seeds}{tuned}; task {s.task['name']}; {steps_text}")
+                f"points x {seeds}{tuned}; task {s.task['name']}; {steps_text}{short}")
 
     def hardware_needs(self, study_file: StudyFile, machine: Machine) -> list[Need]:
         needs = [need for train in train_sections(TrainPlan(study_file).known) for need in train_needs(train, machine)]
@@ -80,8 +85,8 @@ class TrainKind(StudyKind):
         lines = [f"{s.name}: {len(runs)} runs (study hash {study_file.study_hash}); nothing is trained with --dry-run",
                  "settings of every run:"]
         lines += [f"  {k} = {json.dumps(settings[0].get(k), default=str)}" for k in common]
-        for run, row in zip(runs, settings):
-            differing = " ".join(f"{k}={json.dumps(row.get(k), default=str)}" for k in varying)
+        for run, row in zip(runs, settings):  # a parameter only another variant has is not this run's: left out
+            differing = " ".join(f"{k}={json.dumps(row[k], default=str)}" for k in varying if k in row)
             lines.append(f"{run.run_id}  {differing}".rstrip())
         return "\n".join(lines) + "\n"
 
@@ -126,13 +131,13 @@ class TrainKind(StudyKind):
 
     def report(self, out_dir: Path, info: dict[str, Any], study: TrainStudy, dest: Path, pictures: bool):
         # The report layer (matplotlib, seaborn) loads only when a report is built, not with the kinds.
-        from workbench.recipes.train.report import report_from_store
+        from workbench.recipes.train.report.build import report_from_store
 
         return report_from_store(out_dir, info, study, dest, pictures)
 
     def verdicts(self, out_dir: Path, info: dict[str, Any], study: TrainStudy) -> list:
         # the report's verdict lines, decided from the store without a figure or a page
-        from workbench.recipes.train.report import verdicts_from_store  # as in report: the report layer loads when asked
+        from workbench.recipes.train.report.build import verdicts_from_store  # as in report: the report layer loads when asked
 
         return verdicts_from_store(out_dir, study)
 
@@ -165,10 +170,10 @@ def add_seeds(plan: TrainPlan, store: Store, executor, summary: Summary, progres
               names: dict[str, str], tracker=None) -> None:
     """Adaptive seeds: after each round, give the groups of comparisons still undecided the
     seeds of the next look, until every comparison has ended or its groups reached the plan's
-    maximum (workbench.recipes.train.sequential: the loop and the rule the report reads back)."""
+    maximum (workbench.stats.sequential: the loop and the rule the report reads back)."""
     # The verdicts' statistics (scipy, pandas) load only for an adaptive study.
     from workbench.recipes.train.verdicts import seeds_wanted
-    from workbench.recipes.train.sequential import grow_seeds  # the loop that asks seeds_wanted after each round
+    from workbench.stats.sequential import grow_seeds  # the loop that asks seeds_wanted after each round
 
     study = plan.study
 

@@ -20,14 +20,19 @@ from workbench.errors import WorkbenchError
 from workbench.registry import get_variant
 from workbench.report import figures
 from workbench.report.document import Item, fmt, fmt_interval
-from workbench.report.intervals import Interval, mean_ci
-from workbench.recipes.train.tuning_section import split_stages
+from workbench.stats.intervals import Interval, mean_ci
 from workbench.report.sweep_points import Variants
 from workbench.recipes.train.compute_curves import to_target_by_run
 from workbench.results import (DESCRIPTIVE_METRICS, FAILURE_SHARE, RUN_MEASURES, SHARE_OF_FAILED, SPENT, TO_TARGET,
-                               Metric, Status)
+                               TUNE, Metric, Status)
 from workbench.tasks import METRICS
 from workbench.recipes.train.tuning import PointTuning
+
+
+def split_stages(runs: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(final runs, tuning runs) of a flat results table."""
+    tuning = runs["stage"] == TUNE if "stage" in runs else pd.Series(False, index=runs.index)
+    return runs[~tuning].reset_index(drop=True), runs[tuning].reset_index(drop=True)
 
 
 @dataclass

@@ -1,5 +1,5 @@
 """The verdicts of a training study: each `expect:` entry's comparisons, decided by
-workbench.recipes.train.stats (look by look with adaptive seeds), each as a verdict line; the outcomes
+workbench.stats.rule (look by look with adaptive seeds), each as a verdict line; the outcomes
 at each rung of a scale ladder; and which groups get more seeds next (`seeds_wanted`)."""
 
 from __future__ import annotations
@@ -12,19 +12,20 @@ from typing import Any
 
 import pandas as pd
 
+from workbench.errors import WorkbenchError
 from workbench.report.document import VerdictLine, fmt, fmt_signed_interval, level_text
-from workbench.report.intervals import Interval, first_seeds, paired_correlation
-from workbench.recipes.train.learned_gate import Learned
-from workbench.recipes.train.sequential import LOOKS, LookRule, seeds_for_next_look, sequential_verdicts
-from workbench.recipes.train.stats import Comparison, Verdict, verdicts
+from workbench.stats.intervals import Interval, first_seeds, paired_correlation
+from workbench.stats.gate import Learned
+from workbench.stats.sequential import LOOKS, LookRule, seeds_for_next_look, sequential_verdicts
+from workbench.stats.rule import Comparison, Verdict, verdicts
 from workbench.report.sweep_points import short_key, value_text
-from workbench.recipes.train.ladder import cross_scale_line
+from workbench.recipes.train.report.ladder import cross_scale_line
 from workbench.report.registration import post_hoc
 from workbench.results import FAILURE_SHARE
 from workbench.study.keys import label, point_labels
 from workbench.recipes.train.sweep import point_key
 from workbench.recipes.train.gates import Gates
-from workbench.recipes.train.runs import TrainRuns, interval_text, metric_direction
+from workbench.recipes.train.runs import TrainRuns, interval_text, metric_direction, split_metric
 from workbench.recipes.train.tuning import PointTuning
 
 
@@ -34,8 +35,9 @@ def gate_record(g: Learned) -> dict[str, Any]:
 
 
 def group_record(group: str, iv: Interval) -> dict[str, Any]:
-    """A compared group's mean with its interval as plain JSON (summary.json)."""
-    return {"group": group, "mean": iv.mean, "lo": iv.lo, "hi": iv.hi, "n": iv.n, "constant": iv.constant}
+    """A compared group's mean with its interval, and the interval's level, as plain JSON (summary.json)."""
+    return {"group": group, "mean": iv.mean, "lo": iv.lo, "hi": iv.hi, "n": iv.n, "constant": iv.constant,
+            "level": iv.level}
 
 
 class Verdicts:
@@ -74,8 +76,23 @@ class Verdicts:
                 ran = min(self.runs.seeds_run.get(v, 0) for v in (a, b))
                 comparisons.append(Comparison(metric, a, b, *values, higher, bounds, gates, exp.note,
                                               margin=exp.margin, counts=metric == FAILURE_SHARE, seeds_run=ran,
-                                              unreached=unreached, recorded=self.recorded(a, b)))
+                                              unreached=unreached, recorded=self.recorded(a, b),
+                                              predicted=self.predicted(exp, index, b, metric)))
         return comparisons, origins
+
+    def predicted(self, exp, index: int, than: str, metric: str) -> tuple[str, float] | None:
+        """The level the entry says its claim predicts for `than` (`than_predicted`, a baseline of
+        the task) on the verdict's metric at its length: (name, score); None when it names none."""
+        if exp.than_predicted is None:
+            return None
+        name, length = split_metric(metric)
+        levels = self.gates.baseline_levels(than, length if length is not None else self.gates.train_length(than))
+        score = levels.get(exp.than_predicted, {}).get(name)
+        if score is None:
+            known = [b for b, scores in levels.items() if name in scores]
+            raise WorkbenchError(f"expect.{index}.than_predicted: the task has no baseline {exp.than_predicted!r} of "
+                                 f"{name} (valid: {', '.join(known) or 'none is known here'})")
+        return exp.than_predicted, float(score)
 
     @cached_property
     def first_result(self) -> str | None:
@@ -105,16 +122,16 @@ class Verdicts:
     @cached_property
     def decided(self) -> list[tuple[Verdict, int]]:
         """Each verdict with the index of the `expect:` entry it decides; an adaptive study's
-        comparisons are decided look by look (workbench.recipes.train.sequential)."""
+        comparisons are decided look by look (workbench.stats.sequential)."""
         comparisons, origins = self.comparisons()
-        plan = self.study.seed_plan
-        decided = (verdicts(comparisons) if plan is None
-                   else sequential_verdicts(comparisons, LOOKS.looks(plan.first, plan.max)))
+        plan, seeds = self.study.seed_plan, self.study.every_seed
+        decided = (verdicts(comparisons, seeds=seeds) if plan is None
+                   else sequential_verdicts(comparisons, LOOKS.looks(plan.first, plan.max), seeds=seeds))
         return list(zip(decided, origins))
 
     def across_scale(self, decided: Sequence[tuple[Verdict, int]]) -> list[dict[str, Any]]:
         """Per `expect:` entry (and per value of any other swept key it does not fix), its
-        outcome at each rung of the scale ladder and the cross-scale line (workbench.recipes.train.ladder)."""
+        outcome at each rung of the scale ladder and the cross-scale line (workbench.recipes.train.report.ladder)."""
         scale_keys = list(self.study.scale or {})
         rung_order = [value_text(v) for v in self.study.scale[self.study.rung_key]]
         rows: dict[tuple[int, str], dict[str, Any]] = {}
@@ -140,6 +157,26 @@ class Verdicts:
     def variants_text(point: dict[str, Any]) -> str:
         return ", ".join(value_text(v) for v in point.values())
 
+    def differs(self, a: str, b: str) -> list[str]:
+        """The settings groups `a` and `b` differ in: swept keys, and tuned ones whose chosen values
+        differ (`tune:`), so that a comparison across two of them reads as such (findings)."""
+        variants = self.runs.variants
+        if a not in variants.labels or b not in variants.labels:
+            return []
+        points = [dict(zip(variants.keys, variants.points[variants.labels.index(g)])) for g in (a, b)]
+        swept = [k for k in variants.keys if points[0].get(k) != points[1].get(k)]
+        chosen = [self.chosen(point) for point in points]
+        tuned = [k for k in dict.fromkeys([*chosen[0], *chosen[1]])
+                 if k not in swept and chosen[0].get(k) != chosen[1].get(k)]
+        return swept + tuned
+
+    def chosen(self, point: dict[str, Any]) -> dict[str, Any]:
+        """The values tuning chose for the sweep point `point` (labels by key), {} without `tune:`."""
+        for tuned in self.runs.tuning:
+            if tuned.chosen is not None and all(value_text(tuned.swept.get(k)) == v for k, v in point.items()):
+                return dict(tuned.chosen.values)
+        return {}
+
     def seed_correlation(self, v: Verdict) -> float:
         """Pearson r of the two groups' values over the seeds a paired verdict read; NaN otherwise."""
         if v.diff.method != "paired":
@@ -149,8 +186,8 @@ class Verdicts:
 
     def line(self, v: Verdict, index: int) -> VerdictLine:
         exp = self.study.expect[index]
-        def group(name: str, iv: Interval) -> str:
-            return f"{name}: {interval_text(iv)}" + ("" if iv.constant else f" ({iv.n} seeds)")
+        def group(name: str, iv: Interval) -> str:  # each interval says its level: the look's, not the tables' 95%
+            return f"{name}: {interval_text(iv)}" + ("" if iv.constant else f" ({iv.n} seeds, {level_text(iv.level)})")
 
         d, r = v.diff, self.seed_correlation(v)
         detail = f"{group(v.better, v.better_ci)}; {group(v.than, v.than_ci)}"
@@ -169,7 +206,8 @@ class Verdicts:
         late = post_hoc(exp.registered, self.first_result) if exp.margin else ""
         label = f"{v.label} [post hoc margin: {late}]" if late else v.label
         return VerdictLine(statement=v.statement, outcome=v.outcome, label=label, detail=detail, note=exp.note,
-                           post_hoc=late, tests_claim=v.tests_claim,
+                           post_hoc=late, tests_claim=v.tests_claim, differs=self.differs(v.better, v.than),
+                           qualifier=v.qualifier,
                            gates=[gate_record(g) for g in v.gates],
                            difference={"mean": d.mean, "lo": d.lo, "hi": d.hi, "level": d.level, "method": d.method,
                                        "p": d.p, "p_holm": v.p_holm, "r": r},
@@ -183,12 +221,11 @@ class Verdicts:
 def seeds_wanted(study, runs: pd.DataFrame, tuning: Sequence[PointTuning] = (), rule: LookRule = LOOKS) -> dict[str, int]:
     """Adaptive seeds: point_key -> the seeds its group should have by the next look, for the
     groups of every comparison of the stored `runs` still inconclusive below the plan's maximum
-    (workbench.recipes.train.sequential.seeds_for_next_look). The loop calls it after each round; `rule`
+    (workbench.stats.sequential.seeds_for_next_look). The loop calls it after each round; `rule`
     another look rule than the runner's (benchmarks.decide compares two on the same runs)."""
     train_runs = TrainRuns(study, runs, tuning=tuning)
     verdicts = Verdicts(train_runs, Gates(train_runs))
     looks = rule.looks(study.seed_plan.first, study.seed_plan.max)
     comparisons, _ = verdicts.comparisons()
-    decided = sequential_verdicts(comparisons, looks, plan=False, rule=rule)
-    return {verdicts.point_keys[group]: n for group, n in seeds_for_next_look(comparisons, decided, looks, rule).items()
-            if group in verdicts.point_keys}
+    wanted = seeds_for_next_look(comparisons, looks, rule, seeds=study.every_seed)
+    return {verdicts.point_keys[group]: n for group, n in wanted.items() if group in verdicts.point_keys}

@@ -19,18 +19,22 @@ from workbench.study.keys import split_top
 @styled
 def verdict_groups(groups: Sequence[tuple[str, Sequence[float], float, float, float]], palette: Palette, path: Path, *,
                    metric: str, bounds: Bounds = UNBOUNDED, threshold: float | None = None,
-                   baseline: tuple[str, float] | None = None, higher_is_better: bool = True) -> Path | None:
+                   baseline: tuple[str, float] | None = None, higher_is_better: bool = True,
+                   level: str = "95%") -> Path | None:
     """The first screen's figure of one verdict metric: groups (label, per-seed values, mean,
     lo, hi) side by side, each seed a dot, the mean with its interval (clipped to `bounds`);
     `threshold` (the learned-at-all gate's) dashed and the strongest `baseline` (name, score)
     dotted across every group; the threshold's legend reads its side from the metric's declared
-    direction (`higher_is_better`: ≥, else ≤, as for bpc). Small (it shares the screen with the verdict table)."""
+    direction (`higher_is_better`: ≥, else ≤, as for bpc); `level`: the intervals' level, as the title
+    says. The legend sits right of the axes, so that no seed's dot hides behind it. Small (it shares
+    the screen with the verdict table)."""
     if not groups:
         return None
     lines = [split_top(label, ",") for label, *_ in groups]  # one swept key a line
     labels = ["\n".join(group) for group in lines]
     per_group = max(1.1, 0.075 * max(len(line) for group in lines for line in group))  # inches: its longest line
-    fig, ax = figures.new_axes(width=max(3.6, per_group * len(groups) + 1.8),
+    legend = threshold is not None or baseline is not None
+    fig, ax = figures.new_axes(width=max(3.6, per_group * len(groups) + 1.8) + (1.9 if legend else 0.0),
                                height=2.9 + 0.15 * (max(map(len, lines)) - 1))
     low, high = bounds
     for i, (label, values, mean, lo, hi) in enumerate(groups):
@@ -46,8 +50,8 @@ def verdict_groups(groups: Sequence[tuple[str, Sequence[float], float, float, fl
         ax.axhline(baseline[1], color="black", linestyle=":", linewidth=1, label=f"{baseline[0]} {fmt(baseline[1])}")
     ax.set_xticks(range(len(groups)), labels)
     ax.set_xlim(-0.6, len(groups) - 0.4)
-    ax.set(ylabel=metric, title=f"{metric}: dots seeds, bars mean and 95% CI")
-    if threshold is not None or baseline is not None:
-        ax.legend(fontsize="small", loc="best")
+    ax.set(ylabel=metric, title=f"{metric}: dots seeds, bars mean and {level} CI".replace("  ", " "))
+    if legend:
+        ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0, frameon=False)
     return figures.save(fig, path)
 

@@ -1,15 +1,15 @@
-"""Planning seeds by simulating the verdict rule (workbench.recipes.train.seed_planning): the synthetic
+"""Planning seeds by simulating the verdict rule (workbench.stats.planning): the synthetic
 values have the noise and shift asked for, the searched seeds reach the power and fewer do not,
 a larger family and more noise need more seeds, adaptive seeds stop early on a large effect."""
 
 from __future__ import annotations
 
 import numpy as np
-import pandas as pd
 import pytest
 
-from workbench.recipes.train.seed_planning import Goal, Planned, SeedSearch, drawn, simulate
-from workbench.recipes.train.stats import POWER, Comparison
+from workbench.stats.planning import Goal, Planned, SeedSearch, drawn, simulate
+from workbench.stats.power import POWER
+from workbench.stats.rule import Comparison
 
 FEW = 200  # replications: enough for the orderings tested here, and quick
 
@@ -21,19 +21,21 @@ def comparison(k: int = 0, higher: bool = True, margin: float | None = None) -> 
 @pytest.mark.parametrize("higher", [True, False])
 def test_drawn_values_have_the_planned_noise_and_shift_in_the_expected_direction(higher):
     p = Planned(comparison(higher=higher), sd=0.3, group_sd=0.5, shift=0.2, goal=Goal.HOLDS)
-    n = 40_000
-    z = np.random.default_rng(1).standard_normal((n, 2))
-    c = drawn(p, z, pd.RangeIndex(n))
-    diff = c.better_values - c.than_values
+    family = drawn([p], seeds=4, replications=10_000)
+    better, than = family.better[:, 0].ravel(), family.than[:, 0].ravel()
+    diff = better - than
     assert diff.std() == pytest.approx(0.3, rel=0.03)
-    assert c.better_values.std() == pytest.approx(0.5, rel=0.03) and c.than_values.std() == pytest.approx(0.5, rel=0.03)
+    assert better.std() == pytest.approx(0.5, rel=0.03) and than.std() == pytest.approx(0.5, rel=0.03)
     assert diff.mean() == pytest.approx(0.2 if higher else -0.2, abs=0.01)  # better by 0.2 in the metric's direction
-    assert c.gates == () and c.seeds_run == n
+    assert family.gate_needed.shape == (1, 0) and family.better.shape == (10_000, 1, 4)
+    # replication r's first seeds are the same whatever the seeds drawn: common random numbers across seed counts
+    assert np.array_equal(drawn([p], seeds=6, replications=3).better[:, :, :4], drawn([p], 4, 3).better)
 
 
 def test_a_comparison_without_groups_stays_empty():
     empty = Comparison("score", "a", "b", [], [], True)  # seeds_run 0: no point of the study
-    assert drawn(Planned(empty), np.zeros((3, 2)), pd.RangeIndex(3)) is empty
+    family = drawn([Planned(empty)], seeds=3, replications=5)
+    assert np.isnan(family.better).all() and np.isnan(family.than).all()
 
 
 def test_the_searched_seeds_reach_the_power_and_one_fewer_does_not():

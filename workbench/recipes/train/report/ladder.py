@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from workbench.report.outcomes import DECIDED
+from workbench.stats.outcomes import DECIDED
 
 
 def joined(names: Sequence[str]) -> str:

@@ -209,7 +209,10 @@ def test_a_study_trained_for_3_steps_says_neither_group_learned(tmp_path):
               f"to 1; learned when the 95% interval of the mean lies past it): 0 of 2 groups learned; "
               f"did not learn: {scores}")
     assert summary["learned_criterion"] == [header]
-    assert (folder / "report.md").read_text().split("\n\n")[2] == header
+    # above it, that 2 seeds decide no entry (a verdict needs 4 per group)
+    notice, shown = (folder / "report.md").read_text().split("\n\n")[2:4]
+    assert notice.startswith("**Every group runs 2 seeds, and a verdict needs 4 per group") and shown == header
+    assert summary["notices"] == [notice.strip("*")]
     assert f'<p class="learned">{header}</p>' in (folder / "index.html").read_text()
     assert "; neither group learned: position=rope: accuracy@6" in (folder / "report.md").read_text()
     html = (folder / "index.html").read_text()
@@ -311,13 +314,14 @@ def test_a_third_party_task_declares_baselines_and_the_gate_uses_the_strongest()
     with installed_plugin("hinted_copy_plugin", register_tasks=[HintedCopy]):
         study = TrainStudy.model_validate({
             "name": "hinted", "task": {"name": "hinted_copy", "train_length": 6, "alphabet_size": 6},
-            "train": {"steps": 1}, "seeds": [0, 1, 2], "sweep": {"model.position": ["none", "rope"]},
+            "train": {"steps": 1}, "seeds": [0, 1, 2, 3], "sweep": {"model.position": ["none", "rope"]},
             "expect": [{"metric": "accuracy@6", "better": "rope", "than": "none"}]})
         runs = pd.DataFrame([{"run_id": f"{p}{s}", "index": i, "seed": s, "model.position": p, "status": "finished",
                               "accuracy@6": acc, "loss@6": 0.5}
                              for i, (p, s, acc) in enumerate([("none", 0, 0.9), ("none", 1, 0.9), ("none", 2, 0.91),
-                                                              ("rope", 0, 0.997), ("rope", 1, 0.998),
-                                                              ("rope", 2, 0.999)])])
+                                                              ("none", 3, 0.905), ("rope", 0, 0.997),
+                                                              ("rope", 1, 0.998), ("rope", 2, 0.999),
+                                                              ("rope", 3, 0.998)])])
         train_runs = TrainRuns(study, runs)
         gates = Gates(train_runs)
         gate = gates.learned("position=rope", "accuracy")

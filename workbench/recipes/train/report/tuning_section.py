@@ -13,14 +13,8 @@ import pandas as pd
 from workbench.report import figures
 from workbench.report.document import Figure, Item, Paragraph, Section, Table, fmt
 from workbench.report.sweep_points import Variants, short_key, value_text
-from workbench.results import TUNE, Status
+from workbench.results import Status
 from workbench.recipes.train.tuning import EXTEND_BOUND, Candidate, PointTuning, higher_is_better, labels, numeric
-
-
-def split_stages(runs: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(final runs, tuning runs) of a flat results table."""
-    tuning = runs["stage"] == TUNE if "stage" in runs else pd.Series(False, index=runs.index)
-    return runs[~tuning].reset_index(drop=True), runs[tuning].reset_index(drop=True)
 
 
 def candidate_text(candidate: Candidate) -> str:

@@ -6,7 +6,7 @@ status counts, and each failed, diverged or out-of-memory run appears with its m
 the step it reached.
 
 The report is the list SECTIONS, in reading order: each section is a function of the study's
-results (workbench.recipes.train.computed: the runs, their gates and verdicts) that returns a
+results (workbench.recipes.train.report.computed: the runs, their gates and verdicts) that returns a
 document section (workbench.report.document), or None where it does not apply. The table
 sections live in tables.py, the figure sections in figures.py; the header (verdict lines,
 Learned lines, verdict figures) is put together by `train_report`.
@@ -21,16 +21,18 @@ from typing import Any
 import pandas as pd
 
 from workbench.report import ReportSkipWarning, merged_environment, missing_variants, reproduce_command, timing_caveat
-from workbench.recipes.train.convergence import settling, settling_section
+from workbench.recipes.train.report.convergence import settling, settling_section
 from workbench.report.document import Paragraph, Report, Section
-from workbench.recipes.train.pictures import ModelPictures
-from workbench.recipes.train.tuning_section import TuningSection
+from workbench.recipes.train.report.pictures import ModelPictures
+from workbench.recipes.train.report.tuning_section import TuningSection
 from workbench.run import store
 from workbench.recipes.train.tuning import choose
-from workbench.recipes.train import figures, tables
+from workbench.recipes.train.report import figures, tables
 from workbench.recipes.train.gates import Gates
-from workbench.recipes.train.computed import TrainResults
-from workbench.recipes.train.stats import RULE
+from workbench.recipes.train.report.computed import TrainResults
+from workbench.stats.family import MIN_SEEDS
+from workbench.stats.rule import RULE
+from workbench.stats.sequential import LOOKS, seeds_for_next_look
 from workbench.recipes.train.runs import TrainInputs, TrainRuns, metric_direction, metric_range
 from workbench.recipes.train.verdicts import Verdicts
 
@@ -82,8 +84,31 @@ def train_report(inputs: TrainInputs, dest: Path) -> tuple[Report, pd.DataFrame]
     study = r.runs.study
     report = Report(name=study.name, kind="train", question=study.description or "(no description)",
                     verdicts=lines, sections=sections, learned=r.gates.learned_lines(),
-                    verdict_figures=figures.verdict_figures(r, lines), verdict_rule=RULE)
+                    verdict_figures=figures.verdict_figures(r, lines), verdict_rule=RULE,
+                    notices=[text for text in (short_of_the_rule(r),) if text])
     return report, results_table(r.runs)
+
+
+def short_of_the_rule(r: TrainResults) -> str:
+    """What the current rule would still run before its verdicts are read ("" when nothing): an
+    adaptive study stored short of the seeds the rule asks for (interrupted, or issued under a rule
+    that decided on fewer), or a list of seeds too short for any verdict."""
+    study = r.runs.study
+    if not study.expect:
+        return ""
+    if study.seed_plan is None:
+        fewest = len(study.seeds)
+        return (f"Every group runs {fewest} seeds, and a verdict needs {MIN_SEEDS} per group: no entry can be decided "
+                f"(seeds: {{first: {fewest}, max: 12}} would add seeds where they decide)") if fewest < MIN_SEEDS else ""
+    comparisons, _ = r.verdicts.comparisons()
+    plan = study.seed_plan
+    wanted = seeds_for_next_look(comparisons, LOOKS.looks(plan.first, plan.max), seeds=study.every_seed)
+    missing = {group: n - r.runs.seeds_run.get(group, 0) for group, n in wanted.items()}
+    if not missing:
+        return ""
+    groups = "; ".join(f"{group} to {wanted[group]}" for group in missing)
+    return (f"Incomplete under the current rule: it asks for {sum(missing.values())} more runs ({groups} seeds) before "
+            "the verdicts they decide are read; `workbench run` on the study trains them, and its report reads them")
 
 
 def results_table(runs: TrainRuns) -> pd.DataFrame:

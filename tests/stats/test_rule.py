@@ -14,9 +14,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st_h
 from scipy import stats
 
-from workbench.report.intervals import Share, difference, holm, mean_ci, welch_diff
-from workbench.recipes.train.learned_gate import GateState, learned_criterion, make_gate, threshold
-from workbench.recipes.train.stats import Comparison, verdict, verdicts
+from workbench.stats.intervals import Share, difference, holm, mean_ci, welch_diff
+from workbench.stats.gate import GateState, learned_criterion, make_gate, threshold
+from workbench.stats.rule import Comparison, verdict, verdicts
 from workbench.report.sweep_points import Variants
 
 
@@ -42,12 +42,14 @@ def test_welch_difference_matches_scipy():
 
 
 @pytest.mark.parametrize("a, b, higher, outcome, reason", [
-    ([0.90, 0.91, 0.95], [0.50, 0.52, 0.51], True, "holds", ""),
-    ([0.50, 0.52, 0.51], [0.90, 0.91, 0.95], True, "does not hold", ""),
-    ([0.50, 0.70, 0.60], [0.55, 0.65, 0.62], True, "inconclusive", "contains 0"),
+    ([0.90, 0.91, 0.95, 0.93], [0.50, 0.52, 0.51, 0.50], True, "holds", ""),
+    ([0.50, 0.52, 0.51, 0.50], [0.90, 0.91, 0.95, 0.93], True, "does not hold", ""),
+    ([0.50, 0.70, 0.60, 0.58], [0.55, 0.65, 0.62, 0.60], True, "inconclusive", "contains 0"),
     # loss: lower is better, so the lower group wins
-    ([1.0, 1.1, 1.02], [2.0, 2.1, 2.05], False, "holds", ""),
-    ([2.0, 2.1, 2.05], [1.0, 1.1, 1.02], False, "does not hold", ""),
+    ([1.0, 1.1, 1.02, 1.05], [2.0, 2.1, 2.05, 2.02], False, "holds", ""),
+    ([2.0, 2.1, 2.05, 2.02], [1.0, 1.1, 1.02, 1.05], False, "does not hold", ""),
+    # three seeds decide nothing, however far apart: seeds that each learn or not line up by chance
+    ([0.90, 0.91, 0.95], [0.50, 0.52, 0.51], True, "inconclusive", "3 seeds per group; a verdict needs 4"),
     ([0.9], [0.5, 0.52], True, "inconclusive", "1 finished seed"),
     ([], [0.5, 0.52], True, "inconclusive", "no finished run"),
     ([0.5, 0.5], [0.4, 0.4], True, "inconclusive", "no spread"),
@@ -156,20 +158,20 @@ def gate(group, metric, scores, chance, higher=True, perfect=1.0):
 
 
 def test_the_gate_qualifies_a_decided_difference_and_never_decides_alone():
-    a, b = [0.90, 0.91, 0.95], [0.10, 0.11, 0.10]
+    a, b = [0.90, 0.91, 0.95, 0.92], [0.10, 0.11, 0.10, 0.105]
     gates = (gate("A", "accuracy@8", a, 0.1), gate("B", "accuracy@8", b, 0.1))
     assert gates[0].limit.needed == pytest.approx(0.19)
     assert [g.at().state for g in gates] == [GateState.LEARNED, GateState.NOT_LEARNED]
     v = verdicts([Comparison("accuracy@8", "A", "B", by_seed(a), by_seed(b), higher=True, bounds=(0.0, 1.0),
                              gates=gates)])[0]
     assert (v.outcome, v.label) == ("holds", "holds (only A learned)")
-    assert "B: accuracy@8 0.103" in "; ".join(g.text for g in v.gates) and "did not learn" in v.gates[1].text
+    assert "B: accuracy@8 0.104" in "; ".join(g.text for g in v.gates) and "did not learn" in v.gates[1].text
     v = verdicts([Comparison("accuracy@8", "B", "A", by_seed(b), by_seed(a), higher=True, bounds=(0.0, 1.0),
                              gates=gates[::-1])])[0]
     assert (v.outcome, v.label) == ("does not hold", "does not hold (only A learned)")
     # The audit's case: one mean above the threshold (0.5845), the other below, the difference not
     # decided: the old gate read "holds (only A learned)"; now it is inconclusive, and so undecided.
-    a, b = [0.70, 0.55, 0.72], [0.50, 0.62, 0.51]
+    a, b = [0.70, 0.55, 0.72, 0.66], [0.50, 0.62, 0.51, 0.58]
     gates = (gate("A", "accuracy@8", a, {"order-blind": 0.538333}), gate("B", "accuracy@8", b, {"order-blind": 0.538333}))
     assert gates[0].limit.needed == pytest.approx(0.5845, abs=1e-4)
     assert np.mean(a) > 0.5845 > np.mean(b) and [g.at().state for g in gates] == [GateState.UNDETERMINED] * 2
@@ -177,7 +179,7 @@ def test_the_gate_qualifies_a_decided_difference_and_never_decides_alone():
                              gates=gates)])[0]
     assert v.outcome == "inconclusive" and not v.only
     # a decided difference beside an undetermined gate says so
-    a, b = [0.95, 0.96, 0.97], [0.50, 0.72, 0.53]
+    a, b = [0.95, 0.96, 0.97, 0.96], [0.50, 0.72, 0.53, 0.60]
     gates = (gate("A", "accuracy@8", a, 0.5), gate("B", "accuracy@8", b, 0.5))
     v = verdicts([Comparison("accuracy@8", "A", "B", by_seed(a), by_seed(b), higher=True, bounds=(0.0, 1.0),
                              gates=gates)])[0]
@@ -185,21 +187,21 @@ def test_the_gate_qualifies_a_decided_difference_and_never_decides_alone():
 
 
 def test_neither_group_learned_qualifies_the_tested_outcome_and_never_ends_the_test():
-    low, lower = [0.10, 0.11, 0.10], [0.05, 0.062, 0.049]
+    low, lower = [0.10, 0.11, 0.10, 0.104], [0.05, 0.062, 0.049, 0.054]
     neither = (gate("B", "accuracy@8", low, 0.1), gate("C", "accuracy@8", lower, 0.1))
     v = verdicts([Comparison("accuracy@8", "B", "C", by_seed(low), by_seed(lower), higher=True, bounds=(0.0, 1.0),
                              gates=neither)])[0]
     # the difference (about +0.05 on every seed) is tested and decided; the gates say it does not test the claim
     assert v.outcome == "holds" and v.diff.p < 0.05 and not v.tests_claim
-    assert v.label.startswith("holds (neither group learned: B: accuracy@8 0.103") and "C: accuracy@8 0.0537" in v.label
-    same = [0.10, 0.12, 0.11]
+    assert v.label.startswith("holds (neither group learned: B: accuracy@8 0.104") and "C: accuracy@8 0.0537" in v.label
+    same = [0.10, 0.12, 0.11, 0.095]
     v = verdicts([Comparison("accuracy@8", "B", "C", by_seed(low), by_seed(same), higher=True, bounds=(0.0, 1.0),
                              gates=(neither[0], gate("C", "accuracy@8", same, 0.1)))])[0]
     assert v.outcome == "inconclusive" and not v.outcome.final and not v.tests_claim  # more seeds may decide it
     assert v.label.startswith("inconclusive (the interval of the difference contains 0; ")
     assert "; neither group learned: B: accuracy@8" in v.label
     # one of them undetermined (its interval reaches the threshold 0.19): the claim is tested
-    spread = [0.05, 0.30, 0.10]
+    spread = [0.05, 0.30, 0.10, 0.12]
     v = verdicts([Comparison("accuracy@8", "B", "C", by_seed(low), by_seed(spread), higher=True, bounds=(0.0, 1.0),
                              gates=(neither[0], gate("C", "accuracy@8", spread, 0.1)))])[0]
     assert v.outcome == "inconclusive" and v.tests_claim and "neither" not in v.label
@@ -230,9 +232,9 @@ def test_the_gate_measures_against_the_strongest_baseline():
 
 
 def test_a_gate_at_the_compared_length_counts_as_well_as_the_training_length():
-    a, b = [0.30, 0.31, 0.33], [0.20, 0.21, 0.20]
-    gates = (gate("A", "accuracy@16", [0.9, 0.91, 0.92], 0.17), gate("A", "accuracy@32", a, 0.17),
-             gate("B", "accuracy@16", [0.9, 0.91, 0.92], 0.17), gate("B", "accuracy@32", b, 0.17))
+    a, b = [0.30, 0.31, 0.33, 0.32], [0.20, 0.21, 0.20, 0.20]
+    gates = (gate("A", "accuracy@16", [0.9, 0.91, 0.92, 0.9], 0.17), gate("A", "accuracy@32", a, 0.17),
+             gate("B", "accuracy@16", [0.9, 0.91, 0.92, 0.9], 0.17), gate("B", "accuracy@32", b, 0.17))
     v = verdicts([Comparison("accuracy@32", "A", "B", by_seed(a), by_seed(b), higher=True, bounds=(0.0, 1.0),
                              gates=gates)])[0]
     assert v.label == "holds (only A learned)" and "B: accuracy@32 0.203" in v.gates[3].text
@@ -281,15 +283,18 @@ def test_a_margin_makes_an_interval_inside_it_equivalent():
     # the same groups without a margin: no difference found, which is not the same as none
     assert verdict(a, b, "accuracy@8", "A", "B", higher=True, bounds=(0.0, 1.0)).outcome == "inconclusive"
     # a margin smaller than the noise: still inconclusive, with what the seeds would need to show it
-    wide = verdict(by_seed([0.8, 0.9, 0.85]), by_seed([0.82, 0.86, 0.9]), "accuracy@8", "A", "B", higher=True,
-                   bounds=(0.0, 1.0), margin=0.01)
-    assert wide.outcome == "inconclusive" and "the margin ±0.01 would need about" in wide.reason
+    wide = verdict(by_seed([0.8, 0.9, 0.85, 0.86]), by_seed([0.82, 0.86, 0.9, 0.85]), "accuracy@8", "A", "B",
+                   higher=True, bounds=(0.0, 1.0), margin=0.01)
+    assert wide.outcome == "inconclusive" and re.search(
+        r"to show equivalence within ±0.01 with 80% power, were the observed difference -0.005 the true one, would "
+        r"take (about \d+|more than 1000) seeds", wide.reason)
 
 
 def test_both_groups_at_the_perfect_score_on_every_seed_is_a_ceiling():
     v = verdict(by_seed([1.0, 1.0, 1.0]), by_seed([1.0, 1.0, 1.0]), "accuracy@8", "A", "B", higher=True,
                 bounds=(0.0, 1.0))
-    assert (v.outcome, v.label) == ("ceiling", "ceiling: the task does not separate them")
+    assert (v.outcome, v.label) == ("ceiling", "ceiling: the task does not separate them (both groups scored the "
+                                              "metric's best value on every seed)")
     loss = verdict(by_seed([0.0, 0.0]), by_seed([0.0, 0.0]), "loss@8", "A", "B", higher=False, bounds=(0.0, math.inf))
     assert loss.outcome == "ceiling"
     # equal seeds below the best value are not a ceiling: the same values are identical groups, the same
@@ -307,7 +312,8 @@ def test_an_inconclusive_verdict_states_its_detectable_difference_and_the_seeds_
     d = (a - b).to_numpy()
     sd, n = d.std(ddof=1), len(d)
     mde = float(re.search(r"4 seeds detect ±([\d.]+) with 80% power", v.reason).group(1))
-    needed = int(re.search(r"the observed difference [\d.]+ would need about (\d+) seeds", v.reason).group(1))
+    needed = int(re.search(r"to find the observed difference \+[\d.]+ \(the claim's direction\) with 80% power "
+                           r"would take about (\d+) seeds", v.reason).group(1))
     # check against the noncentral t: power of the paired two-sided test at 5%
     def power(effect, k):
         crit, nc = stats.t.ppf(0.975, k - 1), effect / (sd / math.sqrt(k))
@@ -317,7 +323,7 @@ def test_an_inconclusive_verdict_states_its_detectable_difference_and_the_seeds_
 
 
 def test_holms_family_is_every_hypothesis_even_of_entries_that_end_before_a_test():
-    a, b = by_seed([0.90, 0.91, 0.95]), by_seed([0.50, 0.52, 0.51])
+    a, b = by_seed([0.90, 0.91, 0.95, 0.92]), by_seed([0.50, 0.52, 0.51, 0.50])
     tested = Comparison("accuracy@8", "A", "B", a, b, higher=True, bounds=(0.0, 1.0))
     same = Comparison("accuracy@8", "C", "D", a, a.copy(), higher=True, bounds=(0.0, 1.0))
     alone = verdicts([tested])[0]
@@ -347,7 +353,7 @@ def test_equivalence_is_in_holms_family_and_reads_before_a_decided_difference():
     # the same difference without a margin holds
     assert verdicts([Comparison("accuracy@8", "A", "B", shifted, a, higher=True, bounds=(0.0, 1.0))])[0].outcome == "holds"
     # equivalence's p is that of the two one-sided tests: at most a exactly when the 1 - 2a interval is inside
-    from workbench.report.intervals import difference
+    from workbench.stats.intervals import difference
     d = difference(shifted, a, level=0.9)
     for margin in (0.004, 0.00505, 0.0051, 0.006, 0.02):
         assert (d.equivalence_p(margin) <= 0.05) == (-margin < d.lo and d.hi < margin), margin
@@ -370,7 +376,7 @@ def test_failure_shares_compare_with_fishers_exact_test_and_clopper_pearson_inte
 
 @pytest.mark.parametrize("seed", range(5))
 def test_the_t_intervals_and_p_values_are_scipys(seed):
-    from workbench.report.intervals import paired_diff, welch_diff
+    from workbench.stats.intervals import paired_diff, welch_diff
 
     rng = np.random.default_rng(seed)
     x, y = rng.normal(0.5, 0.1, 3 + seed), rng.normal(0.45, 0.2, 3 + seed)
@@ -396,11 +402,62 @@ def test_a_level_prints_with_the_digits_its_alpha_needs_everywhere_it_is_shown()
 
 def test_the_verdict_table_shows_what_each_label_adds_to_its_outcome():
     from workbench.report.document import VerdictLine
-    from workbench.report.outcomes import CEILING_LABEL
+    from workbench.stats.outcomes import CEILING_LABEL
 
     def reason(outcome: str, label: str) -> str:
         return VerdictLine("a is better than b on x", outcome, label, "").reason
 
     assert reason("ceiling", CEILING_LABEL) == "the task does not separate them"  # it printed "(: the task ...)"
+    assert reason("ceiling", CEILING_LABEL + " (both at 1)") == "the task does not separate them (both at 1)"
     assert reason("holds", "holds (only a learned)") == "only a learned"
     assert reason("holds", "holds") == ""
+
+
+def test_an_equivalence_whose_groups_both_sit_within_the_margin_of_the_best_value_reads_as_a_ceiling():
+    """kv-sharing-window's case: 0.986 against 0.986 with a margin of 0.02, on accuracy whose best is 1.
+    Both means lie within 0.02 of 1, so the range alone keeps them within the margin: the task does not
+    separate them, and it is no decided claim. Below 1 - margin it is an equivalence."""
+    a, b = by_seed([0.985, 0.987, 0.986, 0.986]), by_seed([0.986, 0.985, 0.987, 0.986])
+    v = verdict(a, b, "accuracy@8", "A", "B", higher=True, bounds=(0.0, 1.0), margin=0.02)
+    assert v.outcome == "ceiling" and not v.outcome.decides
+    assert v.label.startswith("ceiling: the task does not separate them (both groups lie within ±0.02 of the "
+                              "metric's best value 1 (0.986 and 0.986)")
+    assert "interval lies within ±0.02" in v.label
+    lower = verdict(a - 0.1, b - 0.1, "accuracy@8", "A", "B", higher=True, bounds=(0.0, 1.0), margin=0.02)
+    assert lower.outcome == "equivalent"
+    # a loss near 0 (its best value; lower is better) is a ceiling too; accuracies near 0 are a floor
+    loss = verdict(by_seed([0.010, 0.012, 0.011, 0.013]), by_seed([0.011, 0.012, 0.010, 0.012]), "loss@8", "A", "B",
+                   higher=False, bounds=(0.0, math.inf), margin=0.05)
+    assert loss.outcome == "ceiling"
+    floor = verdict(by_seed([0.010, 0.012, 0.011, 0.013]), by_seed([0.011, 0.012, 0.010, 0.012]), "accuracy@8", "A",
+                    "B", higher=True, bounds=(0.0, 1.0), margin=0.05)
+    assert floor.outcome == "floor" and floor.label.startswith("floor: the task does not separate them (both groups "
+                                                               "lie within ±0.05 of the metric's worst value 0")
+
+
+def test_a_holds_whose_loser_sits_below_the_level_its_claim_predicts_says_so():
+    """position-direction's case: ALiBi, whose penalty is the same on both sides, is predicted to reach
+    the side-blind level (0.667) and no further; at 0.276 on every seed it fell short of that too, so
+    'RoPE is better' holds but not for the claimed reason."""
+    rope, alibi = by_seed([0.996, 0.997, 0.995, 0.996]), by_seed([0.27, 0.28, 0.275, 0.279])
+    c = Comparison("accuracy@12", "rope", "alibi", rope, alibi, higher=True, bounds=(0.0, 1.0),
+                   predicted=("side-blind", 0.667))
+    v = verdicts([c])[0]
+    assert v.outcome == "holds" and v.tests_claim
+    assert v.label == ("holds (alibi at 0.276 stays below side-blind 0.667, the level the claim predicts for it: it "
+                       "falls short for more than the claimed reason)")
+    at_level = verdicts([replace(c, than_values=alibi + 0.39)])[0]  # about 0.667: as predicted
+    assert at_level.label == "holds"
+
+
+def test_a_look_under_four_seeds_decides_nothing_however_plain_the_difference():
+    """Three seeds that each fall the same way between two modes (learned against not) give a paired t
+    with 2 degrees of freedom an arbitrarily large t; no test at 3 seeds tells that from an effect every
+    seed shows, so 3 seeds decide nothing and 4 do."""
+    a, b = by_seed([0.99, 1.0, 0.995, 0.998]), by_seed([0.5, 0.49, 0.51, 0.5])
+    three = verdict(a[:3], b[:3], "accuracy@8", "A", "B", higher=True, bounds=(0.0, 1.0))
+    assert three.outcome == "inconclusive" and three.reason.startswith("3 seeds per group; a verdict needs 4")
+    assert verdict(a, b, "accuracy@8", "A", "B", higher=True, bounds=(0.0, 1.0)).outcome == "holds"
+    # the rules before 2026-12-06 decided it at 3 (min_seeds 2 reproduces them)
+    c = Comparison("accuracy@8", "A", "B", a[:3], b[:3], higher=True, bounds=(0.0, 1.0))
+    assert verdicts([c], min_seeds=2)[0].outcome == "holds"

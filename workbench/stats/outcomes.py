@@ -30,8 +30,11 @@ class Outcome(StrEnum):
     # reports issued then, never issued now (the gates qualify the tested outcome: Verdict.neither)
     NOT_TESTED = "not tested", False, True, Badge("#e4e4e4", "#333")
     EQUIVALENT = "equivalent", True, False, Badge("#dbe9ff", "#0b2e6b")
-    # both groups at the metric's best value on every seed
-    CEILING = "ceiling", False, False, Badge("#ece4ff", "#33206b")
+    # both groups at the metric's best value on every seed, or an equivalence whose groups both lie
+    # within the margin of it (the bound alone keeps their difference inside the margin)
+    CEILING = "ceiling", False, True, Badge("#ece4ff", "#33206b")
+    # an equivalence whose groups both lie within the margin of the metric's worst value
+    FLOOR = "floor", False, True, Badge("#ece4ff", "#33206b")
     # both groups gave the same value on every seed: the same computation
     IDENTICAL = "identical", False, True, None
     # a *_to_target comparison where a finished run never reached the target
@@ -58,8 +61,8 @@ class Outcome(StrEnum):
 
     def label(self, reason: str) -> str:
         """The outcome as a verdict reads it: with its reason where it carries one."""
-        if self is Outcome.CEILING:
-            return CEILING_LABEL
+        if self in (Outcome.CEILING, Outcome.FLOOR):
+            return f"{self}: the task does not separate them" + (f" ({reason})" if reason else "")
         return f"{self} ({reason})" if self.explained else str(self)
 
 
@@ -68,5 +71,8 @@ CEILING_LABEL = f"{Outcome.CEILING}: the task does not separate them"
 # The verdict rule a summary.json was issued under (an index marks reports issued before it). Since
 # 2026-12-01 the learned gate qualifies a decided difference and never decides alone; since
 # 2026-12-02 it never ends the test either, equivalences are in Holm's family, and adaptive looks
-# spend alpha Pocock-type.
-VERDICT_RULE = "2026-12-02: gates qualify and never end the test; equivalence in Holm; Pocock-type looks"
+# spend alpha Pocock-type. Since 2026-12-06 no verdict is decided on fewer than 4 seeds per group
+# (seeds that learn or not), and an equivalence at the metric's best or worst value reads as a
+# ceiling or floor.
+VERDICT_RULE = ("2026-12-06: a verdict needs 4 seeds per group; an equivalence within the margin of the best "
+                "(worst) value reads as a ceiling (floor)")

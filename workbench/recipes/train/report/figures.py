@@ -13,14 +13,15 @@ from pathlib import Path
 import pandas as pd
 
 from workbench.report import figures
-from workbench.report.document import Figure, Item, Paragraph, Section, Table, VerdictLine, fmt, fmt_interval
-from workbench.report.intervals import mean_ci
+from workbench.report.document import (Figure, Item, Paragraph, Section, Table, VerdictLine, fmt, fmt_interval,
+                                       level_text)
+from workbench.stats.intervals import mean_ci
 from workbench.report.sweep_points import Variants
-from workbench.recipes.train.verdict_figure import verdict_groups
+from workbench.recipes.train.report.verdict_figure import verdict_groups
 from workbench.cost.fit import fit_power_law, power_law_crossing
 from workbench.recipes.train.compute_curves import AXIS_LABELS, against
 from workbench.results import ATTENTION_ENTROPY, FAILURE_SHARE, PROGRESS
-from workbench.recipes.train.computed import TrainResults
+from workbench.recipes.train.report.computed import TrainResults
 from workbench.recipes.train.runs import metric_direction, split_metric
 
 
@@ -47,16 +48,20 @@ def verdict_figures(r: TrainResults, lines: Sequence[VerdictLine]) -> list[Figur
                   for label in r.runs.variants.labels if label in records]
         gates = [g for line in mine for g in line.gates if g["metric"] == metric and not g["untested"]]
         gate = gates[0] if gates else None
+        levels = {records[label].get("level") for label, *_ in groups}
+        level = level_text(levels.pop()) if len(levels) == 1 and None not in levels else ""
         slug = re.sub(r"[^A-Za-z0-9]+", "_", metric).strip("_")
         path = verdict_groups(groups, r.runs.palette, r.dest / "figures" / f"verdict_{slug}.png",
                                       metric=metric, bounds=r.runs.range_of(metric),
                                       threshold=gate["needed"] if gate else None,
                                       baseline=(gate["baseline"], gate["chance"]) if gate else None,
-                                      higher_is_better=metric_direction(metric, r.runs.task_name) is not False)
+                                      higher_is_better=metric_direction(metric, r.runs.task_name) is not False,
+                                      level=level)
         lines_text = (f"; dashed: the learned-at-all threshold, dotted: the strongest baseline ({gate['baseline']})"
                       if gate else "")
-        drawn = figure(r, path, f"{metric} of the compared groups: each seed a dot, the mean with its 95% t "
-                                f"interval{lines_text}.", f"{metric} per group and seed")
+        drawn = figure(r, path, f"{metric} of the compared groups: each seed a dot, the mean with its {level} t "
+                                f"interval (the level its verdict read it at){lines_text}.".replace("  ", " "),
+                       f"{metric} per group and seed")
         out += [drawn] if drawn else []
     return out
 

@@ -4,9 +4,9 @@ workbench.recipes.train.plan measures each comparison's per-seed noise on a pilo
 that noise, the question is how many seeds per group each `expect:` entry needs to reach its
 outcome with 80% power. The answer is not a formula of today's rule: `simulate` draws synthetic
 normal per-seed values for every comparison of the study (Holm's family, all m of them) and
-decides them with the real decision functions, workbench.recipes.train.stats.verdicts for a fixed
-list of seeds and workbench.recipes.train.sequential.sequential_verdicts over the looks of adaptive
-seeds (`LOOKS.looks`), so the plan follows the rule when the rule changes.
+decides them with the real decision functions, workbench.stats.family.decide for a fixed list of
+seeds and workbench.stats.sequential.looked over the looks of adaptive seeds (`LOOKS.looks`), on
+all replications at once, so the plan follows the rule when the rule changes.
 
 What is drawn. Per comparison and seed, both groups' values are normal with the pilot's group
 SD, and their difference has the pilot's SD of the paired per-seed differences (together they
@@ -32,12 +32,13 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 
 import numpy as np
-import pandas as pd
 
-from workbench.report.intervals import UNBOUNDED
-from workbench.report.outcomes import Outcome
-from workbench.recipes.train.sequential import LOOKS, sequential_verdicts
-from workbench.recipes.train.stats import MAX_PLANNED_SEEDS, POWER, Comparison, verdicts
+from workbench.stats.family import MIN_SEEDS, Family, code, decide
+from workbench.stats.intervals import ALPHA, UNBOUNDED
+from workbench.stats.outcomes import Outcome
+from workbench.stats.power import MAX_PLANNED_SEEDS, POWER
+from workbench.stats.rule import Comparison
+from workbench.stats.sequential import LOOKS, looked
 
 REPLICATIONS = 400
 PLAN_STREAM = 44  # the generators' first key: the plan's draws, apart from any other seeded stream
@@ -77,37 +78,46 @@ class Simulated:
     group_seeds: dict[str, float]  # per group: mean seeds it ran (what the longest of its comparisons asked)
 
 
-def drawn(p: Planned, z: np.ndarray, index: pd.Index) -> Comparison:
-    """`p`'s comparison with synthetic per-seed values (z: [seeds, 2] standard normal draws)."""
-    c = p.comparison
-    if c.seeds_run == 0:  # no pair of groups to compare (a point the study does not run): it stays empty
-        return c
-    than = p.group_sd * z[:, 0]
-    # the difference's noise, correlated with `than` so that `better` has the group SD as well
-    rho = float(np.clip(-p.sd / (2 * p.group_sd), -1.0, 1.0)) if p.group_sd > 0 else 0.0
-    noise = p.sd * (rho * z[:, 0] + math.sqrt(1 - rho**2) * z[:, 1])
-    better = than + (p.shift if c.higher else -p.shift) + noise
-    return replace(c, better_values=pd.Series(better, index), than_values=pd.Series(than, index), bounds=UNBOUNDED,
-                   gates=(), counts=False, unreached=(), recorded=None, seeds_run=len(index))
+def drawn(planned: Sequence[Planned], seeds: int, replications: int) -> Family:
+    """The family with synthetic per-seed values, `replications` studies of `seeds` seeds per group:
+    replication r draws from its own generator, so its first n seeds are the same for any `seeds`."""
+    m = len(planned)
+    z = np.stack([np.random.default_rng([PLAN_STREAM, r]).standard_normal((seeds, 2, m))
+                  for r in range(replications)])  # [R, seeds, 2, m]
+    better, than = np.full((replications, m, seeds), np.nan), np.full((replications, m, seeds), np.nan)
+    for k, p in enumerate(planned):
+        if p.comparison.seeds_run == 0:  # no pair of groups to compare (a point the study does not run): no values
+            continue
+        than[:, k] = p.group_sd * z[:, :, 0, k]
+        # the difference's noise, correlated with `than` so that `better` has the group SD as well
+        rho = float(np.clip(-p.sd / (2 * p.group_sd), -1.0, 1.0)) if p.group_sd > 0 else 0.0
+        noise = p.sd * (rho * z[:, :, 0, k] + math.sqrt(1 - rho**2) * z[:, :, 1, k])
+        better[:, k] = than[:, k] + (p.shift if p.comparison.higher else -p.shift) + noise
+    no_gate = np.zeros((m, 0))
+    return Family(better, than, higher=np.array([p.comparison.higher for p in planned], bool),
+                  bounds=np.tile(np.array(UNBOUNDED), (m, 1)),
+                  margin=np.array([p.comparison.margin or np.nan for p in planned], float),
+                  pairable=np.ones(m, bool), counts=np.zeros(m, bool), ended=np.zeros(m, int),
+                  gate_scores=np.zeros((replications, m, 0, seeds)), gate_needed=no_gate, gate_higher=no_gate.astype(bool),
+                  gate_group=no_gate.astype(int), gate_bounds=np.zeros((m, 0, 2)))
 
 
 def simulate(planned: Sequence[Planned], seeds: int, first: int | None = None, groups: Sequence[str] = (),
              replications: int = REPLICATIONS) -> Simulated:
     """Decide the family `replications` times on `seeds` seeds per group (adaptive seeds from
-    `first` to `seeds` when `first` is given). `groups`: every group of the study, so that those
-    in no comparison count with the seeds they run (`first`, or all of them)."""
-    looks = None if first is None else LOOKS.looks(first, seeds)
+    `first` to `seeds` when `first` is given), all at once through the rule's own functions
+    (workbench.stats.family.decide; workbench.stats.sequential.looked, a comparison ending where
+    futility stops its groups). `groups`: every group of the study, so that those in no comparison
+    count with the seeds they run (`first`, or all of them)."""
     m = len(planned)
-    reached = np.zeros((replications, m), dtype=bool)
-    spent = np.zeros((replications, m))
-    index = pd.RangeIndex(seeds)
-    for r in range(replications):
-        z = np.random.default_rng([PLAN_STREAM, r]).standard_normal((seeds, 2, m))
-        family = [drawn(p, z[:, :, k], index) for k, p in enumerate(planned)]
-        decided = (verdicts(family, plan=False) if looks is None
-                   else sequential_verdicts(family, looks, plan=False, stop_futile=True))
-        reached[r] = [p.goal is not None and v.outcome == p.goal.outcome for p, v in zip(planned, decided)]
-        spent[r] = [v.seeds or seeds for v in decided]
+    family = drawn(planned, seeds, replications)
+    if first is None:
+        outcome, spent = decide(family, ALPHA).outcome, np.full((replications, m), float(seeds))
+    else:
+        state = looked(family, LOOKS.looks(first, seeds), np.full((replications, m), seeds), LOOKS, stop_futile=True)
+        outcome, spent = state.outcome, state.seeds.astype(float)
+    reached = np.stack([outcome[:, k] == code(p.goal.outcome) if p.goal is not None else np.zeros(replications, bool)
+                        for k, p in enumerate(planned)], axis=1) if m else np.zeros((replications, 0), bool)
     power = tuple(float(reached[:, k].mean()) if p.goal is not None else math.nan for k, p in enumerate(planned))
     group_seeds = {}
     for group in groups:
@@ -127,8 +137,9 @@ class SeedSearch:
 
     @property
     def lowest(self) -> int:
-        """The fewest seeds a plan can have: 2 (an interval needs them), or first + 1 (a max exceeds first)."""
-        return 2 if self.first is None else self.first + 1
+        """The fewest seeds a plan can have: MIN_SEEDS (no verdict is decided on fewer), or first + 1
+        (a max exceeds first)."""
+        return MIN_SEEDS if self.first is None else self.first + 1
 
     def at(self, seeds: int) -> Simulated:
         if seeds not in self._runs:

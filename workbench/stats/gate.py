@@ -15,10 +15,11 @@ duality as Schuirmann's two one-sided tests, which `stats` uses for equivalence)
 seeds all scored the same has no spread; it counts as that value exactly (an exact score, e.g.
 accuracy 1.0 on every seed, rather than an estimate).
 
-The gate never decides a comparison on its own and never ends its test (workbench.recipes.train.stats):
+The gate never decides a comparison on its own and never ends its test (workbench.stats.rule):
 it qualifies a decided difference ("only A learned"), marks a verdict whose groups the data
 show both did not learn ("neither group learned": it does not test the claim), and,
-undetermined, sends an adaptive study to more seeds.
+undetermined, sends an adaptive study to more seeds. `gate_states` reads many gates at once
+(the verdict rule's arrays, workbench.stats.family); `Learned.state` is one of them.
 """
 
 from __future__ import annotations
@@ -28,10 +29,11 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
+import numpy as np
 import pandas as pd
 
-from workbench.report.document import fmt, level_text
-from workbench.report.intervals import LEVEL, first_seeds, mean_ci
+from workbench.stats.intervals import LEVEL, first_seeds, mean_ci, mean_intervals
+from workbench.stats.numbers import fmt, level_text
 
 # A group learned when its score at the training length is better than the strongest baseline by
 # at least this share of the distance from that baseline to the perfect score (1 for accuracy,
@@ -43,6 +45,31 @@ class GateState(StrEnum):
     LEARNED = "learned"
     NOT_LEARNED = "did not learn"
     UNDETERMINED = "undetermined"
+
+
+GATE_STATES = list(GateState)  # the codes of `gate_states`: index into this list
+LEARNED_CODE, NOT_LEARNED_CODE, UNDETERMINED_CODE = range(3)
+
+
+def state_codes(score, lo, hi, n, needed, higher) -> np.ndarray:
+    """Each gate's state as a code (GATE_STATES): learned when the interval's worse end is past
+    the threshold, not learned when its better end falls short, undetermined otherwise (also with
+    one seed, no score or no threshold). Seeds without spread count as their value exactly."""
+    exact = np.isnan(lo) & (n >= 2)
+    lo, hi = np.where(exact, score, lo), np.where(exact, score, hi)
+    worst, best = np.where(higher, lo, hi), np.where(higher, hi, lo)
+    with np.errstate(invalid="ignore"):
+        learned = np.where(higher, worst >= needed, worst <= needed)
+        short = ~np.where(higher, best >= needed, best <= needed)
+    known = ~np.isnan(score) & ~np.isnan(needed) & ~np.isnan(lo)
+    return np.where(known & learned, LEARNED_CODE, np.where(known & short, NOT_LEARNED_CODE, UNDETERMINED_CODE))
+
+
+def gate_states(scores: np.ndarray, needed, higher, level, bounds: tuple[float, float]) -> np.ndarray:
+    """The states of many gates at once (seeds on the last axis of `scores`, NaN: none), each
+    read at `level` against its threshold `needed`: codes into GATE_STATES."""
+    mean, lo, hi, n, _ = mean_intervals(scores, level, bounds)
+    return state_codes(mean, lo, hi, n, needed, higher)
 
 
 @dataclass(frozen=True)
@@ -96,17 +123,9 @@ class Learned:
 
     @property
     def state(self) -> GateState:
-        if math.isnan(self.score) or math.isnan(self.needed):
-            return GateState.UNDETERMINED
-        lo, hi = (self.score, self.score) if math.isnan(self.lo) and self.n >= 2 else (self.lo, self.hi)
-        if math.isnan(lo):  # one seed: no interval
-            return GateState.UNDETERMINED
-        worst, best = (lo, hi) if self.higher else (hi, lo)
-        if beats(worst, self.needed, self.higher):
-            return GateState.LEARNED
-        if not beats(best, self.needed, self.higher):
-            return GateState.NOT_LEARNED
-        return GateState.UNDETERMINED
+        code = state_codes(np.float64(self.score), np.float64(self.lo), np.float64(self.hi), np.int64(self.n),
+                           np.float64(self.needed), self.higher)
+        return GATE_STATES[int(code)]
 
     @property
     def learned(self) -> bool:

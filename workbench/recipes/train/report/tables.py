@@ -13,12 +13,12 @@ import yaml
 
 from workbench.report.document import (Code, Item, Paragraph, Section, Table, fmt, fmt_bytes, fmt_seconds,
                                        fmt_signed_interval)
-from workbench.report.intervals import difference
-from workbench.recipes.train.sequential import LOOKS
-from workbench.recipes.train.learned_gate import MARGIN
+from workbench.stats.intervals import difference
+from workbench.stats.sequential import LOOKS
+from workbench.stats.gate import MARGIN
 from workbench.report.sweep_points import short_key, value_text
 from workbench.results import DESCRIPTIVE_METRICS, FAILURES, Status
-from workbench.recipes.train.computed import TrainResults
+from workbench.recipes.train.report.computed import TrainResults
 from workbench.recipes.train.runs import interval_text, metric_declaration, metric_direction, split_metric
 
 # Run measures shown next to each leaderboard (column in the store -> heading, formatter).
@@ -76,7 +76,7 @@ def seeds_text(r: TrainResults) -> str:
     ids = f" (seed ids from {plan.start})" if plan.start else ""
     return (f"adaptive seeds: {plan.first} per group{ids}, more for groups of undecided comparisons up to {plan.max} "
             f"(looks at {', '.join(map(str, looks))} seeds, each at the alpha a Pocock-type spending function "
-            f"adds there: {alphas})")
+            f"adds there: {alphas}; a look under {LOOKS.min_seeds} seeds decides nothing and spends nothing)")
 
 
 def setting(r: TrainResults, key: str, value: object) -> str:

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 from scipy import stats as st
 
-from workbench.report.intervals import paired_correlation, paired_diff
+from workbench.stats.intervals import paired_correlation, paired_diff
 
 
 def test_it_is_pearsons_r_over_the_seeds_both_groups_have():

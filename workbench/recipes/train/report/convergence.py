@@ -21,10 +21,10 @@ from dataclasses import dataclass
 import pandas as pd
 
 from workbench.report.document import Paragraph, Section, Table, fmt
-from workbench.recipes.train.stats import perfect_on_every_seed
+from workbench.stats.rule import perfect_on_every_seed
 
 SHARE_BEFORE_END = 0.8  # "the last 20% of steps" (issue 23)
-# How a group settled (not a verdict's outcome: workbench.report.outcomes)
+# How a group settled (not a verdict's outcome: workbench.stats.outcomes)
 FLAT, STILL_CHANGING = "flat", "still changing"
 SETTLED_AT_BEST = "at the ceiling (every seed at the best value)"
 
