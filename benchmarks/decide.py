@@ -225,8 +225,8 @@ def section(console: Console, quick: bool = False) -> dict[str, Any]:
     return results
 
 
-def replayed_issue(source: Path, out: Path, rule: LookRule = LOOKS,
-                   study_path: Path | None = None) -> tuple[list[str], list[str]]:
+def replayed_issue(source: Path, out: Path, rule: LookRule = LOOKS, study_path: Path | None = None,
+                   partial: bool = False) -> tuple[list[str], list[str], dict[str, tuple[int, int]]]:
     """Re-issue the adaptive study stored in `source` (a store, e.g. reports/NAME/data) under `rule`
     without training: its final runs are revealed to the runner's add-seeds loop seed by seed (the
     tuning runs as they are), as `workbench run` would train them, and `out` receives a copy of the
@@ -235,8 +235,10 @@ def replayed_issue(source: Path, out: Path, rule: LookRule = LOOKS,
     machine), so `out` is what a fresh issue under `rule` would store, at the CPU time each run spent
     when it ran; `workbench report OUT` then reports it. `study_path`: issue under that study file
     as it now reads (its expectations, notes: what may change without changing a run), recorded in
-    OUT as `workbench run` records it; refused when it defines other runs than the store's.
-    Returns (run ids kept, run ids dropped)."""
+    OUT as `workbench run` records it; refused when it defines other runs than the store's. A rule
+    that asks for seeds the store does not hold is refused, unless `partial`: then OUT keeps what the
+    store has of those groups, and its report says that the rule asks for more. Returns (run ids
+    kept, run ids dropped, point -> (seeds asked, seeds stored) where the store fell short)."""
     from workbench.recipes.train.tuning import choose
     from workbench.report import study_of
     from workbench.run.runner import check_study
@@ -267,12 +269,16 @@ def replayed_issue(source: Path, out: Path, rule: LookRule = LOOKS,
         shown = np.array([not f or o < revealed[p] for f, o, p in zip(final, order, point_of)])
         return runs[shown]
 
+    short: dict[str, tuple[int, int]] = {}
+
     def reveal(counts: dict[str, int], grown: dict[str, int]) -> None:
         for point, n in grown.items():
             have = int(((point_of == point) & final.to_numpy() & (order < n)).sum())
-            if have < n:
+            if have < n and not partial:
                 raise SystemExit(f"{source}: the rule asks for {n} seeds of {point}; the store holds {have} "
-                                 "(a replay reveals stored runs only)")
+                                 "(a replay reveals stored runs only; --partial keeps what it holds)")
+            if have < n:
+                short[point] = (n, have)
         revealed.update(grown)
 
     grow_seeds(lambda: seeds_wanted(study, stored(), tunings, rule), reveal, plan.first)
@@ -289,7 +295,7 @@ def replayed_issue(source: Path, out: Path, rule: LookRule = LOOKS,
     for run_id, folder in folders.items():  # the weights a report's pictures load, where the store shipped them
         if folder.is_dir():
             shutil.copytree(folder, run_dir(out, run_id))
-    return kept, dropped
+    return kept, dropped, short
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -301,16 +307,22 @@ def main(argv: Sequence[str] | None = None) -> int:
                              "OUT (a new folder) receives the runs it asks for (replayed_issue)")
     parser.add_argument("--study", type=Path, help="with --reissue: issue under this study file as it now reads "
                                                    "(its runs must be the store's)")
+    parser.add_argument("--partial", action="store_true", help="with --reissue: where the rule asks for seeds the "
+                                                               "store does not hold, keep what it holds (the report "
+                                                               "says the rule asks for more) instead of refusing")
     args = parser.parse_args(argv)
     console = Console(width=150)
     if args.reissue:
         source, out = args.reissue
         try:
-            kept, dropped = replayed_issue(source, out, study_path=args.study)
+            kept, dropped, short = replayed_issue(source, out, study_path=args.study, partial=args.partial)
         except WorkbenchError as err:  # a damaged or foreign store: one line, nothing written
             raise SystemExit(f"error: {err}") from None
         console.print(f"{out}: {len(kept)} runs of {len(kept) + len(dropped)} kept, {len(dropped)} the rule no longer "
                       f"asks for dropped; report it with `workbench report {out} --out reports --with-data`")
+        if short:
+            console.print("short of what the rule asks (`workbench run` on the study trains them): "
+                          + "; ".join(f"{point} {have} of {asked} seeds" for point, (asked, have) in short.items()))
         return 0
     results = section(console, args.quick)
     args.out.write_text(json.dumps(results, indent=1, default=str))

@@ -72,10 +72,10 @@ def verdicts_of(store: Path):
 
 def test_a_replay_keeps_the_runs_its_own_rule_trained_and_drops_only_what_futility_no_longer_asks(stored, tmp_path):
     everything = set(load_results(stored)["run_id"])
-    kept, dropped = replayed_issue(stored, tmp_path / "same", WITHOUT_FUTILITY)
-    assert set(kept) == everything and not dropped  # the loop asked for exactly the runs the store holds
+    kept, dropped, short = replayed_issue(stored, tmp_path / "same", WITHOUT_FUTILITY)
+    assert set(kept) == everything and not dropped and not short  # the loop asked for exactly the runs it holds
 
-    kept, dropped = replayed_issue(stored, tmp_path / "today", LOOKS)
+    kept, dropped, _ = replayed_issue(stored, tmp_path / "today", LOOKS)
     runs = load_results(stored).set_index("run_id")
     assert sorted(runs.loc[dropped, "seed"]) == [6, 6, 7, 7]  # none and rope stop at 6 (looks 3, 4, 6, 8)
     with sqlite3.connect(tmp_path / "today" / "results.db") as conn:
@@ -95,6 +95,9 @@ def test_a_replay_refuses_a_folder_that_exists_and_a_rule_that_asks_for_runs_nev
     replayed_issue(stored, today)
     with pytest.raises(SystemExit, match="the rule asks for 8 seeds of .*; the store holds 6"):
         replayed_issue(today, tmp_path / "again", WITHOUT_FUTILITY)
+    # --partial keeps what the store holds of a group the rule wants more of, and says so
+    kept, dropped, short = replayed_issue(today, tmp_path / "partial", WITHOUT_FUTILITY, partial=True)
+    assert not dropped and sorted(short.values()) == [(8, 6), (8, 6)]
 
 
 def test_a_received_store_gets_one_line_and_nothing_written(stored, tmp_path):

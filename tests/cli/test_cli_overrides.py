@@ -87,6 +87,24 @@ def test_validate_and_dry_run_apply_the_overrides(tmp_path):
     assert not (tmp_path / "out").exists()  # nothing trained, no store written
 
 
+def test_a_dry_run_prints_each_runs_own_parameters_and_no_other_variants_as_null(tmp_path):
+    """A learned table has max_len, RoPE has none: RoPE's runs do not list model.position.max_len=null."""
+    path = write(tmp_path, STUDY.replace("[none, rope]", "[rope, {name: learned, max_len: 32}]"))
+    result = CliRunner().invoke(main, ["run", str(path), "--dry-run", "--out", str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output
+    listed = [line for line in result.output.splitlines() if 'model.position.name=' in line]
+    assert len(listed) == 4 and not any("null" in line for line in listed)
+    assert all(("model.position.max_len=32" in line) == ('"learned"' in line) for line in listed)
+
+
+def test_validate_says_when_the_seeds_are_too_few_to_decide_an_entry(tmp_path):
+    expecting = STUDY + "expect:\n  - {metric: accuracy@8, better: rope, than: none}\n"
+    result = CliRunner().invoke(main, ["validate", str(write(tmp_path, expecting))])
+    assert result.exit_code == 0 and "note: at most 2 seeds per group: a verdict needs 4" in result.output
+    result = CliRunner().invoke(main, ["validate", str(write(tmp_path, expecting.replace("[0, 1]", "[0, 1, 2, 3]")))])
+    assert result.exit_code == 0 and "note:" not in result.output
+
+
 # ---- issue 40: a value given with --set is read under a study file's limits -----------------
 
 ALIAS_BOMB = "{" + ", ".join(["a: &a [" + ", ".join(["lol"] * 9) + "]"] + [

@@ -63,6 +63,13 @@ def test_the_example_notebook_runs_a_study_and_uses_its_model(tmp_path, monkeypa
     rope = done.run_folder(variant="position=rope")
     assert rope.name == results.loc[results["model.position"] == "rope", "run_id"].iloc[0]
     assert [loaded.run_folder(variant=name) for name in ("position=rope", "model.position=rope", "rope")] == [rope] * 3
+    # the learning curves with the swept keys, to select and plot by; the gates' qualifier on each verdict
+    curves = loaded.curves
+    assert {"run_id", "step", "split", "metric", "value", "variant", "seed", "model.position"} <= set(curves.columns)
+    assert set(curves["model.position"]) == {"none", "rope"} and set(curves["variant"]) == {"position=none",
+                                                                                             "position=rope"}
+    assert [v.qualifier for v in loaded.verdicts] == [v.qualifier for v in done.verdicts]
+    assert all(v.qualifier in v.label for v in loaded.verdicts)
     assert written() == before
 
 

@@ -6,7 +6,6 @@ of every shape, are tests/stats/test_null.py's."""
 from __future__ import annotations
 
 import json
-import math
 
 import pandas as pd
 import pytest

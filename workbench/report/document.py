@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Literal
 
-from workbench.stats.numbers import fmt, level_text  # noqa: F401 - the report's number formatting is the rule's
+from workbench.stats.numbers import fmt, level_text  # the rule's number formatting is every report's
 from workbench.stats.outcomes import Outcome
 
 
