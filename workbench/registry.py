@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import functools
+import hashlib
 import importlib.metadata
+import inspect
+import sys
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -12,7 +15,7 @@ import pluggy
 
 from workbench import hookspecs
 from workbench.errors import WorkbenchWarning, closest, unknown_name
-from workbench.variants import AXES, AXIS, MODEL_AXES, Variant, variant_name
+from workbench.variants import AXES, AXIS, MODEL_AXES, Variant, variant_names
 
 ENTRY_POINT_GROUP = "workbench"
 BUILTIN_PACKAGE = "workbench_plugins."  # plugins/, as installed
@@ -200,10 +203,45 @@ def provider(axis: str, name: str) -> str:
     return f"{name} ({distribution_of(get_variant(axis, name))})"
 
 
+def run_variants(config: dict) -> list[tuple[str, str]]:
+    """(axis, name) of every variant one resolved run config uses: each model axis (every variant
+    of a per-layer pattern), the task and the optimizer."""
+    used = [(axis, name) for axis in MODEL_AXES for name in variant_names(config["model"], axis)]
+    optimizer = config.get("train", {}).get("optimizer", {"name": "adamw"})
+    return [*used, ("task", config["task"]["name"]), ("optimizer", optimizer["name"])]
+
+
 def run_providers(config: dict) -> dict[str, str]:
-    """The package behind each variant and the task of one resolved run config, keyed
-    `variant.<axis>`: recorded in the run's environment, and compared on resume, so a plugin
-    that starts to provide a name (or a new version of one) is seen, not silently mixed in."""
-    names = {axis: variant_name(config["model"], axis) for axis in MODEL_AXES}
-    names["task"] = config["task"]["name"]
-    return {f"variant.{axis}": provider(axis, name) for axis, name in names.items()}
+    """The package behind each variant, the task and the optimizer of one resolved run config,
+    keyed `variant.<axis>` ("a (pkg 1.0), b (pkg 1.0)" for a per-layer pattern), and the digest of
+    the code of each one installed from another package than the workbench, keyed
+    `code.<axis>.<name>`: recorded in the run's environment, and compared on resume, so a plugin
+    that starts to provide a name, a new version of one, or an edit of an installed plugin's code
+    (an editable install keeps its version) is seen, not silently mixed in."""
+    out: dict[str, str] = {}
+    for axis, name in run_variants(config):
+        key = f"variant.{axis}"
+        out[key] = f"{out[key]}, {provider(axis, name)}" if key in out else provider(axis, name)
+        digest = code_digest(get_variant(axis, name))
+        if digest is not None:
+            out[f"code.{axis}.{name}"] = digest
+    return out
+
+
+def code_digest(cls: type) -> str | None:
+    """sha256 (12 hex digits) of the source files of the modules that define `cls` and the classes
+    it derives from within its own top-level package; None for the workbench's own variants (its
+    version and commit say which code they are) and where no source file is found."""
+    if distribution_of(cls).split(" ")[0] == BUILTIN_DISTRIBUTION:
+        return None
+    top = cls.__module__.split(".")[0]
+    modules = sorted({klass.__module__ for klass in cls.__mro__ if klass.__module__.split(".")[0] == top})
+    digest = hashlib.sha256()
+    for name in modules:
+        try:
+            path = inspect.getsourcefile(sys.modules[name])
+            with open(path, "rb") as file:
+                digest.update(name.encode() + b"\0" + file.read())
+        except (KeyError, TypeError, OSError):  # a module made at run time, or without a file
+            return None
+    return digest.hexdigest()[:12]

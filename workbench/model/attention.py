@@ -21,6 +21,7 @@ is `workbench.model.flex`) live in `forward()`.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -34,9 +35,25 @@ ScoreBias = Callable[[Tensor], Tensor]
 
 
 class AttentionParams(Params):
+    """The parameters every kernel variant takes: `scaled` is the kernel's; the others are options
+    of the self-attention layer around the kernel (workbench.model.transformer.SelfAttention),
+    so each composes with every kernel."""
+
+    added_later = ("qk_norm", "qk_norm_gain", "gate", "value_residual")  # stored runs keep their ids
     scaled: bool = Field(
         True, description="divide scores by sqrt(head_dim); false is the unscaled ablation"
     )
+    qk_norm: Literal["none", "head", "projection"] = Field(
+        "none", description="RMS-normalise queries and keys before the position scheme rotates them: 'head' each "
+        "head (one gain of head_dim for all heads: Qwen3, Gemma 3), 'projection' the whole query and key projection "
+        "(one gain per unit: OLMo 2, OLMoE)")
+    qk_norm_gain: bool = Field(True, description="QK-norm with a learned gain; false: none (Llama 4's L2 norm)")
+    gate: Literal["none", "headwise", "elementwise"] = Field(
+        "none", description="gated attention (Qiu et al. 2025): each head's output times sigmoid(x W), W computed from "
+        "the layer input: one gate per head (headwise) or per unit (elementwise, Qwen3-Next)")
+    value_residual: Literal["none", "fixed", "learned"] = Field(
+        "none", description="value residual learning (Zhou et al. 2025, ResFormer): every layer after the first reads "
+        "lambda1 * its values + lambda2 * the first layer's; fixed: 0.5 and 0.5, learned: from 0.5 and 0.5")
 
 
 class AttentionVariant(Variant, nn.Module):

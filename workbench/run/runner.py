@@ -133,11 +133,20 @@ def check_study(store: Store, study_file: StudyFile) -> None:
 def check_providers(store: Store, runs: list[RunConfig]) -> None:
     """Refuse to resume when a variant now comes from another package or version than the
     one the folder's runs trained with (a plugin reusing a built-in name changes results
-    under an unchanged study file); record the current providers otherwise."""
-    current = {f"{key} {value.split(' (')[0]}": value for run in runs
-               for key, value in run_providers(run.config).items()}
+    under an unchanged study file), or when an installed plugin's code changed since (its
+    digest, `code.<axis>.<name>`; folders written before digests were recorded have none to
+    compare); record the current providers otherwise."""
+    current: dict[str, str] = {}
+    for run in runs:
+        for key, value in run_providers(run.config).items():
+            if key.startswith("code."):
+                current[key] = value
+            else:  # one entry per variant: a per-layer pattern lists several
+                current.update({f"{key} {one.split(' (')[0]}": one for one in value.split(", ")})
     before = store.study_record().get("providers", {})
-    changed = [f"{before[k]} -> {v}" for k, v in sorted(current.items()) if k in before and before[k] != v]
+    changed = [f"the code of {k.split('.', 1)[1].replace('.', ' ', 1)} ({before[k]} -> {v})"
+               if k.startswith("code.") else f"{before[k]} -> {v}"
+               for k, v in sorted(current.items()) if k in before and before[k] != v]
     if changed:
         raise WorkbenchError(
             f"{store.out_dir} holds runs trained with other implementations ({'; '.join(changed[:4])}); "
