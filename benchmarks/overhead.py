@@ -29,7 +29,7 @@ import torch
 
 from workbench.model.transformer import build_model
 from workbench.study.train_section import TrainConfig
-from workbench.optimizers import decay_groups
+from workbench.model.optimizers import decay_groups
 from workbench.run.run_module import lr_factor
 from workbench.run.train import quiet_lightning, train_run
 from workbench.model.weights import make_task

@@ -8,7 +8,7 @@ from typing import Annotated
 from pydantic import Field
 
 from workbench import hookimpl
-from workbench.optimizers import Optimizer, decay_groups
+from workbench.model.optimizers import Optimizer, decay_groups
 from workbench.variants import Params
 
 Betas = tuple[Annotated[float, Field(ge=0, lt=1)], Annotated[float, Field(ge=0, lt=1)]]

@@ -19,7 +19,7 @@ import torch
 from pydantic import Field
 
 from workbench import hookimpl
-from workbench.optimizers import Optimizer, OptimizerChain, decay_groups, hidden_matrices
+from workbench.model.optimizers import Optimizer, OptimizerChain, decay_groups, hidden_matrices
 from workbench.variants import Params
 
 

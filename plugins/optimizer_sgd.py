@@ -6,7 +6,7 @@ from pydantic import Field, model_validator
 
 from workbench import hookimpl
 from workbench.errors import SpecError
-from workbench.optimizers import Optimizer, decay_groups
+from workbench.model.optimizers import Optimizer, decay_groups
 from workbench.variants import Params
 
 

@@ -143,7 +143,7 @@ from workbench.tasks import SymbolParams, SymbolTask
 import torch
 from pydantic import Field
 
-from workbench.optimizers import Optimizer, decay_groups
+from workbench.model.optimizers import Optimizer, decay_groups
 from workbench.variants import Params
 ''', '''\
     momentum: float = Field(0.9, ge=0, lt=1, description="momentum factor of the gradient average")

@@ -13,7 +13,7 @@ from test_attention_entropy import PINNED, PINNED_HASH, PINNED_RUNS
 from workbench.cli import main
 from workbench.errors import WorkbenchError
 from workbench.run.environment import check_packages
-from workbench.optimizers import build_optimizer
+from workbench.model.optimizers import build_optimizer
 from workbench.run.train import train_run
 from workbench.study import load_study
 from workbench.recipes.train.sweep import expand

@@ -13,7 +13,7 @@ import torch
 from conftest import build, installed_plugin, tiny_spec, tokens
 from workbench.errors import WorkbenchError
 from workbench.model.losses import add_loss, collect, record
-from workbench.optimizers import Optimizer, OptimizerChain, build_optimizer, decay_groups, hidden_matrices
+from workbench.model.optimizers import Optimizer, OptimizerChain, build_optimizer, decay_groups, hidden_matrices
 from workbench.recipes.train.sweep import expand
 from workbench.registry import code_digest, run_providers
 from workbench.run.run_module import RunModule

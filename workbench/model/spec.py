@@ -78,9 +78,33 @@ class LayerPattern(BaseModel):
     @property
     def name(self) -> str:
         """The compact label reports and listings print: `repeat[sliding_window(window=4)*5, full]`."""
-        from workbench.study.keys import label  # workbench.study imports this module
+        return pattern_label(self.as_dict())
 
-        return label(self.as_dict())
+
+def variant_label(value: Mapping[str, Any]) -> str:
+    """A variant mapping as `name(param=value, ...)`."""
+    params = ", ".join(f"{k}={v}" for k, v in value.items() if k != "name")
+    return f"{value['name']}({params})" if params else str(value["name"])
+
+
+def pattern_label(value: list | Mapping) -> str:
+    """A per-layer pattern of variant mappings, `[a, a, b]` or `{repeat: [...]}`, as `[a*2, b]` or
+    `repeat[a*2, b]`: runs of one variant collapsed, each as `variant_label` writes it."""
+    items = value["repeat"] if isinstance(value, Mapping) else value
+    runs: list[list] = []
+    for text in map(variant_label, items):
+        if runs and runs[-1][0] == text:
+            runs[-1][1] += 1
+        else:
+            runs.append([text, 1])
+    inner = ", ".join(text if count == 1 else f"{text}*{count}" for text, count in runs)
+    return f"repeat[{inner}]" if isinstance(value, Mapping) else f"[{inner}]"
+
+
+def is_pattern(value: Any) -> bool:
+    """A stored per-layer pattern: a list of variant mappings, or {repeat: that}."""
+    items = value["repeat"] if isinstance(value, Mapping) and set(value) == {"repeat"} else value
+    return isinstance(items, list) and bool(items) and all(isinstance(i, Mapping) and "name" in i for i in items)
 
 
 def canonical(choice: Choice) -> str:

@@ -3,7 +3,7 @@
     RunModule   build_model(spec) + task.loss + the auxiliary loss terms its modules add
                 (workbench.model.losses; each recorded as a curve) (`train.init: paired`: each
                 matrix drawn by its name and shape, paired_init_seed); the optimizer
-                train.optimizer names (AdamW by default, a plugin axis: workbench.optimizers);
+                train.optimizer names (AdamW by default, a plugin axis: workbench.model.optimizers);
                 warmup + decay (LambdaLR), which under a compute budget ends when the
                 budget does; the step that reaches a budget trains only the sequences it still
                 pays for; a NaN/inf loss stops training and marks the run diverged
@@ -24,7 +24,7 @@ from workbench.cost.budget import count_tokens, sequences_within
 from workbench.cost.flops import counted_forward
 from workbench.model.losses import collect
 from workbench.model.transformer import Transformer, build_model
-from workbench.optimizers import build_optimizer
+from workbench.model.optimizers import build_optimizer
 from workbench.run.divergence import DivergenceCheck
 from workbench.tasks.base import rng_for
 

@@ -10,6 +10,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from workbench.model.spec import is_pattern, pattern_label, variant_label
+
 
 def get_dotted(data: Mapping[str, Any], key: str) -> Any:
     node: Any = data
@@ -39,22 +41,12 @@ def label(value: Any) -> Any:
     `name(param=value, ...)`, a per-layer pattern of variants as `[a*3, b]` or `repeat[a*3, b]`
     (runs of one variant collapsed), anything else as compact JSON."""
     if isinstance(value, Mapping) and "name" in value:
-        params = ", ".join(f"{k}={v}" for k, v in value.items() if k != "name")
-        return f"{value['name']}({params})" if params else str(value["name"])
-    items = value["repeat"] if isinstance(value, Mapping) and set(value) == {"repeat"} else value
-    if isinstance(items, list) and items and all(isinstance(item, Mapping) and "name" in item for item in items):
-        runs: list[list] = []
-        for item in map(label, items):
-            if runs and runs[-1][0] == item:
-                runs[-1][1] += 1
-            else:
-                runs.append([item, 1])
-        inner = ", ".join(text if count == 1 else f"{text}*{count}" for text, count in runs)
-        return f"repeat[{inner}]" if items is not value else f"[{inner}]"
+        return variant_label(value)
+    if is_pattern(value):
+        return pattern_label(value)
     if isinstance(value, (Mapping, list)):
         return json.dumps(value, sort_keys=True)
     return value
-
 
 
 def value_variant(value: Any) -> str | None:

@@ -14,7 +14,7 @@ import torch
 from pydantic import Field
 
 from workbench import hookimpl
-from workbench.optimizers import Optimizer, decay_groups
+from workbench.model.optimizers import Optimizer, decay_groups
 from workbench.variants import Params
 
 

@@ -1,4 +1,5 @@
-"""Optimizers: what a study's `train.optimizer` names, a plugin axis (hook `register_optimizers`).
+"""Optimizers: what a study's `train.optimizer` names, a plugin axis (hook `register_optimizers`),
+built by the run's LightningModule (workbench.run.run_module) over its model.
 
 An optimizer variant declares its parameters (Params, as every variant does: YAML validation,
 `workbench list optimizer` and reports read them there) and builds a torch optimizer over a model,
@@ -26,6 +27,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from workbench.model.spec import resolve_choice
+from workbench.model.transformer import Stack
 from workbench.variants import Params, Variant
 
 
@@ -49,8 +52,6 @@ class Optimizer(Variant):
 
 def build_optimizer(spec: dict[str, Any], model: nn.Module, *, lr: float, weight_decay: float) -> torch.optim.Optimizer:
     """The torch optimizer a run's resolved `train.optimizer` mapping names, over `model`."""
-    from workbench.model.spec import resolve_choice  # the spec imports the registry, which imports this
-
     choice = resolve_choice("optimizer", spec, "train.optimizer")
     return choice.cls(choice.params).build(model, lr=lr, weight_decay=weight_decay)
 
@@ -69,8 +70,6 @@ def hidden_matrices(model: nn.Module) -> tuple[list[nn.Parameter], list[nn.Param
     every other trainable parameter: token embedding, output head, position tables, norms, biases,
     gains). The split of Muon's reference (Jordan 2024): orthogonalised updates for the hidden
     matrices only."""
-    from workbench.model.transformer import Stack  # the model imports the registry, which imports this
-
     outside = {id(p) for stack in model.modules() if isinstance(stack, Stack)
                for scheme in stack.schemes() for p in scheme.parameters()}
     in_blocks = {id(p) for stack in model.modules() if isinstance(stack, Stack) for p in stack.blocks.parameters()}
