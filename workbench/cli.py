@@ -129,7 +129,8 @@ def list_variants(axis: str | None, as_json: bool) -> None:
 @click.option("--out", default=None, help="output folder (default: runs/<study name>/)")
 @click.option("--jobs", default=1, show_default=True, type=click.IntRange(min=1),
               help="runs at once, each in its own process (torch threads = cores // jobs)")
-@click.option("--fresh", is_flag=True, help="discard earlier results in the output folder and start over")
+@click.option("--fresh", is_flag=True, help="discard this study's earlier results in the output folder (another version of it) and start "
+                   "over; a folder of another study is refused")
 @click.option("--profile", default=None, help="apply the study's named overrides (e.g. gpu)")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
               help="override a study field (after --profile), e.g. --set train.steps=500; repeatable. "
@@ -242,7 +243,7 @@ def validate_command(study: str, profile: str | None, overrides: tuple[str, ...]
 @click.option("--out", default=None, help="the pilot's folder (default: runs/<study name>-pilot/)")
 @click.option("--jobs", default=1, show_default=True, type=click.IntRange(min=1),
               help="pilot runs at once, as in `run`: give the study's own, CPU per run depends on it")
-@click.option("--fresh", is_flag=True, help="discard an earlier pilot in its folder and train it again")
+@click.option("--fresh", is_flag=True, help="discard an earlier pilot in its folder and train it again (never another study's folder)")
 @click.option("--profile", default=None, help="plan the study with its named overrides applied")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
               help="override a study field (after --profile), as in `run`; repeatable")
