@@ -13,6 +13,7 @@ if OWN_PROCESS:  # `python -m workbench.cli`: the stop handler before the heavy 
     stopping.install_handlers()
 
 import json
+import math
 import os
 import sys
 import warnings
@@ -468,6 +469,8 @@ def diff_command(shipped: str, yours: str, tolerance: float | None) -> None:
     or moved beyond the tolerance."""
     from workbench.report.diff import MACHINE_TOLERANCE, diff_lines
 
+    if tolerance is not None and not math.isfinite(tolerance):
+        raise SpecError("--tolerance", f"{tolerance}: a distance in the metric's units is a finite number")
     lines, same = diff_lines(shipped, yours, MACHINE_TOLERANCE if tolerance is None else tolerance)
     click.echo("\n".join(lines))
     sys.exit(0 if same else 1)
