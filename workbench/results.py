@@ -189,6 +189,10 @@ Seconds = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 Count = Annotated[int, Strict(), Field(ge=0, le=MAX_COUNT)]
 Number = Annotated[float, Field(allow_inf_nan=False)]
 Value = Annotated[bool, Strict()] | Annotated[int, Strict()] | Number | str | None  # a metric, or a scaling study's instrument label
+# A run's final metrics: a few per eval length (26 at most in the shipped stores); the report
+# makes a column of each, so a crafted store of 99,000 per run took it minutes.
+MAX_METRICS = 1000
+Metrics = Annotated[dict[str, Value], Field(max_length=MAX_METRICS)]
 
 
 class StoredResult(BaseModel):
@@ -199,7 +203,7 @@ class StoredResult(BaseModel):
     status: Status
     steps_done: Count = 0
     last_step: Literal["whole", "partial", "dropped"] | None = None
-    metrics: dict[str, Value] = {}
+    metrics: Metrics = {}
     not_applicable: dict[str, str] = {}
     curves: list[tuple[Count, str, str, Number | None]] = []
     n_params: Count | None = None
@@ -242,7 +246,7 @@ class StoredRow(BaseModel):
     peak_memory_instrument: Annotated[str, Field(max_length=200)] | None
     swept: dict[str, Any]
     config: dict[str, Any]
-    metrics: dict[str, Value]
+    metrics: Metrics
     not_applicable: dict[str, str]
     environment: dict[str, Any]
     status: Status

@@ -4,6 +4,7 @@ points at is left as it was. Also: one writer even when the lock file is deleted
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import sqlite3
@@ -404,3 +405,33 @@ def test_fresh_deletes_only_the_runs_of_the_study_it_runs(received):
     kept = {p.name for p in (out / "runs").iterdir()}
     assert kept == {*load_results(out)["run_id"], "0123456789ab"} and not kept & old_ids
     assert (stray / "result.json").read_text() == "{}"
+
+
+# ---- a report while the study's run writes (issue 64) ----------------------------------------
+
+
+def test_a_report_of_a_study_still_running_says_so_or_reports_the_runs_that_ended(received, tmp_path):
+    """As `workbench run` leaves its folder while it trains: the lock held by a live process, the
+    study recorded, no run or one run ended. No run: one line (was KeyError 'model.position');
+    one run: the report of that run, and a warning that says the rest is still running."""
+    _, out, _ = received
+    first = load_results(out)["run_id"][0]
+    with sqlite3.connect(out / DB_FILE) as conn:
+        rows = conn.execute("SELECT * FROM runs WHERE run_id = ?", (first,)).fetchall()
+        conn.execute("DELETE FROM runs")
+    conn.close()
+    with WriterLock(out):
+        result = cli("report", str(out), "--no-pictures")
+        assert result.exit_code == 2, result.output
+        assert result.output == (f"error: {out}: no run of study 'tiny-received' is recorded yet (its `workbench run` "
+                                 f"(pid {os.getpid()}) is still writing {out}); report it once a run has ended\n")
+        with sqlite3.connect(out / DB_FILE) as conn:
+            conn.executemany(f"INSERT INTO runs VALUES ({', '.join('?' * len(rows[0]))})", rows)
+        conn.close()
+        result = cli("report", str(out), "--no-pictures")
+        assert result.exit_code == 0, result.output
+        assert (f"warning: study 'tiny-received': its `workbench run` (pid {os.getpid()}) is still writing {out}: this "
+                "report holds the 1 run recorded so far") in result.output
+    assert (out / "reports" / "tiny-received" / "index.html").exists()
+    result = cli("report", str(out), "--no-pictures")  # the sweep ended (the lock released): no warning
+    assert result.exit_code == 0 and "warning" not in result.output, result.output
