@@ -374,7 +374,7 @@ def export_command(run_dir: str, out: str, target: str) -> None:
 @main.command("generate")
 @click.argument("folder")
 @click.argument("prompt")
-@click.option("--max-new-tokens", default=32, show_default=True, type=click.IntRange(min=1),
+@click.option("--max-new-tokens", default=32, show_default=True, type=click.IntRange(1, 2**16),
               help="tokens written after the prompt (fewer when the model writes <eos>)")
 @click.option("--strategy", type=click.Choice(["greedy", "sample"]), default="greedy", show_default=True,
               help="greedy: the most likely token; sample: drawn from the distribution")
@@ -383,7 +383,8 @@ def export_command(run_dir: str, out: str, target: str) -> None:
 @click.option("--top-k", type=click.IntRange(min=1), default=None, help="sample: only the k most likely tokens")
 @click.option("--top-p", type=click.FloatRange(min=0, max=1, min_open=True), default=None,
               help="sample: only the smallest set of tokens reaching this probability (nucleus)")
-@click.option("--seed", default=0, show_default=True, help="sample: seed of the draws")
+@click.option("--seed", default=0, show_default=True, type=click.IntRange(0, 2**64 - 1),
+              help="sample: seed of the draws")
 @click.option("--json", "as_json", is_flag=True, help="also the prompt's and the new token ids, as JSON")
 def generate_command(folder: str, prompt: str, max_new_tokens: int, strategy: str, temperature: float | None,
                      top_k: int | None, top_p: float | None, seed: int, as_json: bool) -> None:
