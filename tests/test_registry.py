@@ -391,3 +391,41 @@ def test_the_modern_plugins_train_in_their_study_to_a_report(modern_plugins_site
     rows = json.loads(run_with_plugin(modern_plugins_site, ["-m", "workbench.cli", "results", str(out),
                                                             "--format", "json"]).stdout)
     assert len(rows) == 7 and all(row["status"] == "finished" for row in rows), rows
+# ---- a plugin's import is bounded in time (issue 64) ------------------------------------------
+
+
+def test_a_plugin_that_hangs_at_import_is_left_out_with_one_warning_and_the_cli_works(monkeypatch, restore_registry):
+    """A plugin whose import never returns (here: until the test ends) made `workbench list`
+    wait silently. It is left out once its time is up, with one warning naming it; the built-ins
+    (imported already, so in microseconds) are all there."""
+    import threading
+
+    from click.testing import CliRunner
+
+    from workbench.cli import main
+
+    release = threading.Event()
+
+    def hangs():
+        release.wait()
+        return plugin_module(register_ffn_types=[])
+
+    monkeypatch.setenv("WORKBENCH_PLUGIN_IMPORT_SECONDS", "2")
+    with_plugins(monkeypatch, (FakeDist("wb-hangs"), FakeEntryPoint("hangs", hangs)))
+    try:
+        result = CliRunner().invoke(main, ["list", "ffn", "--json"])
+    finally:
+        release.set()  # the import left running in the background ends with the test
+    assert result.exit_code == 0, result.output
+    assert result.stderr == ("warning: plugin 'hangs' of package wb-hangs 9.9 not loaded: its import did not return "
+                             "within 2 s (it goes on in the background; set WORKBENCH_PLUGIN_IMPORT_SECONDS to wait "
+                             "longer)\n")
+    assert {row["name"] for row in json.loads(result.stdout)} >= {"gelu", "swiglu"}
+    assert not registry.plugin_manager().has_plugin("hangs")
+
+
+@pytest.mark.parametrize("value, seconds", [("2.5", 2.5), ("0", 60.0), ("-1", 60.0), ("inf", 60.0), ("nan", 60.0),
+                                            ("soon", 60.0)])
+def test_the_import_time_is_a_positive_finite_number_or_the_default(monkeypatch, value, seconds):
+    monkeypatch.setenv("WORKBENCH_PLUGIN_IMPORT_SECONDS", value)
+    assert registry.plugin_import_seconds() == seconds == (seconds if value == "2.5" else registry.PLUGIN_IMPORT_SECONDS)

@@ -6,6 +6,8 @@ import functools
 import hashlib
 import importlib.metadata
 import inspect
+import math
+import os
 import sys
 import warnings
 from collections.abc import Callable
@@ -14,6 +16,7 @@ from typing import Any
 import pluggy
 
 from workbench import hookspecs
+from workbench.deadline import TimedOut, call_within
 from workbench.errors import WorkbenchWarning, closest, unknown_name
 from workbench.variants import AXES, AXIS, MODEL_AXES, Variant, variant_names
 
@@ -47,10 +50,30 @@ def workbench_entry_points():
                 yield dist, ep
 
 
+# How long a plugin's import may take: torch's first import on a loaded machine takes a few
+# seconds; a plugin still importing after this is left out (workbench.deadline says what that costs).
+PLUGIN_IMPORT_SECONDS = 60.0
+
+
+def plugin_import_seconds() -> float:
+    """PLUGIN_IMPORT_SECONDS, or WORKBENCH_PLUGIN_IMPORT_SECONDS when set to a positive number."""
+    try:
+        seconds = float(os.environ.get("WORKBENCH_PLUGIN_IMPORT_SECONDS", PLUGIN_IMPORT_SECONDS))
+    except ValueError:
+        return PLUGIN_IMPORT_SECONDS
+    return seconds if 0 < seconds < math.inf else PLUGIN_IMPORT_SECONDS
+
+
 def load_plugin(pm: pluggy.PluginManager, dist, ep) -> None:
-    """Import one entry point and register it; a hook name that no spec declares (a typo)
-    is refused here, naming the closest hook, as pluggy's check_pending would."""
-    plugin = ep.load()
+    """Import one entry point, within plugin_import_seconds(), and register it; a hook name that
+    no spec declares (a typo) is refused here, naming the closest hook, as pluggy's
+    check_pending would."""
+    seconds = plugin_import_seconds()
+    try:
+        plugin = call_within(seconds, ep.load, name=f"import of plugin {ep.name}")
+    except TimedOut:
+        raise TimedOut(f"its import did not return within {seconds:g} s (it goes on in the background; set "
+                       "WORKBENCH_PLUGIN_IMPORT_SECONDS to wait longer)") from None
     pm.register(plugin, name=ep.name)
     unknown = [hc.name for hc in pm.get_hookcallers(plugin) or [] if not hc.has_spec()]
     if unknown:
@@ -70,6 +93,8 @@ def suggest_hook(name: str) -> str:
 
 
 def first_line(err: BaseException) -> str:
+    if isinstance(err, TimedOut):
+        return str(err)
     return f"{type(err).__name__}: {str(err).splitlines()[0][:200] if str(err) else ''}".rstrip(": ")
 
 
@@ -79,7 +104,8 @@ def plugin_manager() -> pluggy.PluginManager:
     import (whatever it raises: SystemExit and KeyboardInterrupt too), misspells a hook or takes
     the entry point name of one loaded before it (a built-in's: `position_rope`) is left out
     with one PluginLoadWarning naming its package and the error, so a broken third-party
-    package never takes the built-ins (or any command) down with it."""
+    package never takes the built-ins (or any command) down with it; so is one whose import
+    does not return within plugin_import_seconds() (a plugin that hangs at import)."""
     pm = pluggy.PluginManager(ENTRY_POINT_GROUP)
     pm.add_hookspecs(hookspecs)
     PACKAGE_OF_PLUGIN.clear()  # of this manager's plugins only

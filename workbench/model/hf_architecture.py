@@ -63,6 +63,8 @@ class Architecture:
     def check(self, spec: ModelSpec) -> None:
         """SpecError naming the first field whose value the architecture cannot hold."""
         needed = {**self.requirements(spec), "residual.name": "plain", "tie_qk": False, "n_classes": None}
+        if "length_scaled" in type(spec.attention.params).model_fields:  # Scalable-Softmax: no HF attention has it
+            needed["attention.length_scaled"] = False
         for field, wanted in needed.items():
             got = value_at(spec, field)
             if got != wanted:
