@@ -181,8 +181,8 @@ def test_a_config_the_workbench_cannot_compute_is_refused_by_field(model_type, c
 
 
 def test_softcapped_attention_equals_the_formula_on_every_kernel():
-    """attention.softcap takes the explicit score path whatever the kernel (no fused kernel caps):
-    cap * tanh(q k^T / sqrt(scale_dim) / cap), then the mask and the softmax."""
+    """attention.softcap takes the explicit score path whatever the kernel and whoever calls it
+    (no fused kernel caps): cap * tanh(q k^T / sqrt(scale_dim) / cap), then the mask and the softmax."""
     torch.manual_seed(0)
     x = torch.randn(2, 7, D, dtype=torch.float64) * 3
     seq = Positions.of(x[..., 0].long(), None)
@@ -200,6 +200,8 @@ def test_softcapped_attention_equals_the_formula_on_every_kernel():
         weights = torch.softmax((2.0 * torch.tanh(scores / 2.0)).masked_fill(~visible, -torch.inf), -1)
         with torch.no_grad():
             torch.testing.assert_close(layer(x, seq, True), layer.output(weights @ v, x), atol=1e-12, rtol=1e-12)
+            kernel = layer.variant(q, k, v, q_pos=seq.pos, k_pos=seq.pos, key_mask=None, causal=True, score_bias=None)
+            torch.testing.assert_close(kernel, weights @ v, atol=1e-12, rtol=1e-12)  # called directly too
 
 
 def test_scale_dim_needs_scaled_scores():

@@ -89,9 +89,16 @@ class AttentionVariant(Variant, nn.Module):
 
     @property
     def explicit_scores(self) -> bool:
-        """Whether every call must take the explicit `dense` path: score softcapping, which no
-        fused kernel here computes (AttentionLayer.attend routes it)."""
+        """Whether every call takes the explicit `dense` path: score softcapping, which no fused
+        kernel here computes."""
         return self.params.softcap is not None
+
+    def __call__(self, q: Tensor, k: Tensor, v: Tensor, **kwargs) -> Tensor:
+        # the variant's `forward` (its fast paths), or `dense` where they cannot compute the
+        # scores, whoever calls the kernel: a kernel's forward need not know of softcapping
+        if self.explicit_scores:
+            return self.dense(q, k, v, **kwargs)
+        return super().__call__(q, k, v, **kwargs)
 
     @property
     def cache_window(self) -> int | None:

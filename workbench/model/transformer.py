@@ -95,8 +95,6 @@ class AttentionLayer(nn.Module):
     def attend(self, q: Tensor, k: Tensor, v: Tensor, query_mask: Tensor | None, **kwargs) -> Tensor:
         """The variant on q, k, v -> (B, h, nq, hd); through `dense` while a weights hook is registered."""
         if not self.weights_hooks:
-            if self.variant.explicit_scores:  # softcapped scores: no fused kernel computes them
-                return self.variant.dense(q, k, v, **kwargs)
             return self.variant(q, k, v, **kwargs)
         y, weights = self.variant.dense(q, k, v, **kwargs, return_weights=True)
         visible = self.variant.visible_keys(kwargs["q_pos"], kwargs["k_pos"], kwargs["key_mask"], kwargs["causal"])
