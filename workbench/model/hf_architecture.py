@@ -62,8 +62,8 @@ class Architecture:
 
     def layer_requirements(self, spec: ModelSpec, layer: int) -> dict[str, Any]:
         """Dotted variant field -> the value layer `layer`'s variant needs, checked after
-        `requirements`. An attention or position option added later (`later_options`) not named
-        here must be at its default: an architecture computes only the options it names."""
+        `requirements`. An attention or position option added later (`later_options`) named in
+        neither must be at its default: an architecture computes only the options it names."""
         return {}
 
     def config(self, spec: ModelSpec) -> dict[str, Any]:
@@ -91,10 +91,12 @@ class Architecture:
             got = value_at(spec, field)
             if got != wanted:
                 raise SpecError(f"model.{field}", f"{self.model_type} ({self.hf_class}) needs {wanted!r}, got {got!r}")
+        named = set(needed)  # an option `requirements` names is checked there
         for layer in range(max(spec.encoder_layers if spec.family != "decoder" else 0,
                                spec.decoder_layers if spec.family != "encoder" else 0)):
-            needed = {**{f"{axis}.{name}": default for axis in CHECKED_LATER
-                         for name, default in later_options(spec.at(axis, layer).params).items()},
+            defaults = {f"{axis}.{name}": default for axis in CHECKED_LATER
+                        for name, default in later_options(spec.at(axis, layer).params).items()}
+            needed = {**{field: default for field, default in defaults.items() if field not in named},
                       **self.layer_requirements(spec, layer)}
             for field, wanted in needed.items():
                 got = value_at(spec, field, layer)
