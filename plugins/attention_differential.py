@@ -25,7 +25,7 @@ from torch import Tensor, nn
 
 from workbench import hookimpl
 from workbench.errors import SpecError
-from workbench.model.attention import AttentionParams
+from workbench.model.attention import AttentionParams, kernel_options
 from workbench.model.spec import resolve_choice
 from workbench.model.transformer import SelfAttention
 
@@ -42,7 +42,7 @@ class DifferentialParams(AttentionParams):
             raise SpecError("model.attention.gate", "differential attention normalises each head's two maps "
                             "together: a gate per unit or head would straddle them (use gate: none)")
         kernel = {"name": self.kernel} if isinstance(self.kernel, str) else dict(self.kernel)
-        choice = resolve_choice("attention", {"scaled": self.scaled, **kernel}, "model.attention.kernel")
+        choice = resolve_choice("attention", {**kernel_options(self), **kernel}, "model.attention.kernel")
         if not hasattr(choice.cls, "dense"):
             raise SpecError("model.attention.kernel", f"{choice.name} is not a kernel variant (q, k, v in)")
         return self
@@ -73,9 +73,10 @@ class DifferentialAttention(SelfAttention):
                                 elementwise_affine=False)
 
     def make_kernel(self, params: DifferentialParams):
-        """The kernel of both maps, scaled as `scaled` says unless the kernel's mapping says otherwise."""
+        """The kernel of both maps, scaled (and softcapped) as the params say unless the kernel's
+        mapping says otherwise."""
         given = {"name": params.kernel} if isinstance(params.kernel, str) else dict(params.kernel)
-        kernel = resolve_choice("attention", {"scaled": params.scaled, **given}, "model.attention.kernel")
+        kernel = resolve_choice("attention", {**kernel_options(params), **given}, "model.attention.kernel")
         return kernel.cls(kernel.params, n_heads=self.n_heads, n_kv_heads=self.n_kv_heads, head_dim=self.head_dim)
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, query_mask: Tensor | None, **kwargs) -> Tensor:

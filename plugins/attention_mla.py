@@ -81,6 +81,11 @@ class MultiHeadLatentAttention(TokenMixer, AttentionLayer):
         full = resolve_choice("attention", {"name": "full", "scaled": params.scaled}, "model.attention")
         self.variant = full.cls(full.params, n_heads=h, n_kv_heads=h, head_dim=qk_dim)
 
+    def value_projection(self) -> Tensor:
+        """The rows of kv_up that decode the values from the latent, [h, v_dim, kv_rank] (a view;
+        DeepNorm's init scales it): each head's rows are [nope keys; values]."""
+        return self.kv_up.weight.view(self.n_heads, self.nope_dim + self.v_dim, self.kv_rank)[:, self.nope_dim:]
+
     def new_cache(self, capacity: int) -> LayerCache:
         return LayerCache(capacity)  # the latent c as "k" [B, 1, n, kv_rank], the rotary key as "v" [B, 1, n, rope_dim]
 

@@ -359,7 +359,7 @@ def eval_command(run_dir: str, lengths: str, batch_size: int | None, as_json: bo
 def export_command(run_dir: str, out: str, target: str) -> None:
     """Write the saved model of a finished run (RUN_DIR) to OUT in another library's format. The
     run's spec must map to a reference architecture (GPT-2, Llama, Mistral, BLOOM, GPT-NeoX, BERT,
-    BART, T5; docs/hf.md); otherwise the first field that does not map is named, before anything
+    BART, T5, OLMo 2, Qwen3, Gemma 2, Gemma 3; docs/hf.md); otherwise the first field that does not map is named, before anything
     is written. OUT holds save_pretrained's config.json and safetensors weights and, for a text
     task, its tokenizer in the model's ids (workbench.run.export). OUT must be a new or empty
     folder: it is written whole, into a temporary folder renamed into place, never through a link."""

@@ -96,6 +96,19 @@ def test_deepnorm_alpha_and_beta_follow_the_stack_depths(family, layers, expecte
                 assert_close(block.cross.out.weight, beta / depth_scale * ref[f"{stack}.blocks.{i}.cross.out.weight"])
 
 
+def test_deepnorm_scales_the_rows_that_decode_latent_attention_values():
+    """Multi-head latent attention's values come from kv_up's rows [nope keys; values] per head:
+    DeepNorm scales those value rows and leaves the key rows (hypothesis found MLA + deepnorm
+    raising AttributeError)."""
+    spec = tiny_spec("decoder", residual="deepnorm", norm="post", attention={"name": "mla", "kv_rank": 8})
+    model, plain = build_model(spec, init_seed=3), build_model({**spec, "residual": "plain"}, init_seed=3)
+    beta = model.decoder.blocks[0].attn_residual.beta
+    ours, ref = (m.decoder.blocks[0].attn.kv_up.weight.view(4, -1, 8) for m in (model, plain))
+    nope = model.decoder.blocks[0].attn.nope_dim
+    assert_close(ours[:, :nope], ref[:, :nope])
+    assert_close(ours[:, nope:], beta * ref[:, nope:])
+
+
 def test_deepnorm_with_pre_norm_is_one_line_naming_the_field():
     with pytest.raises(SpecError, match=r"^model\.residual: deepnorm is defined with norm: post.*set model\.norm: post"):
         build_model(tiny_spec(residual="deepnorm", norm="pre"))

@@ -3,7 +3,7 @@ the weight mappings. One module for the parity tests (tests/model/test_hf_parity
 export RUN_DIR --to hf OUT` (`to_hf`) and `workbench.from_hf` (`from_hf`).
 
 The architectures (GPT-2, Llama, Mistral, BLOOM, GPT-NeoX in workbench.model.hf_decoders; BERT,
-BART, T5 in workbench.model.hf_encoders) and what each needs of a spec are classes
+BART, T5 in workbench.model.hf_encoders; OLMo 2, Qwen3, Gemma 2 and 3 in workbench.model.hf_qknorm) and what each needs of a spec are classes
 (`requirements`); docs/hf.md has them as a table.
 
 Weight mappings (a `Link` ties one tensor of ours to one or more of theirs):
@@ -35,21 +35,27 @@ from workbench.errors import SpecError
 from workbench.model.hf_architecture import Architecture, import_transformers
 from workbench.model.hf_decoders import GPT2, Bloom, GPTNeoX, Llama, Mistral
 from workbench.model.hf_encoders import T5, Bart, Bert
+from workbench.model.hf_qknorm import Gemma2, Gemma3, Olmo2, Qwen3, model_type_for
 from workbench.model.spec import ModelSpec, parse_spec
 from workbench.model.state_links import check_coverage
 from workbench.model.transformer import Transformer, build_model
 
 
 ARCHITECTURES: dict[str, Architecture] = {a.model_type: a for a in (GPT2(), Llama(), Mistral(), Bloom(), GPTNeoX(),
-                                                                     Bert(), Bart(), T5())}
+                                                                     Bert(), Bart(), T5(),
+                                                                     Olmo2(), Qwen3(), Gemma2(), Gemma3())}
 
 
 def architecture_for(spec: ModelSpec) -> Architecture:
     """The architecture a spec maps to, or a SpecError naming the first field that does not map.
     The family and position scheme (and for RoPE the attention and norm) pick the candidate; then
-    every other field is checked."""
+    every other field is checked. A decoder with QK-norm, the reordered or sandwich norm or Gemma's
+    embedding scale is one of workbench.model.hf_qknorm's."""
+    if (model_type := model_type_for(spec)) is not None:
+        ARCHITECTURES[model_type].check(spec)
+        return ARCHITECTURES[model_type]
     rope = ("mistral" if spec.attention.name == "sliding_window" else
-            "gpt_neox" if spec.norm.params.type == "layernorm" else "llama")
+            "gpt_neox" if spec.at("norm", 0).params.type == "layernorm" else "llama")
     by_position = {
         "decoder": {"learned": "gpt2", "rope": rope, "alibi": "bloom"},
         "encoder": {"learned": "bert"},

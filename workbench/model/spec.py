@@ -164,7 +164,7 @@ class ModelSpec(StrictModel):
     """Everything that defines a model's architecture."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
-    added_later: ClassVar[tuple[str, ...]] = ("embedding_norm", "logit_softcap")  # see variants.without_later_defaults
+    added_later: ClassVar[tuple[str, ...]] = ("embedding_norm", "logit_softcap", "embedding_scale")  # see variants.without_later_defaults
 
     family: Literal["encoder", "decoder", "encoder_decoder"] = Field(
         "decoder", description="encoder (bidirectional), decoder (causal LM), or encoder_decoder"
@@ -189,6 +189,10 @@ class ModelSpec(StrictModel):
     embedding_norm: Literal["none", "layernorm", "rmsnorm"] = Field(
         "none", description="a norm on the embeddings (after the position signal), as BERT, BART and BLOOM have; "
         "its eps is model.norm's"
+    )
+    embedding_scale: Literal["none", "sqrt_d_model"] = Field(
+        "none", description="multiply the token embeddings by sqrt(d_model) before the position signal (Vaswani et "
+        "al. 2017, 3.4; Gemma); the tied output head reads the unscaled table"
     )
     tie_qk: bool = Field(False, description="share the query and key projection (symmetric scores)")
     bias: bool = Field(False, description="biases in linear layers")
@@ -277,10 +281,13 @@ class ModelSpec(StrictModel):
 
     def cross_attention(self, layer: int) -> Choice:
         """encoder_decoder's cross-attention at `layer`: full attention (a query reads every real
-        encoder position), scaled as that layer's self-attention is, so the unscaled ablation
-        reaches every score."""
-        scaled = getattr(self.at("attention", layer).params, "scaled", True)
-        return resolve_choice("attention", {"name": "full", "scaled": scaled}, "model.attention")
+        encoder position), scaled (and softcapped) as that layer's self-attention is, so the
+        unscaled ablation reaches every score."""
+        from workbench.model.attention import KERNEL_OPTIONS  # torch: imported when a model is built
+
+        params = self.at("attention", layer).params
+        options = {name: getattr(params, name) for name in KERNEL_OPTIONS if hasattr(params, name)}
+        return resolve_choice("attention", {"name": "full", **options}, "model.attention")
 
     @property
     def encoder_layers(self) -> int:

@@ -1,6 +1,6 @@
 """Transformer models assembled from one spec. Read this file top to bottom.
 
-    tokens -> token embedding -> position.embed -> embedding norm (optional) -> Block x n_layers
+    tokens -> token embedding (times sqrt(d_model), optional) -> position.embed -> embedding norm (optional) -> Block x n_layers
            -> final norm (pre) -> head
     Block:   y = attn(attn_norm.before(x));   x = attn_norm.after(attn_residual.add(x, attn_norm.output(y)))
              y = cross(cross_norm.before(x)); x = cross_norm.after(...)        (encoder_decoder's decoder)
@@ -39,7 +39,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 
-from workbench.model.attention import AttentionParams, AttentionVariant
+from workbench.model.attention import AttentionParams, AttentionVariant, kernel_options
 from workbench.model.cache import KVCache, LayerCache
 from workbench.model.flex import arange_positions
 from workbench.model.mixer import Layer, TokenMixer
@@ -154,8 +154,9 @@ class SelfAttention(TokenMixer, AttentionLayer):
         self.variant = kernel if kernel is not None else self.make_kernel(params)
 
     def make_kernel(self, params: AttentionParams) -> AttentionVariant:
-        """The kernel of a mixer subclass that names none: full attention, scaled as its params say."""
-        full = resolve_choice("attention", {"name": "full", "scaled": params.scaled}, "model.attention")
+        """The kernel of a mixer subclass that names none: full attention, scaled (and softcapped) as
+        its params say."""
+        full = resolve_choice("attention", {"name": "full", **kernel_options(params)}, "model.attention")
         return full.cls(full.params, n_heads=self.n_heads, n_kv_heads=self.n_kv_heads, head_dim=self.head_dim)
 
     @property
@@ -348,6 +349,7 @@ class Stack(nn.Module):
         norm = spec.at("norm", 0)
         self.embedding_norm = nn.Identity() if spec.embedding_norm == "none" else make_norm(
             norm.params.model_copy(update={"type": spec.embedding_norm}), spec.d_model)
+        self.embedding_scale = math.sqrt(spec.d_model) if spec.embedding_scale == "sqrt_d_model" else None
         self.dropout = nn.Dropout(spec.dropout)
         depth = Depth.of(spec, in_decoder=causal)
         self.blocks = nn.ModuleList(
@@ -361,6 +363,8 @@ class Stack(nn.Module):
         for scheme in self.schemes():
             scheme.check_length(seq.pos)
         x = self.embedding(tokens)  # (B, n, d_model), RMS INIT_STD at init
+        if self.embedding_scale is not None:
+            x = x * self.embedding_scale
         x = self.dropout(self.embedding_norm(self.position.embed(x, seq.pos)))
         state: dict[str, Any] = {}  # what layers leave for later layers of this forward (workbench.model.mixer)
         for i, block in enumerate(self.blocks):
