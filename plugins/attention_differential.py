@@ -26,7 +26,7 @@ from torch import Tensor, nn
 from workbench import hookimpl
 from workbench.errors import SpecError
 from workbench.model.attention import AttentionParams, kernel_options
-from workbench.model.spec import resolve_choice
+from workbench.model.spec import Choice, resolve_choice
 from workbench.model.transformer import SelfAttention
 
 LAMBDA_STD = 0.1  # the reference's std of the lambda vectors
@@ -41,11 +41,16 @@ class DifferentialParams(AttentionParams):
         if self.gate != "none":
             raise SpecError("model.attention.gate", "differential attention normalises each head's two maps "
                             "together: a gate per unit or head would straddle them (use gate: none)")
-        kernel = {"name": self.kernel} if isinstance(self.kernel, str) else dict(self.kernel)
-        choice = resolve_choice("attention", {**kernel_options(self), **kernel}, "model.attention.kernel")
+        choice = self.kernel_choice()
         if not hasattr(choice.cls, "dense"):
             raise SpecError("model.attention.kernel", f"{choice.name} is not a kernel variant (q, k, v in)")
         return self
+
+    def kernel_choice(self) -> Choice:
+        """The kernel of both maps, scaled (and softcapped) as these params say unless the kernel's
+        mapping says otherwise."""
+        given = {"name": self.kernel} if isinstance(self.kernel, str) else dict(self.kernel)
+        return resolve_choice("attention", {**kernel_options(self), **given}, "model.attention.kernel")
 
 
 def lambda_init(layer: int) -> float:
@@ -73,10 +78,7 @@ class DifferentialAttention(SelfAttention):
                                 elementwise_affine=False)
 
     def make_kernel(self, params: DifferentialParams):
-        """The kernel of both maps, scaled (and softcapped) as the params say unless the kernel's
-        mapping says otherwise."""
-        given = {"name": params.kernel} if isinstance(params.kernel, str) else dict(params.kernel)
-        kernel = resolve_choice("attention", {**kernel_options(params), **given}, "model.attention.kernel")
+        kernel = params.kernel_choice()
         return kernel.cls(kernel.params, n_heads=self.n_heads, n_kv_heads=self.n_kv_heads, head_dim=self.head_dim)
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, query_mask: Tensor | None, **kwargs) -> Tensor:
@@ -85,8 +87,9 @@ class DifferentialAttention(SelfAttention):
         y = torch.cat([super(DifferentialAttention, self).attend(q, k, half, query_mask, **kwargs)
                        for half in halves], dim=-1)  # (B, h, n, 2 hd)
         first, second = y.chunk(2, dim=1)  # (B, h/2, n, 2 hd): the two maps of each differential head
-        lam = (torch.exp((self.lambda_q1 * self.lambda_k1).sum(dtype=torch.float32))
-               - torch.exp((self.lambda_q2 * self.lambda_k2).sum(dtype=torch.float32))).to(q.dtype) + self.lambda_init
+        # each exp(lq . lk) summed in float32 and cast, then combined in the model's dtype, as DiffLlama does
+        lam = (torch.exp((self.lambda_q1 * self.lambda_k1).sum(dtype=torch.float32)).to(q.dtype)
+               - torch.exp((self.lambda_q2 * self.lambda_k2).sum(dtype=torch.float32)).to(q.dtype) + self.lambda_init)
         return (1 - self.lambda_init) * self.subln(first - lam * second)
 
 

@@ -12,11 +12,16 @@ against GQA's 2 * n_kv_heads * head_dim (`cache_bytes`; the cache test measures 
 part of each head is `nope_dim` wide (default model.head_dim), the values `v_dim` (default
 model.head_dim); model.n_kv_heads does not apply (every head decodes its own keys and values).
 
+The latent RMSNorms take `latent_eps` (DeepSeek's reference builds them at its RMSNorm's default,
+1e-6, not at the model's rms_norm_eps); by default model.norm's eps. The rotary part goes through
+the model's position scheme, rebuilt at rope_dim when it rotates (RoPE: interleaved pairs
+(x[2j], x[2j+1]), DeepSeek's `rope_interleave: true`, whose weights copy over unchanged; its
+rotate-half layout is a permutation of the rotary rows: workbench.model.hf_latent); a scheme that
+biases scores (ALiBi) biases them as usual.
+
 Deviations: decoding expands the cached latent into keys and values at every step (as Hugging
 Face does) instead of absorbing W_UK into the queries and W_UV into the output (the paper's
-inference form: the same numbers, fewer FLOPs); YaRN's mscale is not applied. The rotary part
-goes through the model's position scheme, rebuilt at rope_dim when it rotates (RoPE: interleaved
-pairs, DeepSeek's `rope_interleave`); a scheme that biases scores (ALiBi) biases them as usual.
+inference form: the same numbers, fewer FLOPs); YaRN's mscale is not applied.
 """
 
 import torch
@@ -44,6 +49,9 @@ class MLAParams(Params):
                                  "model.head_dim)")
     v_dim: int | None = Field(None, gt=0, description="width of each head's value (default model.head_dim)")
     scaled: bool = Field(True, description="divide scores by sqrt(nope_dim + rope_dim); false: the unscaled ablation")
+    latent_eps: float | None = Field(None, gt=0, description="eps of the RMSNorms on the latents (DeepSeek-V2/V3: "
+                                     "1e-6 whatever their rms_norm_eps); null: model.norm's eps")
+    added_later = ("latent_eps",)  # stored runs keep their ids
 
 
 class MultiHeadLatentAttention(TokenMixer, AttentionLayer):
@@ -62,7 +70,7 @@ class MultiHeadLatentAttention(TokenMixer, AttentionLayer):
         self.nope_dim, self.v_dim = params.nope_dim or spec.head_dim, params.v_dim or spec.head_dim
         self.rope_dim, self.kv_rank = params.rope_dim, params.kv_rank
         qk_dim = self.nope_dim + self.rope_dim
-        eps = getattr(spec.at("norm", layer.index).params, "eps", 1e-6)
+        eps = params.latent_eps or getattr(spec.at("norm", layer.index).params, "eps", 1e-6)
         if params.q_rank is None:
             self.q = nn.Linear(d, h * qk_dim, bias=False)
         else:

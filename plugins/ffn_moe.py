@@ -173,7 +173,9 @@ class MixtureOfExperts(FeedForward):
         group_scores = grouped.topk(2, dim=-1).values.sum(-1)  # (T, n_groups)
         kept = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(
             1, group_scores.topk(p.top_groups, dim=-1).indices, True)
-        return grouped.masked_fill(~kept[..., None], 0.0).view(T, -1)
+        # -inf, as Hugging Face's DeepseekV3TopkRouter: with a negative selection bias a kept expert
+        # may score below 0, and a masked one must still never be chosen over it
+        return grouped.masked_fill(~kept[..., None], float("-inf")).view(T, -1)
 
     def capacity(self, chosen: Tensor) -> Tensor:
         """Which assignments each expert takes: all (no capacity), or the first `capacity` in batch

@@ -47,14 +47,18 @@ CONFIGS = {
 
 
 def reference(model_type: str, **overrides):
-    """The HF model of `model_type`, float64, with every parameter drawn at random (norm weights
-    near 1, biases near 0, matrices at a scale that gives logits of several units, so a wrong
-    mapping cannot hide below the tolerance)."""
+    """The HF model of `model_type`, float64, with every parameter drawn at random (`randomized`)."""
     arch = hf.ARCHITECTURES[model_type]
     config = transformers.AutoConfig.for_model(model_type, **{**CONFIGS[model_type], **overrides})
     config._attn_implementation = "eager" if model_type == "bloom" else "sdpa"
     torch.manual_seed(0)
-    model = getattr(transformers, arch.hf_class)(config).double().eval()
+    return randomized(getattr(transformers, arch.hf_class)(config).double().eval())
+
+
+def randomized(model):
+    """`model` with every parameter drawn at random (norm weights near 1, biases near 0, matrices
+    at a scale that gives logits of several units, so a wrong mapping cannot hide below the
+    tolerance)."""
     with torch.no_grad():
         for name, p in model.named_parameters():
             if p.dim() >= 2:

@@ -3,7 +3,8 @@ the weight mappings. One module for the parity tests (tests/model/test_hf_parity
 export RUN_DIR --to hf OUT` (`to_hf`) and `workbench.from_hf` (`from_hf`).
 
 The architectures (GPT-2, Llama, Mistral, BLOOM, GPT-NeoX in workbench.model.hf_decoders; BERT,
-BART, T5 in workbench.model.hf_encoders; OLMo 2, Qwen3, Gemma 2 and 3 in workbench.model.hf_qknorm) and what each needs of a spec are classes
+BART, T5 in workbench.model.hf_encoders; OLMo 2, Qwen3, Gemma 2 and 3 in workbench.model.hf_qknorm;
+DiffLlama and DeepSeek-V3 in workbench.model.hf_latent) and what each needs of a spec are classes
 (`requirements`); docs/hf.md has them as a table.
 
 Weight mappings (a `Link` ties one tensor of ours to one or more of theirs):
@@ -36,6 +37,7 @@ from workbench.model.hf_architecture import Architecture, import_transformers
 from workbench.model.hf_decoders import GPT2, Bloom, GPTNeoX, Llama, Mistral
 from workbench.model.hf_encoders import T5, Bart, Bert
 from workbench.model.hf_qknorm import Gemma2, Gemma3, Olmo2, Qwen3, model_type_for
+from workbench.model.hf_latent import LATENT_ATTENTION, DeepseekV3, DiffLlama
 from workbench.model.spec import ModelSpec, parse_spec
 from workbench.model.state_links import check_coverage
 from workbench.model.transformer import Transformer, build_model
@@ -43,19 +45,22 @@ from workbench.model.transformer import Transformer, build_model
 
 ARCHITECTURES: dict[str, Architecture] = {a.model_type: a for a in (GPT2(), Llama(), Mistral(), Bloom(), GPTNeoX(),
                                                                      Bert(), Bart(), T5(),
-                                                                     Olmo2(), Qwen3(), Gemma2(), Gemma3())}
+                                                                     Olmo2(), Qwen3(), Gemma2(), Gemma3(),
+                                                                     DiffLlama(), DeepseekV3())}
 
 
 def architecture_for(spec: ModelSpec) -> Architecture:
     """The architecture a spec maps to, or a SpecError naming the first field that does not map.
     The family and position scheme (and for RoPE the attention and norm) pick the candidate; then
     every other field is checked. A decoder with QK-norm, the reordered or sandwich norm or Gemma's
-    embedding scale is one of workbench.model.hf_qknorm's."""
+    embedding scale is one of workbench.model.hf_qknorm's; one with differential or latent attention
+    one of workbench.model.hf_latent's."""
     if (model_type := model_type_for(spec)) is not None:
         ARCHITECTURES[model_type].check(spec)
         return ARCHITECTURES[model_type]
-    rope = ("mistral" if spec.attention.name == "sliding_window" else
-            "gpt_neox" if spec.at("norm", 0).params.type == "layernorm" else "llama")
+    rope = LATENT_ATTENTION.get(spec.attention.name) or (
+        "mistral" if spec.attention.name == "sliding_window" else
+        "gpt_neox" if spec.at("norm", 0).params.type == "layernorm" else "llama")
     by_position = {
         "decoder": {"learned": "gpt2", "rope": rope, "alibi": "bloom"},
         "encoder": {"learned": "bert"},
@@ -75,7 +80,7 @@ def architecture_for(spec: ModelSpec) -> Architecture:
 def linked(arch: Architecture, ours: Transformer, theirs) -> tuple[list, dict, dict]:
     """(links, our parameters, theirs) by name, every parameter on both sides linked or zeroed."""
     links = arch.links(ours.spec)
-    mine, their = dict(ours.named_parameters()), dict(theirs.named_parameters())
+    mine, their = arch.tensors(ours), arch.tensors(theirs)
     check_coverage(links, mine, their, arch.model_type, (*arch.unmapped, *arch.zeroed(ours.spec)))
     return links, mine, their
 

@@ -75,6 +75,12 @@ class Architecture:
     def links(self, spec: ModelSpec) -> list[Link]:
         raise NotImplementedError
 
+    def tensors(self, model: Any) -> dict[str, Any]:
+        """The tensors of a model (ours or theirs) the links read and write, by name: its
+        parameters. An architecture with state outside them (a buffer), or with tensors stacked
+        where ours are apart, adds or splits them here (views: a write reaches the model)."""
+        return dict(model.named_parameters())
+
     def zeroed(self, spec: ModelSpec) -> list[str]:
         """Their parameters that ours lacks but that compute what ours does when zero (a bias):
         an export writes zeros there, an import refuses a model with anything else there."""
