@@ -55,7 +55,7 @@ def architecture_for(spec: ModelSpec) -> Architecture:
     every other field is checked. A decoder with QK-norm, the reordered or sandwich norm or Gemma's
     embedding scale is one of workbench.model.hf_qknorm's; one with differential or latent attention
     one of workbench.model.hf_latent's."""
-    if (model_type := model_type_for(spec)) is not None:
+    if spec.attention.name not in LATENT_ATTENTION and (model_type := model_type_for(spec)) is not None:
         ARCHITECTURES[model_type].check(spec)
         return ARCHITECTURES[model_type]
     rope = LATENT_ATTENTION.get(spec.attention.name) or (

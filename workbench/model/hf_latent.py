@@ -78,6 +78,7 @@ def gated_width(ffn: Choice | dict | str, d_model: int) -> int:
 class DeepseekV3(Architecture):
     model_type, hf_class, auto_class = "deepseek_v3", "DeepseekV3ForCausalLM", "AutoModelForCausalLM"
     any_head_dim = True
+    per_layer = ("ffn",)  # dense in the first first_k_dense_replace layers, then MoE (ffn_layers checks it)
     LATENT_EPS = 1e-6  # HF's DeepseekV3RMSNorm default, which its q_a_layernorm and kv_a_layernorm keep
     STACKED = ("mlp.experts.gate_up_proj", "mlp.experts.down_proj")  # [experts, ...]: one view each
     BUFFERS = ("selection_bias", "e_score_correction_bias")  # the router's selection bias, ours and theirs
@@ -85,7 +86,8 @@ class DeepseekV3(Architecture):
     def requirements(self, spec):
         return {"family": "decoder", "position.name": "rope", "attention.name": "mla", "attention.scaled": True,
                 "norm.name": "pre", "norm.type": "rmsnorm", "embedding_norm": "none", "bias": False,
-                "logit_softcap": None}
+                "logit_softcap": None,
+                "attention.latent_eps": spec.attention.params.latent_eps}  # any: `check` reads the eps it gives
 
     def check(self, spec):
         super().check(spec)
