@@ -3,7 +3,7 @@ the weight mappings. One module for the parity tests (tests/model/test_hf_parity
 export RUN_DIR --to hf OUT` (`to_hf`) and `workbench.from_hf` (`from_hf`).
 
 The architectures (GPT-2, Llama, Mistral, BLOOM, GPT-NeoX in workbench.model.hf_decoders; BERT,
-BART, T5 in workbench.model.hf_encoders) and what each needs of a spec are classes
+BART, T5 in workbench.model.hf_encoders; OLMoE, Mixtral, Llama 4 in workbench.model.hf_moe) and what each needs of a spec are classes
 (`requirements`); docs/hf.md has them as a table.
 
 Weight mappings (a `Link` ties one tensor of ours to one or more of theirs):
@@ -35,19 +35,25 @@ from workbench.errors import SpecError
 from workbench.model.hf_architecture import Architecture, import_transformers
 from workbench.model.hf_decoders import GPT2, Bloom, GPTNeoX, Llama, Mistral
 from workbench.model.hf_encoders import T5, Bart, Bert
+from workbench.model.hf_moe import Llama4, Mixtral, Olmoe, moe_architecture
 from workbench.model.spec import ModelSpec, parse_spec
 from workbench.model.state_links import check_coverage
 from workbench.model.transformer import Transformer, build_model
 
 
 ARCHITECTURES: dict[str, Architecture] = {a.model_type: a for a in (GPT2(), Llama(), Mistral(), Bloom(), GPTNeoX(),
-                                                                     Bert(), Bart(), T5())}
+                                                                     Bert(), Bart(), T5(),
+                                                                     Olmoe(), Mixtral(), Llama4())}
 
 
 def architecture_for(spec: ModelSpec) -> Architecture:
     """The architecture a spec maps to, or a SpecError naming the first field that does not map.
     The family and position scheme (and for RoPE the attention and norm) pick the candidate; then
-    every other field is checked."""
+    every other field is checked (first the MoE decoders, and Llama 4's per-layer patterns)."""
+    moe = moe_architecture(spec)
+    if moe is not None:
+        ARCHITECTURES[moe].check(spec)
+        return ARCHITECTURES[moe]
     rope = ("mistral" if spec.attention.name == "sliding_window" else
             "gpt_neox" if spec.norm.params.type == "layernorm" else "llama")
     by_position = {
@@ -69,7 +75,7 @@ def architecture_for(spec: ModelSpec) -> Architecture:
 def linked(arch: Architecture, ours: Transformer, theirs) -> tuple[list, dict, dict]:
     """(links, our parameters, theirs) by name, every parameter on both sides linked or zeroed."""
     links = arch.links(ours.spec)
-    mine, their = dict(ours.named_parameters()), dict(theirs.named_parameters())
+    mine, their = dict(ours.named_parameters()), arch.parameters_of(theirs)
     check_coverage(links, mine, their, arch.model_type, (*arch.unmapped, *arch.zeroed(ours.spec)))
     return links, mine, their
 

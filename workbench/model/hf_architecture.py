@@ -55,6 +55,11 @@ class Architecture:
     def links(self, spec: ModelSpec) -> list[Link]:
         raise NotImplementedError
 
+    def parameters_of(self, hf_model) -> dict[str, Any]:
+        """Their parameters by name, as the links name them (an architecture that stores several
+        tensors in one, such as experts stacked on a leading axis, names views of each)."""
+        return dict(hf_model.named_parameters())
+
     def zeroed(self, spec: ModelSpec) -> list[str]:
         """Their parameters that ours lacks but that compute what ours does when zero (a bias):
         an export writes zeros there, an import refuses a model with anything else there."""
