@@ -177,7 +177,7 @@ class Olmoe(MoEDecoder):
 
     def config(self, spec):
         moe = spec.at("ffn", 0)
-        return dict(vocab_size=spec.vocab_size, hidden_size=spec.d_model, num_hidden_layers=spec.n_layers,
+        return dict(vocab_size=spec.vocab_size, hidden_size=spec.d_model, num_hidden_layers=spec.decoder_layers,
                     num_attention_heads=spec.n_heads, num_key_value_heads=spec.n_kv_heads,
                     intermediate_size=swiglu_width(moe.params.expert, spec.d_model), num_experts=moe.params.n_experts,
                     norm_topk_prob=moe.params.normalize, rms_norm_eps=spec.norm.params.eps,
@@ -205,7 +205,7 @@ class Olmoe(MoEDecoder):
         h, g, hd = spec.n_heads, spec.n_kv_heads, spec.head_dim
         q_order, k_order = rope_pairing(h, hd), rope_pairing(g, hd)
         out = [same("embedding.weight", "model.embed_tokens.weight")]
-        for i in range(spec.n_layers):
+        for i in range(spec.decoder_layers):
             ours, theirs = f"decoder.blocks.{i}", f"model.layers.{i}"
             att = f"{theirs}.self_attn"
             out += norm(f"{ours}.attn_norm.norm", f"{theirs}.input_layernorm", spec)
@@ -231,7 +231,7 @@ class Mixtral(MoEDecoder):
 
     def config(self, spec):
         moe, attn = spec.at("ffn", 0), spec.at("attention", 0)
-        return dict(vocab_size=spec.vocab_size, hidden_size=spec.d_model, num_hidden_layers=spec.n_layers,
+        return dict(vocab_size=spec.vocab_size, hidden_size=spec.d_model, num_hidden_layers=spec.decoder_layers,
                     num_attention_heads=spec.n_heads, num_key_value_heads=spec.n_kv_heads, head_dim=spec.head_dim,
                     intermediate_size=swiglu_width(moe.params.expert, spec.d_model),
                     num_local_experts=moe.params.n_experts, rms_norm_eps=spec.norm.params.eps,
@@ -261,7 +261,7 @@ class Mixtral(MoEDecoder):
     def links(self, spec):
         h, g, hd = spec.n_heads, spec.n_kv_heads, spec.head_dim
         out = [same("embedding.weight", "model.embed_tokens.weight")]
-        for i in range(spec.n_layers):
+        for i in range(spec.decoder_layers):
             ours, theirs = f"decoder.blocks.{i}", f"model.layers.{i}"
             att = f"{theirs}.self_attn"
             out += norm(f"{ours}.attn_norm.norm", f"{theirs}.input_layernorm", spec)
@@ -288,7 +288,7 @@ class Llama4(MoEDecoder):
                 "bias": False}
 
     def config(self, spec):
-        layers = range(spec.n_layers)
+        layers = range(spec.decoder_layers)
         positions, attentions, ffns = ([spec.at(axis, i) for i in layers] for axis in ("position", "attention", "ffn"))
         rope = next((p for p in positions if p.name == "rope"), None)
         nope = next((p for p in positions if p.name != "rope"), None)
@@ -297,11 +297,11 @@ class Llama4(MoEDecoder):
         moe = next((f for f in ffns if f.name == "moe"), None)
         dense = next((f for f in ffns if f.name != "moe"), None)
         d_ff = swiglu_width(moe.params.expert, spec.d_model) if moe else swiglu_width(dense.as_dict(), spec.d_model)
-        return dict(vocab_size=spec.vocab_size, hidden_size=spec.d_model, num_hidden_layers=spec.n_layers,
+        return dict(vocab_size=spec.vocab_size, hidden_size=spec.d_model, num_hidden_layers=spec.decoder_layers,
                     num_attention_heads=spec.n_heads, num_key_value_heads=spec.n_kv_heads, head_dim=spec.head_dim,
                     intermediate_size=d_ff,
                     intermediate_size_mlp=swiglu_width(dense.as_dict(), spec.d_model) if dense else d_ff,
-                    num_local_experts=moe.params.n_experts if moe else 2, num_experts_per_tok=moe.params.top_k if moe else 1,
+                    **({"num_local_experts": moe.params.n_experts, "num_experts_per_tok": moe.params.top_k} if moe else {}),
                     moe_layers=[i for i in layers if ffns[i].name == "moe"],
                     no_rope_layers=[int(p.name == "rope") for p in positions],
                     rope_parameters={"rope_type": "default", "rope_theta": rope.params.base if rope else 500000.0},
@@ -342,7 +342,7 @@ class Llama4(MoEDecoder):
 
     def links(self, spec):
         out = [same("embedding.weight", "model.embed_tokens.weight")]
-        for i in range(spec.n_layers):
+        for i in range(spec.decoder_layers):
             ours, theirs = f"decoder.blocks.{i}", f"model.layers.{i}"
             att, ffn = f"{theirs}.self_attn", spec.at("ffn", i)
             out += norm(f"{ours}.attn_norm.norm", f"{theirs}.input_layernorm", spec)
