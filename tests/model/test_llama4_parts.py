@@ -81,8 +81,8 @@ def test_nope_temperature_scales_each_query_by_the_log_of_its_position():
 def test_llama4_layer_pattern_decodes_as_it_forwards():
     spec = tiny_spec("decoder", n_layers=4, n_kv_heads=2,
                      position={"repeat": ["rope", "rope", "rope", {"name": "nope_temperature", "floor_scale": 2}]},
-                     attention={"repeat": [{"name": "chunked", "chunk": 3, "qk_norm": "head", "qk_norm_gain": False}] * 3
-                                + ["full"]},
+                     attention={"repeat": [{"name": "chunked", "chunk": 3, "qk_norm": "head",
+                                            "qk_norm_gain": False}] * 3 + ["full"]},
                      ffn={"repeat": ["swiglu", {"name": "moe", "n_experts": 4, "top_k": 1, "router": "sigmoid",
                                                 "normalize": False, "weight_inputs": True, "shared": "swiglu"}]})
     check_greedy_decoding(build(spec), tokens(2, 5), max_new_tokens=10)

@@ -158,6 +158,31 @@ class MoEDecoder(Architecture):
                     raise SpecError(f"model.{axis}.{key}", f"{self.model_type} ({self.hf_class}) needs "
                                     f"{wanted.get(key)!r}{at}, got {got.get(key)!r}")
 
+    def links(self, spec):
+        """Llama's layout (model.layers.<i>: input_layernorm, self_attn, post_attention_layernorm),
+        each architecture's FFN and extras in `layer_links`."""
+        q_order, k_order = self.rope_orders(spec)
+        out = [same("embedding.weight", "model.embed_tokens.weight")]
+        for i in range(spec.decoder_layers):
+            ours, theirs = f"decoder.blocks.{i}", f"model.layers.{i}"
+            att = f"{theirs}.self_attn"
+            out += norm(f"{ours}.attn_norm.norm", f"{theirs}.input_layernorm", spec)
+            out += attention(f"{ours}.attn", (f"{att}.q_proj", f"{att}.k_proj", f"{att}.v_proj", f"{att}.o_proj"),
+                             spec, False, (q_order, k_order))
+            out += norm(f"{ours}.ffn_norm.norm", f"{theirs}.post_attention_layernorm", spec)
+            out += self.layer_links(spec, i, ours, theirs)
+        out += norm("decoder.final_norm", "model.norm", spec)
+        return out + ([] if spec.tie_embeddings else [same("head.weight", "lm_head.weight")])
+
+    def rope_orders(self, spec: ModelSpec) -> tuple[Any, Any]:
+        """q's and k's row orders: rotate-half pairs taken to ours (OLMoE, Mixtral)."""
+        return rope_pairing(spec.n_heads, spec.head_dim), rope_pairing(spec.n_kv_heads, spec.head_dim)
+
+    def layer_links(self, spec: ModelSpec, layer: int, ours: str, theirs: str) -> list[Link]:
+        """Layer `layer`'s FFN (and what else it has beyond Llama's layout)."""
+        return [same(f"{ours}.ffn.router.weight", f"{theirs}.mlp.gate.weight"),
+                *experts(f"{ours}.ffn", f"{theirs}.mlp", spec.at("ffn", layer).params.n_experts)]
+
     def moe_config(self, moe) -> dict[str, Any]:
         """The config fields of an MoE FFN's router and experts (OLMoE's and Mixtral's)."""
         p = moe.params
@@ -201,24 +226,13 @@ class Olmoe(MoEDecoder):
                          "normalize": c.norm_topk_prob, "balance_loss": self.balance_loss(c)},
                     bias=False, tie_embeddings=c.tie_word_embeddings)
 
-    def links(self, spec):
+    def layer_links(self, spec, layer, ours, theirs):
+        # QK-norm over the whole projection: one gain per row, in the rows' (RoPE-paired) order
+        (q_order, k_order), att = self.rope_orders(spec), f"{theirs}.self_attn"
         h, g, hd = spec.n_heads, spec.n_kv_heads, spec.head_dim
-        q_order, k_order = rope_pairing(h, hd), rope_pairing(g, hd)
-        out = [same("embedding.weight", "model.embed_tokens.weight")]
-        for i in range(spec.decoder_layers):
-            ours, theirs = f"decoder.blocks.{i}", f"model.layers.{i}"
-            att = f"{theirs}.self_attn"
-            out += norm(f"{ours}.attn_norm.norm", f"{theirs}.input_layernorm", spec)
-            out += attention(f"{ours}.attn", (f"{att}.q_proj", f"{att}.k_proj", f"{att}.v_proj", f"{att}.o_proj"),
-                             spec, False, (q_order, k_order))
-            # QK-norm over the whole projection: one gain per row, in the rows' (RoPE-paired) order
-            out += [rows(f"{ours}.attn.q_norm.weight", [(f"{att}.q_norm.weight", h * hd, q_order)]),
-                    rows(f"{ours}.attn.k_norm.weight", [(f"{att}.k_norm.weight", g * hd, k_order)])]
-            out += norm(f"{ours}.ffn_norm.norm", f"{theirs}.post_attention_layernorm", spec)
-            out += [same(f"{ours}.ffn.router.weight", f"{theirs}.mlp.gate.weight"),
-                    *experts(f"{ours}.ffn", f"{theirs}.mlp", spec.at("ffn", i).params.n_experts)]
-        out += norm("decoder.final_norm", "model.norm", spec)
-        return out + ([] if spec.tie_embeddings else [same("head.weight", "lm_head.weight")])
+        return [rows(f"{ours}.attn.q_norm.weight", [(f"{att}.q_norm.weight", h * hd, q_order)]),
+                rows(f"{ours}.attn.k_norm.weight", [(f"{att}.k_norm.weight", g * hd, k_order)]),
+                *super().layer_links(spec, layer, ours, theirs)]
 
 
 class Mixtral(MoEDecoder):
@@ -258,21 +272,6 @@ class Mixtral(MoEDecoder):
                          "normalize": True, "balance_loss": self.balance_loss(c)},
                     bias=False, tie_embeddings=c.tie_word_embeddings)
 
-    def links(self, spec):
-        h, g, hd = spec.n_heads, spec.n_kv_heads, spec.head_dim
-        out = [same("embedding.weight", "model.embed_tokens.weight")]
-        for i in range(spec.decoder_layers):
-            ours, theirs = f"decoder.blocks.{i}", f"model.layers.{i}"
-            att = f"{theirs}.self_attn"
-            out += norm(f"{ours}.attn_norm.norm", f"{theirs}.input_layernorm", spec)
-            out += attention(f"{ours}.attn", (f"{att}.q_proj", f"{att}.k_proj", f"{att}.v_proj", f"{att}.o_proj"),
-                             spec, False, (rope_pairing(h, hd), rope_pairing(g, hd)))
-            out += norm(f"{ours}.ffn_norm.norm", f"{theirs}.post_attention_layernorm", spec)
-            out += [same(f"{ours}.ffn.router.weight", f"{theirs}.mlp.gate.weight"),
-                    *experts(f"{ours}.ffn", f"{theirs}.mlp", spec.at("ffn", i).params.n_experts)]
-        out += norm("decoder.final_norm", "model.norm", spec)
-        return out + ([] if spec.tie_embeddings else [same("head.weight", "lm_head.weight")])
-
 
 class Llama4(MoEDecoder):
     """Llama 4's text model. Each layer's position scheme says whether it is a RoPE layer
@@ -301,7 +300,8 @@ class Llama4(MoEDecoder):
                     num_attention_heads=spec.n_heads, num_key_value_heads=spec.n_kv_heads, head_dim=spec.head_dim,
                     intermediate_size=d_ff,
                     intermediate_size_mlp=swiglu_width(dense.as_dict(), spec.d_model) if dense else d_ff,
-                    **({"num_local_experts": moe.params.n_experts, "num_experts_per_tok": moe.params.top_k} if moe else {}),
+                    **(dict(num_local_experts=moe.params.n_experts, num_experts_per_tok=moe.params.top_k) if moe
+                       else {}),
                     moe_layers=[i for i in layers if ffns[i].name == "moe"],
                     no_rope_layers=[int(p.name == "rope") for p in positions],
                     rope_parameters={"rope_type": "default", "rope_theta": rope.params.base if rope else 500000.0},
@@ -340,22 +340,15 @@ class Llama4(MoEDecoder):
                     attention=as_pattern(attention), norm={"name": "pre", "type": "rmsnorm", "eps": c.rms_norm_eps},
                     ffn=as_pattern(ffn), bias=False, tie_embeddings=c.tie_word_embeddings)
 
-    def links(self, spec):
-        out = [same("embedding.weight", "model.embed_tokens.weight")]
-        for i in range(spec.decoder_layers):
-            ours, theirs = f"decoder.blocks.{i}", f"model.layers.{i}"
-            att, ffn = f"{theirs}.self_attn", spec.at("ffn", i)
-            out += norm(f"{ours}.attn_norm.norm", f"{theirs}.input_layernorm", spec)
-            out += attention(f"{ours}.attn", (f"{att}.q_proj", f"{att}.k_proj", f"{att}.v_proj", f"{att}.o_proj"),
-                             spec, False)  # Meta's RoPE pairs, as ours: no permutation
-            out += norm(f"{ours}.ffn_norm.norm", f"{theirs}.post_attention_layernorm", spec)
-            if ffn.name == "moe":
-                p = ffn.params
-                out += [same(f"{ours}.ffn.router.weight", f"{theirs}.feed_forward.router.weight"),
-                        *experts(f"{ours}.ffn", f"{theirs}.feed_forward", p.n_experts, transposed),
-                        *gated_mlp(f"{ours}.ffn.shared", f"{theirs}.feed_forward.shared_expert",
-                                   swiglu_width(p.shared, spec.d_model))]
-            else:
-                out += gated_mlp(f"{ours}.ffn", f"{theirs}.feed_forward", swiglu_width(ffn.as_dict(), spec.d_model))
-        out += norm("decoder.final_norm", "model.norm", spec)
-        return out + ([] if spec.tie_embeddings else [same("head.weight", "lm_head.weight")])
+    def rope_orders(self, spec):
+        return None, None  # Meta's RoPE pairs, as ours
+
+    def layer_links(self, spec, layer, ours, theirs):
+        ffn = spec.at("ffn", layer)
+        if ffn.name != "moe":
+            return gated_mlp(f"{ours}.ffn", f"{theirs}.feed_forward", swiglu_width(ffn.as_dict(), spec.d_model))
+        p = ffn.params
+        return [same(f"{ours}.ffn.router.weight", f"{theirs}.feed_forward.router.weight"),
+                *experts(f"{ours}.ffn", f"{theirs}.feed_forward", p.n_experts, transposed),
+                *gated_mlp(f"{ours}.ffn.shared", f"{theirs}.feed_forward.shared_expert",
+                           swiglu_width(p.shared, spec.d_model))]
