@@ -56,8 +56,10 @@ TINY: dict[str, Any] = dict(vocab_size=VOCAB, d_model=16, n_layers=1, n_heads=4,
 # Variants not listed run with their defaults.
 TINY_PARAMS: dict[tuple[str, str], dict[str, Any]] = {
     ("attention", "sliding_window"): {"window": 3},
+    ("attention", "chunked"): {"chunk": 5},
     ("attention", "sparse"): {"block": 2, "n_global_blocks": 1, "n_random_blocks": 1},
     ("position", "learned"): {"max_len": 64},
+    ("position", "nope_temperature"): {"floor_scale": 2, "attn_scale": 0.5},
 }
 
 

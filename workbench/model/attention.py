@@ -232,7 +232,8 @@ def block_attention(
     (the last one padded). Query block q_blocks[t] ([T]) reads the key blocks kv_blocks[t]
     ([T, S]; entries outside [0, n_blocks) are empty slots, e.g. the block before the first).
     Inside the gathered tiles, `keep_pair(q_idx [T, block, 1], k_idx [T, 1, S * block])`
-    (broadcastable bool; None keeps all) and key_mask [B, n] select the pairs; score_bias gets
+    (bool, broadcastable to [B, T, block, S * block]: a rule may differ per row; None keeps all)
+    and key_mask [B, n] select the pairs; score_bias gets
     rel = q_idx - k_idx of the tiles only.
     Returns [B, h, T * block, hd]: the rows of the query blocks in order (rows past n are
     padding for the caller to drop). Rows with no readable key are zeros.

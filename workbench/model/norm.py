@@ -43,7 +43,7 @@ class RMSNorm(nn.RMSNorm):
     PyTorch's own kernel."""
 
     def forward(self, x: Tensor) -> Tensor:
-        if x.device.type != "cpu":
+        if x.device.type != "cpu" or self.weight is None:  # weightless (Llama 4's QK-norm): PyTorch's
             return super().forward(x)
         eps = self.eps if self.eps is not None else torch.finfo(x.dtype).eps  # nn.RMSNorm's default
         return _RMSNormFunction.apply(x, self.weight, eps)
