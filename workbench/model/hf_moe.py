@@ -40,7 +40,7 @@ from __future__ import annotations
 from typing import Any
 
 from workbench.errors import SpecError
-from workbench.model.hf_architecture import Architecture
+from workbench.model.hf_architecture import CHECKED_LATER, Architecture, later_options
 from workbench.model.hf_decoders import rope_pairing
 from workbench.model.spec import Choice, ModelSpec, parse_spec, resolve_choice
 from workbench.model.state_links import Link, attention, linear, norm, rows, same, transposed
@@ -124,6 +124,13 @@ class MoEDecoder(Architecture):
     """What the three share: their experts stacked, a check by round trip, SwiGLU experts."""
 
     auto_class = "AutoModelForCausalLM"
+    per_layer = ("position", "attention", "norm", "ffn", "residual")  # `check`'s round trip compares every layer
+
+    def layer_requirements(self, spec: ModelSpec, layer: int) -> dict[str, Any]:
+        """Every later option (QK-norm, gate, ...) as the spec has it at `layer`: the round trip in
+        `check` compares each with what the config can say, naming the first that differs."""
+        return {f"{axis}.{name}": getattr(spec.at(axis, layer).params, name)
+                for axis in CHECKED_LATER for name in later_options(spec.at(axis, layer).params)}
 
     def tensors(self, model) -> dict[str, Any]:
         out = {}
