@@ -25,7 +25,8 @@ SOURCES = {"workbench": PACKAGE, "workbench_plugins": PLUGINS}
 # together, so following a study from its file to its report only ever goes down.
 LAYERS = {
     "stats": ["stats/"],  # the verdict rule: intervals, tests, Holm, looks, futility, gates, seed planning
-    "foundation": ["errors", "variants", "hookspecs", "registry", "results", "kinds", "stopping", "hardware"],
+    "foundation": ["errors", "variants", "hookspecs", "registry", "results", "kinds", "stopping", "hardware",
+                   "deadline"],
     "model": ["model/"],  # transformer, spec, position, attention, norm, ffn, cache, sampling, weights
     "tasks": ["tasks/"],  # base, metrics, baselines, symbols
     "plugins": ["plugins/"],  # position_*, attention_*, norm_*, ffn_*, task_*: leaves, imported by no module

@@ -57,6 +57,18 @@ def test_pilot_seeds_are_none_of_the_studys_own_nor_its_tuning_seeds():
     assert pilot_seeds(study({"first": 3, "max": 1000}), 1) == [PILOT_SEED]
     high = study([PILOT_SEED, 5])  # a study that lists seeds up there: the pilot goes past them and its tuning seeds
     assert pilot_seeds(high, 2) == [PILOT_SEED + 3, PILOT_SEED + 4]
+    # the largest seed a study may list (issue 64: the pilot went past it, and the plan blamed `seeds.0`)
+    top = TrainStudy.model_validate({"name": "s", "task": {"name": "copy", "train_length": 4},
+                                     "train": {"steps": 2, "batch_size": 4}, "seeds": [0, PILOT_SEED + 1, 2**32 - 1]})
+    assert pilot_seeds(top, 2) == [PILOT_SEED, PILOT_SEED + 2]
+
+
+def test_a_tuned_study_leaves_room_for_its_tuning_seeds():
+    """Its tuning seeds follow its largest seed: past 2^32-1 every tuning run failed in numpy."""
+    assert study([2**32 - 3]).tuning_seeds == [2**32 - 2, 2**32 - 1]
+    with pytest.raises(ValueError, match=r"seeds: seed 4294967294: tune: trains on the 2 seed\(s\) after the largest "
+                                        r"one, past 4294967295; give seeds up to 4294967293"):
+        study([0, 2**32 - 2])
 
 
 def test_each_comparison_is_planned_for_its_margin_the_effect_or_what_the_seeds_detect():

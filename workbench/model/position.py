@@ -36,7 +36,7 @@ class PositionLimitError(ValueError):
 class PositionScheme(Variant, nn.Module):
     axis = "position"
     has_score_bias: ClassVar[bool] = False  # lets attention skip building offsets when unused
-    # What the report's picture of the scheme shows (workbench.recipes.train.pictures.position_items),
+    # What the report's picture of the scheme shows (workbench.recipes.train.report.pictures.position_items),
     # in the scheme's own words: only the scheme knows what its values mean. Empty: no gloss.
     picture_note: ClassVar[str] = ""
 
@@ -45,6 +45,12 @@ class PositionScheme(Variant, nn.Module):
         self.params = params
         self.d_model, self.n_heads, self.head_dim = d_model, n_heads, head_dim
         self.causal = causal  # the stack's attention: a scheme may treat earlier and later keys apart (T5)
+
+    @classmethod
+    def adds_to_embeddings(cls) -> bool:
+        """Whether the scheme overrides `embed`: its signal enters once per stack, so it cannot
+        differ per layer (model.position as a per-layer pattern)."""
+        return cls.embed is not PositionScheme.embed
 
     @property
     def max_length(self) -> int | None:

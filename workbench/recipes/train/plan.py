@@ -1,9 +1,10 @@
 """`workbench plan STUDY`: the seeds and CPU minutes each `expect:` entry needs, from a pilot.
 
 1. The pilot: the study itself with `pilot` seeds (1 or 2) per group, under the name
-   <name>-pilot in its own folder (runs/<name>-pilot/), at seeds from PILOT_SEED = 2^31 up, which
-   the study never runs (its seeds are start .. start+max-1, below 2^31, its tuning seeds just past
-   them): no pilot run can stand in for a run of the study or enter its verdicts. A second plan
+   <name>-pilot in its own folder (runs/<name>-pilot/), at the first seeds from PILOT_SEED = 2^31
+   up that the study never runs (an adaptive study's are start .. start+max-1, below 2^31; a list
+   may hold any up to 2^32-1, and its tuning seeds follow the largest): no pilot run can stand in
+   for a run of the study or enter its verdicts. A second plan
    resumes the pilot; a tuned study's pilot tunes too, as the study will.
 2. The noise, per comparison the pilot's SD of the paired per-seed differences (what the rule's
    paired test reads), with the groups' own SDs beside it. Only the variance is read from the
@@ -38,6 +39,7 @@ error rate; their many seeds give the SD more degrees of freedom than a pilot's 
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import Counter
 from collections.abc import Sequence
@@ -141,9 +143,10 @@ def planned_family(comparisons: Sequence[Comparison], noise: dict[str, Noise], e
 
 
 def pilot_seeds(study, count: int) -> list[int]:
-    """`count` seeds from PILOT_SEED up, past every seed the study itself runs (tuning too)."""
-    start = max(PILOT_SEED, *(s + 1 for s in [*study.every_seed, *study.tuning_seeds]))
-    return list(range(start, start + count))
+    """The first `count` seeds from PILOT_SEED up that the study itself never runs (tuning too):
+    a study may list a seed up to 2^32-1, so they are taken between its seeds, not past them."""
+    taken = {*study.every_seed, *study.tuning_seeds}
+    return list(itertools.islice((seed for seed in itertools.count(PILOT_SEED) if seed not in taken), count))
 
 
 @dataclass
