@@ -40,7 +40,7 @@ no bidirectional form, the layer runs its recurrence over the sequence in both d
 the same weights and sums the two before the output norm (the parameter-shared bidirectional
 form of Caduceus, Schiff et al. 2024, "BiMamba"). Hugging Face's fused [q, k, v, z] per key head
 and [b, a] projections map row by row to `in_proj` [q; k; v], `gate` (z), `beta` (b) and `decay` (a)
-(workbench.model.hf_qwen3_next).
+(tests/model/test_hf_parity_qwen3_next.py).
 """
 
 from __future__ import annotations
@@ -123,10 +123,12 @@ def chunked_delta_rule(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor,
     carried = G[..., -1].exp()[..., None, None]  # [B, H, N, 1, 1]
     S = state if state is not None else q.new_zeros(B, H, dk, dv)
     out = []
-    for c in range(N):
-        v_new = u[:, :, c] - w[:, :, c] @ S
-        out.append(q_read[:, :, c] @ S + scores[:, :, c] @ v_new)
-        S = S * carried[:, :, c] + k_write[:, :, c].transpose(-1, -2) @ v_new
+    # unbind, not u[:, :, c]: each indexing's backward would write a whole zero tensor (O(N^2) in all)
+    for u_c, w_c, q_c, scores_c, k_c, carried_c in zip(*(t.unbind(2) for t in (u, w, q_read, scores, k_write,
+                                                                               carried))):
+        v_new = u_c - w_c @ S
+        out.append(q_c @ S + scores_c @ v_new)
+        S = S * carried_c + k_c.transpose(-1, -2) @ v_new
     return torch.stack(out, dim=2).reshape(B, H, N * C, dv)[:, :, :n], S
 
 
