@@ -22,10 +22,10 @@ the recurrence carry position); in a hybrid pattern the attention layers keep th
 Two forms, one function: training and the prompt run the chunkwise form (the WY/UT transform of
 Yang et al. 2024, "Parallelizing Linear Transformers with the Delta Rule over Sequence Length", as
 the reference does it: chunks of `chunk_size` solved with a triangular solve, a scan over chunks),
-O(n chunk (key_dim + value_dim)) time and O(n chunk) memory per head; a decoding step runs the
-recurrence on the cached state. The cache (GatedDeltaNetCache) holds each head's state and the
-last conv_size - 1 inputs of the convolution: a constant number of bytes per sequence, whatever
-the length (`cache_bytes`).
+O(n (chunk (key_dim + value_dim) + key_dim value_dim)) time and O(n chunk) memory per head; a
+decoding step runs the recurrence on the cached state. The cache (GatedDeltaNetCache) holds each
+head's state and the last conv_size - 1 inputs of the convolution: a constant number of bytes per
+sequence, whatever the length (`cache_bytes`).
 
 Padding: a padding token is a no-op. Its convolution input is zero (Hugging Face zeroes the
 padded hidden states; here the projected inputs, so a bias cannot leak either) and its step
@@ -194,12 +194,13 @@ class GatedDeltaNet(TokenMixer):
 
     def forward(self, x: Tensor, seq, causal: bool, cache: GatedDeltaNetCache | None = None, state=None) -> Tensor:
         B, n, _ = x.shape
+        wide = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype  # the delta rule's dtype
         mixed = self.in_proj(x)  # [B, n, channels]
-        beta = torch.sigmoid(self.beta(x))  # [B, n, value_heads]
-        g = -self.A_log.exp() * F.softplus(self.decay(x) + self.dt_bias)  # log decay, <= 0
+        beta = torch.sigmoid(self.beta(x).to(wide))  # [B, n, value_heads]
+        g = -self.A_log.to(wide).exp() * F.softplus(self.decay(x).to(wide) + self.dt_bias.to(wide))  # log decay <= 0
         if seq.mask is not None:  # padding tokens are no-ops (module docstring)
-            real = seq.mask[..., None].to(x.dtype)
-            mixed, beta, g = mixed * real, beta * real, g * real
+            real = seq.mask[..., None]
+            mixed, beta, g = mixed * real.to(x.dtype), beta * real.to(wide), g * real.to(wide)
         if causal:
             o = self.scan(mixed, beta, g, cache)
         else:  # both directions, the same weights, summed (module docstring)
@@ -216,12 +217,12 @@ class GatedDeltaNet(TokenMixer):
         window = torch.cat([history, mixed.transpose(1, 2)], dim=-1)  # [B, channels, conv_size - 1 + n]
         mixed = F.silu(F.conv1d(window, self.conv.weight, groups=self.channels)).transpose(1, 2)  # [B, n, channels]
         q, k, v = mixed.split([hk * dk, hk * dk, hv * self.value_dim], dim=-1)
-        wide = torch.float32 if mixed.dtype in (torch.float16, torch.bfloat16) else mixed.dtype
+        wide = g.dtype
         q, k = (l2_normalise(t.view(B, n, hk, dk).to(wide)).repeat_interleave(hv // hk, dim=2).transpose(1, 2)
                 for t in (q, k))  # [B, hv, n, dk]: each key head serves hv / hk value heads
         q = q * dk**-0.5
         v = v.reshape(B, n, hv, -1).transpose(1, 2).to(wide)
-        g, beta = g.transpose(1, 2).to(wide), beta.transpose(1, 2).to(wide)  # [B, hv, n]
+        g, beta = g.transpose(1, 2), beta.transpose(1, 2)  # [B, hv, n]
         initial = None if cache is None or cache.empty else cache.state
         if initial is not None and n == 1:  # a decoding step
             o, final = recurrent_delta_rule(q, k, v, g, beta, initial)
