@@ -16,6 +16,7 @@ transformers = pytest.importorskip("transformers")
 qwen3_next = pytest.importorskip("transformers.models.qwen3_next.modeling_qwen3_next")
 
 from test_hf_parity import TOLERANCE, greedy_pair, logits_pair, reference, tokens  # noqa: E402
+from workbench.errors import SpecError  # noqa: E402
 from workbench.model import hf  # noqa: E402
 from workbench.model.hf_decoders import rope_pairing  # noqa: E402
 from workbench.model.transformer import Positions, build_model  # noqa: E402
@@ -184,6 +185,6 @@ def test_gpt_neox_with_partial_rotary_factor_maps_both_ways(tmp_path):
 def test_a_partial_rope_refuses_to_export_as_llama():
     spec = dict(vocab_size=96, d_model=D, n_heads=H, norm={"name": "pre", "type": "rmsnorm"}, ffn="swiglu",
                 position={"name": "rope", "fraction": 0.5})
-    with pytest.raises(hf.SpecError) as err:
+    with pytest.raises(SpecError) as err:
         hf.architecture_for(build_model(spec).spec)
     assert str(err.value).startswith("model.position.fraction")
