@@ -14,7 +14,8 @@ HOME = ROOT / "workbench" / "stats" / "outcomes.py"
 # An outcome's words as a literal: quoted on their own ("holds"), or starting a quoted label
 # ('holds (only A learned)'); a CSS rule (.does-not-hold) or Markdown bold (**holds**).
 WORDS = "|".join(re.escape(o.value) for o in Outcome)
-LITERAL = re.compile(rf"""["']({WORDS})(["']| \()|\.({'|'.join(o.css_class for o in Outcome)}) \{{|\*\*({WORDS})\*\*""")
+# torch.div(..., rounding_mode="floor") names a rounding, not the outcome.
+LITERAL = re.compile(rf"""(?<!rounding_mode=)["']({WORDS})(["']| \()|\.({'|'.join(o.css_class for o in Outcome)}) \{{|\*\*({WORDS})\*\*""")
 
 
 def test_every_outcome_word_is_written_in_the_type_only():
