@@ -47,8 +47,8 @@ def test_plan_trains_a_pilot_apart_from_the_study_and_prints_the_seeds_each_entr
     assert len(rows) == 2  # the noise as measured and at its upper bound
     (measured, power, spent), (upper, _, _) = rows
     assert int(measured) <= int(upper) and spent == measured and (int(measured) > 3) == (int(power) < 80)
-    # no margin, no effect: what the study's 3 seeds detect
-    assert re.search(r"^\s+1\s+[\d.]+\s+detects [\d.]+\s+3\s+80%", out, re.M)
+    # no margin, no effect: what the study's 3 seeds detect: nothing, a verdict needs 4 per group
+    assert re.search(r"^\s+1\s+[\d.]+\s+detects no effect\s+3\s+80%", out, re.M)
     registered = re.search(r"to register before the real runs .*, (\d+) seeds per group\):\nseeds: \[([\d, ]+)\]\n$",
                            out)
     assert registered and registered[1] == upper and registered[2] == ", ".join(map(str, range(int(upper))))
