@@ -153,3 +153,29 @@ def test_a_replay_issues_under_the_study_file_as_it_now_reads_when_its_runs_are_
     with pytest.raises(SystemExit) as stop:
         main(["--reissue", str(stored), str(tmp_path / "longer"), "--study", str(longer)])
     assert "defines other runs than the study stored" in str(stop.value) and not (tmp_path / "longer").exists()
+
+
+def test_a_report_of_a_store_short_of_the_rule_names_only_the_groups_that_lack_seeds(stored):
+    """The line above an incomplete report's verdicts: the runs the current rule asks for before
+    its verdicts are read, each group that lacks seeds with the count it needs, no other group."""
+    from types import SimpleNamespace
+
+    from workbench.recipes.train.report.build import short_of_the_rule
+
+    study = study_of(Store(stored, create=False).study_record())
+    everything = load_results(stored)
+
+    def line(seeds: dict[str, int]) -> str:
+        runs = TrainRuns(study, everything[everything["seed"] < everything["model.position"].map(seeds)])
+        return short_of_the_rule(SimpleNamespace(runs=runs, verdicts=Verdicts(runs, Gates(runs))))
+
+    assert line({"none": 3, "rope": 3, "alibi": 3}).startswith(
+        "Incomplete under the current rule: it asks for 3 more runs (position=none to 4; position=rope to 4; "
+        "position=alibi to 4 seeds) before the verdicts they decide are read")
+    # alibi holds its 4 seeds: it is not named
+    assert line({"none": 3, "rope": 3, "alibi": 4}).startswith(
+        "Incomplete under the current rule: it asks for 2 more runs (position=none to 4; position=rope to 4 seeds)")
+    assert line({"none": 3, "rope": 4, "alibi": 4}).startswith(
+        "Incomplete under the current rule: it asks for 1 more run (position=none to 4 seeds) before the verdicts it "
+        "decides are read; `workbench run` on the study trains it")
+    assert line({"none": 8, "rope": 8, "alibi": 4}) == ""  # as issued: nothing asked

@@ -104,11 +104,14 @@ def short_of_the_rule(r: TrainResults) -> str:
     plan = study.seed_plan
     wanted = seeds_for_next_look(comparisons, LOOKS.looks(plan.first, plan.max), seeds=study.every_seed)
     missing = {group: n - r.runs.seeds_run.get(group, 0) for group, n in wanted.items()}
+    missing = {group: k for group, k in missing.items() if k > 0}  # a group of the look that holds its seeds asks none
     if not missing:
         return ""
     groups = "; ".join(f"{group} to {wanted[group]}" for group in missing)
-    return (f"Incomplete under the current rule: it asks for {sum(missing.values())} more runs ({groups} seeds) before "
-            "the verdicts they decide are read; `workbench run` on the study trains them, and its report reads them")
+    runs = sum(missing.values())
+    return (f"Incomplete under the current rule: it asks for {runs} more run{'s' * (runs != 1)} ({groups} seeds) "
+            f"before the verdicts {'they decide' if runs != 1 else 'it decides'} are read; `workbench run` on the "
+            f"study trains {'them' if runs != 1 else 'it'}, and its report reads {'them' if runs != 1 else 'it'}")
 
 
 def results_table(runs: TrainRuns) -> pd.DataFrame:
