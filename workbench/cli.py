@@ -128,7 +128,8 @@ def list_variants(axis: str | None, as_json: bool) -> None:
 @click.argument("study")
 @click.option("--out", default=None, help="output folder (default: runs/<study name>/)")
 @click.option("--jobs", default=1, show_default=True, type=click.IntRange(min=1),
-              help="runs at once, each in its own process (torch threads = cores // jobs)")
+              help="runs at once, each in its own process; a run trains on at most cores // jobs torch "
+                   "threads (one for a small model, where more would wait for each other)")
 @click.option("--fresh", is_flag=True, help="discard earlier results in the output folder and start over")
 @click.option("--profile", default=None, help="apply the study's named overrides (e.g. gpu)")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",

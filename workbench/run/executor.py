@@ -2,8 +2,12 @@
 to run, skipping, resuming and recording stay in the runner (the driver process), so a
 cluster executor (Ray, ...) only has to implement `run`.
 
-    InProcessExecutor       --jobs 1: one run after another in this process
-    LocalProcessExecutor    --jobs N: N spawned worker processes, torch threads = cores // N
+    InProcessExecutor       --jobs 1: one run after another in this process, every core its share
+    LocalProcessExecutor    --jobs N: N spawned worker processes, each with cores // N torch threads
+
+Either way a run's share of the cores is the torch threads of the process that trains it, and
+the run trains on as many of them as its model can keep busy (workbench.hardware.run_threads:
+one for a small model), so --jobs 1 and --jobs N cost the same CPU per run.
 
 On a stop request (workbench.stopping: the driver's SIGTERM/SIGINT) an executor starts no new
 run, lets the running ones checkpoint and end, and raises RunInterrupted saying what each

@@ -37,7 +37,7 @@ from pytorch_lightning.utilities.exceptions import SIGTERMException
 
 from workbench import stopping
 from workbench.errors import WorkbenchError
-from workbench.hardware import cpu_seconds, machine_load
+from workbench.hardware import cpu_seconds, machine_load, run_threads
 from workbench.cost.budget import BUDGET_STEP_CAP, step_cost
 from workbench.registry import run_providers
 from workbench.results import CONFIG_FILE, FINAL_WEIGHTS, LAST_CHECKPOINT, RESULT_FILE, RunResult, Status
@@ -139,6 +139,7 @@ def train_here(run_id: str, config: dict[str, Any], run_dir: Path, tracker: Trac
     writes the run folder's files."""
     quiet_lightning()
     start, cpu_start = time.perf_counter(), cpu_seconds()
+    share = torch.get_num_threads()  # the executor's share of the cores for each run
     if writer := rank_zero():
         start_run_folder(run_dir, config)
     train = config["train"]
@@ -158,6 +159,9 @@ def train_here(run_id: str, config: dict[str, Any], run_dir: Path, tracker: Trac
         result.n_params = module.model.num_parameters()
         batch = task.train_batch(0, train["batch_size"], module.family)
         cost = step_cost(module.model, lambda b: task.loss(module.model, b, module.family), batch)
+        if device == "cpu":  # a small model trains on one thread: more would wait for each other
+            torch.set_num_threads(run_threads(cost.flops, share))
+        result.environment["threads"] = torch.get_num_threads()
         recorder = RunRecorder(task, module.family, train, cost)
         if module.budget_kind is not None:
             module.spent = functools.partial(recorder.spent, module.budget_kind)
@@ -183,6 +187,7 @@ def train_here(run_id: str, config: dict[str, Any], run_dir: Path, tracker: Trac
     finally:
         torch.use_deterministic_algorithms(deterministic_before)  # Trainer(deterministic=True) sets it globally
         torch.set_float32_matmul_precision(matmul_before)  # global too: the next run in this process sets its own
+        torch.set_num_threads(share)  # the next run in this process gets the whole share again
         if logger is not None:
             close_tracker(logger, train["logger"], result)
     if recorder is not None:
