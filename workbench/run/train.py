@@ -92,12 +92,16 @@ class SafeCheckpointIO(TorchCheckpointIO):
             raise refuse_or_explain(Path(path), err, "delete it to train this run from the start") from None
 
 
-class StopOnRequest(Callback):
-    """On SIGTERM/SIGINT (workbench.stopping): the step in progress finishes, a checkpoint of it
-    is written, and the run ends with RunInterrupted; no result is written."""
+class Checkpoints(Callback):
+    """checkpoints/last.ckpt, the run's resume point: written every `every` steps, and at the
+    step where a stop request (SIGTERM/SIGINT, workbench.stopping) ends training; the run then
+    ends with RunInterrupted and records nothing. One callback for both, in place of Lightning's
+    ModelCheckpoint: the Trainer calls every hook of every callback at every step, and
+    ModelCheckpoint rebuilds its state key at each call."""
 
-    def __init__(self, path: Path):
-        self.path = path
+    def __init__(self, path: Path, every: int):
+        self.path, self.every = path, every
+        self.saved_step: int | None = None
 
     def on_train_start(self, trainer, pl_module) -> None:
         stopping.handle_during_training()  # after Lightning installed its SIGTERM handler, which checkpoints nothing
@@ -105,14 +109,18 @@ class StopOnRequest(Callback):
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if not step_done(trainer, batch_idx):  # a checkpoint holds whole steps
             return
+        step = trainer.global_step
         stop = stopping.stop_requested()
         if trainer.world_size > 1:  # the ranks stop at the same step, or one waits for the others forever
             stop = trainer.strategy.reduce_boolean_decision(stop, all=False)
         if stop:
-            if outputs and trainer.global_step < trainer.max_steps:  # nothing to keep otherwise
+            if outputs and step < trainer.max_steps:  # nothing to keep otherwise
                 trainer.save_checkpoint(self.path)
-                raise stopping.RunInterrupted(f"stopped at step {trainer.global_step} and checkpointed it")
-            raise stopping.RunInterrupted(f"stopped at step {trainer.global_step}")
+                raise stopping.RunInterrupted(f"stopped at step {step} and checkpointed it")
+            raise stopping.RunInterrupted(f"stopped at step {step}")
+        if step % self.every == 0 and step != self.saved_step:  # a step that took no update saved nothing new
+            trainer.save_checkpoint(self.path)
+            self.saved_step = step
 
 
 # ---- one run --------------------------------------------------------------------------------
@@ -171,7 +179,7 @@ def train_here(run_id: str, config: dict[str, Any], run_dir: Path, tracker: Trac
         max_steps = train["steps"] if module.budget_kind is None else BUDGET_STEP_CAP  # a budget stops the run
         logger = make_logger(train["logger"], run_dir, config, tracker)
         trainer = lightning_trainer(train, run_dir, device == "cpu", max_steps, logger,
-                                    [recorder, StopOnRequest(ckpt)], memory)
+                                    [recorder, Checkpoints(ckpt, train["checkpoint_every"])], memory)
         datamodule = TaskDataModule(task, module.family, train["batch_size"], max_steps, train["grad_accumulation"])
         trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt if check_regular(ckpt) else None, weights_only=True)
         record_outcome(result, trainer, module, recorder)
@@ -230,10 +238,9 @@ def record_error(result: RunResult, err: Exception, run_dir: Path | None) -> Non
 
 def lightning_trainer(train: dict[str, Any], run_dir: Path, deterministic: bool, max_steps: int, logger,
                       callbacks: list, memory: PeakMemory) -> pl.Trainer:
-    """The Lightning Trainer of one run's `train:` section, with the run's own callbacks first,
-    then its checkpoints, peak memory and progress file."""
-    checkpoint = ModelCheckpoint(dirpath=run_dir / "checkpoints", save_last=True, save_top_k=0,
-                                 every_n_train_steps=train["checkpoint_every"])
+    """The Lightning Trainer of one run's `train:` section, with the run's own callbacks first
+    (recording, checkpoints), then its peak memory, progress file and the study's callbacks."""
+    extra = user_callbacks(train)
     return pl.Trainer(
         max_steps=max_steps, max_epochs=-1, limit_val_batches=0, num_sanity_val_steps=0,
         accelerator=train["accelerator"], devices=train["devices"], strategy=lightning_strategy(train),
@@ -241,7 +248,10 @@ def lightning_trainer(train: dict[str, Any], run_dir: Path, deterministic: bool,
         gradient_clip_val=train["grad_clip"], gradient_clip_algorithm="norm",
         accumulate_grad_batches=train["grad_accumulation"],
         deterministic=deterministic, logger=logger,
-        callbacks=[*callbacks, checkpoint, memory, ProgressFile(run_dir, train["steps"]), *user_callbacks(train)],
+        callbacks=[*callbacks, memory, ProgressFile(run_dir, train["steps"]), *extra],
+        # Lightning adds a ModelCheckpoint of its own unless told not to (Checkpoints writes the
+        # run's); a study's own ModelCheckpoint in train.callbacks needs it on
+        enable_checkpointing=any(isinstance(c, ModelCheckpoint) for c in extra),
         log_every_n_steps=train["log_every"], plugins=[SafeCheckpointIO(), *cluster_environment(train)],
         enable_progress_bar=False, enable_model_summary=False, default_root_dir=run_dir,
         use_distributed_sampler=False,  # StepBatches shares each batch between the ranks
