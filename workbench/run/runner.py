@@ -319,10 +319,12 @@ def sweeping(study_name: str, out: Path, total: int, options: RunOptions,
 
 def execute_runs(runs: list[RunConfig], what: str, store: Store, executor: Executor, summary: Summary,
                  progress: SweepProgress, kept: Collection[str] = KEPT,
-                 tracker: Callable[[RunConfig], Any] | None = None) -> None:
+                 tracker: Callable[[RunConfig], Any] | None = None,
+                 trainings: Callable[[list[RunConfig]], list[list[RunConfig]]] | None = None) -> None:
     """Run the pending ones of `runs` through `executor`, recording each outcome as it comes;
     runs whose recorded status is in `kept` are skipped, and a result.json left unrecorded is
-    recorded without running again. `tracker(run)` names each job's experiment-tracker run."""
+    recorded without running again. `tracker(run)` names each job's experiment-tracker run.
+    `trainings(pending)` groups the pending runs that train one model together (one job each)."""
     out = store.out_dir
     summary.kept = frozenset(kept)
     statuses = store.statuses()
@@ -346,8 +348,11 @@ def execute_runs(runs: list[RunConfig], what: str, store: Store, executor: Execu
         progress.run_done(run, result)
     by_id = {run.run_id: run for run in pending}
     refuse_links(runs_root(out), *by_id)  # --runs-dir: folders outside `out`, checked here
-    jobs_ = [Job(run.run_id, run.config, run_dir(out, run.run_id), tracker(run) if tracker else None)
-             for run in pending]
+    def job(run: RunConfig, together: tuple[Job, ...] = ()) -> Job:
+        return Job(run.run_id, run.config, run_dir(out, run.run_id), tracker(run) if tracker else None, together)
+
+    jobs_ = [job(first, tuple(job(run) for run in rest))
+             for first, *rest in (trainings(pending) if trainings else [[run] for run in pending])]
     for result in executor.run(jobs_) if jobs_ else ():  # (a Ray executor would start a cluster for nothing)
         run = by_id[result.run_id]
         store.record(run, result)  # the driver is the only writer of a sweep

@@ -19,6 +19,8 @@ and result.json. Nothing read back from a run folder can execute code: checkpoin
 from __future__ import annotations
 
 import contextlib
+import copy
+import dataclasses
 import functools
 import json
 import logging
@@ -26,6 +28,7 @@ import os
 import time
 import traceback
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -40,13 +43,15 @@ from workbench.errors import WorkbenchError
 from workbench.hardware import cpu_seconds, machine_load, run_threads
 from workbench.cost.budget import BUDGET_STEP_CAP, step_cost
 from workbench.registry import run_providers
+from workbench.study.keys import digest
 from workbench.results import CONFIG_FILE, FINAL_WEIGHTS, LAST_CHECKPOINT, RESULT_FILE, RunResult, Status
 from workbench.results import UnsafeFile, check_regular, open_regular, write_json_atomic, write_text_atomic
 from workbench.run.batches import TaskDataModule, step_done
 from workbench.run.distributed import cluster_environment, lightning_strategy, needs_processes, rank_zero
 from workbench.run.distributed import train_in_processes
+from workbench.run.executor import Job
 from workbench.run.environment import device_name, environment, matmul_precision, resolve_accelerator, user_callbacks
-from workbench.run.recording import PeakMemory, ProgressFile, RunRecorder
+from workbench.run.recording import Evaluations, PeakMemory, ProgressFile, RunRecorder
 from workbench.run.run_module import RunModule
 from workbench.run.tracking import TrackerRun, close_logger, make_logger
 from workbench.model.weights import make_task, refuse_or_explain, save_final_weights
@@ -139,17 +144,36 @@ def train_run(run_id: str, config: dict[str, Any], run_dir: Path, tracker: Track
         raise stopping.RunInterrupted("had not begun training")
     if needs_processes(config["train"]):
         return train_in_processes(run_id, config, run_dir, tracker)
-    return train_here(run_id, config, run_dir, tracker)
+    return train_here(run_id, config, run_dir, tracker)[0]
 
 
-def train_here(run_id: str, config: dict[str, Any], run_dir: Path, tracker: TrackerRun | None = None) -> RunResult:
+def train_together(job: Job) -> list[RunResult]:
+    """A job's run and the runs trained with it (Job.together: they differ from it only in how
+    they evaluate, workbench.recipes.train.sweep.training_groups): the model is trained once and
+    evaluated for each; every run gets its result, the job's own first."""
+    if stopping.stop_requested():
+        raise stopping.RunInterrupted("had not begun training")
+    return train_here(job.run_id, job.config, job.run_dir, job.tracker, job.together)
+
+
+def shared_checkpoint(run_dir: Path, siblings: Sequence[Job]) -> Path:
+    """The checkpoint of a run trained with `siblings`: its own file for that set of runs, so a
+    later attempt resumes it only with the same siblings, whose evaluations it holds."""
+    if not siblings:
+        return run_dir / LAST_CHECKPOINT
+    return (run_dir / LAST_CHECKPOINT).with_name(f"shared-{digest(sorted(s.run_id for s in siblings))}.ckpt")
+
+
+def train_here(run_id: str, config: dict[str, Any], run_dir: Path, tracker: TrackerRun | None = None,
+               siblings: Sequence[Job] = ()) -> list[RunResult]:
     """train_run in this process: every rank of a multi-process run runs it; rank 0 alone
     writes the run folder's files."""
     quiet_lightning()
     start, cpu_start = time.perf_counter(), cpu_seconds()
     share = torch.get_num_threads()  # the executor's share of the cores for each run
     if writer := rank_zero():
-        start_run_folder(run_dir, config)
+        for run in [Job(run_id, config, run_dir), *siblings]:
+            start_run_folder(run.run_dir, run.config)
     train = config["train"]
     device = resolve_accelerator(train)
     memory = PeakMemory(on_cuda=device == "cuda")
@@ -157,7 +181,7 @@ def train_here(run_id: str, config: dict[str, Any], run_dir: Path, tracker: Trac
     matmul = matmul_precision(train, device)
     result = RunResult(run_id=run_id, status=Status.FAILED, peak_memory_instrument=memory.instrument,
                        environment=run_environment(config, device, matmul))
-    recorder = logger = None
+    recorder = logger = module = trainer = None
     deterministic_before = torch.are_deterministic_algorithms_enabled()
     try:
         torch.set_float32_matmul_precision(matmul)
@@ -170,10 +194,11 @@ def train_here(run_id: str, config: dict[str, Any], run_dir: Path, tracker: Trac
         if device == "cpu":  # a small model trains on one thread: more would wait for each other
             torch.set_num_threads(run_threads(cost.flops, share))
         result.environment["threads"] = torch.get_num_threads()
-        recorder = RunRecorder(task, module.family, train, cost)
+        recorder = RunRecorder(task, module.family, train, cost,
+                               [(make_task(s.config), s.config["train"]) for s in siblings])
         if module.budget_kind is not None:
             module.spent = functools.partial(recorder.spent, module.budget_kind)
-        ckpt = run_dir / LAST_CHECKPOINT
+        ckpt = shared_checkpoint(run_dir, siblings)
         if writer:
             ckpt.with_name(ckpt.name + ".tmp").unlink(missing_ok=True)  # a save cut short by a kill
         max_steps = train["steps"] if module.budget_kind is None else BUDGET_STEP_CAP  # a budget stops the run
@@ -182,9 +207,7 @@ def train_here(run_id: str, config: dict[str, Any], run_dir: Path, tracker: Trac
                                     [recorder, Checkpoints(ckpt, train["checkpoint_every"])], memory)
         datamodule = TaskDataModule(task, module.family, train["batch_size"], max_steps, train["grad_accumulation"])
         trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt if check_regular(ckpt) else None, weights_only=True)
-        record_outcome(result, trainer, module, recorder)
-        if writer and result.status == Status.FINISHED:
-            save_final_weights(module.model, config, trainer.global_step, run_dir / FINAL_WEIGHTS)
+        record_outcome(result, trainer, module, recorder.runs[0])
     except (stopping.RunInterrupted, SIGTERMException) as err:
         # Stopped by a signal: the checkpoint holds the run; nothing is recorded for it.
         raise stopping.RunInterrupted(str(err) or "stopped") from None
@@ -201,11 +224,31 @@ def train_here(run_id: str, config: dict[str, Any], run_dir: Path, tracker: Trac
     if recorder is not None:
         record_spending(result, recorder)
     result.peak_memory_bytes = memory.peak_bytes()
-    result.wall_time_s = time.perf_counter() - start
-    result.cpu_time_s = cpu_seconds() - cpu_start
-    result.environment.update(machine_load())
-    if writer:
-        write_result(run_dir, result)
+    results = [result, *(sibling_result(result, s, recorder.runs[i + 1] if recorder else None)
+                         for i, s in enumerate(siblings))]
+    wall, cpu = time.perf_counter() - start, cpu_seconds() - cpu_start
+    for run, each in zip([Job(run_id, config, run_dir), *siblings], results):
+        each.wall_time_s, each.cpu_time_s = wall, cpu / len(results)  # the training's cost, shared
+        each.environment.update(machine_load())
+        if siblings:
+            each.environment["trained_with"] = sorted(r.run_id for r in results if r is not each)
+        if writer:
+            if each.status == Status.FINISHED:
+                save_final_weights(module.model, run.config, trainer.global_step, run.run_dir / FINAL_WEIGHTS)
+            write_result(run.run_dir, each)
+    return results
+
+
+def sibling_result(trained: RunResult, sibling: Job, evaluations: Evaluations | None) -> RunResult:
+    """A sibling's result: the training's (status, steps, cost, training curves) with its own
+    evaluations (metrics, curves) and evaluation time."""
+    result = dataclasses.replace(copy.deepcopy(trained), run_id=sibling.run_id)
+    if evaluations is not None:
+        result.curves = evaluations.curves
+        result.eval_time_s = evaluations.session_time
+        if result.status == Status.FINISHED:
+            result.metrics = evaluations.last_eval["metrics"]
+            result.not_applicable = evaluations.last_eval["not_applicable"]
     return result
 
 
@@ -258,9 +301,8 @@ def lightning_trainer(train: dict[str, Any], run_dir: Path, deterministic: bool,
     )
 
 
-def record_outcome(result: RunResult, trainer: pl.Trainer, module: RunModule, recorder: RunRecorder) -> None:
+def record_outcome(result: RunResult, trainer: pl.Trainer, module: RunModule, evaluations: Evaluations) -> None:
     """How a fit that returned ended: diverged at a step, or finished with its last evaluation."""
-    result.resumed_from_step = recorder.start_step or None
     result.steps_done = trainer.global_step
     result.environment["processes"] = trainer.world_size
     result.last_step = module.last_step
@@ -268,8 +310,8 @@ def record_outcome(result: RunResult, trainer: pl.Trainer, module: RunModule, re
         result.status, result.diverged_step = Status.DIVERGED, module.diverged_step
     else:
         result.status = Status.FINISHED
-        result.metrics = recorder.last_eval["metrics"]
-        result.not_applicable = recorder.last_eval["not_applicable"]
+        result.metrics = evaluations.last_eval["metrics"]
+        result.not_applicable = evaluations.last_eval["not_applicable"]
 
 
 def close_tracker(logger, name: str, result: RunResult) -> None:
@@ -282,11 +324,12 @@ def close_tracker(logger, name: str, result: RunResult) -> None:
 
 def record_spending(result: RunResult, recorder: RunRecorder) -> None:
     """What the run spent, as its recorder counted it (also for a run that failed part way)."""
+    result.resumed_from_step = recorder.start_step or None
     result.curves = recorder.curves
     result.tokens = recorder.tokens
     result.train_flops = recorder.flops
     result.train_time_s = recorder.train_time()
-    result.eval_time_s = recorder.session_eval_time
+    result.eval_time_s = recorder.runs[0].session_time
     result.tokens_per_s = result.tokens / result.train_time_s if result.tokens and result.train_time_s > 0 else None
 
 

@@ -32,7 +32,7 @@ from workbench.run.tracking import prepare_trackers, tracker_run
 from workbench.recipes.train.study import TrainStudy
 from workbench.study import StudyFile
 from workbench.study.keys import canonical_json
-from workbench.recipes.train.sweep import TrainPlan, sweep_points
+from workbench.recipes.train.sweep import TrainPlan, sweep_points, training_groups
 from workbench.recipes.train.tuning import PointTuning, choose, chosen_values, extensions, labels
 
 
@@ -119,7 +119,8 @@ class TrainKind(StudyKind):
             if plan.finals is None:
                 names.update({run.run_id: run.describe for run in tune(plan, store, executor, summary, progress,
                                                                         names, tracker)})
-            execute_runs(plan.finals, "runs", store, executor, summary, progress, tracker=tracker)
+            execute_runs(plan.finals, "runs", store, executor, summary, progress, tracker=tracker,
+                         trainings=training_groups)
             if study.seed_plan is not None:
                 add_seeds(plan, store, executor, summary, progress, names, tracker)
         return summary
@@ -145,7 +146,8 @@ def tune(plan: TrainPlan, store: Store, executor, summary: Summary, progress: Sw
     study = plan.study
     known, runs = set(), plan.tuning
     while True:
-        execute_runs(runs, "tuning runs", store, executor, summary, progress, tracker=tracker)
+        execute_runs(runs, "tuning runs", store, executor, summary, progress, tracker=tracker,
+                     trainings=training_groups)
         known |= {run.run_id for run in runs}
         tunings = choose(study, store.runs())
         runs = [run for run in plan.extended_tuning(extensions(study, tunings)) if run.run_id not in known]
@@ -183,7 +185,7 @@ def add_seeds(plan: TrainPlan, store: Store, executor, summary: Summary, progres
         names.update({run.run_id: run.describe for run in pending})
         summary.total += len(pending)
         progress.grow(len(pending))
-        execute_runs(pending, "runs", store, executor, summary, progress, tracker=tracker)
+        execute_runs(pending, "runs", store, executor, summary, progress, tracker=tracker, trainings=training_groups)
 
     grow_seeds(wanted, run, len(study.seeds))
 
