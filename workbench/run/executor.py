@@ -49,18 +49,25 @@ JOIN_S = 5  # an idle worker told to leave has this long before it is killed
 @dataclass(frozen=True)
 class Job:
     """One run to execute: plain, picklable data. `together`: runs trained with it, which differ
-    from it only in how they evaluate (workbench.recipes.train.sweep.training_groups); the job
-    yields a result for each."""
+    from it only in how they evaluate (workbench.recipes.train.sweep.training_groups); `batch`:
+    other seeds of its sweep point trained with it as one batched model (`train.batch_seeds`,
+    workbench.run.batched), each with its own `together`. The job yields a result for each run."""
 
     run_id: str
     config: dict[str, Any]
     run_dir: Path
     tracker: Any = None  # workbench.run.tracking.TrackerRun: the run's name in an experiment tracker
     together: tuple[Job, ...] = ()
+    batch: tuple[Job, ...] = ()
+
+    @property
+    def with_siblings(self) -> tuple[Job, ...]:
+        """Its run and the runs that share its training."""
+        return (self, *self.together)
 
     @property
     def runs(self) -> tuple[Job, ...]:
-        return (self, *self.together)
+        return (*self.with_siblings, *(run for member in self.batch for run in member.with_siblings))
 
     def results(self, outcome: RunResult | list[RunResult]) -> list[RunResult]:
         """What executing it returned, as one result per run."""
@@ -95,6 +102,10 @@ def execute(job: Job) -> list[RunResult]:
     """The job's runs, trained; one result each."""
     from workbench.run.train import train_run, train_together  # imported here: workers pay for torch once, lazily
 
+    if job.batch:
+        from workbench.run.batched import train_batched
+
+        return train_batched(job)
     if job.together:
         return train_together(job)
     return [train_run(job.run_id, job.config, job.run_dir, job.tracker)]

@@ -70,6 +70,7 @@ class RunRecorder(Callback):
         self._step_loss: torch.Tensor | None = None  # the training loss of the step in progress, summed over its micro-batches
         self.best: float | None = None  # train.early_stopping: the best value of its metric so far ...
         self.evals_without_gain = 0  # ... and the evaluations since it improved
+        self.loggers: list[Any] | None = None  # where its figures are logged (None: the trainer's loggers)
 
     @property
     def curves(self) -> list[tuple[int, str, str, float]]:
@@ -168,9 +169,8 @@ class RunRecorder(Callback):
             self.evals_without_gain += 1
         return self.evals_without_gain >= rule["patience"]
 
-    @staticmethod
-    def _log(trainer, metrics: dict[str, float], step: int) -> None:
-        for logger in trainer.loggers:
+    def _log(self, trainer, metrics: dict[str, float], step: int) -> None:
+        for logger in trainer.loggers if self.loggers is None else self.loggers:
             logger.log_metrics(metrics, step=step)
             logger.save()
 

@@ -69,6 +69,7 @@ def quiet_lightning() -> None:
         r".*The number of training batches .* is smaller than the logging interval.*",
         r".*Experiment logs directory .* exists and is not empty.*",
         r".*`training_step` returned `None`.*",  # how a diverged step skips its update
+        r".*we have not yet implemented the batching rule for.*",  # batched seeds: vmap loops that op (workbench.run.batched)
     ):
         warnings.filterwarnings("ignore", message=message)
 

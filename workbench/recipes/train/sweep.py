@@ -122,6 +122,27 @@ def training_groups(runs: list[RunConfig]) -> list[list[RunConfig]]:
     return list(groups.values())
 
 
+def batched_trainings(runs: list[RunConfig]) -> list[list[list[RunConfig]]]:
+    """`runs` as jobs of trainings (training_groups): with `train.batch_seeds: K`, up to K
+    trainings of one sweep point that differ only in their seed, in their order, train as one
+    batched model (workbench.run.batched); any other training is a job of its own."""
+    jobs: list[list[list[RunConfig]]] = []
+    open_: dict[str, list[list[RunConfig]]] = {}  # a point's batch still filling
+    for training in training_groups(runs):
+        config = training[0].config
+        size = config["train"].get("batch_seeds", 1)
+        point = training_identity({**config, "seed": None}) if size > 1 else None
+        if point is None:
+            jobs.append([training])
+            continue
+        batch = open_.get(point)
+        if batch is None or len(batch) == size:
+            batch = open_[point] = []
+            jobs.append(batch)
+        batch.append(training)
+    return jobs
+
+
 def resolve_point(study: TrainStudy, point: dict[str, Any]) -> dict[str, Any]:
     """Task, model and training sections of one sweep point, validated and fully resolved."""
     raw = {"task": copy.deepcopy(study.task), "model": copy.deepcopy(study.model),
