@@ -125,6 +125,7 @@ class BatchedRunModule(pl.LightningModule):
         self.rng_states = rng_states  # per member, with dropout: each member draws from its own stream
         self.diverged: list[int | None] = [None] * len(members)
         self.vmap_failed: set[frozenset[str]] = set()  # batched input keys the model cannot take under vmap
+        self.vmap_steps = 0  # steps whose losses went through vmap
         self.budget_kind, self.last_step = None, None  # RunRecorder reads them (batched runs have no budget)
 
     def __setattr__(self, name: str, value: Any) -> None:
@@ -184,7 +185,9 @@ class BatchedRunModule(pl.LightningModule):
             split = shared_and_batched([inputs[k] for k in alive])
             if split is not None and frozenset(split[1]) not in self.vmap_failed:
                 try:
-                    return self.vmapped(*split, alive)
+                    losses = self.vmapped(*split, alive)
+                    self.vmap_steps += 1
+                    return losses
                 except RuntimeError as err:  # the model branches on a batched value (a mask that differs)
                     if "data-dependent control flow" not in str(err):
                         raise
