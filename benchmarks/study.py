@@ -17,7 +17,8 @@ for bit means both sides trained the same models the same way.
 The per-step figure (`per_step`): one run of the study trained by `workbench.run.train.train_run`
 and by the plain loop in this one process, alternated, at two step counts; the difference of
 the CPU seconds over the difference of the steps is each side's cost per step, with the run's
-fixed costs (set-up, final evaluation) left out.
+fixed costs (set-up, final evaluation) left out, and those fixed costs (the CPU at 0 steps,
+extrapolated).
 """
 
 from __future__ import annotations
@@ -235,13 +236,18 @@ def per_step(study: Path, steps: tuple[int, int] = (100, 400), rounds: int = 3, 
     short, long = config(steps[0]), config(steps[1])
     lightning(short)  # lazy imports and first-call costs, once
     out: dict[str, list[float]] = {"lightning": [], "plain": []}
+    fixed: dict[str, list[float]] = {"lightning": [], "plain": []}
     for r in range(rounds):
         for name, side in ((("lightning", lightning), ("plain", plain)) if r % 2 == 0
                            else (("plain", plain), ("lightning", lightning))):
-            out[name].append((side(long) - side(short)) / (steps[1] - steps[0]) * 1e3)
+            a, b = side(short), side(long)
+            per_step = (b - a) / (steps[1] - steps[0])
+            out[name].append(per_step * 1e3)
+            fixed[name].append(a - steps[0] * per_step)  # the run's cost at 0 steps: set-up, final evaluation
     result = {name: statistics.median(values) for name, values in out.items()}
     return {"ms_per_step": result, "rounds": out, "ratio": result["lightning"] / result["plain"],
-            "overhead_ms": result["lightning"] - result["plain"], "steps": steps, "run": run(steps[0]).describe}
+            "overhead_ms": result["lightning"] - result["plain"], "steps": steps, "run": run(steps[0]).describe,
+            "fixed_s": {name: statistics.median(values) for name, values in fixed.items()}}
 
 
 # ---- the section ----------------------------------------------------------------------------------------
@@ -264,7 +270,8 @@ def section(console, quick: bool = False, rounds: int = 2, jobs: Sequence[int] =
                       + ("equal bit for bit" if same["equal"] else f"differ by up to {same['largest_difference']:.3g}"))
     step = result["per_step"]
     console.print(f"per step: Lightning {step['ms_per_step']['lightning']:.2f} ms, plain {step['ms_per_step']['plain']:.2f} "
-                  f"ms CPU (ratio {step['ratio']:.3f}, {step['overhead_ms']:+.2f} ms)")
+                  f"ms CPU (ratio {step['ratio']:.3f}, {step['overhead_ms']:+.2f} ms); per run outside its steps: "
+                  f"Lightning {step['fixed_s']['lightning']:.2f} s, plain {step['fixed_s']['plain']:.2f} s")
     console.print(f"uptime: {result['uptime']}")
     return result
 

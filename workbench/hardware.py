@@ -165,10 +165,11 @@ def scaling_needs(device: str, machine: Machine) -> list[Need]:
 
 
 # Training FLOPs per step that each torch thread of a CPU run must have to do: below that, the
-# threads of a small model's operations mostly wait for one another instead of computing (the
-# quickstart's 0.53 GFLOP step cost 8x the CPU on two threads of a 2-core machine, and ran 7x
-# slower). Measured, alternated in one process: benchmarks/README.md, "Threads per run".
-FLOPS_PER_THREAD = 2e10
+# threads of a model's operations mostly wait for one another instead of computing. On a shared
+# 2-core machine a second thread never paid from 0.53 to 65.5 GFLOP per step (2.1x to 18x the
+# CPU, and slower), so a second thread starts past every size measured: at 100 GFLOP per step.
+# Measured, alternated in one process: benchmarks/README.md, "Threads per run".
+FLOPS_PER_THREAD = 5e10
 
 
 def run_threads(step_flops: float, share: int) -> int:
