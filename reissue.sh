@@ -29,21 +29,46 @@
 # re-issues a shipped adaptive study without training: `python -m benchmarks.decide --reissue
 # reports/<name>/data runs/<name>` keeps the runs the runner's loop asks for, then `workbench
 # report runs/<name> --out reports --with-data` as below.
+#
+# A name is a study file's name in studies/ (letters, digits, '-', '_', '.'; no path): anything
+# else, or a file that is a link out of studies/, is refused. The study's own `name:` (which the
+# run's folder, runs/<name>/, and its report are named after) is read from the file, since it
+# may differ from the file's name. REISSUE_BIN names another folder of `workbench` and `python`
+# (the tests give one that records what it is asked).
 set -u
 cd "$(dirname "$0")"
 
 [ "$#" -gt 0 ] || { echo "reissue: name the studies to re-issue (e.g. ./reissue.sh heads)" >&2; exit 2; }
 STUDIES=("$@")
-BIN=.venv/bin
+BIN=${REISSUE_BIN:-.venv/bin}
 export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 mkdir -p runs
 failed=()
 
-for name in "${STUDIES[@]}"; do
-    study="studies/$name.yaml"
-    [ -f "$study" ] || { echo "reissue: no $study" >&2; failed+=("$name"); continue; }
-    echo "reissue: $name: start $(date -u '+%Y-%m-%d %H:%M:%S UTC')"
-    if nice -n 19 "$BIN/workbench" run "$study" --jobs 1 --quiet --reports reports; then
+# The `name:` of a study file, as the workbench validates it (a plain folder name), or nothing.
+study_name() {
+    "$BIN/python" -c 'import sys
+from workbench.study import load_study
+print(load_study(sys.argv[1]).study.name)' "$1"
+}
+
+for file in "${STUDIES[@]}"; do
+    study="studies/$file.yaml"
+    if ! [[ "$file" =~ ^[A-Za-z0-9][A-Za-z0-9_.-]*$ ]]; then
+        echo "reissue: '$file' is not the name of a study file in studies/ (letters, digits, '-', '_', '.'); skipped" >&2
+        failed+=("$file"); continue
+    fi
+    [ -f "$study" ] || { echo "reissue: no $study" >&2; failed+=("$file"); continue; }
+    if [ "$(realpath "$study")" != "$(realpath studies)/$file.yaml" ]; then
+        echo "reissue: $study is a link out of studies/ (to $(realpath "$study")); skipped" >&2
+        failed+=("$file"); continue
+    fi
+    if ! name=$(study_name "$study") || [ -z "$name" ]; then
+        echo "reissue: $study: its study name could not be read (see above); skipped" >&2
+        failed+=("$file"); continue
+    fi
+    echo "reissue: $name ($study): start $(date -u '+%Y-%m-%d %H:%M:%S UTC')"
+    if nice -n 19 "$BIN/workbench" run "$study" --out "runs/$name" --jobs 1 --quiet --reports reports; then
         nice -n 19 "$BIN/workbench" report "runs/$name" --out reports --with-data || failed+=("$name (report)")
     else
         rc=$?

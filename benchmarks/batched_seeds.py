@@ -45,10 +45,9 @@ def stepper(overrides: Sequence[str], k: int, device: torch.device):
     from workbench.model.weights import make_task
     from workbench.recipes.train.sweep import expand
     from workbench.run.batched import BatchedRunModule
-    from workbench.run.run_module import RunModule, make_optimizer
+    from workbench.model.optimizers import build_optimizer
+    from workbench.run.run_module import RunModule
     from workbench.study import load_study
-
-    from workbench.run.run_module import param_groups
 
     seeds = f"seeds=[{', '.join(map(str, range(k)))}]"
     runs = [r for r in expand(load_study(QUICKSTART, overrides=(*overrides, seeds)))
@@ -64,7 +63,7 @@ def stepper(overrides: Sequence[str], k: int, device: torch.device):
     step = [0]
     if k == 1:  # a seed alone
         model, task = members[0].model.to(device), tasks[0]
-        optimizer = make_optimizer(train["optimizer"], param_groups(model, train["weight_decay"]), train["lr"])
+        optimizer = build_optimizer(train["optimizer"], model, lr=train["lr"], weight_decay=train["weight_decay"])
         ordered = [p for group in optimizer.param_groups for p in group["params"]]
 
         def alone() -> None:
@@ -82,7 +81,7 @@ def stepper(overrides: Sequence[str], k: int, device: torch.device):
     alive = list(range(k))
 
     def together() -> None:
-        losses = module.losses(batches[step[0] % len(batches)], alive)
+        losses, _ = module.losses(batches[step[0] % len(batches)], alive)
         optimizer.zero_grad(set_to_none=True)
         losses.sum().backward()
         module.configure_gradient_clipping(optimizer, train["grad_clip"])

@@ -29,7 +29,8 @@ import torch
 
 from workbench.model.transformer import build_model
 from workbench.study.train_section import TrainConfig
-from workbench.run.run_module import lr_factor, param_groups
+from workbench.model.optimizers import decay_groups
+from workbench.run.run_module import lr_factor
 from workbench.run.train import quiet_lightning, train_run
 from workbench.model.weights import make_task
 
@@ -56,7 +57,7 @@ def plain_loop(config: dict) -> float:
     task = make_task(config)
     model = build_model(config["model"]).train()
     cfg, family = config["train"], config["model"]["family"]
-    opt = torch.optim.AdamW(param_groups(model, cfg["weight_decay"]), lr=cfg["lr"], betas=(0.9, 0.95))
+    opt = torch.optim.AdamW(decay_groups(list(model.parameters()), cfg["weight_decay"]), lr=cfg["lr"], betas=(0.9, 0.95))
     sched = torch.optim.lr_scheduler.LambdaLR(opt, functools.partial(
         lr_factor, warmup=cfg["warmup_steps"], total=cfg["steps"], schedule=cfg["schedule"],
         min_ratio=cfg["min_lr_ratio"]))

@@ -8,6 +8,8 @@ up to a fixed permutation of the learned q/k dimensions, at ~7 element-wise kern
 1.4x the time of the complex product forward + backward on the CPU.) The rotation table is
 computed once per forward and shared by every layer. It is float32 (complex64), as in LLaMA's
 reference and Hugging Face's, except in a float64 model, where it is float64 (complex128).
+`interpolation: f` divides every position by f (Chen et al. 2023, "Extending Context Window of
+Large Language Models via Positional Interpolation"; Hugging Face's `rope_type: linear`).
 """
 
 import torch
@@ -21,15 +23,19 @@ from workbench.variants import Params
 
 
 class RopeParams(Params):
+    added_later = ("interpolation",)  # runs stored before it keep their ids
     base: float = Field(10000.0, gt=1, description="theta: wavelength scale of the slowest pair")
+    interpolation: float = Field(1.0, gt=0, description="positions divided by this factor (Position Interpolation, "
+                                 "Chen et al. 2023; Hugging Face's linear RoPE scaling, Gemma 3's global layers)")
 
 
-def rotation(pos: Tensor, head_dim: int, base: float, dtype: torch.dtype = torch.float32) -> Tensor:
-    """e^(i * pos * base^(-2j/hd)) for each pair j: [B or 1, 1, n, hd/2], complex64 (dtype
-    float32) or complex128 (float64)."""
+def rotation(pos: Tensor, head_dim: int, base: float, dtype: torch.dtype = torch.float32,
+             interpolation: float = 1.0) -> Tensor:
+    """e^(i * pos / interpolation * base^(-2j/hd)) for each pair j: [B or 1, 1, n, hd/2],
+    complex64 (dtype float32) or complex128 (float64)."""
     if pos.stride(0) == 0:  # every row holds the same positions (an expanded arange): one row of angles
         pos = pos[:1]
-    inv_freq = base ** (-torch.arange(0, head_dim, 2, device=pos.device, dtype=dtype) / head_dim)
+    inv_freq = base ** (-torch.arange(0, head_dim, 2, device=pos.device, dtype=dtype) / head_dim) / interpolation
     angles = pos[:, None, :, None].to(dtype) * inv_freq  # [B, 1, n, hd/2]
     return torch.polar(torch.ones_like(angles), angles)
 
@@ -73,7 +79,8 @@ class Rope(PositionScheme):
         receives the same one (the reference kept here keeps its identity from being reused)."""
         cached = self.__dict__.get("_table")
         if cached is None or cached[0] is not pos or cached[1] != dtype:
-            cached = self.__dict__["_table"] = (pos, dtype, rotation(pos, self.head_dim, self.params.base, dtype))
+            cached = self.__dict__["_table"] = (pos, dtype, rotation(pos, self.head_dim, self.params.base, dtype,
+                                                                 self.params.interpolation))
         return cached[2]
 
 

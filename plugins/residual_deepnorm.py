@@ -21,6 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from workbench import hookimpl
+from workbench.errors import SpecError
 from workbench.model.ffn import FeedForward
 from workbench.model.residual import Depth, Residual, residual_outputs
 from workbench.variants import Params
@@ -55,6 +56,9 @@ class DeepNorm(Residual):
         if isinstance(sublayer, FeedForward):
             scaled = [p for p in sublayer.parameters() if p.dim() >= 2]
         else:  # self- or cross-attention: the values and the output, not the queries and keys
+            if not hasattr(sublayer, "value_projection"):
+                raise SpecError("model.residual", f"deepnorm scales the weights that compute each attention layer's "
+                                f"values, and {type(sublayer).__name__} does not say which they are (value_projection)")
             scaled = [sublayer.value_projection(), *residual_outputs(sublayer)]
         with torch.no_grad():
             for weight in scaled:

@@ -23,7 +23,9 @@ import torch
 from torch import Tensor
 
 from workbench import build_model, hookimpl, registry
+from workbench.errors import SpecError
 from workbench.model.cache import KVCache
+from workbench.model.mixer import TokenMixer
 from workbench.model.transformer import EncoderDecoderModel, Positions, Transformer
 from workbench.registry import variants
 from workbench.tasks.tokens import DATA_DIR_ENV
@@ -54,14 +56,33 @@ TINY: dict[str, Any] = dict(vocab_size=VOCAB, d_model=16, n_layers=1, n_heads=4,
 # Variants not listed run with their defaults.
 TINY_PARAMS: dict[tuple[str, str], dict[str, Any]] = {
     ("attention", "sliding_window"): {"window": 3},
+    ("attention", "chunked"): {"chunk": 5},
     ("attention", "sparse"): {"block": 2, "n_global_blocks": 1, "n_random_blocks": 1},
     ("position", "learned"): {"max_len": 64},
+    ("position", "nope_temperature"): {"floor_scale": 2, "attn_scale": 0.5},
 }
 
 
 def registered(axis: str) -> list[str]:
     """Names registered for an axis, in a stable order (for parametrize)."""
     return sorted(variants(axis))
+
+
+def registered_kernels() -> list[str]:
+    """The attention variants that are kernels (q, k, v in; workbench.model.attention), not whole
+    token mixers (workbench.model.mixer): what kernel-level tests call directly."""
+    return [name for name in registered("attention") if not issubclass(variants("attention")[name], TokenMixer)]
+
+
+def build_or_refuse(spec: dict[str, Any], seed: int = 0) -> Transformer | None:
+    """The model, or None when the combination is refused with a SpecError naming a model field
+    (a variant that cannot take it: differential attention with an odd number of K/V heads). A
+    refusal that names no field, or any other error, fails the test."""
+    try:
+        return build(spec, seed)
+    except SpecError as err:
+        assert err.field.startswith("model."), f"a refusal that names no model field: {err}"
+        return None
 
 
 def choice(axis: str, name: str) -> dict[str, Any]:
@@ -123,12 +144,11 @@ def incremental_logits(model: Transformer, target: Tensor, prefill: int = 1, src
     if isinstance(model, EncoderDecoderModel):
         memory, memory_seq = model.encode(src, src_padding_mask)
         cross = src.shape[1]
-    window = model._cache_window()
-    cache = KVCache(len(stack.blocks), min(n, window) if window else n, cross)
+    cache = KVCache(len(stack.blocks), n, cross)
     pos = torch.arange(n).expand(B, n)
-    out = [model.head(stack(target[:, :prefill], Positions(pos[:, :prefill], None), memory, memory_seq, cache))]
+    out = [model.logits(stack(target[:, :prefill], Positions(pos[:, :prefill], None), memory, memory_seq, cache))]
     for t in range(prefill, n):
-        out.append(model.head(stack(target[:, t : t + 1], Positions(pos[:, t : t + 1], None), memory,
+        out.append(model.logits(stack(target[:, t : t + 1], Positions(pos[:, t : t + 1], None), memory,
                                     memory_seq, cache)))
     return torch.cat(out, dim=1)  # [B, n, vocab]
 

@@ -24,7 +24,8 @@ SOURCES = {"workbench": PACKAGE, "workbench_plugins": PLUGINS}
 # are modules in workbench/ itself. A study kind is a recipe at the top, over the layers it puts
 # together, so following a study from its file to its report only ever goes down.
 LAYERS = {
-    "foundation": ["errors", "variants", "hookspecs", "registry", "results", "kinds", "stopping", "hardware"],
+    "foundation": ["errors", "variants", "hookspecs", "registry", "results", "kinds", "stopping", "hardware",
+                   "deadline"],
     "model": ["model/"],  # transformer, spec, position, attention, norm, ffn, cache, sampling, weights
     "tasks": ["tasks/"],  # base, metrics, baselines, symbols
     "plugins": ["plugins/"],  # position_*, attention_*, norm_*, ffn_*, task_*: leaves, imported by no module

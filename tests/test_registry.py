@@ -25,6 +25,7 @@ from workbench.variants import AXES
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "workbench-example-plugin"
+MODERN = ROOT / "examples" / "workbench-modern-plugins"
 
 
 def entry_points() -> dict[str, str]:
@@ -270,23 +271,34 @@ def test_a_third_party_entry_point_named_like_a_builtin_is_refused_naming_both(m
 # ---- the example out-of-tree plugin, installed with pip --------------------------------------
 
 
-@pytest.fixture(scope="session")
-def example_plugin_site(tmp_path_factory) -> Path:
-    """pip-install examples/workbench-example-plugin into a private site directory.
+def installed_site(package: Path, tmp_path_factory):
+    """pip-install `package` into a private site directory, yield the directory.
 
     A real install (wheel built by setuptools, dist-info with entry_points.txt), but into a
     --target folder put on PYTHONPATH of subprocesses rather than into the shared
     environment, so tests running at the same time in other processes never see a half-
     installed plugin; deleting the folder uninstalls it. Built from a copy so that the build
     leaves no build/ or egg-info folders in the source tree."""
-    work = tmp_path_factory.mktemp("example_plugin")
+    work = tmp_path_factory.mktemp(package.name)
     source, site = work / "src", work / "site"
-    shutil.copytree(EXAMPLE, source)
+    shutil.copytree(package, source, ignore=shutil.ignore_patterns("report"))
     run_within_cpu([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
                     "--no-index", "--disable-pip-version-check", "--target", str(site), str(source)],
                    120, check=True, text=True)
     yield site
     shutil.rmtree(work, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def example_plugin_site(tmp_path_factory) -> Path:
+    """examples/workbench-example-plugin, pip-installed into a private site directory."""
+    yield from installed_site(EXAMPLE, tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def modern_plugins_site(tmp_path_factory) -> Path:
+    """examples/workbench-modern-plugins, pip-installed into a private site directory."""
+    yield from installed_site(MODERN, tmp_path_factory)
 
 
 def run_with_plugin(site: Path, args: list[str], cpu_budget_s: float = 300) -> subprocess.CompletedProcess:
@@ -343,3 +355,77 @@ def test_registry_parametrized_contract_tests_cover_the_new_plugin(example_plugi
     assert " passed" in result.stdout and "failed" not in result.stdout, result.stdout[-2000:]
     selected = int(result.stdout.split(" passed")[0].split()[-1])
     assert selected >= 4, result.stdout[-2000:]  # forward/backward per family, classify, dense-reference cases
+
+
+# ---- the example package of 2024-2026 modifications (issue 60) -----------------------------
+
+MODERN_VARIANTS = {"qk_norm_attention": "attention", "gated_attention": "attention", "diff_attention": "attention",
+                   "value_residual_attention": "attention", "topk_moe": "ffn", "ademamix": "optimizer"}
+
+
+@pytest.mark.slow
+def test_the_modern_plugins_pass_the_contract_tests_with_no_test_of_their_own(modern_plugins_site):
+    listed = json.loads(run_with_plugin(modern_plugins_site, ["-m", "workbench.cli", "list", "--json"]).stdout)
+    found = {row["name"]: (row["axis"], row["package"]) for row in listed}
+    for name, axis in MODERN_VARIANTS.items():
+        assert found[name] == (axis, "workbench-modern-plugins 0.1.0"), name
+    model_variants = " or ".join(name for name, axis in MODERN_VARIANTS.items() if axis != "optimizer")
+    result = run_with_plugin(modern_plugins_site, ["-m", "pytest", "-q", "-p", "no:cacheprovider",
+                                                   "tests/test_model_contract.py", "tests/model/test_transformer_properties.py",
+                                                   "-k", model_variants], cpu_budget_s=900)
+    assert "failed" not in result.stdout and " passed" in result.stdout, result.stdout[-2000:]
+    assert int(result.stdout.split(" passed")[0].split()[-1]) >= 5 * 10, result.stdout[-2000:]
+
+
+@pytest.mark.slow
+def test_the_modern_plugins_train_in_their_study_to_a_report(modern_plugins_site, tmp_path):
+    """The package's study (shortened here: one seed, 40 steps) trains each modification through
+    `workbench run` and writes its report; the MoE arm's balance loss is a curve of its own."""
+    out = tmp_path / "runs"
+    run_with_plugin(modern_plugins_site, ["-m", "workbench.cli", "run", str(MODERN / "study.yaml"), "--out", str(out),
+                                          "--set", "train.steps=40", "--set", "train.eval_every=20",
+                                          "--set", "seeds=[0]", "--jobs", "1"], cpu_budget_s=1200)
+    report = (out / "reports" / "modern-plugins" / "report.md").read_text()
+    for name in MODERN_VARIANTS:
+        assert name in report, name
+    rows = json.loads(run_with_plugin(modern_plugins_site, ["-m", "workbench.cli", "results", str(out),
+                                                            "--format", "json"]).stdout)
+    assert len(rows) == 7 and all(row["status"] == "finished" for row in rows), rows
+# ---- a plugin's import is bounded in time (issue 64) ------------------------------------------
+
+
+def test_a_plugin_that_hangs_at_import_is_left_out_with_one_warning_and_the_cli_works(monkeypatch, restore_registry):
+    """A plugin whose import never returns (here: until the test ends) made `workbench list`
+    wait silently. It is left out once its time is up, with one warning naming it; the built-ins
+    (imported already, so in microseconds) are all there."""
+    import threading
+
+    from click.testing import CliRunner
+
+    from workbench.cli import main
+
+    release = threading.Event()
+
+    def hangs():
+        release.wait()
+        return plugin_module(register_ffn_types=[])
+
+    monkeypatch.setenv("WORKBENCH_PLUGIN_IMPORT_SECONDS", "2")
+    with_plugins(monkeypatch, (FakeDist("wb-hangs"), FakeEntryPoint("hangs", hangs)))
+    try:
+        result = CliRunner().invoke(main, ["list", "ffn", "--json"])
+    finally:
+        release.set()  # the import left running in the background ends with the test
+    assert result.exit_code == 0, result.output
+    assert result.stderr == ("warning: plugin 'hangs' of package wb-hangs 9.9 not loaded: its import did not return "
+                             "within 2 s (it goes on in the background; set WORKBENCH_PLUGIN_IMPORT_SECONDS to wait "
+                             "longer)\n")
+    assert {row["name"] for row in json.loads(result.stdout)} >= {"gelu", "swiglu"}
+    assert not registry.plugin_manager().has_plugin("hangs")
+
+
+@pytest.mark.parametrize("value, seconds", [("2.5", 2.5), ("0", 60.0), ("-1", 60.0), ("inf", 60.0), ("nan", 60.0),
+                                            ("soon", 60.0)])
+def test_the_import_time_is_a_positive_finite_number_or_the_default(monkeypatch, value, seconds):
+    monkeypatch.setenv("WORKBENCH_PLUGIN_IMPORT_SECONDS", value)
+    assert registry.plugin_import_seconds() == seconds == (seconds if value == "2.5" else registry.PLUGIN_IMPORT_SECONDS)

@@ -12,14 +12,16 @@ that recipe puts together; nothing there calls back up here.
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 
+from workbench.errors import WorkbenchError, WorkbenchWarning
 from workbench.kinds import RunOptions, get_kind
 from workbench.run.executor import Executor
-from workbench.run.folder import WriterLock, refuse_links
+from workbench.run.folder import WriterLock, refuse_links, running_writer
 from workbench.run.runner import STORE_FILES, Summary, default_out_dir
 from workbench.run.store import DB_FILE, RUNS_DIR, Store, check_runs_dir, load_study_info
 from workbench.study import load_study
@@ -58,6 +60,7 @@ def write_report(out_dir: str | Path, reports_dir: str | Path = "reports", *, pi
     out_dir = Path(out_dir)
     info = load_study_info(out_dir)
     study = study_of(info)
+    check_recorded(out_dir, study.name)
     final = report_destination(Path(reports_dir), study.name)
     own = out_dir.resolve() == (final / DATA_DIR).resolve()  # rebuilt from its own data: keep it
 
@@ -78,7 +81,21 @@ def study_verdicts(out_dir: str | Path) -> list:
     out_dir = Path(out_dir)
     info = load_study_info(out_dir)
     study = study_of(info)
+    check_recorded(out_dir, study.name)
     return get_kind(study.kind).verdicts(out_dir, info, study)
+
+
+def check_recorded(out_dir: Path, name: str) -> None:
+    """A study whose sweep is still running is reported from the runs it recorded so far, and
+    says so (one warning); one that has recorded none yet is one line."""
+    recorded, writer = len(Store(out_dir, create=False).statuses()), running_writer(out_dir)
+    running = f"its `workbench run` (pid {writer}) is still writing {out_dir}" if writer else None
+    if not recorded:
+        why = running or "a sweep records each run as it ends"
+        raise WorkbenchError(f"{out_dir}: no run of study {name!r} is recorded yet ({why}); report it once a run has ended")
+    if running:
+        warnings.warn(f"study {name!r}: {running}: this report holds the {recorded} run{'s' * (recorded != 1)} "
+                      "recorded so far", WorkbenchWarning, stacklevel=3)
 
 
 def build_report(out_dir: Path, info: dict[str, Any], study, dest: Path, pictures: bool) -> None:

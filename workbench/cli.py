@@ -13,6 +13,7 @@ if OWN_PROCESS:  # `python -m workbench.cli`: the stop handler before the heavy 
     stopping.install_handlers()
 
 import json
+import math
 import os
 import sys
 import warnings
@@ -130,7 +131,8 @@ def list_variants(axis: str | None, as_json: bool) -> None:
 @click.option("--jobs", default=1, show_default=True, type=click.IntRange(min=1),
               help="runs at once, each in its own process; a run trains on at most cores // jobs torch "
                    "threads (one for a small model, where more would wait for each other)")
-@click.option("--fresh", is_flag=True, help="discard earlier results in the output folder and start over")
+@click.option("--fresh", is_flag=True, help="discard this study's earlier results in the output folder (another version of it) and start "
+                   "over; a folder of another study is refused")
 @click.option("--profile", default=None, help="apply the study's named overrides (e.g. gpu)")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
               help="override a study field (after --profile), e.g. --set train.steps=500; repeatable. "
@@ -244,7 +246,7 @@ def validate_command(study: str, profile: str | None, overrides: tuple[str, ...]
               "run` into runs/<study name>/ finds its runs and reuses them; with --out X-pilot, `run --out X` does)")
 @click.option("--jobs", default=1, show_default=True, type=click.IntRange(min=1),
               help="pilot runs at once, as in `run`: give the study's own, CPU per run depends on it")
-@click.option("--fresh", is_flag=True, help="discard an earlier pilot in its folder and train it again")
+@click.option("--fresh", is_flag=True, help="discard an earlier pilot in its folder and train it again (never another study's folder)")
 @click.option("--profile", default=None, help="plan the study with its named overrides applied")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
               help="override a study field (after --profile), as in `run`; repeatable")
@@ -359,7 +361,7 @@ def eval_command(run_dir: str, lengths: str, batch_size: int | None, as_json: bo
 def export_command(run_dir: str, out: str, target: str) -> None:
     """Write the saved model of a finished run (RUN_DIR) to OUT in another library's format. The
     run's spec must map to a reference architecture (GPT-2, Llama, Mistral, BLOOM, GPT-NeoX, BERT,
-    BART, T5; docs/hf.md); otherwise the first field that does not map is named, before anything
+    BART, T5, OLMo 2, Qwen3, Gemma 2, Gemma 3; docs/hf.md); otherwise the first field that does not map is named, before anything
     is written. OUT holds save_pretrained's config.json and safetensors weights and, for a text
     task, its tokenizer in the model's ids (workbench.run.export). OUT must be a new or empty
     folder: it is written whole, into a temporary folder renamed into place, never through a link."""
@@ -374,7 +376,7 @@ def export_command(run_dir: str, out: str, target: str) -> None:
 @main.command("generate")
 @click.argument("folder")
 @click.argument("prompt")
-@click.option("--max-new-tokens", default=32, show_default=True, type=click.IntRange(min=1),
+@click.option("--max-new-tokens", default=32, show_default=True, type=click.IntRange(1, 2**16),
               help="tokens written after the prompt (fewer when the model writes <eos>)")
 @click.option("--strategy", type=click.Choice(["greedy", "sample"]), default="greedy", show_default=True,
               help="greedy: the most likely token; sample: drawn from the distribution")
@@ -383,7 +385,8 @@ def export_command(run_dir: str, out: str, target: str) -> None:
 @click.option("--top-k", type=click.IntRange(min=1), default=None, help="sample: only the k most likely tokens")
 @click.option("--top-p", type=click.FloatRange(min=0, max=1, min_open=True), default=None,
               help="sample: only the smallest set of tokens reaching this probability (nucleus)")
-@click.option("--seed", default=0, show_default=True, help="sample: seed of the draws")
+@click.option("--seed", default=0, show_default=True, type=click.IntRange(0, 2**64 - 1),
+              help="sample: seed of the draws")
 @click.option("--json", "as_json", is_flag=True, help="also the prompt's and the new token ids, as JSON")
 def generate_command(folder: str, prompt: str, max_new_tokens: int, strategy: str, temperature: float | None,
                      top_k: int | None, top_p: float | None, seed: int, as_json: bool) -> None:
@@ -469,6 +472,8 @@ def diff_command(shipped: str, yours: str, tolerance: float | None) -> None:
     or moved beyond the tolerance."""
     from workbench.report.diff import MACHINE_TOLERANCE, diff_lines
 
+    if tolerance is not None and not math.isfinite(tolerance):
+        raise SpecError("--tolerance", f"{tolerance}: a distance in the metric's units is a finite number")
     lines, same = diff_lines(shipped, yours, MACHINE_TOLERANCE if tolerance is None else tolerance)
     click.echo("\n".join(lines))
     sys.exit(0 if same else 1)

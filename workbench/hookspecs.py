@@ -40,5 +40,10 @@ def register_tasks() -> list[type]:
 
 
 @hookspec
+def register_optimizers() -> list[type]:
+    """Return Optimizer subclasses (what `train.optimizer` names: the optimizer and its parameter groups)."""
+
+
+@hookspec
 def register_study_kinds() -> list[type]:
     """Return StudyKind subclasses (what a study's `kind:` selects: validate, run, report)."""

@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import functools
+import hashlib
 import importlib.metadata
+import inspect
+import math
+import os
+import sys
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -11,8 +16,9 @@ from typing import Any
 import pluggy
 
 from workbench import hookspecs
+from workbench.deadline import TimedOut, call_within
 from workbench.errors import WorkbenchWarning, closest, unknown_name
-from workbench.variants import AXES, AXIS, MODEL_AXES, Variant, variant_name
+from workbench.variants import AXES, AXIS, MODEL_AXES, Variant, variant_names
 
 ENTRY_POINT_GROUP = "workbench"
 BUILTIN_PACKAGE = "workbench_plugins."  # plugins/, as installed
@@ -44,10 +50,30 @@ def workbench_entry_points():
                 yield dist, ep
 
 
+# How long a plugin's import may take: torch's first import on a loaded machine takes a few
+# seconds; a plugin still importing after this is left out (workbench.deadline says what that costs).
+PLUGIN_IMPORT_SECONDS = 60.0
+
+
+def plugin_import_seconds() -> float:
+    """PLUGIN_IMPORT_SECONDS, or WORKBENCH_PLUGIN_IMPORT_SECONDS when set to a positive number."""
+    try:
+        seconds = float(os.environ.get("WORKBENCH_PLUGIN_IMPORT_SECONDS", PLUGIN_IMPORT_SECONDS))
+    except ValueError:
+        return PLUGIN_IMPORT_SECONDS
+    return seconds if 0 < seconds < math.inf else PLUGIN_IMPORT_SECONDS
+
+
 def load_plugin(pm: pluggy.PluginManager, dist, ep) -> None:
-    """Import one entry point and register it; a hook name that no spec declares (a typo)
-    is refused here, naming the closest hook, as pluggy's check_pending would."""
-    plugin = ep.load()
+    """Import one entry point, within plugin_import_seconds(), and register it; a hook name that
+    no spec declares (a typo) is refused here, naming the closest hook, as pluggy's
+    check_pending would."""
+    seconds = plugin_import_seconds()
+    try:
+        plugin = call_within(seconds, ep.load, name=f"import of plugin {ep.name}")
+    except TimedOut:
+        raise TimedOut(f"its import did not return within {seconds:g} s (it goes on in the background; set "
+                       "WORKBENCH_PLUGIN_IMPORT_SECONDS to wait longer)") from None
     pm.register(plugin, name=ep.name)
     unknown = [hc.name for hc in pm.get_hookcallers(plugin) or [] if not hc.has_spec()]
     if unknown:
@@ -67,6 +93,8 @@ def suggest_hook(name: str) -> str:
 
 
 def first_line(err: BaseException) -> str:
+    if isinstance(err, TimedOut):
+        return str(err)
     return f"{type(err).__name__}: {str(err).splitlines()[0][:200] if str(err) else ''}".rstrip(": ")
 
 
@@ -76,7 +104,8 @@ def plugin_manager() -> pluggy.PluginManager:
     import (whatever it raises: SystemExit and KeyboardInterrupt too), misspells a hook or takes
     the entry point name of one loaded before it (a built-in's: `position_rope`) is left out
     with one PluginLoadWarning naming its package and the error, so a broken third-party
-    package never takes the built-ins (or any command) down with it."""
+    package never takes the built-ins (or any command) down with it; so is one whose import
+    does not return within plugin_import_seconds() (a plugin that hangs at import)."""
     pm = pluggy.PluginManager(ENTRY_POINT_GROUP)
     pm.add_hookspecs(hookspecs)
     PACKAGE_OF_PLUGIN.clear()  # of this manager's plugins only
@@ -200,10 +229,45 @@ def provider(axis: str, name: str) -> str:
     return f"{name} ({distribution_of(get_variant(axis, name))})"
 
 
+def run_variants(config: dict) -> list[tuple[str, str]]:
+    """(axis, name) of every variant one resolved run config uses: each model axis (every variant
+    of a per-layer pattern), the task and the optimizer."""
+    used = [(axis, name) for axis in MODEL_AXES for name in variant_names(config["model"], axis)]
+    optimizer = config.get("train", {}).get("optimizer", {"name": "adamw"})
+    return [*used, ("task", config["task"]["name"]), ("optimizer", optimizer["name"])]
+
+
 def run_providers(config: dict) -> dict[str, str]:
-    """The package behind each variant and the task of one resolved run config, keyed
-    `variant.<axis>`: recorded in the run's environment, and compared on resume, so a plugin
-    that starts to provide a name (or a new version of one) is seen, not silently mixed in."""
-    names = {axis: variant_name(config["model"], axis) for axis in MODEL_AXES}
-    names["task"] = config["task"]["name"]
-    return {f"variant.{axis}": provider(axis, name) for axis, name in names.items()}
+    """The package behind each variant, the task and the optimizer of one resolved run config,
+    keyed `variant.<axis>` ("a (pkg 1.0), b (pkg 1.0)" for a per-layer pattern), and the digest of
+    the code of each one installed from another package than the workbench, keyed
+    `code.<axis>.<name>`: recorded in the run's environment, and compared on resume, so a plugin
+    that starts to provide a name, a new version of one, or an edit of an installed plugin's code
+    (an editable install keeps its version) is seen, not silently mixed in."""
+    out: dict[str, str] = {}
+    for axis, name in run_variants(config):
+        key = f"variant.{axis}"
+        out[key] = f"{out[key]}, {provider(axis, name)}" if key in out else provider(axis, name)
+        digest = code_digest(get_variant(axis, name))
+        if digest is not None:
+            out[f"code.{axis}.{name}"] = digest
+    return out
+
+
+def code_digest(cls: type) -> str | None:
+    """sha256 (12 hex digits) of the source files of the modules that define `cls` and the classes
+    it derives from within its own top-level package; None for the workbench's own variants (its
+    version and commit say which code they are) and where no source file is found."""
+    if distribution_of(cls).split(" ")[0] == BUILTIN_DISTRIBUTION:
+        return None
+    top = cls.__module__.split(".")[0]
+    modules = sorted({klass.__module__ for klass in cls.__mro__ if klass.__module__.split(".")[0] == top})
+    digest = hashlib.sha256()
+    for name in modules:
+        try:
+            path = inspect.getsourcefile(sys.modules[name])
+            with open(path, "rb") as file:
+                digest.update(name.encode() + b"\0" + file.read())
+        except (KeyError, TypeError, OSError):  # a module made at run time, or without a file
+            return None
+    return digest.hexdigest()[:12]

@@ -189,6 +189,10 @@ Seconds = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 Count = Annotated[int, Strict(), Field(ge=0, le=MAX_COUNT)]
 Number = Annotated[float, Field(allow_inf_nan=False)]
 Value = Annotated[bool, Strict()] | Annotated[int, Strict()] | Number | str | None  # a metric, or a scaling study's instrument label
+# A run's final metrics: a few per eval length (26 at most in the shipped stores); the report
+# makes a column of each, so a crafted store of 99,000 per run took it minutes.
+MAX_METRICS = 1000
+Metrics = Annotated[dict[str, Value], Field(max_length=MAX_METRICS)]
 
 
 class StoredResult(BaseModel):
@@ -199,7 +203,7 @@ class StoredResult(BaseModel):
     status: Status
     steps_done: Count = 0
     last_step: Literal["whole", "partial", "dropped"] | None = None
-    metrics: dict[str, Value] = {}
+    metrics: Metrics = {}
     not_applicable: dict[str, str] = {}
     curves: list[tuple[Count, str, str, Number | None]] = []
     n_params: Count | None = None
@@ -242,7 +246,7 @@ class StoredRow(BaseModel):
     peak_memory_instrument: Annotated[str, Field(max_length=200)] | None
     swept: dict[str, Any]
     config: dict[str, Any]
-    metrics: dict[str, Value]
+    metrics: Metrics
     not_applicable: dict[str, str]
     environment: dict[str, Any]
     status: Status
@@ -418,6 +422,9 @@ def read_regular(path: str | Path, max_bytes: int) -> bytes:
 
 MAX_JSON_DEPTH = 32  # a run config nests about 5 levels; a crafted file, thousands
 MAX_JSON_VALUES = 2_000_000  # a long run's curves: a few hundred thousand values
+# An integer's digits: a count or size the workbench writes has at most about 20 (FLOPs, bytes); one
+# of hundreds would overflow a float (10**309) wherever it is read as one.
+MAX_JSON_DIGITS = 100
 
 
 def load_json(data: str | bytes, what: str, max_depth: int = MAX_JSON_DEPTH, max_values: int = MAX_JSON_VALUES,
@@ -425,15 +432,25 @@ def load_json(data: str | bytes, what: str, max_depth: int = MAX_JSON_DEPTH, max
     """JSON from a file or store column the workbench may not have written: ValueError naming
     `what` for invalid JSON, NaN or Infinity (never written: values that are not finite are
     recorded as null; `non_finite_as_null` reads them as null, as stores written before did
-    write them), nesting deeper than `max_depth` or more than `max_values` values."""
+    write them; a number too large for a float, 1e400, is one too), an integer of more than
+    MAX_JSON_DIGITS digits, nesting deeper than `max_depth` or more than `max_values` values."""
 
     def refuse_constant(name: str):
         if non_finite_as_null:
             return None
-        raise ValueError(f"{what}: {name} is not a finite number")
+        raise ValueError(f"{what}: {name[:20]} is not a finite number")
+
+    def finite_float(text: str):
+        number = float(text)
+        return number if math.isfinite(number) else refuse_constant(text)
+
+    def bounded_int(text: str) -> int:
+        if len(text.lstrip("-")) > MAX_JSON_DIGITS:
+            raise ValueError(f"{what}: an integer of {len(text.lstrip('-'))} digits, more than the workbench writes")
+        return int(text)
 
     try:
-        value = json.loads(data, parse_constant=refuse_constant)
+        value = json.loads(data, parse_constant=refuse_constant, parse_float=finite_float, parse_int=bounded_int)
     except RecursionError:  # the C parser's own bound (a thousand levels), met long before a stack overflow
         raise ValueError(f"{what}: nested over {max_depth} levels deep") from None
     except json.JSONDecodeError as err:

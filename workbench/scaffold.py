@@ -9,7 +9,7 @@
 Each axis gets a small *working* variant named after a reference (a scaled sinusoidal
 encoding, attention with a softmax temperature, Pre-Norm with a second norm on the residual
 sum, a two-layer MLP with a choice of activation, a fixed residual scaling, a shifted-copy symbol
-task), so the package passes
+task, SGD with Nesterov momentum), so the package passes
 its own tests and the workbench's contract tests as generated; the user then replaces the
 body with their idea, keeping the interface.
 """
@@ -139,11 +139,26 @@ from workbench.tasks import SymbolParams, SymbolTask
         a, first = self.params.alphabet_size, self.first_symbol
         return [first + (s - first + self.params.shift) % a for s in symbols]
 ''', "Copy a random symbol string with every symbol shifted along the alphabet (a Caesar cipher)."),
+    "optimizer": ('''\
+import torch
+from pydantic import Field
+
+from workbench.model.optimizers import Optimizer, decay_groups
+from workbench.variants import Params
+''', '''\
+    momentum: float = Field(0.9, ge=0, lt=1, description="momentum factor of the gradient average")
+''', '''\
+    def build(self, model, *, lr: float, weight_decay: float) -> torch.optim.Optimizer:
+        """A torch optimizer over the model's parameters: train.lr and train.weight_decay apply,
+        the run's schedule scales every group's lr. decay_groups: decay on matrices only."""
+        groups = decay_groups(list(model.parameters()), weight_decay)
+        return torch.optim.SGD(groups, lr=lr, momentum=self.params.momentum, nesterov=True)
+''', "SGD with Nesterov momentum (Sutskever et al. 2013), weight decay on matrices only."),
 }
 PARAMS_BASE = {"position": "Params", "attention": "AttentionParams", "norm": "NormParams", "ffn": "FFNParams",
-               "residual": "Params", "task": "SymbolParams"}
+               "residual": "Params", "task": "SymbolParams", "optimizer": "Params"}
 BASE_CLASS = {"position": "PositionScheme", "attention": "AttentionVariant", "norm": "NormPlacement",
-              "ffn": "FeedForward", "residual": "Residual", "task": "SymbolTask"}
+              "ffn": "FeedForward", "residual": "Residual", "task": "SymbolTask", "optimizer": "Optimizer"}
 
 MODEL_TEST = '''\
 
@@ -166,6 +181,19 @@ def test_its_batches_train_a_model_one_step():
     loss = task.loss(model, batch, "decoder")
     loss.backward()
     assert torch.isfinite(loss)
+'''
+
+OPTIMIZER_TEST = '''\
+
+
+def test_it_steps_a_model():
+    cls = get_variant("optimizer", "{name}")
+    model = build_model({{"vocab_size": 16, "d_model": 16, "n_heads": 2, "n_layers": 1}})
+    optimizer = cls(cls.Params()).build(model, lr=0.01, weight_decay=0.01)
+    before = [p.detach().clone() for p in model.parameters()]
+    model(torch.randint(0, 16, (2, 9))).logsumexp(-1).mean().backward()
+    optimizer.step()
+    assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
 '''
 
 
@@ -206,7 +234,7 @@ def {HOOK_OF_AXIS[axis]}():
 
 
 def test_text(axis: str, name: str, module: str) -> str:
-    extra = TASK_TEST if axis == "task" else MODEL_TEST
+    extra = {"task": TASK_TEST, "optimizer": OPTIMIZER_TEST}.get(axis, MODEL_TEST)
     return f'''"""Tests of the `{name}` {NOUN_OF_AXIS[axis]}: registered through the package's entry point,
 parameters validated, and usable end to end. The workbench's contract tests cover the rest:
 `python -m pytest PATH/TO/transformer-workbench/tests/test_model_contract.py -k {name}`."""
@@ -265,8 +293,16 @@ def readme_text(axis: str, name: str, dist: str) -> str:
         python -m pytest tests       # this package's tests
         ```
 
-        In a study: `{"task: {name: " + name + "}" if axis == "task" else f"model: {{{axis}: {name}}}"}`.
+        In a study: `{study_line(axis, name)}`.
         """)
+
+
+def study_line(axis: str, name: str) -> str:
+    if axis == "task":
+        return f"task: {{name: {name}}}"
+    if axis == "optimizer":
+        return f"train: {{optimizer: {name}}}"
+    return f"model: {{{axis}: {name}}}"
 
 
 def new_plugin(axis: str, name: str, parent: str | Path = ".") -> Path:

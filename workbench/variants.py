@@ -35,17 +35,23 @@ AXIS = {
     "ffn": Axis("FFN type", "register_ffn_types"),
     "residual": Axis("residual connection", "register_residual_connections", absent_means="plain"),
     "task": Axis("task", "register_tasks"),
+    "optimizer": Axis("optimizer", "register_optimizers"),  # train.optimizer
 }
 AXES = tuple(AXIS)
-MODEL_AXES = tuple(axis for axis in AXES if axis != "task")
+MODEL_AXES = tuple(axis for axis in AXES if axis not in ("task", "optimizer"))
 
 
-def variant_name(model: Mapping[str, Any], axis: str) -> str:
-    """The variant of a model axis that a stored (resolved) model mapping names; KeyError when
+def variant_names(model: Mapping[str, Any], axis: str) -> list[str]:
+    """The variants of a model axis that a stored (resolved) model mapping names: one, or each
+    distinct one of a per-layer pattern (a list, or {repeat: [...]}); KeyError or TypeError when
     it names none and the axis is not one added later (a damaged mapping)."""
     if axis not in model and AXIS[axis].absent_means is not None:
-        return AXIS[axis].absent_means
-    return model[axis]["name"]
+        return [AXIS[axis].absent_means]
+    value = model[axis]
+    items = value["repeat"] if isinstance(value, Mapping) and "repeat" in value else value
+    if isinstance(items, list):
+        return list(dict.fromkeys(str(item["name"]) for item in items))
+    return [str(value["name"])]
 
 
 # ---- StrictModel: the base of every model a study file (and a stored study) is validated with
@@ -130,8 +136,10 @@ class Params(StrictModel):
 
 
 def without_later_defaults(model: BaseModel, dumped: dict[str, Any]) -> dict[str, Any]:
-    """`dumped` (model's model_dump) without the fields of `model.added_later` at their default."""
-    later, fields = getattr(model, "added_later", ()), type(model).model_fields
+    """`dumped` (model's model_dump) without the fields of `added_later` (of its class and of every
+    base class: a subclass adds its own) at their default."""
+    later = {name for klass in type(model).__mro__ for name in vars(klass).get("added_later", ())}
+    fields = type(model).model_fields
     return {k: v for k, v in dumped.items() if not (k in later and v == fields[k].default)}
 
 

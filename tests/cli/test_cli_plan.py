@@ -158,3 +158,14 @@ def test_a_plan_from_stored_runs_of_another_study_or_sweep_is_one_line(study):
     missing = CliRunner().invoke(main, ["plan", "tiny.yaml", "--from", "nowhere"])
     assert missing.exit_code == 2 and len(missing.output.strip().splitlines()) == 1, missing.output
     assert "Traceback" not in missing.output + narrow.output + other.output
+
+
+def test_a_study_with_the_largest_seed_is_planned(study):
+    """seeds [2^32-1, 0]: a pilot took seeds past the largest, and the plan failed on `seeds.0`
+    with a value the user never wrote (issue 64); the pilot is the study's first seed, the largest."""
+    result = CliRunner().invoke(main, ["plan", "tiny.yaml", "--quiet", "--pilot-seeds", "1",
+                                       "--set", "seeds=[4294967295, 0]", "--set", "sweep={model.position: [none, rope]}",
+                                       "--set", "expect=[{metric: accuracy@4, better: rope, than: none}]"])
+    assert result.exit_code == 0, result.output
+    assert "(seeds 4294967295, the study's first" in result.output
+    assert set(load_results(study / "runs" / "tiny-pilot")["seed"]) == {4294967295}

@@ -47,14 +47,18 @@ CONFIGS = {
 
 
 def reference(model_type: str, **overrides):
-    """The HF model of `model_type`, float64, with every parameter drawn at random (norm weights
-    near 1, biases near 0, matrices at a scale that gives logits of several units, so a wrong
-    mapping cannot hide below the tolerance)."""
+    """The HF model of `model_type`, float64, with every parameter drawn at random (`randomized`)."""
     arch = hf.ARCHITECTURES[model_type]
     config = transformers.AutoConfig.for_model(model_type, **{**CONFIGS[model_type], **overrides})
     config._attn_implementation = "eager" if model_type == "bloom" else "sdpa"
     torch.manual_seed(0)
-    model = getattr(transformers, arch.hf_class)(config).double().eval()
+    return randomized(getattr(transformers, arch.hf_class)(config).double().eval())
+
+
+def randomized(model):
+    """`model` with every parameter drawn at random (norm weights near 1, biases near 0, matrices
+    at a scale that gives logits of several units, so a wrong mapping cannot hide below the
+    tolerance)."""
     with torch.no_grad():
         for name, p in model.named_parameters():
             if p.dim() >= 2:
@@ -144,6 +148,10 @@ def test_rope_pairing_permutation_is_a_permutation_of_each_head():
     ({"position": "rope", "n_kv_heads": 2}, "model.n_kv_heads"),
     ({"position": "rope", "norm": {"name": "pre", "type": "rmsnorm"}, "ffn": "swiglu", "tie_qk": True}, "model.tie_qk"),
     ({"position": "alibi", "ffn": "gelu", "bias": True, "embedding_norm": "layernorm"}, "model.ffn.approximate"),
+    # Scalable-Softmax: no Hugging Face attention scales scores by log n (was an assertion in state_links)
+    ({"attention": {"name": "full", "length_scaled": True}}, "model.attention.length_scaled: gpt_neox"),
+    ({"position": {"name": "learned", "max_len": 64}, "bias": True, "ffn": "gelu",
+      "attention": {"name": "full", "length_scaled": True}}, "model.attention.length_scaled: gpt2"),
 ])
 def test_a_spec_that_does_not_map_names_its_first_field(change, field):
     spec = parse_spec({"family": "decoder", "vocab_size": V, "d_model": D, "n_heads": 4, **change})

@@ -96,6 +96,20 @@ def test_deepnorm_alpha_and_beta_follow_the_stack_depths(family, layers, expecte
                 assert_close(block.cross.out.weight, beta / depth_scale * ref[f"{stack}.blocks.{i}.cross.out.weight"])
 
 
+def test_deepnorm_scales_latent_attentions_value_decoding_not_its_keys():
+    """Multi-head latent attention's values are c W_UV: beta scales W_UV's rows of kv_up (and
+    the output), the key rows beside them keep the plain model's draws."""
+    attention = {"name": "mla", "kv_rank": 8, "rope_dim": 2}  # nope and v dims: head_dim 4
+    spec = tiny_spec(residual="deepnorm", attention=attention, n_layers=2)
+    model, plain = build_model(spec, init_seed=3), build_model({**spec, "residual": "plain"}, init_seed=3)
+    beta = 0.5  # (8N)^(-1/4), N = 2
+    for mine, ref in zip(model.decoder.blocks, plain.decoder.blocks):
+        rows, ref_rows = (b.attn.kv_up.weight.view(4, 8, 8) for b in (mine, ref))  # [heads, nope + v, kv_rank]
+        assert_close(rows[:, :4], ref_rows[:, :4])
+        assert_close(rows[:, 4:], beta * ref_rows[:, 4:])
+        assert_close(mine.attn.value_projection(), rows[:, 4:])
+
+
 def test_deepnorm_with_pre_norm_is_one_line_naming_the_field():
     with pytest.raises(SpecError, match=r"^model\.residual: deepnorm is defined with norm: post.*set model\.norm: post"):
         build_model(tiny_spec(residual="deepnorm", norm="pre"))

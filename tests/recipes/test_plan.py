@@ -1,5 +1,6 @@
 """What `workbench plan` reads from its pilot (workbench.recipes.train.plan): the noise pooled per
-metric and its upper confidence bound, seeds the study never runs, and each comparison's goal.
+metric and its upper confidence bound, the pilot's seeds (the study's first), and each
+comparison's goal.
 The command itself, pilot included, is tests/cli/test_cli_plan.py."""
 
 from __future__ import annotations
@@ -58,11 +59,26 @@ def test_pilot_seeds_are_the_studys_own_first_seeds():
     assert pilot_seeds(study([7, 3, 9]), 2) == [7, 3]  # the listed order
     assert pilot_seeds(study({"first": 3, "max": 12, "start": 100}), 2) == [100, 101]
     assert pilot_seeds(study([5]), 2) == [5, 6]  # a one-seed study: one more past it (no run of the study)
+    # the largest seeds a study may list (issue 64: a pilot past them failed, blamed on `seeds.0`)
+    top = TrainStudy.model_validate({"name": "s", "task": {"name": "copy", "train_length": 4},
+                                     "train": {"steps": 2, "batch_size": 4}, "seeds": [2**32 - 1]})
+    assert pilot_seeds(top, 2) == [2**32 - 1, 2**32 - 2]
+    # tuned: the pilot's tuning seeds follow its largest seed, so the one added stays below them
+    assert pilot_seeds(study([2**32 - 3]), 2) == [2**32 - 3, 2**32 - 4]
+    assert pilot_seeds(study([2**32 - 5]), 2) == [2**32 - 5, 2**32 - 4]
 
 
 def test_a_stored_command_cost_is_data():
     assert recorded_seconds({"a": "2.5", "b": "1"}, ["a", "b"]) == 3.5
     assert recorded_seconds({"a": "nan", "b": "-4", "c": "many"}, ["a", "b", "c", "d"]) == 0.0
+
+
+def test_a_tuned_study_leaves_room_for_its_tuning_seeds():
+    """Its tuning seeds follow its largest seed: past 2^32-1 every tuning run failed in numpy."""
+    assert study([2**32 - 3]).tuning_seeds == [2**32 - 2, 2**32 - 1]
+    with pytest.raises(ValueError, match=r"seeds: seed 4294967294: tune: trains on the 2 seed\(s\) after the largest "
+                                        r"one, past 4294967295; give seeds up to 4294967293"):
+        study([0, 2**32 - 2])
 
 
 def test_each_comparison_is_planned_for_its_margin_the_effect_or_what_the_seeds_detect():

@@ -50,7 +50,7 @@ def zero_query_key(model) -> None:
         for m in model.modules():
             if isinstance(m, SelfAttention):
                 m.qkv.weight[: (m.n_heads + m.n_kv_heads) * m.head_dim].zero_()
-            elif isinstance(m, CrossAttention):
+            elif isinstance(m, CrossAttention) or hasattr(m, "q"):  # a mixer's own query projection (mla)
                 m.q.weight.zero_()
 
 

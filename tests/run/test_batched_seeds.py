@@ -97,6 +97,19 @@ def test_batches_of_equal_masks_go_through_vmap(tmp_path, float64, monkeypatch):
         assert_equal_to_rounding(mine, alone)
 
 
+def test_auxiliary_losses_and_a_registered_optimizer_train_each_seed_as_alone(tmp_path, float64):
+    """A mixture of experts adds its balance and z losses to each member's loss and curves (its
+    routing has dynamic shapes, which vmap cannot batch: one call per member); SGD with momentum
+    is built by its optimizer variant, as each run builds it."""
+    text = (STUDY.replace("ffn: gelu}", "ffn: {name: moe, n_experts: 4, top_k: 2, expert: gelu, z_loss: 0.001}}")
+            .replace("min_length: 3", "min_length: 6").replace("batch_seeds: 3}", "batch_seeds: 3, optimizer: sgd, lr: 0.1}")
+            .replace("lr: 3.0e-3, ", ""))
+    results, solo = batch_and_solo(tmp_path, text)
+    assert {"aux.moe.balance", "aux.moe.router_z", "loss_total"} <= {c[2] for c in solo[0].curves}
+    for mine, alone in zip(results, solo):
+        assert_equal_to_rounding(mine, alone)
+
+
 def test_a_seed_that_diverges_ends_alone_and_the_others_train_on(tmp_path, float64):
     text = STUDY.replace("lr: 3.0e-3", "lr: 3.0e-3, grad_clip: null").replace("seeds: [0, 1, 2]", "seeds: [0, 1]")
     study = tmp_path / "study.yaml"
@@ -105,11 +118,11 @@ def test_a_seed_that_diverges_ends_alone_and_the_others_train_on(tmp_path, float
     original = batched.BatchedRunModule.losses
 
     def poisoned(self, inputs, alive):  # seed 1's loss turns NaN at step 4
-        losses = original(self, inputs, alive)
+        losses, terms = original(self, inputs, alive)
         if self.global_step == 3 and 1 in alive:
             losses = losses.clone()
             losses[alive.index(1)] = math.nan
-        return losses
+        return losses, terms
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(batched.BatchedRunModule, "losses", poisoned)
@@ -139,6 +152,10 @@ def test_batch_seeds_refuses_what_each_seed_would_need_alone(tmp_path):
     study = tmp_path / "study.yaml"
     study.write_text(STUDY.replace("batch_seeds: 3}", "batch_seeds: 3, early_stopping: {metric: loss@6, patience: 2}}"))
     with pytest.raises(StudyError, match="train.early_stopping: cannot be used with train.batch_seeds 3"):
+        load_study(study)
+    study.write_text(STUDY.replace("batch_seeds: 3}", "batch_seeds: 3, optimizer: muon}"))
+    with pytest.raises(StudyError, match="train.optimizer: cannot be used with train.batch_seeds 3: muon updates each "
+                                         "weight matrix as a whole.* element by element do: adam, adamw, lion, sgd"):
         load_study(study)
 
 

@@ -4,6 +4,7 @@ points at is left as it was. Also: one writer even when the lock file is deleted
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import sqlite3
@@ -353,3 +354,84 @@ def test_a_stored_run_config_without_a_variant_name_is_one_line(received):
     result = cli("report", str(out), "--no-pictures")
     assert result.exit_code == 2 and len(result.output.splitlines()) == 1, result.output
     assert f"the stored config of run '{run_id}' names no task or variant" in result.output
+
+
+# ---- a folder of another study (issue 64) ----------------------------------------------------
+
+OTHER = STUDY.replace("name: tiny-received", "name: other-study").replace("steps: 10,", "steps: 4,") + """\
+expect:
+  - {metric: accuracy@6, better: rope, than: none}
+"""
+
+
+def files_of(folder: Path) -> dict[str, bytes]:
+    """Every file but the store's (SQLite rewrites its side files on opening; its rows are compared)."""
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*"))
+            if p.is_file() and not p.name.startswith(DB_FILE)}
+
+
+@pytest.mark.parametrize("command", [["run", "{study}", "--out", "{out}", "--quiet"],
+                                     ["run", "{study}", "--out", "{out}", "--quiet", "--fresh"],
+                                     ["plan", "{study}", "--out", "{out}", "--quiet"],
+                                     ["plan", "{study}", "--out", "{out}", "--quiet", "--fresh"]])
+def test_a_folder_of_another_study_is_refused_and_fresh_deletes_none_of_its_runs(received, tmp_path, command):
+    """`run --fresh` and `plan --out` (whose pilot is study 'other-study-pilot') into a folder
+    holding tiny-received's runs: one line that says what the folder holds and suggests another
+    --out, never --fresh; every file there is as it was."""
+    _, out, _ = received
+    other = tmp_path / "other.yaml"
+    other.write_text(OTHER)
+    before, rows = files_of(out), load_results(out)
+    result = cli(*[part.format(study=other, out=out) for part in command])
+    name = "other-study-pilot" if command[0] == "plan" else "other-study"
+    assert result.exit_code == 2, result.output
+    assert result.output == (f"error: {out} holds the results of study 'tiny-received' (2 runs recorded), not of "
+                             f"{name!r}; use --out for another folder (nothing there was changed)\n")
+    assert files_of(out) == before and load_results(out).equals(rows)
+
+
+def test_fresh_deletes_only_the_runs_of_the_study_it_runs(received):
+    """--fresh on the same study (a changed version) removes its own runs and store; a run folder
+    no store names (another study's, its store moved away) is kept."""
+    study, out, _ = received
+    stray = out / "runs" / "0123456789ab"
+    stray.mkdir()
+    (stray / "result.json").write_text("{}")
+    changed = study.parent / "changed.yaml"
+    changed.write_text(STUDY.replace("steps: 10,", "steps: 6,"))
+    old_ids = set(load_results(out)["run_id"])
+    summary = run_study(changed, out, quiet=True, fresh=True)
+    assert summary.statuses == {"finished": 2}
+    kept = {p.name for p in (out / "runs").iterdir()}
+    assert kept == {*load_results(out)["run_id"], "0123456789ab"} and not kept & old_ids
+    assert (stray / "result.json").read_text() == "{}"
+
+
+# ---- a report while the study's run writes (issue 64) ----------------------------------------
+
+
+def test_a_report_of_a_study_still_running_says_so_or_reports_the_runs_that_ended(received, tmp_path):
+    """As `workbench run` leaves its folder while it trains: the lock held by a live process, the
+    study recorded, no run or one run ended. No run: one line (was KeyError 'model.position');
+    one run: the report of that run, and a warning that says the rest is still running."""
+    _, out, _ = received
+    first = load_results(out)["run_id"][0]
+    with sqlite3.connect(out / DB_FILE) as conn:
+        rows = conn.execute("SELECT * FROM runs WHERE run_id = ?", (first,)).fetchall()
+        conn.execute("DELETE FROM runs")
+    conn.close()
+    with WriterLock(out):
+        result = cli("report", str(out), "--no-pictures")
+        assert result.exit_code == 2, result.output
+        assert result.output == (f"error: {out}: no run of study 'tiny-received' is recorded yet (its `workbench run` "
+                                 f"(pid {os.getpid()}) is still writing {out}); report it once a run has ended\n")
+        with sqlite3.connect(out / DB_FILE) as conn:
+            conn.executemany(f"INSERT INTO runs VALUES ({', '.join('?' * len(rows[0]))})", rows)
+        conn.close()
+        result = cli("report", str(out), "--no-pictures")
+        assert result.exit_code == 0, result.output
+        assert (f"warning: study 'tiny-received': its `workbench run` (pid {os.getpid()}) is still writing {out}: this "
+                "report holds the 1 run recorded so far") in result.output
+    assert (out / "reports" / "tiny-received" / "index.html").exists()
+    result = cli("report", str(out), "--no-pictures")  # the sweep ended (the lock released): no warning
+    assert result.exit_code == 0 and "warning" not in result.output, result.output

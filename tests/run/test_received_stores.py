@@ -181,3 +181,36 @@ def test_a_run_id_that_names_a_path_is_one_line_from_results_as_from_report(rece
         result = CliRunner().invoke(main, args)
         assert result.exit_code == 2 and len(result.output.splitlines()) == 1, result.output
         assert "'../../victim/x' is not a run id (12 hex digits)" in result.output
+
+
+# ---- values no command can hold (issue 64) ----------------------------------------------------
+
+
+def many_metrics(start: int, count: int) -> str:
+    """SQL that makes a run's metrics `count` made-up ones, named from `start` on."""
+    names = (f"WITH RECURSIVE n(i) AS (SELECT {start} UNION ALL SELECT i + 1 FROM n WHERE i < {start + count - 1}) "
+             "SELECT group_concat('\"m' || i || '@6\": 0.5', ', ') FROM n")
+    return f"'{{' || ({names}) || '}}'"
+
+
+@pytest.mark.parametrize("statements, message", [
+    (("UPDATE curves SET value = 'hello' WHERE step = (SELECT min(step) FROM curves)",),
+     "is 'hello', not a number: the store is damaged or crafted"),
+    (("UPDATE curves SET value = x'00ff' WHERE step = (SELECT min(step) FROM curves)",), "not a number"),
+    ((f"UPDATE runs SET metrics = '{{\"accuracy@6\": 1{'0' * 400}}}' WHERE \"index\" = 0",),
+     "is damaged (metrics: an integer of 401 digits, more than the workbench writes)"),
+    ((f"UPDATE runs SET metrics = {many_metrics(0, 99_000)} WHERE \"index\" = 0",),
+     "is damaged (metrics: Dictionary should have at most 1000 items"),
+    ((f"UPDATE runs SET metrics = {many_metrics(0, 900)} WHERE \"index\" = 0",
+      f"UPDATE runs SET metrics = {many_metrics(900, 900)} WHERE \"index\" = 1"),
+     "its runs hold 1,800 different metrics, more than any study the workbench runs records (1,000)"),
+])
+def test_a_value_no_study_records_is_one_line_from_report_and_results(received, statements, message):
+    """Text in a REAL curve column and a 400-digit metric were tracebacks; 99,000 metrics per run
+    (inside the store check's limits then) kept `report` busy for minutes."""
+    craft(received, *statements)
+    commands = [["report", str(received)], *([["results", str(received)]] if "curve" not in statements[0] else [])]
+    for args in commands:
+        result = CliRunner().invoke(main, args)
+        assert result.exit_code == 2 and len(result.output.splitlines()) == 1, result.output
+        assert result.output.startswith("error: ") and message in result.output, result.output

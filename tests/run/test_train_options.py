@@ -13,7 +13,7 @@ from test_attention_entropy import PINNED, PINNED_HASH, PINNED_RUNS
 from workbench.cli import main
 from workbench.errors import WorkbenchError
 from workbench.run.environment import check_packages
-from workbench.run.run_module import make_optimizer
+from workbench.model.optimizers import build_optimizer
 from workbench.run.train import train_run
 from workbench.study import load_study
 from workbench.recipes.train.sweep import expand
@@ -50,7 +50,7 @@ def test_each_setting_enters_the_run_id_and_the_dry_run(tmp_path, setting):
 
 
 @pytest.mark.parametrize("setting, message", [
-    ("optimizer: adamq", "train.optimizer: unknown optimizer 'adamq'; did you mean 'adam'? (valid: adam, adamw, lion, sgd)"),
+    ("optimizer: adamq", "train.optimizer: unknown optimizer 'adamq'; did you mean 'adam'? (valid: adam, adamw, lion, muon, sgd)"),
     ("optimizer: {name: sgd, betas: [0.9, 0.9]}", "train.optimizer.betas: not an argument of sgd (valid: momentum, nesterov)"),
     ("optimizer: {name: adam, betas: [0.9, 1.5]}", "train.optimizer.betas.1: Input should be less than 1 (got 1.5)"),
     ("optimizer: {name: sgd, momentum: 0, nesterov: true}", "train.optimizer.nesterov: Nesterov momentum needs momentum > 0"),
@@ -84,7 +84,7 @@ def test_each_optimizer_is_built_with_its_arguments(tmp_path, name, cls):
     if name == "lion":
         cls = pytest.importorskip("lion_pytorch").Lion
     train = expand(with_train(tmp_path, f"optimizer: {name}"))[0].config["train"]
-    optimizer = make_optimizer(train["optimizer"], [{"params": [torch.nn.Parameter(torch.zeros(2))]}], 0.01)
+    optimizer = build_optimizer(train["optimizer"], torch.nn.Linear(2, 2), lr=0.01, weight_decay=0.0)
     assert type(optimizer) is cls and optimizer.param_groups[0]["lr"] == 0.01
     if name == "adamw":  # the optimizer every run used before the setting existed
         assert optimizer.defaults["betas"] == (0.9, 0.95) and optimizer.defaults["eps"] == 1e-8

@@ -173,7 +173,8 @@ def crossover_formula(spec: ModelSpec | dict[str, Any], accounting: Accounting) 
 def _ffn_width(spec: ModelSpec) -> tuple[int, bool]:
     """(hidden width, gated) of the spec's FFN, read from a built instance so that the
     defaults (4 d, or 8/3 d when gated) come from the FFN class itself."""
-    ffn = spec.ffn.cls(spec.ffn.params, d_model=spec.d_model, bias=False)
+    choice = spec.uniform("ffn", "the analytic crossover")
+    ffn = choice.cls(choice.params, d_model=spec.d_model, bias=False)
     if hasattr(ffn, "gate_up"):
         return ffn.gate_up.out_features // 2, True
     if hasattr(ffn, "up"):

@@ -27,7 +27,8 @@ from torch.utils.flop_counter import FlopCounterMode
 from workbench.model.attention import AttentionVariant
 from workbench.model.ffn import FeedForward
 from workbench.model.flex import FLEX_BLOCK, flex_disabled, flex_eligible
-from workbench.model.transformer import CrossAttention, SelfAttention
+from workbench.model.mixer import TokenMixer
+from workbench.model.transformer import CrossAttention
 
 
 @dataclass(frozen=True)
@@ -178,7 +179,7 @@ def module_groups(root: nn.Module) -> dict[str, str]:
             group = "attention"
         elif isinstance(module, FeedForward):
             group = "ffn"
-        elif isinstance(module, nn.Linear) and isinstance(_parent(root, name), (SelfAttention, CrossAttention)):
+        elif isinstance(module, nn.Linear) and isinstance(_parent(root, name), (TokenMixer, CrossAttention)):
             group = "projections"
         else:
             continue

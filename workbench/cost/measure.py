@@ -205,7 +205,7 @@ def _died(process) -> dict[str, Any]:
 
 def point_columns(point: Point) -> dict[str, Any]:
     spec = parse_spec(point.model)
-    attention = spec.attention.as_dict()
+    attention = spec.uniform("attention", "a scaling study").as_dict()
     return {
         "variant": variant_label(attention),
         "scope": point.scope, "mode": point.mode, "length": point.length,

@@ -26,8 +26,10 @@ from torch import Tensor, nn
 
 from workbench.model.cache import KVCache
 from workbench.model.flex import arange_positions
+from workbench.errors import SpecError
+from workbench.model.mixer import Layer, TokenMixer
 from workbench.model.residual import Depth
-from workbench.model.transformer import Block, DecoderModel, Positions, SelfAttention, build_model
+from workbench.model.transformer import Block, DecoderModel, Positions, build_model, make_mixer, position_scheme
 from workbench.model.spec import ModelSpec, parse_spec
 
 
@@ -79,20 +81,23 @@ def _inputs_and_module(spec: ModelSpec, scope: Scope, n: int, B: int, device, dt
     """(module, forward callable taking nothing and returning the output tensor)."""
     causal = _causal(spec)
     seq = Positions(arange_positions(B, n, device), None)
-    make_position = lambda: spec.position.cls(  # noqa: E731
-        spec.position.params, d_model=spec.d_model, n_heads=spec.n_heads, head_dim=spec.head_dim)
     if scope == "attention":
-        module = spec.attention.cls(spec.attention.params, n_heads=spec.n_heads,
-                                    n_kv_heads=spec.n_kv_heads, head_dim=spec.head_dim)
+        attention = spec.uniform("attention", "a scaling study's attention scope")
+        if issubclass(attention.cls, TokenMixer):
+            raise SpecError("model.attention", f"{attention.name} is a token mixer, not a kernel on q, k and v: measure "
+                            "it at scope layer, block or model")
+        module = attention.cls(attention.params, n_heads=spec.n_heads, n_kv_heads=spec.n_kv_heads,
+                               head_dim=spec.head_dim)
         q = torch.randn(B, spec.n_heads, n, spec.head_dim, device=device, dtype=dtype, requires_grad=True)
         k, v = (torch.randn(B, spec.n_kv_heads, n, spec.head_dim, device=device, dtype=dtype,
                             requires_grad=True) for _ in range(2))
         return module.to(device), lambda: module(q, k, v, q_pos=seq.pos, k_pos=seq.pos, key_mask=None,
                                                  causal=causal, score_bias=None)
     if scope in ("layer", "block"):
-        position = make_position()
-        module = SelfAttention(spec, position) if scope == "layer" else Block(
-            spec, position, causal, cross=False, depth=Depth.of(spec, in_decoder=causal))
+        position = position_scheme(spec, spec.uniform("position", f"a scaling study's {scope} scope"), causal)
+        layer = Layer(0, Depth.of(spec, in_decoder=causal))
+        module = make_mixer(spec, layer, position) if scope == "layer" else Block(
+            spec, position, causal, cross=False, layer=layer)
         module = module.to(device=device, dtype=dtype)
         x = torch.randn(B, n, spec.d_model, device=device, dtype=dtype, requires_grad=True)
         if scope == "layer":
@@ -115,7 +120,7 @@ class NextTokenLogits(nn.Module):
         self.model = model
 
     def forward(self, tokens: Tensor, seq: Positions, cache: KVCache | None) -> Tensor:
-        return self.model.head(self.model.decoder(tokens, seq, cache=cache)[:, -1])  # [B, vocab]
+        return self.model.logits(self.model.decoder(tokens, seq, cache=cache)[:, -1])  # [B, vocab]
 
 
 def _decode_workload(spec: ModelSpec, point: Point, device, dtype) -> Workload:
@@ -137,15 +142,13 @@ def _decode_workload(spec: ModelSpec, point: Point, device, dtype) -> Workload:
     # Every call appends one token: room for all calls measure_point makes (warm-up, peak,
     # RSS, FLOPs, repeats). The context thus grows from L to at most L + calls during measurement.
     calls = point.warmup + point.repeats + 6
-    window = model._cache_window()
-    capacity = min(L + calls, window) if window else L + calls
-    cache = KVCache(n_layers, capacity)
+    cache = KVCache(n_layers, L + calls)
     prompt = torch.randint(spec.vocab_size, (B, L), device=device)
     with torch.no_grad():
         logits(prompt, Positions.of(prompt, None), cache)
-    held_tokens = min(L, window) if window else L
-    formula = 2 * n_layers * spec.n_kv_heads * spec.head_dim * held_tokens * B * torch.empty((), dtype=dtype).element_size()
-    measured = cache.nbytes  # after the prompt: exactly the context's K/V
+    element = torch.empty((), dtype=dtype).element_size()
+    formula = sum(block.attn.cache_bytes(L, B, element) for block in model.decoder.blocks)
+    measured = cache.nbytes  # after the prompt: exactly what the context left in each layer's cache
     next_pos = [L]
 
     @torch.no_grad()

@@ -21,22 +21,60 @@ is `workbench.model.flex`) live in `forward()`.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
-from pydantic import Field
+from pydantic import Field, model_validator
 from torch import Tensor, nn
 
 from workbench.model.flex import bias_score_mod, block_mask_from_allowed, flex_attention_call
-from workbench.variants import Params, Variant
+from workbench.variants import FieldError, Params, Variant
 
 ScoreBias = Callable[[Tensor], Tensor]
 
 
 class AttentionParams(Params):
+    """The parameters every kernel variant takes: `scaled`, `scale_dim` and `softcap` are the
+    kernel's (KERNEL_OPTIONS); the others are options of the self-attention layer around the
+    kernel (workbench.model.transformer.SelfAttention), so each composes with every kernel."""
+
+    added_later = ("qk_norm", "qk_norm_gain", "gate", "value_residual", "scale_dim", "softcap")  # stored runs keep their ids
     scaled: bool = Field(
         True, description="divide scores by sqrt(head_dim); false is the unscaled ablation"
     )
+    scale_dim: int | None = Field(
+        None, gt=0, description="divide scores by sqrt(scale_dim) instead of sqrt(head_dim) (Gemma's "
+        "query_pre_attn_scalar); null: head_dim")
+    softcap: float | None = Field(
+        None, gt=0, description="cap * tanh(scores / cap) on the scaled scores before the softmax (Gemma 2's "
+        "attn_logit_softcapping); no fused kernel computes it, so attention runs its explicit path (n x n scores)")
+    qk_norm: Literal["none", "head", "projection"] = Field(
+        "none", description="RMS-normalise queries and keys before the position scheme rotates them: 'head' each "
+        "head (one gain of head_dim for all heads: Qwen3, Gemma 3), 'projection' the whole query and key projection "
+        "(one gain per unit: OLMo 2, OLMoE)")
+    qk_norm_gain: bool = Field(True, description="QK-norm with a learned gain; false: none (Llama 4's L2 norm)")
+    gate: Literal["none", "headwise", "elementwise"] = Field(
+        "none", description="gated attention (Qiu et al. 2025): each head's output times sigmoid(x W), W computed from "
+        "the layer input: one gate per head (headwise) or per unit (elementwise, Qwen3-Next)")
+    value_residual: Literal["none", "fixed", "learned"] = Field(
+        "none", description="value residual learning (Zhou et al. 2025, ResFormer): every layer after the first reads "
+        "lambda1 * its values + lambda2 * the first layer's; fixed: 0.5 and 0.5, learned: from 0.5 and 0.5")
+
+    @model_validator(mode="after")
+    def _scale(self):
+        if self.scale_dim is not None and not self.scaled:
+            raise FieldError("scale_dim", "sets the scale of scaled scores: needs scaled: true")
+        return self
+
+
+KERNEL_OPTIONS = ("scaled", "scale_dim", "softcap")  # the AttentionParams a kernel reads itself
+
+
+def kernel_options(params: AttentionParams) -> dict[str, Any]:
+    """The kernel options of `params`, for a kernel built inside another variant (a mixer's, or
+    cross-attention's) to compute its scores as the variant's own would."""
+    return {name: getattr(params, name) for name in KERNEL_OPTIONS}
 
 
 class AttentionVariant(Variant, nn.Module):
@@ -47,7 +85,20 @@ class AttentionVariant(Variant, nn.Module):
         super().__init__()
         self.params = params
         self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
-        self.scale = head_dim**-0.5 if params.scaled else 1.0
+        self.scale = (params.scale_dim or head_dim)**-0.5 if params.scaled else 1.0
+
+    @property
+    def explicit_scores(self) -> bool:
+        """Whether every call takes the explicit `dense` path: score softcapping, which no fused
+        kernel here computes."""
+        return self.params.softcap is not None
+
+    def __call__(self, q: Tensor, k: Tensor, v: Tensor, **kwargs) -> Tensor:
+        # the variant's `forward` (its fast paths), or `dense` where they cannot compute the
+        # scores, whoever calls the kernel: a kernel's forward need not know of softcapping
+        if self.explicit_scores:
+            return self.dense(q, k, v, **kwargs)
+        return super().__call__(q, k, v, **kwargs)
 
     @property
     def cache_window(self) -> int | None:
@@ -85,6 +136,8 @@ class AttentionVariant(Variant, nn.Module):
         """Reference: explicit [B, h, nq, nk] scores masked by `allowed`. O(nq * nk) memory."""
         k, v = repeat_kv(k, self.n_heads), repeat_kv(v, self.n_heads)  # [B, h, nk, hd]
         scores = (q @ k.transpose(-2, -1)) * self.scale  # [B, h, nq, nk]
+        if self.params.softcap is not None:  # Gemma 2: capped after scaling, before the mask
+            scores = self.params.softcap * torch.tanh(scores / self.params.softcap)
         if score_bias is not None:
             scores = scores + score_bias((q_pos[:, :, None] - k_pos[:, None, :])[:, None])
         weights = masked_softmax(scores, self.visible_keys(q_pos, k_pos, key_mask, causal))
@@ -179,7 +232,8 @@ def block_attention(
     (the last one padded). Query block q_blocks[t] ([T]) reads the key blocks kv_blocks[t]
     ([T, S]; entries outside [0, n_blocks) are empty slots, e.g. the block before the first).
     Inside the gathered tiles, `keep_pair(q_idx [T, block, 1], k_idx [T, 1, S * block])`
-    (broadcastable bool; None keeps all) and key_mask [B, n] select the pairs; score_bias gets
+    (bool, broadcastable to [B, T, block, S * block]: a rule may differ per row; None keeps all)
+    and key_mask [B, n] select the pairs; score_bias gets
     rel = q_idx - k_idx of the tiles only.
     Returns [B, h, T * block, hd]: the rows of the query blocks in order (rows past n are
     padding for the caller to drop). Rows with no readable key are zeros.

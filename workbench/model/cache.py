@@ -13,7 +13,9 @@ from torch import Tensor
 
 
 class LayerCache:
-    """K/V of one attention layer: [B, h_kv, capacity, hd] plus each slot's position and mask."""
+    """K/V of one attention layer: [B, h_kv, capacity, hd] plus each slot's position and mask.
+    (Any two per-token tensors [B, heads, capacity, width]: multi-head latent attention keeps its
+    latent and its rotary key here.)"""
 
     def __init__(self, capacity: int):
         self.capacity = capacity
@@ -29,7 +31,7 @@ class LayerCache:
     def append(self, k: Tensor, v: Tensor, pos: Tensor, mask: Tensor | None) -> None:
         """Add n tokens: k, v [B, h_kv, n, hd], pos [B, n], mask [B, n] or None (all real)."""
         if self._k is None:
-            self._allocate(k, pos)
+            self._allocate(k, v, pos)
         n = k.shape[2]
         if n > self.capacity:  # only the last `capacity` tokens can ever be read again
             k, v, pos = k[:, :, -self.capacity :], v[:, :, -self.capacity :], pos[:, -self.capacity :]
@@ -46,10 +48,10 @@ class LayerCache:
         self.next = (self.next + n) % self.capacity
         self.filled = min(self.filled + n, self.capacity)
 
-    def _allocate(self, k: Tensor, pos: Tensor) -> None:
+    def _allocate(self, k: Tensor, v: Tensor, pos: Tensor) -> None:
         B, h_kv, _, hd = k.shape
         self._k = k.new_empty(B, h_kv, self.capacity, hd)
-        self._v = torch.empty_like(self._k)
+        self._v = v.new_empty(*v.shape[:2], self.capacity, v.shape[3])
         self._pos = pos.new_empty(B, self.capacity)
 
     @property
@@ -71,21 +73,30 @@ class LayerCache:
     @property
     def nbytes(self) -> int:
         """Bytes of the keys and values held: 2 * h_kv * hd * tokens * batch * element size."""
-        return 0 if self._k is None else 2 * self.k.numel() * self.k.element_size()
+        return 0 if self._k is None else self.k.numel() * self.k.element_size() + self.v.numel() * self.v.element_size()
 
 
 class KVCache:
-    """One LayerCache per self-attention layer, and per cross-attention layer when present."""
+    """The cache of each self-attention layer, made by its token mixer at the layer's first call
+    (`mixer.new_cache(capacity)`: keys and values, the last `window` of them for a sliding window,
+    or what else the mixer caches), and a LayerCache per cross-attention layer when present."""
 
     def __init__(self, n_layers: int, capacity: int, cross_capacity: int = 0):
-        self.self_attn = [LayerCache(capacity) for _ in range(n_layers)]
+        self.capacity = capacity  # tokens one generation holds at most (prompt + new)
+        self.self_attn: list = [None] * n_layers
         # Cross-attention K/V depend only on the encoder output: computed once, then reused.
         self.cross_attn = [LayerCache(cross_capacity) for _ in range(n_layers)] if cross_capacity else []
 
+    def self_attn_of(self, layer: int, mixer):
+        """Layer `layer`'s cache, made by its mixer on first use."""
+        if self.self_attn[layer] is None:
+            self.self_attn[layer] = mixer.new_cache(self.capacity)
+        return self.self_attn[layer]
+
     @property
     def nbytes(self) -> int:
-        """Bytes of self-attention keys and values held, over all layers."""
-        return sum(layer.nbytes for layer in self.self_attn)
+        """Bytes the self-attention layers' caches hold, over all layers."""
+        return sum(layer.nbytes for layer in self.self_attn if layer is not None)
 
     @property
     def cross_nbytes(self) -> int:

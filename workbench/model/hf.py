@@ -3,7 +3,9 @@ the weight mappings. One module for the parity tests (tests/model/test_hf_parity
 export RUN_DIR --to hf OUT` (`to_hf`) and `workbench.from_hf` (`from_hf`).
 
 The architectures (GPT-2, Llama, Mistral, BLOOM, GPT-NeoX in workbench.model.hf_decoders; BERT,
-BART, T5 in workbench.model.hf_encoders) and what each needs of a spec are classes
+BART, T5 in workbench.model.hf_encoders; OLMo 2, Qwen3, Gemma 2 and 3 in workbench.model.hf_qknorm;
+DiffLlama and DeepSeek-V3 in workbench.model.hf_latent; OLMoE, Mixtral and Llama 4 in workbench.model.hf_moe)
+and what each needs of a spec are classes
 (`requirements`); docs/hf.md has them as a table.
 
 Weight mappings (a `Link` ties one tensor of ours to one or more of theirs):
@@ -35,21 +37,38 @@ from workbench.errors import SpecError
 from workbench.model.hf_architecture import Architecture, import_transformers
 from workbench.model.hf_decoders import GPT2, Bloom, GPTNeoX, Llama, Mistral
 from workbench.model.hf_encoders import T5, Bart, Bert
+from workbench.model.hf_qknorm import Gemma2, Gemma3, Olmo2, Qwen3, model_type_for
+from workbench.model.hf_latent import LATENT_ATTENTION, DeepseekV3, DiffLlama
+from workbench.model.hf_moe import Llama4, Mixtral, Olmoe, moe_architecture
 from workbench.model.spec import ModelSpec, parse_spec
 from workbench.model.state_links import check_coverage
 from workbench.model.transformer import Transformer, build_model
 
 
 ARCHITECTURES: dict[str, Architecture] = {a.model_type: a for a in (GPT2(), Llama(), Mistral(), Bloom(), GPTNeoX(),
-                                                                     Bert(), Bart(), T5())}
+                                                                     Bert(), Bart(), T5(),
+                                                                     Olmo2(), Qwen3(), Gemma2(), Gemma3(),
+                                                                     DiffLlama(), DeepseekV3(), Olmoe(), Mixtral(), Llama4())}
 
 
 def architecture_for(spec: ModelSpec) -> Architecture:
     """The architecture a spec maps to, or a SpecError naming the first field that does not map.
     The family and position scheme (and for RoPE the attention and norm) pick the candidate; then
-    every other field is checked."""
-    rope = ("mistral" if spec.attention.name == "sliding_window" else
-            "gpt_neox" if spec.norm.params.type == "layernorm" else "llama")
+    every other field is checked. A decoder with differential or latent attention is one of
+    workbench.model.hf_latent's; with the sandwich norm or Gemma's embedding scale, Gemma's
+    (workbench.model.hf_qknorm); with a mixture of experts (or Llama 4's per-layer patterns), one
+    of workbench.model.hf_moe's; with QK-norm or the reordered norm, OLMo 2 or Qwen3."""
+    model_type = None
+    if spec.attention.name not in LATENT_ATTENTION:
+        model_type = model_type_for(spec)
+        if model_type not in ("gemma2", "gemma3_text"):
+            model_type = moe_architecture(spec) or model_type
+    if model_type is not None:
+        ARCHITECTURES[model_type].check(spec)
+        return ARCHITECTURES[model_type]
+    rope = LATENT_ATTENTION.get(spec.attention.name) or (
+        "mistral" if spec.attention.name == "sliding_window" else
+        "gpt_neox" if spec.at("norm", 0).params.type == "layernorm" else "llama")
     by_position = {
         "decoder": {"learned": "gpt2", "rope": rope, "alibi": "bloom"},
         "encoder": {"learned": "bert"},
@@ -69,7 +88,7 @@ def architecture_for(spec: ModelSpec) -> Architecture:
 def linked(arch: Architecture, ours: Transformer, theirs) -> tuple[list, dict, dict]:
     """(links, our parameters, theirs) by name, every parameter on both sides linked or zeroed."""
     links = arch.links(ours.spec)
-    mine, their = dict(ours.named_parameters()), dict(theirs.named_parameters())
+    mine, their = arch.tensors(ours), arch.tensors(theirs)
     check_coverage(links, mine, their, arch.model_type, (*arch.unmapped, *arch.zeroed(ours.spec)))
     return links, mine, their
 

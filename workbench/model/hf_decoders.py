@@ -10,7 +10,7 @@ from torch import Tensor
 
 from workbench.errors import SpecError
 from workbench.model.hf_architecture import GELU_ACT, GELU_APPROXIMATE, Architecture, ffn_width
-from workbench.model.state_links import attention, linear, mlp, norm, rows, same, transposed
+from workbench.model.state_links import attention, gated_mlp, linear, mlp, norm, rows, same, transposed
 
 
 def rope_pairing(heads: int, head_dim: int) -> Tensor:
@@ -107,10 +107,7 @@ class Llama(Architecture):
             out += attention(f"{ours}.attn", (f"{att}.q_proj", f"{att}.k_proj", f"{att}.v_proj", f"{att}.o_proj"),
                              spec, False, (rope_pairing(h, hd), rope_pairing(g, hd)))
             out += norm(f"{ours}.ffn_norm.norm", f"{theirs}.post_attention_layernorm", spec)
-            d_ff = ffn_width(spec)
-            out.append(rows(f"{ours}.ffn.gate_up.weight", [(f"{theirs}.mlp.gate_proj.weight", d_ff, None),
-                                                          (f"{theirs}.mlp.up_proj.weight", d_ff, None)]))
-            out += linear(f"{ours}.ffn.down", f"{theirs}.mlp.down_proj", False)
+            out += gated_mlp(f"{ours}.ffn", f"{theirs}.mlp", ffn_width(spec))
         out += norm("decoder.final_norm", "model.norm", spec)
         return out + ([] if spec.tie_embeddings else [same("head.weight", "lm_head.weight")])
 

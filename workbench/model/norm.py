@@ -1,13 +1,15 @@
 """Norm placements: where the normalisation sits around each residual branch.
 
 Block.forward does every residual add itself; a placement decides what the sublayer reads
-(`before`) and what becomes of the sum (`after`):
+(`before`), what of its output joins the stream (`output`) and what becomes of the sum (`after`):
 
-    x = x + f(placement.before(x))
+    x = x + placement.output(f(placement.before(x)))
     x = placement.after(x)
 
-    pre:  before = norm, after = identity  ->  x + f(norm(x))   (GPT-2, LLaMA; a final norm before the head)
-    post: before = identity, after = norm  ->  norm(x + f(x))   (Vaswani et al. 2017, BERT; no final norm)
+    pre:      before = norm                   ->  x + f(norm(x))          (GPT-2, Llama; a final norm before the head)
+    post:     after = norm                    ->  norm(x + f(x))          (Vaswani et al. 2017, BERT; no final norm)
+    sandwich: before = norm, output = norm'   ->  x + norm'(f(norm(x)))   (Gemma 2 and 3)
+    reordered: output = norm                  ->  x + norm(f(x))          (OLMo 2)
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ class RMSNorm(nn.RMSNorm):
     PyTorch's own kernel."""
 
     def forward(self, x: Tensor) -> Tensor:
-        if x.device.type != "cpu":
+        if x.device.type != "cpu" or self.weight is None:  # weightless (Llama 4's QK-norm): PyTorch's
             return super().forward(x)
         eps = self.eps if self.eps is not None else torch.finfo(x.dtype).eps  # nn.RMSNorm's default
         return _RMSNormFunction.apply(x, self.weight, eps)
@@ -67,8 +69,9 @@ class _RMSNormFunction(torch.autograd.Function):
 
 
 class NormPlacement(Variant, nn.Module):
-    """Where one residual branch's norm sits: on the sublayer's input, on the residual sum, or
-    both. Both default to the identity; a placement overrides where its norm goes."""
+    """Where one residual branch's norm sits: on the sublayer's input, on its output, on the
+    residual sum, or several of them. Each defaults to the identity; a placement overrides where
+    its norms go."""
 
     axis = "norm"
     Params = NormParams
@@ -83,6 +86,10 @@ class NormPlacement(Variant, nn.Module):
         """What the sublayer reads from the residual stream x [B, n, d_model]."""
         return x
 
+    def output(self, y: Tensor) -> Tensor:
+        """What joins the stream of the sublayer's output y [B, n, d_model]."""
+        return y
+
     def after(self, x: Tensor) -> Tensor:
-        """The residual stream after the add, x + f(before(x)) [B, n, d_model]."""
+        """The residual stream after the add, x + output(f(before(x))) [B, n, d_model]."""
         return x

@@ -46,6 +46,12 @@ class PositionScheme(Variant, nn.Module):
         self.d_model, self.n_heads, self.head_dim = d_model, n_heads, head_dim
         self.causal = causal  # the stack's attention: a scheme may treat earlier and later keys apart (T5)
 
+    @classmethod
+    def adds_to_embeddings(cls) -> bool:
+        """Whether the scheme overrides `embed`: its signal enters once per stack, so it cannot
+        differ per layer (model.position as a per-layer pattern)."""
+        return cls.embed is not PositionScheme.embed
+
     @property
     def max_length(self) -> int | None:
         """Longest sequence the scheme can represent; None when unbounded."""

@@ -78,6 +78,13 @@ def mlp(ours: str, up: str, down: str, bias: bool) -> list[Link]:
     return linear(f"{ours}.up", up, bias) + linear(f"{ours}.down", down, bias)
 
 
+def gated_mlp(ours: str, theirs: str, d_ff: int) -> list[Link]:
+    """A gated FFN: our `gate_up` is [gate; up] = their [gate_proj; up_proj] (Llama's names)."""
+    return [rows(f"{ours}.gate_up.weight", [(f"{theirs}.gate_proj.weight", d_ff, None),
+                                            (f"{theirs}.up_proj.weight", d_ff, None)])] + \
+        linear(f"{ours}.down", f"{theirs}.down_proj", False)
+
+
 def cross_kv(ours: str, k: str, v: str, spec: ModelSpec, bias: bool) -> list[Link]:
     n = spec.n_kv_heads * spec.head_dim
     links = [rows(f"{ours}.weight", [(f"{k}.weight", n, None), (f"{v}.weight", n, None)])]

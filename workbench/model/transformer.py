@@ -1,18 +1,28 @@
 """Transformer models assembled from one spec. Read this file top to bottom.
 
-    tokens -> token embedding -> position.embed -> embedding norm (optional) -> Block x n_layers
+    tokens -> token embedding (times sqrt(d_model), optional) -> position.embed -> embedding norm (optional) -> Block x n_layers
            -> final norm (pre) -> head
-    Block:   x = attn_residual.add(x, attn(attn_norm.before(x)));    x = attn_norm.after(x)
-             x = cross_residual.add(x, cross(cross_norm.before(x))); x = cross_norm.after(x)   (encoder_decoder's decoder)
-             x = ffn_residual.add(x, ffn(ffn_norm.before(x)));       x = ffn_norm.after(x)
-             pre: before = norm, after = identity   post: before = identity, after = norm
+    Block:   y = attn(attn_norm.before(x));   x = attn_norm.after(attn_residual.add(x, attn_norm.output(y)))
+             y = cross(cross_norm.before(x)); x = cross_norm.after(...)        (encoder_decoder's decoder)
+             y = ffn(ffn_norm.before(x));     x = ffn_norm.after(ffn_residual.add(x, ffn_norm.output(y)))
+             pre: before = norm   post: after = norm   sandwich: before and output   (the rest: identity)
              plain residual: add(x, y) = x + y      others: skip(x) + branch(y)
 
+    attn (SelfAttention, the default token mixer):
+             q, k, v = project(x)                 qkv projection, QK-norm (option), value residual (option)
+             q, k = position.rotate(q, k)         RoPE; ALiBi and T5 give a score bias instead
+             k, v = with_cache(k, v)              decoding reads every cached key
+             y = attend(q, k, v)                  the attention variant's kernel (plugins/attention_*.py)
+             out(gate(y))                         output gate (option), output projection
+
 The five pluggable axes enter at five places: `position` (embedding, q/k rotation or score
-bias), `attention` (which keys a query reads, and the kernel), `norm` (where each residual
-branch's norm sits), `ffn`, and `residual` (how each branch joins the stream, and its init).
-Families: EncoderModel (bidirectional), DecoderModel (causal LM) and EncoderDecoderModel
-(encoder + causal decoder with cross-attention).
+bias), `attention` (which keys a query reads, and the kernel; or, for a mixer variant such as
+differential or latent attention, the layer's whole token mixer: workbench.model.mixer), `norm`
+(where each residual branch's norm sits), `ffn`, and `residual` (how each branch joins the
+stream, and its init). Each may differ per layer (ModelSpec.at). The layers of one forward
+share a `state` dict (value residual's first-layer values); modules add auxiliary losses
+through workbench.model.losses. Families: EncoderModel (bidirectional), DecoderModel (causal LM)
+and EncoderDecoderModel (encoder + causal decoder with cross-attention).
 """
 
 from __future__ import annotations
@@ -29,14 +39,15 @@ import torch
 from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 
-from workbench.model.attention import AttentionVariant
+from workbench.model.attention import AttentionParams, AttentionVariant, kernel_options
 from workbench.model.cache import KVCache, LayerCache
 from workbench.model.flex import arange_positions
-from workbench.model.norm import make_norm
+from workbench.model.mixer import Layer, TokenMixer
+from workbench.model.norm import RMSNorm, make_norm
 from workbench.model.position import INIT_STD
 from workbench.model.residual import Depth, Residual, residual_outputs
 from workbench.model.sampling import GenerationConfig, next_token
-from workbench.model.spec import ModelSpec, parse_spec
+from workbench.model.spec import Choice, ModelSpec, canonical, parse_spec, resolve_choice
 
 
 @dataclass
@@ -61,7 +72,7 @@ WeightsHook = Callable[[Tensor, Tensor], None]
 
 
 class AttentionLayer(nn.Module):
-    """What self- and cross-attention share: their variant's call, and hooks that see its weights."""
+    """What attention layers share: their kernel variant's call, and hooks that see its weights."""
 
     variant: AttentionVariant  # set by the subclass
     values_from: str  # the projection whose last n_kv_heads * head_dim rows compute the values
@@ -99,49 +110,128 @@ class AttentionLayer(nn.Module):
         return getattr(self, self.values_from).weight[-self.n_kv_heads * self.head_dim:]
 
 
-class SelfAttention(AttentionLayer):
-    """Multi-head self-attention: one projection reshaped into heads (not slices of x)."""
+class SelfAttention(TokenMixer, AttentionLayer):
+    """Multi-head self-attention around a kernel variant: one projection reshaped into heads (not
+    slices of x), QK-norm, the position scheme, the KV cache, the kernel, the output gate and the
+    output projection. Each step is a method, so a mixer that changes one of them subclasses this
+    class and overrides it (workbench.model.mixer): `project` (queries, keys and values of the
+    layer input), `attend` (the kernel on them), `output` (heads back to the stream).
+
+    Options (attention.qk_norm, gate, value_residual), each off by default, compose with every kernel:
+    - QK-norm: RMSNorm of queries and keys before the position scheme, per head (Qwen3, Gemma 3:
+      one gain of head_dim shared by the heads) or over the whole projection (OLMo 2: one gain per
+      unit), eps of model.norm; without a gain it is Llama 4's weightless norm.
+    - Gated attention (Qiu et al. 2025, "Gated Attention for Large Language Models", their G1
+      position): each head's output times sigmoid(x W_g), x the layer input, one gate per head or
+      per unit, before the output projection.
+    - Value residual (Zhou et al. 2025, "Value Residual Learning", ResFormer): every layer after
+      the first attends over lambda1 * V_l + lambda2 * V_1, V_1 the first layer's values of the same
+      tokens (left in the forward's `state`); lambdas 0.5 and 0.5, fixed or learned per layer.
+    """
 
     values_from = "qkv"  # [q; k; v], or [q; v] with tie_qk
+    FIRST_LAYER_VALUES = "first_layer_values"  # value residual's entry in the forward's state
 
-    def __init__(self, spec: ModelSpec, position: nn.Module):
-        super().__init__()
+    def __init__(self, params: AttentionParams, *, spec: ModelSpec, layer: Layer, position: nn.Module,
+                 kernel: AttentionVariant | None = None):
+        super().__init__(params, spec=spec, layer=layer, position=position)
         self.n_heads, self.n_kv_heads, self.head_dim = spec.n_heads, spec.n_kv_heads, spec.head_dim
+        h, g, hd = self.n_heads, self.n_kv_heads, self.head_dim
         self.tie_qk = spec.tie_qk  # keys = queries: scores x Wq (x Wq)^T are symmetric
-        n_proj_heads = self.n_heads + (0 if self.tie_qk else self.n_kv_heads) + self.n_kv_heads
-        self.qkv = nn.Linear(spec.d_model, n_proj_heads * self.head_dim, bias=spec.bias)
-        self.out = nn.Linear(self.n_heads * self.head_dim, spec.d_model, bias=spec.bias)
+        self.qkv = nn.Linear(spec.d_model, (h + (0 if self.tie_qk else g) + g) * hd, bias=spec.bias)
+        self.q_norm, self.k_norm = qk_norms(params, h, g, hd, getattr(spec.at("norm", layer.index).params, "eps", 1e-6))
+        self.gate = None if params.gate == "none" else nn.Linear(
+            spec.d_model, h * (hd if params.gate == "elementwise" else 1), bias=spec.bias)
+        # value residual's (lambda1, lambda2) on the layers after the first: a parameter, or a fixed buffer
+        lambdas = torch.full((2,), 0.5) if params.value_residual != "none" and layer.index > 0 else None
+        if lambdas is not None and params.value_residual == "learned":
+            self.value_mix = nn.Parameter(lambdas)
+        else:
+            self.register_buffer("value_mix", lambdas)
+        self.out = nn.Linear(h * hd, spec.d_model, bias=spec.bias)
         self.dropout = nn.Dropout(spec.dropout)
-        self.position = position  # shared by every layer of the stack
-        self.variant = spec.attention.cls(
-            spec.attention.params, n_heads=self.n_heads, n_kv_heads=self.n_kv_heads, head_dim=self.head_dim
-        )
+        self.position = position  # shared by every layer of the stack that uses it
+        self.variant = kernel if kernel is not None else self.make_kernel(params)
 
-    def forward(self, x: Tensor, seq: Positions, causal: bool, cache: LayerCache | None = None) -> Tensor:
+    def make_kernel(self, params: AttentionParams) -> AttentionVariant:
+        """The kernel of a mixer subclass that names none: full attention, scaled (and softcapped) as
+        its params say."""
+        full = resolve_choice("attention", {"name": "full", **kernel_options(params)}, "model.attention")
+        return full.cls(full.params, n_heads=self.n_heads, n_kv_heads=self.n_kv_heads, head_dim=self.head_dim)
+
+    @property
+    def cache_window(self) -> int | None:
+        return self.variant.cache_window
+
+    def cache_bytes(self, tokens: int, batch: int, element: int) -> int:
+        held = min(tokens, self.cache_window) if self.cache_window else tokens
+        return 2 * self.n_kv_heads * self.head_dim * held * batch * element
+
+    def forward(self, x: Tensor, seq: Positions, causal: bool, cache: LayerCache | None = None,
+                state: dict[str, Any] | None = None) -> Tensor:
+        q, k, v = self.project(x, state)  # (B, h, n, hd), (B, h_kv, n, hd) x2
+        q, k = self.position.rotate(q, k, seq.pos, seq.pos)
+        k, v, k_pos, key_mask = self.with_cache(k, v, seq, cache)  # decoding: every cached key
+        bias = self.position.score_bias if self.position.has_score_bias else None
+        y = self.attend(q, k, v, seq.mask, q_pos=seq.pos, k_pos=k_pos, key_mask=key_mask, causal=causal,
+                        score_bias=bias)  # (B, h, n, hd)
+        return self.output(y, x)  # (B, n, d_model)
+
+    def project(self, x: Tensor, state: dict[str, Any] | None) -> tuple[Tensor, Tensor, Tensor]:
+        """Queries (B, h, n, hd), keys and values (B, h_kv, n, hd) of the layer input x."""
         B, n, _ = x.shape
         h, g, hd = self.n_heads, self.n_kv_heads, self.head_dim
         if self.tie_qk:
             q, v = self.qkv(x).split([h * hd, g * hd], dim=-1)
-            k = q
+            k = None
         else:
             q, k, v = self.qkv(x).split([h * hd, g * hd, g * hd], dim=-1)
+        if self.params.qk_norm == "projection":
+            q, k = self.q_norm(q), None if k is None else self.k_norm(k)
         q = q.view(B, n, h, hd).transpose(1, 2)  # (B, h, n, hd)
-        k = k.reshape(B, n, g, hd).transpose(1, 2)  # (B, g, n, hd)
+        k = q if k is None else k.reshape(B, n, g, hd).transpose(1, 2)  # (B, g, n, hd)
         v = v.view(B, n, g, hd).transpose(1, 2)  # (B, g, n, hd)
-        q, k = self.position.rotate(q, k, seq.pos, seq.pos)
-        bias = self.position.score_bias if self.position.has_score_bias else None
+        if self.params.qk_norm == "head":
+            q = self.q_norm(q)
+            k = q if self.tie_qk else self.k_norm(k)
+        if self.params.value_residual != "none":
+            v = self.value_residual(v, state)
+        return q, k, v
 
-        if cache is None or cache.empty:  # training, or the prompt of a generation
-            k_pos, key_mask = seq.pos, seq.mask
-            if cache is not None:
-                cache.append(k, v, seq.pos, seq.mask)
-        else:  # one decoding step: read every cached key
-            cache.append(k, v, seq.pos, seq.mask)
-            k, v, k_pos, key_mask = cache.k, cache.v, cache.pos, cache.mask
-        y = self.attend(q, k, v, seq.mask, q_pos=seq.pos, k_pos=k_pos, key_mask=key_mask, causal=causal,
-                        score_bias=bias)  # (B, h, n, hd)
+    def value_residual(self, v: Tensor, state: dict[str, Any]) -> Tensor:
+        """The first layer leaves its values in the state; every later layer mixes them into its own."""
+        if self.value_mix is None:
+            state[self.FIRST_LAYER_VALUES] = v
+            return v
+        return self.value_mix[0] * v + self.value_mix[1] * state[self.FIRST_LAYER_VALUES]
+
+    def with_cache(self, k: Tensor, v: Tensor, seq: Positions, cache: LayerCache | None):
+        """(keys, values, their positions, their mask): this forward's own, after storing them in
+        the cache; during decoding (a cache that already holds the prompt), every cached one."""
+        if cache is None:
+            return k, v, seq.pos, seq.mask
+        prompt = cache.empty
+        cache.append(k, v, seq.pos, seq.mask)
+        if prompt:
+            return k, v, seq.pos, seq.mask
+        return cache.k, cache.v, cache.pos, cache.mask
+
+    def output(self, y: Tensor, x: Tensor) -> Tensor:
+        """Heads y (B, h, n, hd) back to the stream (B, n, d_model): gate, output projection, dropout."""
+        B, h, n, hd = y.shape
+        if self.gate is not None:
+            y = y * torch.sigmoid(self.gate(x)).view(B, n, h, -1).transpose(1, 2)  # (B, h, n, 1 or hd)
         y = y.transpose(1, 2).reshape(B, n, h * hd)
         return self.dropout(self.out(y))
+
+
+def qk_norms(params: AttentionParams, h: int, g: int, hd: int, eps: float) -> tuple[nn.Module | None, ...]:
+    """QK-norm's query and key norms (RMSNorm over a head, or over the whole projection)."""
+    if params.qk_norm == "none":
+        return None, None
+    q_width, k_width = (hd, hd) if params.qk_norm == "head" else (h * hd, g * hd)
+    return (RMSNorm(q_width, eps=eps, elementwise_affine=params.qk_norm_gain),
+            RMSNorm(k_width, eps=eps, elementwise_affine=params.qk_norm_gain))
 
 
 class CrossAttention(AttentionLayer):
@@ -150,14 +240,14 @@ class CrossAttention(AttentionLayer):
 
     values_from = "kv"  # [k; v]
 
-    def __init__(self, spec: ModelSpec):
+    def __init__(self, spec: ModelSpec, layer: int):
         super().__init__()
         self.n_heads, self.n_kv_heads, self.head_dim = spec.n_heads, spec.n_kv_heads, spec.head_dim
         self.q = nn.Linear(spec.d_model, self.n_heads * self.head_dim, bias=spec.bias)
         self.kv = nn.Linear(spec.d_model, 2 * self.n_kv_heads * self.head_dim, bias=spec.bias)
         self.out = nn.Linear(self.n_heads * self.head_dim, spec.d_model, bias=spec.bias)
         self.dropout = nn.Dropout(spec.dropout)
-        full = spec.cross_attention
+        full = spec.cross_attention(layer)
         self.variant = full.cls(full.params, n_heads=self.n_heads, n_kv_heads=self.n_kv_heads, head_dim=self.head_dim)
 
     def forward(self, x: Tensor, seq: Positions, memory: Tensor, memory_seq: Positions,
@@ -177,50 +267,66 @@ class CrossAttention(AttentionLayer):
         return self.dropout(self.out(y))
 
 
-def make_placement(spec: ModelSpec) -> nn.Module:
-    return spec.norm.cls(spec.norm.params, d_model=spec.d_model)
+def make_mixer(spec: ModelSpec, layer: Layer, position: nn.Module) -> TokenMixer:
+    """The token mixer of one layer: the attention variant itself when it is a mixer; a kernel
+    variant inside the standard self-attention otherwise."""
+    choice = spec.at("attention", layer.index)
+    if issubclass(choice.cls, TokenMixer):
+        return choice.cls(choice.params, spec=spec, layer=layer, position=position)
+    kernel = choice.cls(choice.params, n_heads=spec.n_heads, n_kv_heads=spec.n_kv_heads, head_dim=spec.head_dim)
+    return SelfAttention(choice.params, spec=spec, layer=layer, position=position, kernel=kernel)
 
 
-def make_residual(spec: ModelSpec, depth: Depth) -> Residual:
-    return spec.residual.cls(spec.residual.params, d_model=spec.d_model, depth=depth)
+def make_placement(spec: ModelSpec, layer: int) -> nn.Module:
+    norm = spec.at("norm", layer)
+    return norm.cls(norm.params, d_model=spec.d_model)
+
+
+def make_residual(spec: ModelSpec, layer: Layer) -> Residual:
+    residual = spec.at("residual", layer.index)
+    return residual.cls(residual.params, d_model=spec.d_model, depth=layer.depth)
 
 
 class Block(nn.Module):
-    """One layer: self-attention, cross-attention (encoder_decoder's decoder), feed-forward."""
+    """One layer: self-attention (its token mixer), cross-attention (encoder_decoder's decoder),
+    feed-forward. Each variant is the one its spec field gives for this layer."""
 
-    def __init__(self, spec: ModelSpec, position: nn.Module, causal: bool, cross: bool, depth: Depth):
+    def __init__(self, spec: ModelSpec, position: nn.Module, causal: bool, cross: bool, layer: Layer):
         super().__init__()
+        i = layer.index
         self.causal = causal
-        self.attn = SelfAttention(spec, position)
-        self.attn_norm = make_placement(spec)
-        self.attn_residual = make_residual(spec, depth)
+        self.attn = make_mixer(spec, layer, position)
+        self.attn_norm = make_placement(spec, i)
+        self.attn_residual = make_residual(spec, layer)
         self.cross = self.cross_norm = self.cross_residual = None
         if cross:
-            self.cross = CrossAttention(spec)
-            self.cross_norm = make_placement(spec)
-            self.cross_residual = make_residual(spec, depth)
+            self.cross = CrossAttention(spec, i)
+            self.cross_norm = make_placement(spec, i)
+            self.cross_residual = make_residual(spec, layer)
         self.ffn = self.ffn_norm = self.ffn_residual = None  # `ffn: none` leaves the sublayer out, its norm included
-        if spec.ffn.cls.is_sublayer:
-            self.ffn = spec.ffn.cls(spec.ffn.params, d_model=spec.d_model, bias=spec.bias)
-            self.ffn_norm = make_placement(spec)
-            self.ffn_residual = make_residual(spec, depth)
+        ffn = spec.at("ffn", i)
+        if ffn.cls.is_sublayer:
+            self.ffn = ffn.cls(ffn.params, d_model=spec.d_model, bias=spec.bias)
+            self.ffn_norm = make_placement(spec, i)
+            self.ffn_residual = make_residual(spec, layer)
         self.ffn_dropout = nn.Dropout(spec.dropout)
 
     def forward(self, x: Tensor, seq: Positions, memory: Tensor | None = None,
-                memory_seq: Positions | None = None, cache: KVCache | None = None, layer: int = 0) -> Tensor:
+                memory_seq: Positions | None = None, cache: KVCache | None = None, layer: int = 0,
+                state: dict[str, Any] | None = None) -> Tensor:
         # Each sublayer is a residual branch; the norm placement puts its norm on the branch's
         # input (pre: `before`) or on the sum (post: `after`); the other one is the identity.
         # The residual connection joins the branch to the stream: skip(x) + branch(y), plain x + y.
-        self_cache = cache.self_attn[layer] if cache is not None else None
-        x = self.attn_residual.add(x, self.attn(self.attn_norm.before(x), seq, self.causal, self_cache))  # (B, n, d_model)
-        x = self.attn_norm.after(x)
+        self_cache = cache.self_attn_of(layer, self.attn) if cache is not None else None
+        y = self.attn(self.attn_norm.before(x), seq, self.causal, self_cache, state)  # (B, n, d_model)
+        x = self.attn_norm.after(self.attn_residual.add(x, self.attn_norm.output(y)))
         if self.cross is not None:
             cross_cache = cache.cross_attn[layer] if cache is not None else None
-            x = self.cross_residual.add(x, self.cross(self.cross_norm.before(x), seq, memory, memory_seq, cross_cache))
-            x = self.cross_norm.after(x)
+            y = self.cross(self.cross_norm.before(x), seq, memory, memory_seq, cross_cache)
+            x = self.cross_norm.after(self.cross_residual.add(x, self.cross_norm.output(y)))
         if self.ffn is not None:
-            x = self.ffn_residual.add(x, self.ffn_dropout(self.ffn(self.ffn_norm.before(x))))  # (B, n, d_model)
-            x = self.ffn_norm.after(x)
+            y = self.ffn_dropout(self.ffn(self.ffn_norm.before(x)))  # (B, n, d_model)
+            x = self.ffn_norm.after(self.ffn_residual.add(x, self.ffn_norm.output(y)))
         return x
 
     def branches(self) -> list[tuple[nn.Module, Residual]]:
@@ -235,26 +341,42 @@ class Stack(nn.Module):
     def __init__(self, spec: ModelSpec, n_layers: int, causal: bool, cross: bool, embedding: nn.Embedding):
         super().__init__()
         self.embedding = embedding  # shared by encoder, decoder and the tied output head
-        self.position = spec.position.cls(
-            spec.position.params, d_model=spec.d_model, n_heads=spec.n_heads, head_dim=spec.head_dim, causal=causal
-        )
+        schemes = {canonical(c): position_scheme(spec, c, causal) for c in spec.each("position")}
+        self.position = next(iter(schemes.values()))  # the scheme whose `embed` reads the stack's input
+        if len(schemes) > 1:  # per-layer schemes (they act inside attention only: ModelSpec checks it)
+            self.layer_positions = nn.ModuleList(list(schemes.values())[1:])
         # BERT's, BART's `layernorm_embedding` and BLOOM's `word_embeddings_layernorm`: one per stack
+        norm = spec.at("norm", 0)
         self.embedding_norm = nn.Identity() if spec.embedding_norm == "none" else make_norm(
-            spec.norm.params.model_copy(update={"type": spec.embedding_norm}), spec.d_model)
+            norm.params.model_copy(update={"type": spec.embedding_norm}), spec.d_model)
+        self.embedding_scale = math.sqrt(spec.d_model) if spec.embedding_scale == "sqrt_d_model" else None
         self.dropout = nn.Dropout(spec.dropout)
         depth = Depth.of(spec, in_decoder=causal)
-        self.blocks = nn.ModuleList(Block(spec, self.position, causal, cross, depth) for _ in range(n_layers))
-        final = spec.norm.cls.final_norm
-        self.final_norm = make_placement(spec).norm if final else nn.Identity()
+        self.blocks = nn.ModuleList(
+            Block(spec, schemes[canonical(spec.at("position", i))], causal, cross, Layer(i, depth))
+            for i in range(n_layers))
+        last = spec.at("norm", n_layers - 1)  # the stack ends as its last layer's placement says
+        self.final_norm = make_placement(spec, n_layers - 1).norm if last.cls.final_norm else nn.Identity()
 
     def forward(self, tokens: Tensor, seq: Positions, memory: Tensor | None = None,
                 memory_seq: Positions | None = None, cache: KVCache | None = None) -> Tensor:
-        self.position.check_length(seq.pos)
+        for scheme in self.schemes():
+            scheme.check_length(seq.pos)
         x = self.embedding(tokens)  # (B, n, d_model), RMS INIT_STD at init
+        if self.embedding_scale is not None:
+            x = x * self.embedding_scale
         x = self.dropout(self.embedding_norm(self.position.embed(x, seq.pos)))
+        state: dict[str, Any] = {}  # what layers leave for later layers of this forward (workbench.model.mixer)
         for i, block in enumerate(self.blocks):
-            x = block(x, seq, memory, memory_seq, cache, i)
+            x = block(x, seq, memory, memory_seq, cache, i, state)
         return self.final_norm(x)  # (B, n, d_model)
+
+    def schemes(self) -> list[nn.Module]:
+        return [self.position, *getattr(self, "layer_positions", [])]
+
+
+def position_scheme(spec: ModelSpec, choice: Choice, causal: bool) -> nn.Module:
+    return choice.cls(choice.params, d_model=spec.d_model, n_heads=spec.n_heads, head_dim=spec.head_dim, causal=causal)
 
 
 class Transformer(nn.Module):
@@ -295,6 +417,13 @@ class Transformer(nn.Module):
         for sublayer, residual in branches:
             residual.init_branch(sublayer)
 
+    def logits(self, hidden: Tensor) -> Tensor:
+        """The output head on the final hidden states; with model.logit_softcap, Gemma 2's
+        cap * tanh(logits / cap)."""
+        logits = self.head(hidden)
+        cap = self.spec.logit_softcap
+        return logits if cap is None else cap * torch.tanh(logits / cap)
+
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
 
@@ -306,10 +435,8 @@ class Transformer(nn.Module):
         """Shared loop. `step(tokens, seq, cache)` returns logits of the given tokens."""
         B, n = prefix.shape
         cache = None
-        if settings.use_cache:
-            window = self._cache_window()
-            total = n + settings.max_new_tokens
-            cache = KVCache(n_layers, min(total, window) if window else total, cross_capacity)
+        if settings.use_cache:  # each layer's mixer sizes its own cache (a sliding window keeps its window)
+            cache = KVCache(n_layers, n + settings.max_new_tokens, cross_capacity)
         tokens, mask = prefix, prefix_mask
         seq = Positions.of(prefix, prefix_mask)
         next_pos = seq.pos[:, -1] + 1  # [B]
@@ -333,9 +460,6 @@ class Transformer(nn.Module):
         self.last_cache = cache  # kept for inspection (cache bytes) until the next call
         return tokens
 
-    def _cache_window(self) -> int | None:
-        return next(m.variant.cache_window for m in self.modules() if isinstance(m, SelfAttention))
-
 
 class EncoderModel(Transformer):
     """Bidirectional encoder (BERT-like): per-token logits, and a sequence-classification head."""
@@ -350,7 +474,7 @@ class EncoderModel(Transformer):
         return self.encoder(tokens, Positions.of(tokens, padding_mask))  # (B, n, d_model)
 
     def forward(self, tokens: Tensor, padding_mask: Tensor | None = None) -> Tensor:
-        return self.head(self.encode(tokens, padding_mask))  # (B, n, vocab)
+        return self.logits(self.encode(tokens, padding_mask))  # (B, n, vocab)
 
     def classify(self, tokens: Tensor, padding_mask: Tensor | None = None) -> Tensor:
         """Mean over real tokens, then a linear head: (B, n_classes)."""
@@ -374,7 +498,7 @@ class DecoderModel(Transformer):
         self._init_weights()
 
     def forward(self, tokens: Tensor, padding_mask: Tensor | None = None) -> Tensor:
-        return self.head(self.decoder(tokens, Positions.of(tokens, padding_mask)))  # (B, n, vocab)
+        return self.logits(self.decoder(tokens, Positions.of(tokens, padding_mask)))  # (B, n, vocab)
 
     def generate(self, prompt: Tensor, max_new_tokens: int = 32, strategy: str = "greedy",
                  temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
@@ -385,7 +509,7 @@ class DecoderModel(Transformer):
         `pad_id`. `strategy` is "greedy" or "sample" (temperature, top_k, top_p)."""
 
         def step(tokens: Tensor, seq: Positions, cache: KVCache | None) -> Tensor:
-            return self.head(self.decoder(tokens, seq, cache=cache))
+            return self.logits(self.decoder(tokens, seq, cache=cache))
 
         settings = GenerationConfig(max_new_tokens, strategy, temperature, top_k, top_p, eos_id, pad_id, use_cache)
         return self._generate(prompt, step, len(self.decoder.blocks), settings, padding_mask, generator)
@@ -408,7 +532,7 @@ class EncoderDecoderModel(Transformer):
                 tgt_padding_mask: Tensor | None = None) -> Tensor:
         memory, src_seq = self.encode(src, src_padding_mask)
         hidden = self.decoder(tgt, Positions.of(tgt, tgt_padding_mask), memory, src_seq)
-        return self.head(hidden)  # (B, n_tgt, vocab)
+        return self.logits(hidden)  # (B, n_tgt, vocab)
 
     def generate(self, src: Tensor, max_new_tokens: int = 32, strategy: str = "greedy",
                  temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
@@ -419,7 +543,7 @@ class EncoderDecoderModel(Transformer):
         memory, src_seq = self.encode(src, src_padding_mask)
 
         def step(tokens: Tensor, seq: Positions, cache: KVCache | None) -> Tensor:
-            return self.head(self.decoder(tokens, seq, memory, src_seq, cache=cache))
+            return self.logits(self.decoder(tokens, seq, memory, src_seq, cache=cache))
 
         start = torch.full((src.shape[0], 1), bos_id, dtype=torch.long, device=src.device)
         settings = GenerationConfig(max_new_tokens, strategy, temperature, top_k, top_p, eos_id, pad_id, use_cache)

@@ -143,14 +143,14 @@ def load_final_model(run_dir: str | Path) -> tuple[Transformer, dict[str, Any]]:
     return model.eval(), config
 
 
-def refuse_non_finite(model: torch.nn.Module, run_dir: str | Path) -> None:
-    """DamagedFile naming the first tensor of the run's final weights that holds NaN or an
+def refuse_non_finite(model: torch.nn.Module, path: str | Path,
+                      redo: str = "retrain the run (`workbench run --fresh`) or use another run") -> None:
+    """DamagedFile naming the first tensor of the weights at `path` that holds NaN or an
     infinity: a finished run never saves one (a diverging run stops before it), so the file was
-    damaged or edited, and another library must not receive it as a model."""
+    damaged or edited, and nothing may generate from it or receive it as a model."""
     for name, tensor in model.state_dict().items():
         if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
-            raise DamagedFile(f"{Path(run_dir) / FINAL_WEIGHTS}: {name} holds NaN or infinite values, which no "
-                              "finished run saves; retrain the run (`workbench run --fresh`) or use another run")
+            raise DamagedFile(f"{path}: {name} holds NaN or infinite values, which no finished run saves; {redo}")
 
 
 class StoredConfig(BaseModel):

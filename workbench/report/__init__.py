@@ -41,7 +41,7 @@ from workbench.results import run_stage, short_commit
 from workbench.errors import WorkbenchError, WorkbenchWarning
 from workbench.kinds import study_kinds
 from workbench import registry
-from workbench.variants import MODEL_AXES, variant_name
+from workbench.variants import MODEL_AXES, variant_names
 from workbench.report.document import Paragraph, Report, Section, fmt_seconds
 from workbench.report.index import run_cpu_s, run_span_s, run_time_text, write_summary
 from workbench.report.render import render_html, render_markdown
@@ -163,7 +163,7 @@ def missing_variants(configs: Mapping[str, Mapping[str, Any]]) -> list[str]:
     for run_id, c in configs.items():
         try:
             used |= {("task", str(c["task"]["name"]))}
-            used |= {(axis, str(variant_name(c["model"], axis))) for axis in MODEL_AXES}
+            used |= {(axis, name) for axis in MODEL_AXES for name in variant_names(c["model"], axis)}
         except (KeyError, TypeError):
             raise WorkbenchError(f"the stored config of run {str(run_id)[:40]!r} names no task or variant (its "
                                  "`name`): the store is damaged; move it away and run the study again") from None

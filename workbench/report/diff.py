@@ -11,8 +11,8 @@ changed outcome, is a real difference (other code, other settings) or a fragile 
 
 from __future__ import annotations
 
-import json
 import math
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +20,7 @@ from typing import Any
 
 from workbench.errors import WorkbenchError
 from workbench.report.findings import SUMMARY_FILE
+from workbench.results import UnsafeFile, load_json, read_regular
 
 # How far a quickstart accuracy moves between machines: the same run (same code, seed and run
 # id) moved by up to 0.022 between one torch thread with AVX-512 kernels and two threads with
@@ -29,8 +30,18 @@ from workbench.report.findings import SUMMARY_FILE
 MACHINE_TOLERANCE = 0.05
 
 
+MAX_SUMMARY_BYTES = 8 * 2**20  # a shipped summary.json is under 64 kB
+MAX_VERDICTS = 1000  # a study's `expect:` holds tens
+BOM = b"\xef\xbb\xbf"  # a UTF-8 byte-order mark, as some editors save JSON
+# Received text is printed to a terminal: its control characters (an escape sequence, a carriage
+# return) and the bidirectional overrides that reorder what is shown are left out.
+CONTROLS = re.compile("[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
 def read_summary(folder: str | Path, which: str) -> dict[str, Any]:
-    """The summary.json of a report folder (or of the folder of a file in it), or one line."""
+    """The summary.json of a report folder (or of the folder of a file in it), or one line. It is
+    received data: bounded in bytes, nesting, digits and verdicts before it is read, its verdicts
+    checked for the fields diff reads, and control characters left out of its text."""
     folder = Path(folder)
     if folder.is_file():
         folder = folder.parent
@@ -39,12 +50,28 @@ def read_summary(folder: str | Path, which: str) -> dict[str, Any]:
         raise WorkbenchError(f"{which} {folder}: no {SUMMARY_FILE} there; give a report folder (the one with "
                              "index.html), e.g. reports/quickstart")
     try:
-        summary = json.loads(path.read_text(encoding="utf-8"))
+        summary = plain_text(load_json(read_regular(path, MAX_SUMMARY_BYTES).removeprefix(BOM), SUMMARY_FILE))
+        if len(summary["verdicts"]) > MAX_VERDICTS:
+            raise ValueError(f"over {MAX_VERDICTS} verdicts")
         summary["verdicts"] = [well_formed(v) for v in summary["verdicts"]]
-    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as err:
-        raise WorkbenchError(f"{which} {path}: not a report summary ({type(err).__name__}); rebuild that report "
-                             "with `workbench report`") from None
+    except UnsafeFile as err:
+        raise WorkbenchError(f"{which} {err}") from None
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        why = str(err).removeprefix(f"{SUMMARY_FILE}: ") if isinstance(err, ValueError) else type(err).__name__
+        raise WorkbenchError(f"{which} {path}: not a report summary ({why[:120]}); rebuild that report with "
+                             "`workbench report`") from None
     return summary
+
+
+def plain_text(value: Any) -> Any:
+    """`value` with CONTROLS left out of every string in it, keys too."""
+    if isinstance(value, str):
+        return CONTROLS.sub("", value)
+    if isinstance(value, dict):
+        return {plain_text(k): plain_text(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [plain_text(v) for v in value]
+    return value
 
 
 def well_formed(verdict: Any) -> dict[str, Any]:
@@ -53,6 +80,7 @@ def well_formed(verdict: Any) -> dict[str, Any]:
     verdict = dict(verdict)
     if not (isinstance(verdict["statement"], str) and isinstance(verdict["outcome"], str)
             and isinstance(verdict.get("label") or "", str) and isinstance(verdict.get("difference") or {}, dict)
+            and isinstance(verdict.get("groups") or [], list)
             and all(isinstance(g, dict) and isinstance(g.get("group"), str) for g in verdict.get("groups") or [])):
         raise TypeError("a verdict's fields")
     return verdict
@@ -65,11 +93,14 @@ class Shift:
     statement: str
     shipped: dict[str, Any] | None
     yours: dict[str, Any] | None
-    moved_difference: float | None  # yours minus shipped; None when either lacks the number
+    moved_difference: float | None  # yours minus shipped; None when neither has the number
     moved_groups: float | None  # the largest move of a group's mean
+    unread: tuple[str, ...] = ()  # numbers not compared: not a number in a report, or in one report only
 
     def moved_within(self, tolerance: float) -> bool:
-        return all(m is None or abs(m) <= tolerance for m in (self.moved_difference, self.moved_groups))
+        """No number moved beyond the tolerance, and none went uncompared."""
+        return not self.unread and all(m is None or abs(m) <= tolerance
+                                       for m in (self.moved_difference, self.moved_groups))
 
     def within(self, tolerance: float) -> bool:
         """Both reports hold it, with the same outcome, and no number moved beyond the tolerance."""
@@ -77,22 +108,44 @@ class Shift:
                 and self.shipped["outcome"] == self.yours["outcome"] and self.moved_within(tolerance))
 
 
+def is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
 def number(record: dict[str, Any] | None, key: str) -> float | None:
     value = (record or {}).get(key)
-    return float(value) if isinstance(value, int | float) and math.isfinite(value) else None
+    return float(value) if is_number(value) else None
 
 
 def group_means(verdict: dict[str, Any]) -> dict[str, float | None]:
     return {g.get("group"): number(g, "mean") for g in verdict.get("groups") or []}
 
 
+def compared_numbers(verdict: dict[str, Any]) -> dict[str, Any]:
+    """What diff compares of a verdict, as the report holds it (None: absent): its difference and
+    each group's mean."""
+    numbers = {"the difference": (verdict.get("difference") or {}).get("mean")}
+    numbers.update({f"the mean of {g['group']}": g.get("mean") for g in verdict.get("groups") or []})
+    return numbers
+
+
 def shift(statement: str, shipped: dict[str, Any] | None, yours: dict[str, Any] | None) -> Shift:
     if shipped is None or yours is None:
         return Shift(statement, shipped, yours, None, None)
-    a, b = number(shipped.get("difference"), "mean"), number(yours.get("difference"), "mean")
-    means, own = group_means(shipped), group_means(yours)
-    moves = [abs(own[g] - m) for g, m in means.items() if m is not None and own.get(g) is not None]
-    return Shift(statement, shipped, yours, None if a is None or b is None else b - a, max(moves, default=None))
+    a, b = compared_numbers(shipped), compared_numbers(yours)
+    moves: dict[str, float] = {}
+    unread = []
+    for name in dict.fromkeys([*a, *b]):
+        x, y = a.get(name), b.get(name)
+        bad = [side for side, value in (("shipped", x), ("yours", y)) if value is not None and not is_number(value)]
+        if bad:
+            unread.append(f"{name} ({' and '.join(bad)}: not a number)")
+        elif (x is None) != (y is None):
+            unread.append(f"{name} (in {'yours' if x is None else 'shipped'} only)")
+        elif x is not None:
+            moves[name] = float(y) - float(x)
+    groups = [abs(move) for name, move in moves.items() if name != "the difference"]
+    return Shift(statement, shipped, yours, moves.get("the difference"), max(groups, default=None), tuple(unread))
 
 
 def shifts(shipped: dict[str, Any], yours: dict[str, Any]) -> list[Shift]:
@@ -129,6 +182,9 @@ def moved_text(s: Shift, tolerance: float) -> str:
     size = ", ".join(moved) or "no numbers to compare"
     same = "same outcome" if s.shipped["outcome"] == s.yours["outcome"] else (
         f"OUTCOME CHANGED ({s.shipped['outcome']} -> {s.yours['outcome']})")
+    if s.unread:
+        more = f" and {len(s.unread) - 3} more" if len(s.unread) > 3 else ""
+        return f"{size}; could not compare {', '.join(s.unread[:3])}{more}: NOT READ, not within ±{tolerance:g}; {same}"
     return f"{size}: {'within' if s.moved_within(tolerance) else 'BEYOND'} ±{tolerance:g}; {same}"
 
 
@@ -155,5 +211,7 @@ def summary_line(found: Sequence[Shift], kept: int, tolerance: float) -> str:
         return "neither report asks a verdict (no `expect:`)"
     if kept == len(found):
         return f"all {len(found)} verdicts kept their outcome, their numbers within ±{tolerance:g}"
-    return (f"{len(found) - kept} of {len(found)} verdicts differ beyond ±{tolerance:g} or in outcome: more than "
-            "a change of machine explains (other code or settings), or a verdict that rests on that little")
+    unread = sum(bool(s.unread) for s in found)
+    unread_text = f" ({unread} with a number diff could not compare)" if unread else ""
+    return (f"{len(found) - kept} of {len(found)} verdicts differ beyond ±{tolerance:g} or in outcome{unread_text}: "
+            "more than a change of machine explains (other code or settings), or a verdict that rests on that little")

@@ -7,9 +7,12 @@ stacked along a first dimension, one Lightning loop and one optimizer step for a
                       own batch: through torch.func.vmap over functional_call when the model allows
                       it (the masks the model branches on are the same for every member, e.g. no
                       padding), else one functional_call per member, each under its own random
-                      state (its dropout draws are those of its run alone). Each member's gradient
-                      is clipped by its own norm; the optimizer then acts on the stacked tensors,
-                      element by element, as it would on each member's.
+                      state (its dropout draws are those of its run alone). The auxiliary loss
+                      terms its modules add (workbench.model.losses) join each member's loss and
+                      curves, as in its run. Each member's gradient is clipped by its own norm;
+                      the optimizer (one that updates element by element: Optimizer.elementwise,
+                      checked at validation) then acts on the stacked tensors as it would on
+                      each member's.
     BatchedRecorder   each member's RunRecorder (its curves, evaluations, siblings) and progress
                       file, fed with its own loss and tokens; evaluations load a member's weights
                       into a copy of its model.
@@ -42,6 +45,8 @@ from torch.func import functional_call, stack_module_state, vmap
 from workbench import stopping
 from workbench.hardware import cpu_seconds, machine_load, run_threads
 from workbench.cost.budget import step_cost
+from workbench.model.losses import collect
+from workbench.model.optimizers import build_optimizer
 from workbench.model.weights import make_task, save_final_weights
 from workbench.results import FINAL_WEIGHTS, LAST_CHECKPOINT, RunResult, Status
 from workbench.run.batches import StepBatches, StepSampler
@@ -49,11 +54,16 @@ from workbench.run.distributed import lightning_strategy
 from workbench.run.environment import matmul_precision, resolve_accelerator
 from workbench.run.executor import Job
 from workbench.run.recording import PeakMemory, ProgressFile, RunRecorder
-from workbench.run.run_module import RunModule, lr_factor, make_optimizer
+from workbench.run.run_module import RunModule, lr_factor
 from workbench.run.tracking import make_logger
 from workbench.run.train import (Checkpoints, SafeCheckpointIO, close_tracker, quiet_lightning, record_error,
                                  record_spending, run_environment, sibling_result, start_run_folder, write_result)
 from workbench.study.keys import digest
+
+
+# What torch.func.vmap's refusals say (data-dependent control flow, .item(), dynamic shapes such as
+# a mixture of experts' routing): the members' losses are then computed one call each.
+VMAP_LIMITS = ("vmap", "batching rule")
 
 
 class Calls(nn.Module):
@@ -163,13 +173,14 @@ class BatchedRunModule(pl.LightningModule):
     def training_step(self, batch, batch_idx: int):
         inputs, tokens = [b for b, _ in batch], [t for _, t in batch]
         alive = [k for k in range(self.size) if self.diverged[k] is None]
-        losses = self.losses(inputs, alive)
+        losses, terms = self.losses(inputs, alive)
         finite = torch.isfinite(losses.detach()).tolist()
         step, outputs = self.global_step + 1, [None] * self.size
         for i, k in enumerate(alive):
             if finite[i]:
                 outputs[k] = {"loss": losses[i].detach(), "tokens": tokens[k], "flops": None,
-                              "sequences": next(iter(inputs[k].values())).shape[0]}
+                              "sequences": next(iter(inputs[k].values())).shape[0],
+                              "terms": {name: value[i] for name, value in terms.items()}}
             else:
                 self.diverged[k] = step  # its run ends here, as it would alone; the others go on
         kept = [i for i, ok in enumerate(finite) if ok]
@@ -179,8 +190,10 @@ class BatchedRunModule(pl.LightningModule):
         total = losses.sum() if len(kept) == len(alive) else losses[kept].sum()
         return {"loss": total, "members": outputs}
 
-    def losses(self, inputs: list[dict[str, torch.Tensor]], alive: list[int]) -> torch.Tensor:
-        """Each alive member's training loss on its own batch, [len(alive)]."""
+    def losses(self, inputs: list[dict[str, torch.Tensor]], alive: list[int]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """Each alive member's training loss on its own batch, [len(alive)], with what its run
+        records of the auxiliary terms (RunModule.loss: `task_loss` and each term, [len(alive)]
+        each; none without terms)."""
         if self.rng_states is None:
             split = shared_and_batched([inputs[k] for k in alive])
             if split is not None and frozenset(split[1]) not in self.vmap_failed:
@@ -188,37 +201,44 @@ class BatchedRunModule(pl.LightningModule):
                     losses = self.vmapped(*split, alive)
                     self.vmap_steps += 1
                     return losses
-                except RuntimeError as err:  # the model branches on a batched value (a mask that differs)
-                    if "data-dependent control flow" not in str(err):
+                except RuntimeError as err:  # the model branches on a batched value (a mask that differs), or
+                    if not any(limit in str(err).lower() for limit in VMAP_LIMITS):  # an op vmap cannot batch
                         raise
                     self.vmap_failed.add(frozenset(split[1]))
-        return torch.stack([self.member_loss(k, inputs[k]) for k in alive])
+        each = [self.member_loss(k, inputs[k]) for k in alive]
+        return torch.stack([loss for loss, _ in each]), {name: torch.stack([terms[name] for _, terms in each])
+                                                         for name in each[0][1]}
 
-    def vmapped(self, shared: dict[str, torch.Tensor], batched: dict[str, torch.Tensor], alive: list[int]) -> torch.Tensor:
+    def vmapped(self, shared: dict[str, torch.Tensor], batched: dict[str, torch.Tensor],
+                alive: list[int]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         params, buffers = self.member_params(alive)
         task, calls = self.tasks[alive[0]], self.parts[0]  # a task's loss is the same function for every seed
 
         def loss(p, b, rows):
-            return task.loss(Member(calls, self.aliases, {**p, **b}), {**shared, **rows}, self.family)
+            return with_terms(lambda: task.loss(Member(calls, self.aliases, {**p, **b}), {**shared, **rows}, self.family))
 
         return vmap(loss, in_dims=(0, 0, 0), randomness="error")(params, buffers, batched)
 
-    def member_loss(self, k: int, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+    def member_loss(self, k: int, inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         params, buffers = self.member_params(None)
         member = Member(self.parts[0], self.aliases, {n: t[k] for n, t in {**params, **buffers}.items()})
         if self.rng_states is None:
-            return self.tasks[k].loss(member, inputs, self.family)
+            return with_terms(lambda: self.tasks[k].loss(member, inputs, self.family))
         with member_stream(self.rng_states, k, self.device):
-            return self.tasks[k].loss(member, inputs, self.family)
+            return with_terms(lambda: self.tasks[k].loss(member, inputs, self.family))
 
     # -- optimizer, schedule, clipping --------------------------------------------------------
 
     def configure_optimizers(self):
+        """The run's optimizer, built by its variant over one member's model (its groups, in its
+        order, as RunModule builds it), each parameter then replaced by its stack: an element-wise
+        optimizer keeps no state before its first step, and updates each member's slice as alone."""
         cfg = self.train_cfg
-        params = [self.stacked[key(n)] for n in self.names]  # the model's order, as RunModule's groups
-        groups = [{"params": [p for p in params if p.dim() - 1 >= 2], "weight_decay": cfg["weight_decay"]},
-                  {"params": [p for p in params if p.dim() - 1 < 2], "weight_decay": 0.0}]
-        optimizer = make_optimizer(cfg["optimizer"], groups, cfg["lr"])
+        model = self.parts[1]
+        optimizer = build_optimizer(cfg["optimizer"], model, lr=cfg["lr"], weight_decay=cfg["weight_decay"])
+        stacks = {id(p): self.stacked[key("model." + name)] for name, p in model.named_parameters()}
+        for group in optimizer.param_groups:
+            group["params"] = [stacks[id(p)] for p in group["params"]]
         factor = functools.partial(lr_factor, warmup=cfg["warmup_steps"], total=cfg["steps"],
                                    schedule=cfg["schedule"], min_ratio=cfg["min_lr_ratio"])
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
@@ -234,6 +254,17 @@ class BatchedRunModule(pl.LightningModule):
         coef = (gradient_clip_val / (torch.linalg.vector_norm(norms, dim=1) + 1e-6)).clamp(max=1.0)
         for g in grads:
             g.mul_(coef.view(-1, *[1] * (g.dim() - 1)))
+
+
+def with_terms(loss_of) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """A member's training loss and what its run records with it, as RunModule.loss: the task's
+    loss plus the auxiliary terms its modules add, and then `task_loss` and each term (none
+    without terms)."""
+    with collect() as terms:
+        loss = loss_of()
+    if not terms:
+        return loss, {}
+    return loss + terms.total(), {"task_loss": loss.detach(), **terms.curves()}
 
 
 class member_stream:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import functools
 import importlib
-import importlib.util
 import inspect
 import platform
 from collections.abc import Callable
@@ -17,6 +16,7 @@ import torch
 
 from workbench.errors import WorkbenchError
 from workbench.hardware import Machine, train_needs
+from workbench.registry import get_variant
 from workbench.results import git_commit
 from workbench.run.tracking import check_logger
 
@@ -72,12 +72,14 @@ def check_device(train: dict[str, Any], source_of: Callable[[str], str | None] =
 
 def check_packages(train: dict[str, Any]) -> None:
     """A WorkbenchError, before anything trains, when a setting needs code that is not there: the
-    logger's package, Lion's package, or a `train.callbacks` class that does not import or does
+    logger's package, the optimizer's (Lion's), or a `train.callbacks` class that does not import or does
     not take its arguments."""
     check_logger(train)
-    if train["optimizer"]["name"] == "lion" and importlib.util.find_spec("lion_pytorch") is None:
-        raise WorkbenchError("train.optimizer: 'lion' needs the lion-pytorch package: "
-                             "pip install 'transformer-workbench[lion]', or use adamw, adam or sgd")
+    optimizer = get_variant("optimizer", train["optimizer"]["name"], "train.optimizer")
+    missing = optimizer(optimizer.Params.model_validate(
+        {k: v for k, v in train["optimizer"].items() if k != "name"})).missing()
+    if missing:
+        raise WorkbenchError(f"train.optimizer: {missing}")
     for i, spec in enumerate(train["callbacks"]):
         cls = import_callback(spec["path"], f"train.callbacks.{i}")
         try:

@@ -8,7 +8,7 @@ from pathlib import Path
 from workbench.errors import WorkbenchError
 from workbench.model.hf import architecture_for, import_transformers, to_hf
 from workbench.model.weights import load_final_model, make_task, refuse_non_finite
-from workbench.results import write_folder_atomically
+from workbench.results import FINAL_WEIGHTS, write_folder_atomically
 from workbench.run.store import run_folder_hint
 from workbench.tasks.model_tokenizer import transformers_tokenizer
 
@@ -23,7 +23,7 @@ def export_hf(run_dir: str, out: str) -> str:
         model, config = load_final_model(run_dir)
     except (FileNotFoundError, NotADirectoryError):
         raise WorkbenchError(f"{run_dir}: no final weights; {run_folder_hint(run_dir)}") from None
-    refuse_non_finite(model, run_dir)
+    refuse_non_finite(model, Path(run_dir) / FINAL_WEIGHTS)
     arch = architecture_for(model.spec)
     task = make_task(config)
     tokenizer = transformers_tokenizer(task.model_tokenizer())

@@ -3,6 +3,7 @@
     WriterLock(out)          the one `workbench run` writing `out`: an exclusive flock on the
                              folder itself, so deleting `.workbench.lock` (which only names the
                              holder) cannot admit a second writer
+    running_writer(out)      the pid of the `workbench run` writing `out` now, if any
     refuse_links(root, ...)  a received folder may hold symbolic links planted to make the
                              workbench write or delete elsewhere: refused before anything is written
     check_run_id(run_id)     a run id read from a store is a path component: its pattern is checked
@@ -24,7 +25,7 @@ from contextlib import suppress
 from pathlib import Path
 
 from workbench.errors import WorkbenchError
-from workbench.results import link_error
+from workbench.results import link_error, read_regular
 from workbench.results import write_text_atomic
 
 LOCK_FILE = ".workbench.lock"  # out_dir/.workbench.lock: the pid of the sweep writing the folder
@@ -84,6 +85,17 @@ class WriterLock:
                 self.path.unlink()
             os.close(self.fd)  # closing releases the flock
             self.fd = None
+
+
+def running_writer(out_dir: str | Path) -> int | None:
+    """The pid of the `workbench run` writing `out_dir` now (its lock file names a live process),
+    else None. Read, never locked: a reader must not turn a writer starting meanwhile away."""
+    try:
+        pid = int(read_regular(Path(out_dir) / LOCK_FILE, 32))
+        os.kill(pid, 0)  # signal 0: is it alive (nothing is sent)
+    except (OSError, ValueError, WorkbenchError):  # absent, unreadable, not a pid, no such process
+        return None
+    return pid if pid > 0 else None
 
 
 def refuse_links(root: str | Path, *names: str) -> None:

@@ -68,6 +68,7 @@ class RunRecorder(Callback):
         self.start_step = 0  # the global step this session started at (> 0: resumed)
         self.session_eval_time = 0.0
         self._step_loss: torch.Tensor | None = None  # the training loss of the step in progress, summed over its micro-batches
+        self._step_terms: dict[str, torch.Tensor] = {}  # its auxiliary loss terms and statistics (workbench.model.losses), likewise
         self.best: float | None = None  # train.early_stopping: the best value of its metric so far ...
         self.evals_without_gain = 0  # ... and the evaluations since it improved
         self.loggers: list[Any] | None = None  # where its figures are logged (None: the trainer's loggers)
@@ -114,18 +115,27 @@ class RunRecorder(Callback):
         # Lightning divides each micro-batch's loss by their number; summed on the device (no wait)
         loss_part = outputs["loss"].detach()
         self._step_loss = loss_part if self._step_loss is None else self._step_loss + loss_part
+        for name, value in outputs.get("terms", {}).items():  # each micro-batch's, as the loss: a mean
+            part = value / trainer.accumulate_grad_batches
+            self._step_terms[name] = part + self._step_terms[name] if name in self._step_terms else part
         if not step_done(trainer, batch_idx):
             return
         step_loss, self._step_loss = self._step_loss, None
+        step_terms, self._step_terms = self._step_terms, {}
         if pl_module.budget_kind == "seconds" and self.train_time() >= pl_module.budget["seconds"]:
             trainer.should_stop = True
         # A budget's last step (budgets train in one process: no rank waits alone in the reduce below)
         last = step == self.fixed_steps or (pl_module.budget_kind is not None and trainer.should_stop)
         if step % self.train["log_every"] == 0 or last:
             lr = trainer.optimizers[0].param_groups[0]["lr"]
+            if step_terms:  # the loss curve is the task's; the total (with the terms) is `loss_total`
+                step_terms["loss_total"] = step_loss
+                step_loss = step_terms.pop("task_loss")
             loss = float(trainer.strategy.reduce(step_loss, reduce_op="mean"))  # every rank calls it
-            self._record([(step, "train", "loss", loss), (step, "train", "lr", lr), *self.progress(step)])
-            self._log(trainer, {"train/loss": loss, "train/lr": lr}, step)
+            terms = {name: float(trainer.strategy.reduce(value, reduce_op="mean")) for name, value in step_terms.items()}
+            self._record([(step, "train", "loss", loss), (step, "train", "lr", lr),
+                          *[(step, "train", name, value) for name, value in terms.items()], *self.progress(step)])
+            self._log(trainer, {"train/loss": loss, "train/lr": lr, **{f"train/{k}": v for k, v in terms.items()}}, step)
         if (step % self.train["eval_every"] == 0 or last) and trainer.is_global_zero:
             self.evaluate(trainer, pl_module, step)  # on rank 0 alone: the others wait at the next step
 

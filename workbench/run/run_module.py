@@ -1,8 +1,10 @@
 """The LightningModule of one run, and its optimizer and learning-rate schedule.
 
-    RunModule   build_model(spec) + task.loss (`train.init: paired`: each matrix drawn by its
-                name and shape, paired_init_seed); the optimizer train.optimizer names (AdamW by
-                default); warmup + decay (LambdaLR), which under a compute budget ends when the
+    RunModule   build_model(spec) + task.loss + the auxiliary loss terms its modules add
+                (workbench.model.losses; each recorded as a curve) (`train.init: paired`: each
+                matrix drawn by its name and shape, paired_init_seed); the optimizer
+                train.optimizer names (AdamW by default, a plugin axis: workbench.model.optimizers);
+                warmup + decay (LambdaLR), which under a compute budget ends when the
                 budget does; the step that reaches a budget trains only the sequences it still
                 pays for; a NaN/inf loss stops training and marks the run diverged
                 (workbench.run.divergence).
@@ -20,7 +22,9 @@ import torch
 
 from workbench.cost.budget import count_tokens, sequences_within
 from workbench.cost.flops import counted_forward
+from workbench.model.losses import collect
 from workbench.model.transformer import Transformer, build_model
+from workbench.model.optimizers import build_optimizer
 from workbench.run.divergence import DivergenceCheck
 from workbench.tasks.base import rng_for
 
@@ -61,28 +65,6 @@ def batch_size(inputs: dict[str, torch.Tensor]) -> int:
     return next(iter(inputs.values())).shape[0]
 
 
-def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
-    """Weight decay on matrices only; norms, biases and 1-d parameters are not decayed."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    return [
-        {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
-        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
-    ]
-
-
-def make_optimizer(spec: dict[str, Any], groups: list[dict[str, Any]], lr: float) -> torch.optim.Optimizer:
-    """The optimizer `train.optimizer` names, with its validated arguments (workbench.study.train_section)."""
-    args = {k: v for k, v in spec.items() if k != "name"}
-    if "betas" in args:
-        args["betas"] = tuple(args["betas"])
-    if spec["name"] == "lion":
-        from lion_pytorch import Lion  # an optional package (the `lion` extra), checked before any run
-
-        return Lion(groups, lr=lr, **args)
-    cls = {"adamw": torch.optim.AdamW, "adam": torch.optim.Adam, "sgd": torch.optim.SGD}[spec["name"]]
-    return cls(groups, lr=lr, **args)
-
-
 class RunModule(pl.LightningModule):
     def __init__(self, config: dict[str, Any], task):
         super().__init__()
@@ -103,6 +85,7 @@ class RunModule(pl.LightningModule):
         self.spent: Callable[[], float] = lambda: 0.0  # the recorder's spending in the budget's unit
         self.last_step: str | None = None  # a counted budget's last step: whole, partial or dropped
         self.flops_by_shape: dict[tuple, int] = {}  # see counted_loss
+        self.step_terms: dict[str, torch.Tensor] = {}  # the last loss's task loss and auxiliary terms (curves)
 
     def __setattr__(self, name: str, value: Any) -> None:
         # Lightning names the hook in progress before and after every hook call, ~40 times a step:
@@ -120,7 +103,7 @@ class RunModule(pl.LightningModule):
         else:
             if self.budget_kind == "tokens":
                 inputs = self.fit_budget(inputs, tokens)
-            loss = None if inputs is None else self.task.loss(self.model, inputs, self.family)
+            loss = None if inputs is None else self.loss(inputs)
         if loss is None:  # the budget's remainder was under half a sequence: dropped
             return None
         if self.divergence is None:
@@ -136,7 +119,20 @@ class RunModule(pl.LightningModule):
         # Every rank holds an equal share (train.batch_size is a multiple of the processes): the
         # step's sequences are this rank's times their number, so FLOPs estimated from them count all.
         return {"loss": loss, "tokens": tokens, "sequences": batch_size(inputs) * self.trainer.world_size,
-                "flops": flops}
+                "flops": flops, "terms": self.step_terms}
+
+    def loss(self, inputs) -> torch.Tensor:
+        """The task's loss plus every auxiliary term the model's modules added during its forward
+        (workbench.model.losses: load balance, z-losses). With terms, `step_terms` keeps the task's
+        loss alone ("task_loss": the run's loss curve, comparable with a model that has no terms)
+        and each term, for the step's curves; no term enters an evaluation metric."""
+        with collect() as terms:
+            loss = self.task.loss(self.model, inputs, self.family)
+        if not terms:
+            self.step_terms = {}
+            return loss
+        self.step_terms = {"task_loss": loss.detach(), **terms.curves()}
+        return loss + terms.total()
 
     def flop_budgeted_loss(self, inputs):
         """(inputs, loss, training FLOPs) of a step; a step that would pass the budget is cut to
@@ -157,8 +153,8 @@ class RunModule(pl.LightningModule):
         key = tuple((name, tuple(t.shape), t.cpu().numpy().tobytes() if t.dtype == torch.bool else b"")
                     for name, t in sorted(inputs.items()))
         if key in self.flops_by_shape:
-            return self.task.loss(self.model, inputs, self.family), self.flops_by_shape[key]
-        loss, forward = counted_forward(self.model, lambda: self.task.loss(self.model, inputs, self.family))
+            return self.loss(inputs), self.flops_by_shape[key]
+        loss, forward = counted_forward(self.model, lambda: self.loss(inputs))
         self.flops_by_shape[key] = 3 * forward
         return loss, 3 * forward
 
@@ -181,7 +177,7 @@ class RunModule(pl.LightningModule):
 
     def configure_optimizers(self):
         cfg = self.train_cfg
-        optimizer = make_optimizer(cfg["optimizer"], param_groups(self.model, cfg["weight_decay"]), cfg["lr"])
+        optimizer = build_optimizer(cfg["optimizer"], self.model, lr=cfg["lr"], weight_decay=cfg["weight_decay"])
         schedule = functools.partial(lr_factor, warmup=cfg["warmup_steps"], schedule=cfg["schedule"],
                                      min_ratio=cfg["min_lr_ratio"])
         if self.budget_kind is None:

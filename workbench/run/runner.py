@@ -30,7 +30,7 @@ import sys
 import threading
 from collections import Counter
 from collections.abc import Callable, Collection, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,14 +42,14 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.progress import TimeRemainingColumn
 
 from workbench import stopping
-from workbench.errors import WorkbenchError
+from workbench.errors import DiskError, WorkbenchError
 from workbench.run.executor import Executor, Job
 from workbench.kinds import RunOptions
 from workbench.registry import run_providers
 from workbench.results import CONFIG_FILE, FINAL_WEIGHTS, KEPT, PROGRESS_FILE, RESULT_FILE, Count, Number, RunConfig
 from workbench.results import RunResult, Status, UnsafeFile, check_regular, first_problem, flatten, load_json
 from workbench.results import read_regular, write_json_atomic, write_text_atomic
-from workbench.run.folder import refuse_links
+from workbench.run.folder import RUN_ID, refuse_links
 from workbench.run.store import DB_FILE, PILOT_CPU, RUNS_DIR, Store, run_dir, runs_root
 from workbench.run.tracking import TENSORBOARD_DIR
 from workbench.study import StudyFile
@@ -140,7 +140,6 @@ def record_pilot_spend(store: Store, pilot: Path) -> None:
                       PILOT_CPU: f"{left:.1f}"})
 
 
-
 def study_changes(old: dict[str, Any], new: dict[str, Any], limit: int = 4) -> str:
     a, b = flatten(old), flatten(new)
     changes = [f"{key}: {json.dumps(a.get(key, '(absent)'))} -> {json.dumps(b.get(key, '(absent)'))}"
@@ -159,10 +158,22 @@ def processes_of(defining: dict[str, Any]) -> Any:
     return (with_one_process(defining).get("train") or {}).get("processes")
 
 
+def refuse_other_study(out_dir: Path, info: dict[str, Any], runs: int, name: str) -> None:
+    """One line when `out_dir`'s store holds another study's results (another name, or runs
+    under no name): what it holds and where to go instead. Never --fresh: that would delete them."""
+    held = info.get("name")
+    if held == name or (held is None and not runs):
+        return
+    what = f"the results of study {str(held)[:100]!r}" if held is not None else "results of no named study"
+    raise WorkbenchError(f"{out_dir} holds {what} ({runs} run{'s' * (runs != 1)} recorded), not of {name!r}; "
+                         "use --out for another folder (nothing there was changed)")
+
+
 def check_study(store: Store, study_file: StudyFile) -> None:
-    """Refuse to mix two versions of a study in one folder; record the current one.
-    Only what defines the runs counts (description, notes, expectations may change)."""
+    """Refuse another study's folder, and to mix two versions of a study in one folder; record
+    the current one. Only what defines the runs counts (description, notes, expectations may change)."""
     info = store.study_record()
+    refuse_other_study(store.out_dir, info, len(store.statuses()), study_file.study.name)
     new = study_file.study.run_defining()
     if info and info.get("hash") != study_file.study_hash:
         old = info.get("run_defining", {})
@@ -190,11 +201,20 @@ def check_study(store: Store, study_file: StudyFile) -> None:
 def check_providers(store: Store, runs: list[RunConfig]) -> None:
     """Refuse to resume when a variant now comes from another package or version than the
     one the folder's runs trained with (a plugin reusing a built-in name changes results
-    under an unchanged study file); record the current providers otherwise."""
-    current = {f"{key} {value.split(' (')[0]}": value for run in runs
-               for key, value in run_providers(run.config).items()}
+    under an unchanged study file), or when an installed plugin's code changed since (its
+    digest, `code.<axis>.<name>`; folders written before digests were recorded have none to
+    compare); record the current providers otherwise."""
+    current: dict[str, str] = {}
+    for run in runs:
+        for key, value in run_providers(run.config).items():
+            if key.startswith("code."):
+                current[key] = value
+            else:  # one entry per variant: a per-layer pattern lists several
+                current.update({f"{key} {one.split(' (')[0]}": one for one in value.split(", ")})
     before = store.study_record().get("providers", {})
-    changed = [f"{before[k]} -> {v}" for k, v in sorted(current.items()) if k in before and before[k] != v]
+    changed = [f"the code of {k.split('.', 1)[1].replace('.', ' ', 1)} ({before[k]} -> {v})"
+               if k.startswith("code.") else f"{before[k]} -> {v}"
+               for k, v in sorted(current.items()) if k in before and before[k] != v]
     if changed:
         raise WorkbenchError(
             f"{store.out_dir} holds runs trained with other implementations ({'; '.join(changed[:4])}); "
@@ -202,19 +222,40 @@ def check_providers(store: Store, runs: list[RunConfig]) -> None:
     store.save_study({"providers": canonical_json({**before, **current})})
 
 
-def clear_outputs(out_dir: Path, run_ids: list[str]) -> None:
-    """--fresh: remove what the workbench wrote there (the store and the run folders) only."""
+def recorded_run_ids(out_dir: Path, study_name: str) -> list[str]:
+    """The runs the store of `out_dir` records, once it is known to be this study's (another
+    study's is refused: refuse_other_study); none without a store or from a damaged one."""
+    if not (out_dir / DB_FILE).exists():
+        return []
+    store = Store(out_dir, create=False)
+    try:
+        info, recorded = store.study_record(), store.statuses()
+    except DiskError:
+        raise
+    except WorkbenchError:  # a damaged store: --fresh is how to start over from it
+        return []
+    refuse_other_study(out_dir, info, len(recorded), study_name)
+    return [run_id for run_id in recorded if RUN_ID.fullmatch(run_id)]
+
+
+def clear_outputs(out_dir: Path, study_name: str, run_ids: list[str]) -> None:
+    """--fresh: remove what this study wrote there (the store, its run folders and TensorBoard
+    logs) only. `run_ids`: every run the study could have, to which the runs its store recorded
+    (an earlier version's) are added. Another study's store is refused before anything is
+    deleted; a damaged store is removed, and run folders it may have named are kept: they are
+    not known to be this study's, and their result.json is what recovers their runs."""
+    run_ids = [*run_ids, *recorded_run_ids(out_dir, study_name)]
     try:
         root = runs_root(out_dir)
-    except WorkbenchError:  # a damaged store: --fresh is how to start over from it
+    except WorkbenchError:  # a damaged store
         root = out_dir / RUNS_DIR
-    if root != out_dir / RUNS_DIR:  # folders elsewhere (--runs-dir) may sit beside other studies'
-        for run_id in run_ids:
-            shutil.rmtree(root / run_id, ignore_errors=True)
+    for run_id in dict.fromkeys(run_ids):
+        shutil.rmtree(root / run_id, ignore_errors=True)
+    with suppress(OSError):
+        (out_dir / RUNS_DIR).rmdir()  # only when empty: a folder there no store names is kept
     for name in STORE_FILES:
         (out_dir / name).unlink(missing_ok=True)
-    shutil.rmtree(out_dir / RUNS_DIR, ignore_errors=True)
-    shutil.rmtree(out_dir / TENSORBOARD_DIR, ignore_errors=True)  # the runs' TensorBoard logs (tracking.py)
+    shutil.rmtree(out_dir / TENSORBOARD_DIR / study_name, ignore_errors=True)  # the runs' logs (tracking.py)
 
 
 def recorded_result(run: RunConfig, out_dir: Path, warn=print):

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import sqlite3
 import time
@@ -30,7 +31,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from workbench.errors import WorkbenchError, write_error
-from workbench.results import FINAL_WEIGHTS, OLD_FINAL_WEIGHTS, StoredRow, finite_metrics, finite_or_none, first_problem
+from workbench.results import FINAL_WEIGHTS, MAX_METRICS, OLD_FINAL_WEIGHTS, StoredRow, finite_metrics, finite_or_none, first_problem
 from workbench.results import load_json, read_regular, run_stage, write_text_atomic
 from workbench.run.folder import RUN_ID, check_run_id, refuse_links
 from workbench.run.store_schema import SCHEMA, connect
@@ -310,9 +311,14 @@ def load_results(out_dir: str | Path) -> pd.DataFrame:
     (tune | final) and cost columns. Sorted in sweep order."""
     import pandas as pd  # here: every worker process loads this module (the kind plugins) and reads no frame
 
-    runs = Store(out_dir, create=False).runs()
+    store = Store(out_dir, create=False)
+    runs = store.runs()
     swept = list(dict.fromkeys(k for r in runs for k in r["swept"]))
     metrics = sorted({k for r in runs for k in r["metrics"]}, key=metric_order)
+    if len(metrics) > MAX_METRICS:
+        raise WorkbenchError(f"{store.path}: its runs hold {len(metrics):,} different metrics, more than any study the "
+                             f"workbench runs records ({MAX_METRICS:,}): it is damaged or crafted; move it away and run "
+                             "the study again")
     rows = []
     for r in runs:
         r = {**r, "stage": run_stage(r["config"])}
@@ -352,6 +358,14 @@ def load_curves(out_dir: str | Path, run_id: str | None = None) -> pd.DataFrame:
     if len(frame) > MAX_CURVE_ROWS:
         raise WorkbenchError(f"{store.path} holds over {MAX_CURVE_ROWS:,} curve points, more than any study the "
                              "workbench runs records: it is damaged or crafted; move it away and run the study again")
+    values = pd.to_numeric(frame["value"], errors="coerce")  # a REAL column holds any type in SQLite
+    bad = values.isna() & frame["value"].notna()
+    if bad.any():
+        row = frame[bad].iloc[0]
+        raise WorkbenchError(f"{store.path}: a curve point of run {str(row.run_id)[:40]!r} is {str(row.value)[:40]!r}, "
+                             "not a number: the store is damaged or crafted; move it away and run the study again")
+    # not finite: null, as recorded since (finite_or_none); a store written before may hold inf
+    frame["value"] = values.astype(float).replace([math.inf, -math.inf], math.nan)
     return frame
 
 

@@ -10,6 +10,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from workbench.model.spec import is_pattern, pattern_label, variant_label
+
 
 def get_dotted(data: Mapping[str, Any], key: str) -> Any:
     node: Any = data
@@ -36,10 +38,12 @@ def set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
 
 def label(value: Any) -> Any:
     """A swept value as one flat column entry: scalars as they are, a variant mapping as
-    `name(param=value, ...)`, anything else as compact JSON."""
+    `name(param=value, ...)`, a per-layer pattern of variants as `[a*3, b]` or `repeat[a*3, b]`
+    (runs of one variant collapsed), anything else as compact JSON."""
     if isinstance(value, Mapping) and "name" in value:
-        params = ", ".join(f"{k}={v}" for k, v in value.items() if k != "name")
-        return f"{value['name']}({params})" if params else str(value["name"])
+        return variant_label(value)
+    if is_pattern(value):
+        return pattern_label(value)
     if isinstance(value, (Mapping, list)):
         return json.dumps(value, sort_keys=True)
     return value

@@ -6,12 +6,14 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import ConfigDict, Field, field_serializer, field_validator, model_validator
 
 from workbench.cost.budget import BUDGET_STEP_CAP, StepCost, estimated_steps
 from workbench.errors import SpecError
+from workbench.model.spec import Choice, resolve_choice
+from workbench.registry import variants
 from workbench.study.yaml_file import suggest
 from workbench.variants import StrictModel
 
@@ -41,52 +43,6 @@ def world_size(train: Mapping[str, Any]) -> int | None:
     if not isinstance(devices, int) or devices < 0:
         return None
     return devices * train["num_nodes"]
-
-
-Betas = tuple[Annotated[float, Field(ge=0, lt=1)], Annotated[float, Field(ge=0, lt=1)]]
-
-
-class AdamW(StrictModel):
-    """torch.optim.AdamW: decoupled weight decay (train.weight_decay) on weight matrices."""
-
-    model_config = ConfigDict(extra="forbid")
-    name: Literal["adamw"] = "adamw"
-    betas: Betas = Field((0.9, 0.95), description="decay rates of the first and second moment estimates")
-    eps: float = Field(1e-8, gt=0, description="added to the denominator for stability")
-
-
-class Adam(AdamW):
-    """torch.optim.Adam: train.weight_decay is an L2 term in the gradient."""
-
-    name: Literal["adam"] = "adam"
-
-
-class SGD(StrictModel):
-    """torch.optim.SGD: train.weight_decay is an L2 term in the gradient."""
-
-    model_config = ConfigDict(extra="forbid")
-    name: Literal["sgd"] = "sgd"
-    momentum: float = Field(0.9, ge=0, lt=1, description="momentum factor (0: plain SGD)")
-    nesterov: bool = Field(False, description="Nesterov momentum (needs momentum > 0)")
-
-    @model_validator(mode="after")
-    def _nesterov(self):
-        if self.nesterov and self.momentum == 0:
-            raise SpecError("train.optimizer.nesterov", "Nesterov momentum needs momentum > 0")
-        return self
-
-
-class Lion(StrictModel):
-    """Lion (Chen et al. 2023, the lion-pytorch package): sign updates, decoupled weight decay;
-    it wants a learning rate 3-10x smaller than AdamW's."""
-
-    model_config = ConfigDict(extra="forbid")
-    name: Literal["lion"] = "lion"
-    betas: Betas = Field((0.9, 0.99), description="interpolation and momentum decay rates")
-
-
-OPTIMIZERS: dict[str, type[BaseModel]] = {"adamw": AdamW, "adam": Adam, "sgd": SGD, "lion": Lion}
-Optimizer = Annotated[AdamW | Adam | SGD | Lion, Field(discriminator="name")]
 
 
 class EarlyStopping(StrictModel):
@@ -155,7 +111,8 @@ class TrainConfig(StrictModel):
     # Settings added after studies were run: part of a run's id and a study's hash only when they
     # differ from their default, so studies that never set them keep the ids and hashes they had.
     OPTIONAL: ClassVar[dict[str, Any]] = {
-        "attention_entropy": False, "optimizer": AdamW().model_dump(), "grad_accumulation": 1,
+        "attention_entropy": False, "optimizer": {"name": "adamw", "betas": (0.9, 0.95), "eps": 1e-8},
+        "grad_accumulation": 1,
         "early_stopping": None, "callbacks": [], "budget": None, "init_stream": 0,
         "init": "sequential",
     }
@@ -204,9 +161,10 @@ class TrainConfig(StrictModel):
     attention_entropy: bool = Field(
         False, description="also record attention_entropy@<train_length> at every evaluation: the mean entropy of "
         "the attention rows over the keys each can see, divided by ln(that number): 1 uniform, 0 a saturated softmax")
-    optimizer: Optimizer = Field(
-        default_factory=AdamW, description="adamw (default), adam, sgd or lion, by name or as {name: ..., <its "
-        "arguments>}; train.lr and train.weight_decay apply to each")
+    optimizer: Any = Field(
+        "adamw", validate_default=True, description="adamw (default), adam, sgd, lion, muon or an installed plugin's "
+        "(workbench list optimizer), by name or as {name: ..., <its arguments>}; train.lr and train.weight_decay apply "
+        "to each")
     grad_accumulation: int = Field(
         1, gt=0, description="split each step's batch_size sequences into this many micro-batches whose gradients "
         "add up before the step (less memory, the same batch)")
@@ -225,25 +183,19 @@ class TrainConfig(StrictModel):
     def _optimizer(cls, v):
         data = {"name": v} if isinstance(v, str) else v
         if not isinstance(data, Mapping) or not isinstance(data.get("name"), str):
-            raise SpecError("train.optimizer", "give an optimizer name or {name: ..., <arguments>}", OPTIMIZERS)
+            raise SpecError("train.optimizer", "give an optimizer name or {name: ..., <arguments>}", variants("optimizer"))
         name = data["name"].lower()
-        if name not in OPTIMIZERS:
-            raise SpecError("train.optimizer", f"unknown optimizer {name!r}" + suggest(name, list(OPTIMIZERS)),
-                            OPTIMIZERS)
-        known = OPTIMIZERS[name].model_fields
-        for key in data:
-            if key not in known:
-                raise SpecError(f"train.optimizer.{key}", f"not an argument of {name}" + suggest(key, list(known)),
-                                [k for k in known if k != "name"])
-        try:  # here, so that an error names train.optimizer.<argument> (not the union's tag)
-            return OPTIMIZERS[name].model_validate({**data, "name": name})
-        except ValidationError as err:
-            first = err.errors()[0]
-            inner = (first.get("ctx") or {}).get("error")
-            if isinstance(inner, SpecError):
-                raise inner from None
-            where = ".".join(str(p) for p in first["loc"])
-            raise SpecError(f"train.optimizer.{where}", f"{first['msg']} (got {first.get('input')!r})") from None
+        if name in variants("optimizer"):  # an unknown name is named with the choices by resolve_choice below
+            known = variants("optimizer")[name].Params.model_fields
+            for key in data:
+                if key != "name" and key not in known:
+                    raise SpecError(f"train.optimizer.{key}", f"not an argument of {name}" + suggest(key, list(known)),
+                                    list(known))
+        return resolve_choice("optimizer", {**data, "name": name}, "train.optimizer")
+
+    @field_serializer("optimizer")
+    def _optimizer_mapping(self, choice: Choice) -> dict[str, Any]:
+        return {"name": choice.name, **choice.params.model_dump()}
 
     @field_validator("callbacks", mode="before")
     @classmethod
@@ -308,9 +260,10 @@ class TrainConfig(StrictModel):
     @model_validator(mode="after")
     def _batched_seeds(self):
         """What batched seeds cannot do: each member would need its own budget, stop, processes,
-        micro-batches, callbacks or tracker run."""
+        micro-batches, callbacks, tracker run or optimizer update (one that reads a whole matrix)."""
         if self.batch_seeds == 1:
             return self
+        elementwise = ", ".join(name for name, cls in variants("optimizer").items() if cls.elementwise)
         for field_, given, why in (
             ("train.budget", self.budget is not None, "a budget stops each run at its own step"),
             ("train.early_stopping", self.early_stopping is not None, "early stopping ends each run on its own"),
@@ -318,6 +271,9 @@ class TrainConfig(StrictModel):
             ("train.devices", world_size(self.model_dump()) != 1, "a batched model trains in one process"),
             ("train.callbacks", bool(self.callbacks), "a callback sees one run's module, not a batch of them"),
             ("train.logger", self.logger != "csv", "a tracker run names one run"),
+            ("train.optimizer", not self.optimizer.cls.elementwise,
+             f"{self.optimizer.name} updates each weight matrix as a whole, so K seeds' matrices stacked in one tensor "
+             f"would not each update as alone (optimizers that update element by element do: {elementwise})"),
         ):
             if given:
                 raise SpecError(field_, f"cannot be used with train.batch_seeds {self.batch_seeds}: {why}; use "

@@ -86,6 +86,16 @@ class ByteTokenizer:
         return bytes(ids).decode("utf-8", errors="replace")
 
 
+MAX_TOKENIZER_BYTES = 64 * 2**20  # a large vocabulary's tokenizer.json is tens of MB
+
+
+def library_failure(err: BaseException) -> bool:
+    """Whether `err` is what the `tokenizers` library raises for input it cannot handle: an
+    Exception, or a panic of its Rust code (pyo3's PanicException, a BaseException that passes
+    `except Exception`: its regex engine panics when a pattern backtracks past its limit)."""
+    return isinstance(err, Exception) or type(err).__name__ == "PanicException"
+
+
 class HFTokenizer:
     """A HuggingFace `tokenizers` tokenizer (no special tokens added: the task has its own)."""
 
@@ -95,12 +105,23 @@ class HFTokenizer:
 
     @classmethod
     def load(cls, path: Path, field: str = "task.tokenizer") -> HFTokenizer:
+        """The tokenizer of a tokenizer.json read as a regular file of at most MAX_TOKENIZER_BYTES;
+        SpecError naming `field` for anything the library cannot read (its panics included)."""
         from tokenizers import Tokenizer
 
         try:
-            return cls(Tokenizer.from_file(str(path)))
-        except Exception as err:  # the library raises a bare Exception for a malformed file
-            raise SpecError(field, f"{path} is not a HuggingFace tokenizer.json ({str(err).splitlines()[0]})") from None
+            text = read_regular(path, MAX_TOKENIZER_BYTES).decode("utf-8")  # UnsafeFile: a link, FIFO, too large
+        except UnicodeDecodeError:
+            raise SpecError(field, f"{path} is not a HuggingFace tokenizer.json (not UTF-8 text)") from None
+        except OSError as err:
+            raise SpecError(field, f"{path}: cannot read it ({err.strerror or err})") from None
+        try:
+            return cls(Tokenizer.from_str(text))
+        except BaseException as err:  # a bare Exception for a malformed file, a PanicException for some
+            if not library_failure(err):
+                raise
+            first = str(err).splitlines()[0][:200] if str(err) else type(err).__name__
+            raise SpecError(field, f"{path} is not a HuggingFace tokenizer.json ({first})") from None
 
     def encode(self, pieces: list[bytes]) -> list[np.ndarray]:
         texts = [piece.decode("utf-8", errors="replace") for piece in pieces]

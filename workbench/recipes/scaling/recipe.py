@@ -47,7 +47,7 @@ class ScalingKind(StudyKind):
         if needs:
             raise WorkbenchError(needs[0].error(study_file.source_of(needs[0].field), machine))
         if options.fresh:
-            clear_outputs(out, [])  # measurements keep no run folders
+            clear_outputs(out, study.name, [])  # measurements keep no run folders
         store = Store(out)
         check_study(store, study_file)
         runs = measurement_runs(study)

@@ -38,7 +38,7 @@ from workbench.recipes.train.report import train_report
 from workbench.recipes.train.runs import TrainInputs
 from workbench.report.sweep_points import short_key
 from workbench.results import flatten
-from workbench.variants import variant_name
+from workbench.variants import variant_names
 from workbench.model.spec import VARIANT_AXES
 from workbench.recipes.train.study import TrainStudy
 from workbench.study import RUN_MEASURES, STORED, unwrap
@@ -59,14 +59,25 @@ def setting_value(key: str, config: dict[str, Any]) -> Any:
     parameters (`{name: sliding_window, window: 64}`, or just its name); others as stored."""
     axis = key.split(".")[1] if key.startswith("model.") else None
     if axis in VARIANT_AXES and axis not in config["model"]:  # an axis added after the run was stored
-        return variant_name(config["model"], axis)
+        return variant_names(config["model"], axis)[0]
     value = get_dotted(config, key)
-    if axis in VARIANT_AXES and isinstance(value, dict):
-        cls = variants(axis).get(value["name"])
-        defaults = {f: field.default for f, field in cls.Params.model_fields.items()} if cls else {}
-        params = {k: v for k, v in value.items() if k != "name" and (k not in defaults or defaults[k] != v)}
-        value = {"name": value["name"], **params} if params else value["name"]
+    if axis in VARIANT_AXES and key.count(".") == 1:
+        if isinstance(value, dict) and "repeat" in value:  # a per-layer pattern: each item so
+            return {"repeat": [short_variant(axis, item) for item in value["repeat"]]}
+        if isinstance(value, list):
+            return [short_variant(axis, item) for item in value]
+        return short_variant(axis, value)
     return value
+
+
+def short_variant(axis: str, value: Any) -> Any:
+    """A stored variant mapping with only its non-default parameters, or just its name."""
+    if not isinstance(value, dict):
+        return value
+    cls = variants(axis).get(value["name"])
+    defaults = {f: field.default for f, field in cls.Params.model_fields.items()} if cls else {}
+    params = {k: v for k, v in value.items() if k != "name" and (k not in defaults or defaults[k] != v)}
+    return {"name": value["name"], **params} if params else value["name"]
 
 
 def value_label(key: str, config: dict[str, Any]) -> Any:

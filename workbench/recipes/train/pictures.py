@@ -37,6 +37,7 @@ from workbench.report import ReportSkipWarning, figures
 from workbench.report.document import Figure, Item, Paragraph, Table, fmt
 from workbench.report.sweep_points import Variants
 from workbench.model.weights import load_pictured_model, make_task
+from workbench.variants import variant_names
 
 # Referring words whose attention row is drawn when a sample contains them.
 FOCUS_TOKENS = ("它", "it")
@@ -138,7 +139,8 @@ class ModelPictures:
                 position_drawn.add(key)
                 # named after the scheme it draws (not the variant: sweeping the FFN gave position_gelu.png);
                 # a second drawing of a scheme (other parameters, or a learned table) gets a number
-                scheme = position["name"] if isinstance(position, dict) else str(position)
+                # a per-layer pattern ({repeat: [...]} or a list) draws its first layer's scheme
+                scheme = variant_names(config["model"], "position")[0] if isinstance(position, (dict, list)) else str(position)
                 drawn_names[scheme] = drawn_names.get(scheme, 0) + 1
                 name = scheme if drawn_names[scheme] == 1 else f"{scheme}_{drawn_names[scheme]}"
                 items += self.position_items(model, dest, name, caption_run)

@@ -6,7 +6,8 @@
    runs/<name>/) reuses them instead of training them again (workbench.run.runner.reuse_pilot), and
    the ledger counts the CPU of those it does not reuse. A second plan resumes the pilot; a tuned
    study's pilot tunes too, as the study will (its tuning seeds lie past the pilot's, so its
-   final runs are reused where it chose as the study does).
+   final runs are reused where it chose as the study does). A study of one seed gets a pilot
+   seed it never runs beside it (within 0 .. 2^32-1, leaving room for the pilot's tuning seeds).
 2. The noise, per comparison the pilot's SD of the paired per-seed differences (what the rule's
    paired test reads), with the groups' own SDs beside it. Only the variance is read from the
    pilot, never the effect: the internal pilot of Wittes & Brittain (1990, "The role of internal
@@ -43,6 +44,7 @@ error rate; their many seeds give the SD more degrees of freedom than a pilot's 
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import Counter
 from collections.abc import Sequence
@@ -63,6 +65,7 @@ from workbench.recipes.train.seed_planning import REPLICATIONS, Goal, Planned, S
 from workbench.recipes.train.stats import MAX_PLANNED_SEEDS, POWER, Comparison
 from workbench.recipes.train.gates import Gates
 from workbench.recipes.train.runs import TrainRuns
+from workbench.recipes.train.study import MAX_SEED
 from workbench.recipes.train.verdicts import Verdicts
 from workbench.results import KEPT
 from workbench.run.runner import Summary, default_out_dir
@@ -146,10 +149,14 @@ def planned_family(comparisons: Sequence[Comparison], noise: dict[str, Noise], e
 
 
 def pilot_seeds(study, count: int) -> list[int]:
-    """The study's own first `count` seeds (more past its last one when it lists fewer): the
-    pilot's runs are the study's first runs."""
-    seeds = study.every_seed[:count]
-    return [*seeds, *range(max(seeds) + 1, max(seeds) + 1 + count - len(seeds))]
+    """The study's own first `count` seeds: the pilot's runs are the study's first runs. A study
+    that lists fewer gets seeds it never runs added, past its largest where the pilot's tuning
+    seeds (which follow the pilot's largest) still fit below 2^32-1, else below its smallest."""
+    own = study.every_seed[:count]
+    room = MAX_SEED - (study.tune.seeds if study.tune is not None else 0)
+    candidates = itertools.chain(range(max(own) + 1, room + 1), range(min(own) - 1, -1, -1))
+    extra = (seed for seed in candidates if seed not in study.every_seed)
+    return [*own, *itertools.islice(extra, count - len(own))]
 
 
 @dataclass

@@ -101,7 +101,7 @@ class TrainKind(StudyKind):
         if options.runs_dir is not None:  # before --fresh deletes there: the runs folder names this one back
             claim_runs_dir(out, options.runs_dir)
         if options.fresh:
-            clear_outputs(out, cleared)
+            clear_outputs(out, study.name, cleared)
         store = Store(out)
         check_study(store, study_file)
         check_providers(store, plan.known)

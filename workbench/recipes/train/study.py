@@ -24,6 +24,7 @@ from workbench.study.sections import (SEEDS_JSON_SCHEMA, SWEEP_JSON_SCHEMA, TUNE
 from workbench.study.train_section import TrainConfig
 from workbench.study.yaml_file import suggest
 
+MAX_SEED = 2**32 - 1  # what numpy and the tasks' generators take
 SCALE_JSON_SCHEMA = {"anyOf": [{"type": "object", "additionalProperties": {"type": "array", "minItems": 2}}, {"type": "null"}]}
 
 
@@ -46,7 +47,7 @@ class TrainStudy(StudyBase):
     tune: Annotated[Tune | None, WithJsonSchema(TUNE_JSON_SCHEMA)] = Field(
         None, description="choose values (e.g. train.lr) per sweep point on validation sets before its seeds run"
     )
-    seeds: Annotated[list[Annotated[int, Field(ge=0, le=2**32 - 1)]], WithJsonSchema(SEEDS_JSON_SCHEMA)] = Field(
+    seeds: Annotated[list[Annotated[int, Field(ge=0, le=MAX_SEED)]], WithJsonSchema(SEEDS_JSON_SCHEMA)] = Field(
         [0], min_length=1, description="every sweep point trains once per seed (0 .. 2^32-1), or {first, max}")
     seed_plan: SkipJsonSchema[SeedPlan | None] = Field(
         None, description="set by `seeds: {first, max}` (adaptive seeds); `seeds` then holds the first ones")
@@ -229,6 +230,10 @@ def check_tune(tune: Tune, study: TrainStudy) -> Tune:
             raise SpecError(field, f"{key} says where a run executes, not what it computes: nothing to tune")
         if key in study.sweep.keys:
             raise SpecError(field, f"{key} is also swept: a key is either compared (sweep) or chosen per point (tune)")
+    last = max(study.every_seed)
+    if last + tune.seeds > MAX_SEED:  # the tuning seeds follow the largest final seed (tuning_seeds)
+        raise SpecError("seeds", f"seed {last}: tune: trains on the {tune.seeds} seed(s) after the largest one, past "
+                        f"{MAX_SEED}; give seeds up to {MAX_SEED - tune.seeds}")
     name, _, length = tune.metric.partition("@")
     lengths = study.task.get("eval_lengths") or [study.task["train_length"]]
     choices = [*get_variant("task", study.task["name"]).metrics, "loss"]

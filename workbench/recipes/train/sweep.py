@@ -190,15 +190,16 @@ def point_step_cost(model_json: str, task_json: str, batch_size: int) -> StepCos
 def check_position_limit(spec, task_obj, task: dict[str, Any]) -> None:
     """A position scheme with a fixed table (learned) must cover the training sequences; past
     the training length, a too-short table is by design recorded as not applicable."""
-    scheme = spec.position.cls(spec.position.params, d_model=spec.d_model, n_heads=spec.n_heads,
-                               head_dim=spec.head_dim)
-    limit = scheme.max_length
-    if limit is None:
+    limits = [(choice.name, choice.cls(choice.params, d_model=spec.d_model, n_heads=spec.n_heads,
+                                       head_dim=spec.head_dim).max_length) for choice in spec.each("position")]
+    limits = [(name, limit) for name, limit in limits if limit is not None]
+    if not limits:
         return
+    name, limit = min(limits, key=lambda pair: pair[1])
     batches = [task_obj.train_batch(0, 8, spec.family), *task_obj.eval_batches(task["train_length"], 64, spec.family)]
     longest = max(batch[key].shape[-1] for batch in batches for key in ("tokens", "src", "tgt") if key in batch)
     if longest > limit:
-        raise SpecError("model.position", f"{spec.position.name} covers {limit} positions, but training sequences "
+        raise SpecError("model.position", f"{name} covers {limit} positions, but training sequences "
                         f"are up to {longest} tokens long (task.train_length={task['train_length']}); "
                         f"raise max_len to at least {longest}")
 
