@@ -10,6 +10,12 @@ computed once per forward and shared by every layer. It is float32 (complex64), 
 reference and Hugging Face's, except in a float64 model, where it is float64 (complex128).
 `interpolation: f` divides every position by f (Chen et al. 2023, "Extending Context Window of
 Large Language Models via Positional Interpolation"; Hugging Face's `rope_type: linear`).
+
+Partial rotary (`fraction`; GPT-NeoX's and Qwen3-Next's `partial_rotary_factor`, GPT-J's
+`rotary_dim`): only the first r = int(fraction * head_dim) dimensions of each head rotate, their
+pair j at the frequency base^(-2j/r); the other head_dim - r pass unchanged. Hugging Face rotates
+the same first r dimensions, paired by rotate-half within them (ours[2j] = theirs[j],
+ours[2j + 1] = theirs[j + r/2], the rest in place: workbench.model.hf_decoders.rope_pairing).
 """
 
 import torch
@@ -23,10 +29,13 @@ from workbench.variants import Params
 
 
 class RopeParams(Params):
-    added_later = ("interpolation",)  # runs stored before it keep their ids
+    added_later = ("interpolation", "fraction")  # runs stored before them keep their ids
     base: float = Field(10000.0, gt=1, description="theta: wavelength scale of the slowest pair")
     interpolation: float = Field(1.0, gt=0, description="positions divided by this factor (Position Interpolation, "
                                  "Chen et al. 2023; Hugging Face's linear RoPE scaling, Gemma 3's global layers)")
+    fraction: float = Field(1.0, gt=0, le=1, description="share of each head's dimensions that rotate (the first "
+                            "int(fraction * head_dim), an even number); the rest pass unchanged (partial_rotary_factor: "
+                            "GPT-NeoX-20B and Qwen3-Next 0.25)")
 
 
 def rotation(pos: Tensor, head_dim: int, base: float, dtype: torch.dtype = torch.float32,
@@ -62,24 +71,33 @@ class Rope(PositionScheme):
 
     def __init__(self, params: RopeParams, **dims):
         super().__init__(params, **dims)
-        if self.head_dim % 2:
-            raise SpecError("model.head_dim", f"RoPE rotates pairs of dimensions: head_dim {self.head_dim} must be even")
+        self.rotary_dim = int(self.head_dim * params.fraction)  # as Hugging Face rounds partial_rotary_factor
+        if self.rotary_dim % 2 or self.rotary_dim == 0:
+            field = "model.head_dim" if params.fraction == 1 else "model.position.fraction"
+            raise SpecError(field, f"RoPE rotates pairs of dimensions: int(fraction {params.fraction} * head_dim "
+                            f"{self.head_dim}) = {self.rotary_dim} must be even and above 0")
 
     def rotate(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor]:
         q_rot = self.table(q_pos, table_dtype(q))
         if k is q:  # tied Q/K: rotate once so keys stay identical to queries
-            q = apply_rotation(q, q_rot)
+            q = self.apply(q, q_rot)
             return q, q
         # self-attention passes one positions tensor for both: the angles are computed once
         k_rot = q_rot if k_pos is q_pos else self.table(k_pos, table_dtype(k))
-        return apply_rotation(q, q_rot), apply_rotation(k, k_rot)
+        return self.apply(q, q_rot), self.apply(k, k_rot)
+
+    def apply(self, x: Tensor, rot: Tensor) -> Tensor:
+        """x [B, h, n, hd] with its first rotary_dim dimensions rotated by `rot`, the rest unchanged."""
+        if self.rotary_dim == x.shape[-1]:
+            return apply_rotation(x, rot)
+        return torch.cat([apply_rotation(x[..., : self.rotary_dim], rot), x[..., self.rotary_dim :]], dim=-1)
 
     def table(self, pos: Tensor, dtype: torch.dtype) -> Tensor:
         """The rotation of `pos`, computed once per positions tensor: every layer of a forward
         receives the same one (the reference kept here keeps its identity from being reused)."""
         cached = self.__dict__.get("_table")
         if cached is None or cached[0] is not pos or cached[1] != dtype:
-            cached = self.__dict__["_table"] = (pos, dtype, rotation(pos, self.head_dim, self.params.base, dtype,
+            cached = self.__dict__["_table"] = (pos, dtype, rotation(pos, self.rotary_dim, self.params.base, dtype,
                                                                  self.params.interpolation))
         return cached[2]
 

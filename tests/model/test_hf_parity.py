@@ -192,8 +192,7 @@ def test_the_default_decoder_is_gpt_neox_without_parallel_residual(tmp_path):
 
 @pytest.mark.parametrize(("change", "field"), [
     ({"use_parallel_residual": True}, "use_parallel_residual"),
-    ({"rope_parameters": {"rope_type": "default", "rope_theta": 500.0, "partial_rotary_factor": 0.25}},
-     "rope_parameters"),
+    ({"rope_parameters": {"rope_type": "linear", "rope_theta": 500.0, "factor": 2.0}}, "rope_parameters"),
     ({"hidden_act": "silu"}, "hidden_act"),
 ])
 def test_a_gpt_neox_the_workbench_cannot_compute_is_refused_by_field(change, field):

@@ -137,7 +137,8 @@ LOCAL = {"name": "sliding_window", "window": 4, "qk_norm": "head"}
      "model.attention.name"),  # OLMo 2 has full attention only
     ({"norm": {"name": "reordered", "type": "layernorm"}}, "model.norm.type"),
     ({"norm": {"name": "post", "type": "rmsnorm"}}, "model.norm.name"),  # QK-norm per head: Qwen3, pre-norm
-    ({"attention": {"name": "full", "qk_norm": "head", "qk_norm_gain": False}}, "model.attention.qk_norm_gain"),
+    ({"norm": {"name": "reordered", "type": "rmsnorm"}, "attention": {"name": "full", "qk_norm": "projection", "qk_norm_gain": False}},
+     "model.attention.qk_norm_gain"),  # OLMo 2's QK-norm has its gain (Llama 4's per head has none: it maps)
     ({"attention": {"name": "full", "qk_norm": "head", "gate": "headwise"}}, "model.attention.gate"),
     ({"attention": [LOCAL, {**LOCAL, "window": 8}]}, "model.attention.window"),  # Qwen3: one window
     ({"attention": {"name": "full", "qk_norm": "head", "scale_dim": 64}}, "model.attention.scale_dim"),
@@ -155,7 +156,7 @@ LOCAL = {"name": "sliding_window", "window": 4, "qk_norm": "head"}
     ({"attention": "full", "logit_softcap": 30.0}, "model.logit_softcap"),
     ({"attention": "full", "position": {"name": "rope", "interpolation": 4.0}}, "model.position.interpolation"),
     ({"attention": {"repeat": [LOCAL, LOCAL]}, "position": [{"name": "rope", "interpolation": 2.0}, "rope"]},
-     "model.position:"),  # Qwen3: one RoPE for every layer
+     "model.position"),  # Qwen3: one RoPE for every layer; Llama 4 (RoPE and NoPE layers): no interpolation
     ({"attention": "full", "position": {"name": "learned", "max_len": 64}, "norm": "pre", "ffn": "gelu", "bias": True,
       "embedding_scale": "sqrt_d_model"}, "model.norm.name"),  # the embedding scale is Gemma's (sandwich)
 ])

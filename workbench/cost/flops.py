@@ -75,9 +75,17 @@ def cpu_flash_attention_backward_flops(grad_out, query, key, value, out, logsume
     return 2 * b * h * cpu_flash_pairs(nq, key[2], is_causal) * (3 * d + 2 * value[3])
 
 
+def triangular_solve_flops(a, b, *args, out_shape=None, **kwargs) -> int:
+    """A triangular system of n unknowns, solved for each column of the right-hand side by
+    substitution: a multiply-add per entry of the triangle, n^2 FLOPs per column (chunkwise
+    linear-time mixers: plugins/attention_gated_deltanet.py). torch's counter has no formula for it."""
+    return a[-1] * torch.Size(out_shape).numel()
+
+
 KERNEL_FLOPS = {
     torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: cpu_flash_attention_flops,
     torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward: cpu_flash_attention_backward_flops,
+    torch.ops.aten.linalg_solve_triangular: triangular_solve_flops,
 }
 
 

@@ -13,11 +13,19 @@ from workbench.model.hf_architecture import GELU_ACT, GELU_APPROXIMATE, Architec
 from workbench.model.state_links import attention, gated_mlp, linear, mlp, norm, rows, same, transposed
 
 
-def rope_pairing(heads: int, head_dim: int) -> Tensor:
+def rope_pairing(heads: int, head_dim: int, rotary_dim: int | None = None) -> Tensor:
     """Row order taking HF's rotate-half q/k rows to ours: ours[2j] = theirs[j],
-    ours[2j + 1] = theirs[j + hd/2], within each head."""
-    within = torch.arange(head_dim).view(2, head_dim // 2).T.reshape(-1)  # 0, hd/2, 1, hd/2 + 1, ...
+    ours[2j + 1] = theirs[j + r/2] for the r = rotary_dim (default head_dim) dimensions that rotate,
+    the rest in place, within each head."""
+    r = rotary_dim or head_dim
+    within = torch.cat([torch.arange(r).view(2, r // 2).T.reshape(-1), torch.arange(r, head_dim)])  # 0, r/2, 1, ...
     return (torch.arange(heads)[:, None] * head_dim + within).reshape(-1)
+
+
+def rope_position(rope: dict[str, Any]) -> dict[str, Any]:
+    """Our rope (base, and fraction where partial) of a config's `rope_parameters`."""
+    fraction = rope.get("partial_rotary_factor", 1.0)
+    return {"name": "rope", "base": rope.get("rope_theta", 10000.0), **({"fraction": fraction} if fraction != 1 else {})}
 
 
 def bloom_interleaving(heads: int, head_dim: int) -> Tensor:
@@ -68,7 +76,7 @@ class Llama(Architecture):
     attention = "full"
 
     def requirements(self, spec):
-        return {"family": "decoder", "position.name": "rope", "attention.name": self.attention,
+        return {"family": "decoder", "position.name": "rope", "position.fraction": 1.0, "attention.name": self.attention,
                 "attention.scaled": True, "norm.name": "pre", "norm.type": "rmsnorm", "ffn.name": "swiglu",
                 "embedding_norm": "none", "bias": False}
 
@@ -167,8 +175,8 @@ class Bloom(Architecture):
 
 class GPTNeoX(Architecture):
     """GPT-NeoX (Black et al. 2022) with `use_parallel_residual` off: a pre-norm block, LayerNorm,
-    RoPE on every dimension of a head (`partial_rotary_factor` 1; GPT-NeoX-20B's 0.25 has no
-    counterpart here) and a plain MLP: the workbench's default decoder."""
+    RoPE on a share of each head (`partial_rotary_factor` = our rope `fraction`: GPT-NeoX-20B's 0.25)
+    and a plain MLP: the workbench's default decoder."""
 
     model_type, hf_class, auto_class = "gpt_neox", "GPTNeoXForCausalLM", "AutoModelForCausalLM"
 
@@ -184,16 +192,16 @@ class GPTNeoX(Architecture):
                     num_hidden_layers=spec.n_layers, num_attention_heads=spec.n_heads, hidden_act=act,
                     layer_norm_eps=spec.norm.params.eps, use_parallel_residual=False, attention_bias=spec.bias,
                     rope_parameters={"rope_type": "default", "rope_theta": spec.position.params.base,
-                                     "partial_rotary_factor": 1.0},
+                                     "partial_rotary_factor": spec.position.params.fraction},
                     hidden_dropout=spec.dropout, attention_dropout=0.0, tie_word_embeddings=spec.tie_embeddings)
 
     def spec(self, c):
         rope = c.rope_parameters or {}
         if c.use_parallel_residual:
             raise SpecError("use_parallel_residual", "the workbench's block adds attention, then the MLP: needs false")
-        if rope.get("rope_type", "default") != "default" or rope.get("partial_rotary_factor", 1.0) != 1.0:
-            raise SpecError("rope_parameters", "the workbench's RoPE is the default one on every dimension of a "
-                            f"head: needs rope_type default and partial_rotary_factor 1, got {rope}")
+        if rope.get("rope_type", "default") != "default":
+            raise SpecError("rope_parameters", f"the workbench's RoPE is the default one: needs rope_type default, "
+                            f"got {rope}")
         if c.hidden_act == "relu":
             ffn = {"name": "relu"}
         elif c.hidden_act in GELU_APPROXIMATE:
@@ -202,7 +210,7 @@ class GPTNeoX(Architecture):
             raise SpecError("hidden_act", f"the workbench maps relu, gelu, gelu_new or gelu_pytorch_tanh, got "
                             f"{c.hidden_act!r}")
         return dict(family="decoder", vocab_size=c.vocab_size, d_model=c.hidden_size, n_layers=c.num_hidden_layers,
-                    n_heads=c.num_attention_heads, position={"name": "rope", "base": rope.get("rope_theta", 10000.0)},
+                    n_heads=c.num_attention_heads, position=rope_position(rope),
                     attention="full", norm={"name": "pre", "type": "layernorm", "eps": c.layer_norm_eps},
                     ffn={**ffn, "d_ff": c.intermediate_size}, bias=c.attention_bias,
                     tie_embeddings=c.tie_word_embeddings)
@@ -211,7 +219,7 @@ class GPTNeoX(Architecture):
         h, hd = spec.n_heads, spec.head_dim
         # their rows [h, 3, hd] to ours [3, h, hd], with q's and k's halves paired as our RoPE pairs them
         order = bloom_interleaving(h, hd).view(3, h, hd)
-        within = rope_pairing(1, hd)
+        within = rope_pairing(1, hd, int(hd * spec.position.params.fraction))
         order = torch.cat([order[:2, :, within], order[2:]]).reshape(-1)
         out = [same("embedding.weight", "gpt_neox.embed_in.weight")]
         for i in range(spec.n_layers):

@@ -44,6 +44,7 @@ from workbench.model.hf_architecture import CHECKED_LATER, Architecture, later_o
 from workbench.model.hf_decoders import rope_pairing
 from workbench.model.spec import Choice, ModelSpec, parse_spec, resolve_choice
 from workbench.model.state_links import Link, attention, linear, norm, rows, same, transposed
+from workbench.variants import MODEL_AXES
 
 MOE_TRAINING_ONLY = ("balance_loss", "z_loss", "capacity_factor")  # no effect on the evaluation forward
 SCALAR_FIELDS = ("family", "vocab_size", "d_model", "decoder_layers", "n_heads", "n_kv_heads", "head_dim",
@@ -124,7 +125,7 @@ class MoEDecoder(Architecture):
     """What the three share: their experts stacked, a check by round trip, SwiGLU experts."""
 
     auto_class = "AutoModelForCausalLM"
-    per_layer = ("position", "attention", "norm", "ffn", "residual")  # `check`'s round trip compares every layer
+    per_layer = MODEL_AXES  # `check`'s round trip compares every layer
 
     def layer_requirements(self, spec: ModelSpec, layer: int) -> dict[str, Any]:
         """Every later option (QK-norm, gate, ...) as the spec has it at `layer`: the round trip in
@@ -153,10 +154,10 @@ class MoEDecoder(Architecture):
             wanted, got = getattr(expected, field), getattr(spec, field)
             if wanted != got:
                 raise SpecError(f"model.{field}", f"{self.model_type} ({self.hf_class}) needs {wanted!r}, got {got!r}")
-        patterned = [axis for axis in ("position", "attention", "norm", "ffn", "residual")
+        patterned = [axis for axis in MODEL_AXES
                      if len(spec.each(axis)) > 1 or len(expected.each(axis)) > 1]
         for layer in range(spec.decoder_layers):
-            for axis in ("position", "attention", "norm", "ffn", "residual"):
+            for axis in MODEL_AXES:
                 wanted = compared(axis, expected.at(axis, layer), spec.d_model)
                 got = compared(axis, spec.at(axis, layer), spec.d_model)
                 key = next((k for k in ("name", *wanted) if wanted.get(k) != got.get(k)), None)
@@ -295,7 +296,9 @@ class Llama4(MoEDecoder):
 
     def config(self, spec):
         layers = range(spec.decoder_layers)
-        positions, attentions, ffns = ([spec.at(axis, i) for i in layers] for axis in ("position", "attention", "ffn"))
+        positions = [spec.at("position", i) for i in layers]
+        attentions = [spec.at("attention", i) for i in layers]
+        ffns = [spec.at("ffn", i) for i in layers]
         rope = next((p for p in positions if p.name == "rope"), None)
         nope = next((p for p in positions if p.name != "rope"), None)
         chunked = next((a for a in attentions if a.name == "chunked"), None)

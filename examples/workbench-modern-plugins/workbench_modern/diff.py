@@ -19,6 +19,7 @@ from torch import nn
 from workbench import hookimpl
 from workbench.errors import SpecError
 from workbench.model.attention import AttentionParams
+from workbench.model.position import PositionScheme
 from workbench.model.transformer import SelfAttention
 
 
@@ -30,9 +31,12 @@ class DiffAttention(SelfAttention):
 
     def __init__(self, params, *, spec, layer, position):
         super().__init__(params, spec=spec, layer=layer, position=position)
-        if self.head_dim % 4:
-            raise SpecError("model.head_dim", f"differential attention halves each head and RoPE rotates pairs: "
-                            f"head_dim {self.head_dim} must be a multiple of 4")
+        # Each half must hold whole pairs where the scheme rotates pairs (RoPE: (2i, 2i + 1)).
+        rotates = type(position).rotate is not PositionScheme.rotate
+        if self.head_dim % (4 if rotates else 2):
+            raise SpecError("model.head_dim", f"differential attention halves each head"
+                            f"{' and RoPE rotates pairs' if rotates else ''}: head_dim {self.head_dim} "
+                            f"must be a multiple of {4 if rotates else 2}")
         half = self.head_dim // 2
         self.lambda_init = 0.8 - 0.6 * math.exp(-0.3 * layer.index)  # l - 1 = the 0-based index
         self.lambdas = nn.ParameterList(nn.Parameter(torch.randn(half) * 0.1) for _ in range(4))

@@ -361,8 +361,11 @@ class ScalingReport:
                                   exponents={f"{v} (KV cache)": t for v, t in
                                              self.legend_exponents("decode", "kv_cache_bytes", True).items()},
                                   xlabel="context length (tokens)")
-            items.append(self.figure(path, "Bytes the KV cache holds (2 x layers x K/V heads x head_dim x tokens x "
-                                           "batch x bytes per element).", "KV-cache bytes"))
+            items.append(self.figure(path, "Bytes the cache holds after the context, measured (each layer's "
+                                           "formula beside it in results.csv, kv_cache_bytes_formula: attention 2 x K/V "
+                                           "heads x head_dim x tokens x batch x bytes per element; a latent or "
+                                           "recurrent mixer states its own).",
+                                     "KV-cache bytes"))
             rows = []
             for r in cached.sort_values(["variant", "length"]).to_dict("records"):
                 rows.append([r["variant"], f"{int(r['length']):,}", fmt_bytes(r["kv_cache_bytes"]),
@@ -417,9 +420,12 @@ class ScalingReport:
 
 
 def dense_pattern(model: dict[str, Any]) -> bool:
-    """True when the attention variant reads every key (causal: every earlier key): its
-    `allowed` is the base class's, so the n^2 crossover formulas apply."""
-    return parse_spec(model).attention.cls.allowed is AttentionVariant.allowed
+    """True when the attention variant is one kernel on every layer that reads every key (causal:
+    every earlier key): its `allowed` is the base class's, so the n^2 crossover formulas apply. A
+    token mixer (no kernel pattern: differential, latent attention, Gated DeltaNet) or a per-layer
+    pattern is not."""
+    attention = parse_spec(model).attention
+    return getattr(attention, "cls", None) is not None and getattr(attention.cls, "allowed", None) is AttentionVariant.allowed
 
 
 def report_from_store(out_dir: Path, study, info: dict[str, Any], dest: Path) -> tuple[Report, pd.DataFrame]:
