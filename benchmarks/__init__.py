@@ -1,11 +1,13 @@
 """Benchmarks: commands that measure and print tables, never timed tests.
 
     python -m benchmarks.attention_scaling   cost exponents of attention variants (E1, E3, E4)
+    python -m benchmarks.batched_seeds       several seeds as one batched model: time per seed against one alone
     python -m benchmarks.crn                 does train.init: paired make paired differences less noisy?
     python -m benchmarks.decode              KV-cache decode latency and bytes (E10, P9, P10)
     python -m benchmarks.gpu                 the GPU check (--device cpu --tiny: its smoke run)
     bash benchmarks/gpu_check.sh OUT         on a GPU machine: install, the GPU check, the CUDA tests, a study
     python -m benchmarks.quickstart          what `make quickstart` costs (--compare: same numbers?)
+    python -m benchmarks.study               a whole study's CPU against a plain loop training its runs (--only study)
 
 Results are written as JSON under benchmarks/results/; benchmarks/README.md records what was
 measured on which machine.

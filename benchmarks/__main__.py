@@ -2,8 +2,10 @@
 x-transformers and against this machine's matmul limit. Prints rich tables, writes JSON.
 
 Sections (issue 7): train (throughput + MFU), local (long-sequence sliding window),
-decode (cached greedy generation), overhead (Lightning runner vs a plain loop); and (issue 44)
-decide (seeds and CPU minutes to a verdict, today's rule beside the earlier one: benchmarks/decide.py).
+decode (cached greedy generation), overhead (Lightning runner vs a plain loop); (issue 44)
+decide (seeds and CPU minutes to a verdict, today's rule beside the earlier one: benchmarks/decide.py);
+and (issue 63) study (the quickstart study's CPU against a plain loop training the same runs:
+benchmarks/study.py).
 Every comparison alternates the implementations in this one process and reports medians,
 so load from other processes on a shared machine falls on both alike.
 """
@@ -25,7 +27,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from benchmarks import RESULTS_DIR, Check, decide, machine, mfu
+from benchmarks import RESULTS_DIR, Check, decide, machine, mfu, study
 from benchmarks.minimal import MinimalGPT
 from benchmarks.vs_xtransformers import (CONFIGS, IMPLS, build_pair, decode_throughput,
                                          make_train_step, parameter_check, random_tokens, train_throughput,
@@ -33,7 +35,7 @@ from benchmarks.vs_xtransformers import (CONFIGS, IMPLS, build_pair, decode_thro
 from workbench.errors import WorkbenchError
 from workbench.model.spec import parse_spec
 
-SECTIONS = ("train", "local", "decode", "overhead", "decide")
+SECTIONS = ("train", "local", "decode", "overhead", "decide", "study")
 RESULTS = RESULTS_DIR / "vs_xtransformers.json"
 
 
@@ -213,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     console = Console(width=150)  # wide enough for the tables when piped to a file
-    comparisons = [s for s in args.only if s not in ("overhead", "decide")]
+    comparisons = [s for s in args.only if s not in ("overhead", "decide", "study")]
     if comparisons and not xtransformers_available():
         console.print("x-transformers is not installed: pip install 'transformer-workbench[bench]'")
         return 2
@@ -234,9 +236,11 @@ def main(argv: list[str] | None = None) -> int:
         results["overhead"] = overhead_section(sizes, console, args.quick)
     if "decide" in args.only:  # the verdict rule's cost to decide: benchmarks/decide.py
         results["decide"] = decide.section(console, args.quick)
-    targets = checks(results)
+    if "study" in args.only:  # a whole study against a plain loop: benchmarks/study.py
+        results["study"] = study.section(console, args.quick)
+    targets = checks(results) + (study.checks(results["study"]) if "study" in results else [])
     results["checks"] = [dict(asdict(c), passed=c.passed) for c in targets]
-    table = Table(title="Issue 7 targets")
+    table = Table(title="Targets (issues 7 and 63)")
     for col in ("target", "value", "required", "met"):
         table.add_column(col)
     for c in targets:

@@ -28,6 +28,10 @@ error is kept, its check fails):
   decode            greedy generation with the KV cache (prompt 256, 256 new tokens, batch 1 and 8):
                     ours against x-transformers' `generate(cache_kv=True)` (skipped when it is not
                     installed)
+  batched_seeds     several seeds as one batched model (`train.batch_seeds`, workbench.run.batched):
+                    a training step's time per seed at K = 1, 4, 16, 64, the quickstart's decoder
+                    and a d32 x 1 layer one, padded batches (a call per member) and fixed-length
+                    ones (vmap): benchmarks/batched_seeds.py, float32 matmuls at 'high' (TF32)
 
 Targets on an H100/H200-class GPU, reported as checks, not asserted: MFU >= 0.45;
 sliding window and sparse >= 5x faster than full at n = 32k, with at most 2x its peak memory.
@@ -77,11 +81,15 @@ class Sizes:
     decode_repeats: int = 3
     warmup: int = 2
     repeats: int = 5
+    batched_ks: tuple[int, ...] = (1, 4, 16, 64)
+    batched_steps: int = 20
+    batched_rounds: int = 3
 
 
 TINY = Sizes(d_model=64, n_layers=2, n_heads=4, seq=64, batch=4, train_steps=4, gemm=256, attention_heads=4,
              attention_lengths=(256, 512), window=32, sparse_block=16, prompt=8, new_tokens=8,
-             decode_batches=(1, 2), decode_repeats=1, warmup=1, repeats=2)
+             decode_batches=(1, 2), decode_repeats=1, warmup=1, repeats=2, batched_ks=(1, 2), batched_steps=2,
+             batched_rounds=1)
 
 
 @dataclass(frozen=True)
@@ -448,6 +456,33 @@ def decode(setup: Setup) -> dict[str, Any]:
     return dict(prompt=s.prompt, new_tokens=s.new_tokens, batches=rows)
 
 
+# ---- 7. several seeds as one batched model --------------------------------------------------------
+
+
+def batched_seeds(setup: Setup) -> dict[str, Any]:
+    from benchmarks.batched_seeds import SIZES, measure
+
+    s = setup.sizes
+    sizes = SIZES if s is not TINY else {name: v for name, v in SIZES.items() if name.startswith("tiny")}
+    before = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("high")  # as the workbench's runs on CUDA (train.matmul_precision)
+    try:
+        rows = measure(s.batched_ks, s.batched_steps, s.batched_rounds, setup.device, sizes)
+    finally:
+        torch.set_float32_matmul_precision(before)
+    return dict(ks=list(s.batched_ks), steps=s.batched_steps, rounds=s.batched_rounds, rows=rows)
+
+
+def batched_checks(setup: Setup, result: dict[str, Any]) -> list[Check]:
+    """On a GPU, K seeds as one model are to take less time per seed than one alone where they go
+    through vmap together (fixed-length batches); reported, not asserted."""
+    if not setup.cuda:
+        return []
+    largest = max(result["ks"])
+    return [Check(f"batched seeds: speed-up per seed at K={largest}, {name}", row["speed_up"][largest], ">=", 1.0)
+            for name, row in result["rows"].items() if "fixed length" in name]
+
+
 # ---- the command ---------------------------------------------------------------------------------
 
 
@@ -465,6 +500,7 @@ SECTIONS: dict[str, tuple[Callable[[Setup], dict], Callable[[Setup, dict], list[
     "train_mfu": (train_mfu, lambda setup, r: mfu_checks(r)),
     "scaling_points": (scaling_points, scaling_checks),
     "decode": (decode, lambda setup, r: []),
+    "batched_seeds": (batched_seeds, batched_checks),
 }
 
 

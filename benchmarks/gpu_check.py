@@ -179,7 +179,7 @@ def pytest_counts(junit: Path, log: Path) -> dict[str, Any]:
 
 def benchmark_summary(path: Path) -> dict[str, Any]:
     """Which sections of `python -m benchmarks.gpu` finished, failed or were never reached, its
-    checks, and the quickstart's tokens/s per position scheme."""
+    checks, the quickstart's tokens/s per position scheme and the batched seeds' speed-ups."""
     if not path.is_file():
         return dict(source=None)
     result = json.loads(path.read_text())
@@ -191,6 +191,9 @@ def benchmark_summary(path: Path) -> dict[str, Any]:
                not_reached=[name for name in asked if name not in result],
                seconds={name: round(section.get("section_s", 0), 1) for name, section in sections.items()},
                checks=[Check(c["what"], c["value"], c["op"], c["bound"]).line() for c in result.get("checks", [])])
+    batched = sections.get("batched_seeds", {}).get("rows", {})
+    if batched:  # per model size and batch layout: K -> time per seed alone / time per seed batched
+        out["batched_seeds_speed_up"] = {name: row["speed_up"] for name, row in batched.items()}
     runs = sections.get("train_quickstart", {}).get("runs", [])
     if runs:
         out["quickstart_tokens_per_s"] = {", ".join(f"{v}" for v in run["swept"].values()) or run["run_id"]:

@@ -24,6 +24,7 @@ class AdamW(Optimizer):
 
     name = "adamw"
     Params = AdamParams
+    elementwise = True
     torch_class = torch.optim.AdamW
 
     def build(self, model, *, lr, weight_decay):

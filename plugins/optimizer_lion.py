@@ -23,6 +23,7 @@ class Lion(Optimizer):
 
     name = "lion"
     Params = LionParams
+    elementwise = True
 
     def missing(self):
         if importlib.util.find_spec("lion_pytorch") is None:

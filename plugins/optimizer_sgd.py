@@ -26,6 +26,7 @@ class SGD(Optimizer):
 
     name = "sgd"
     Params = SGDParams
+    elementwise = True
 
     def build(self, model, *, lr, weight_decay):
         groups = decay_groups(list(model.parameters()), weight_decay)

@@ -237,6 +237,7 @@ class TextLM(Task):
     families = ("decoder",)
     metrics = declared("bpc", "bpc_tail", "perplexity", "distinct_2", "repetition_4")
     hold_out = False  # the split is by document (or by position in one file), not by example
+    evaluation_only = ("decode_strategy", "temperature", "top_p", "decode_samples", "decode_tokens")
     gate_baselines = (SEEN_BIGRAM,)  # why this one: the module docstring
     claim_kind = LANGUAGE_MODEL
     baselines_text = (f"interpolated Witten-Bell n-gram models at the tokenizer's granularity, scored on the same "

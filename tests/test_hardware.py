@@ -17,7 +17,7 @@ from click.testing import CliRunner
 from conftest import run_within_cpu
 
 from workbench.cli import main
-from workbench.hardware import Machine, scaling_needs, train_needs
+from workbench.hardware import FLOPS_PER_THREAD, Machine, run_threads, scaling_needs, train_needs
 from workbench.study import load_study
 
 STUDIES = Path(__file__).resolve().parent.parent / "studies"
@@ -218,3 +218,12 @@ def test_a_ddp_strategy_gets_the_rendezvous_timeout():
         strategy = lightning_strategy(train)
         assert strategy._timeout == RENDEZVOUS_TIMEOUT
     assert lightning_strategy({**one, "strategy": "ddp_spawn", "devices": 2})._start_method == "spawn"
+
+
+def test_a_cpu_run_takes_one_thread_per_share_of_work_within_its_share_of_the_cores():
+    quickstart_step = 0.53e9  # training FLOPs of one step of studies/quickstart.yaml
+    assert run_threads(quickstart_step, share=2) == 1
+    assert run_threads(quickstart_step, share=16) == 1
+    assert run_threads(3.5 * FLOPS_PER_THREAD, share=16) == 3
+    assert run_threads(100 * FLOPS_PER_THREAD, share=2) == 2  # never past the executor's share
+    assert run_threads(0, share=1) == 1

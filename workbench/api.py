@@ -23,7 +23,7 @@ from workbench.kinds import RunOptions, get_kind
 from workbench.run.executor import Executor
 from workbench.run.folder import WriterLock, refuse_links, running_writer
 from workbench.run.runner import STORE_FILES, Summary, default_out_dir
-from workbench.run.store import RUNS_DIR, Store, check_runs_dir, load_study_info
+from workbench.run.store import DB_FILE, RUNS_DIR, Store, check_runs_dir, load_study_info
 from workbench.study import load_study
 
 
@@ -109,13 +109,32 @@ def build_report(out_dir: Path, info: dict[str, Any], study, dest: Path, picture
 
 
 def run_pilot(path: str | Path, seeds: int, out: str | Path | None = None, profile: str | None = None,
-              overrides: tuple[str, ...] = (), jobs: int = 1, fresh: bool = False, quiet: bool = False):
+              overrides: tuple[str, ...] = (), jobs: int = 1, fresh: bool = False, quiet: bool = False,
+              cpu_from: float | None = None):
     """Train (or resume) the pilot of `workbench plan` for the study at `path`
-    (workbench.recipes.train.plan: which study the pilot is, and what is read back from it)."""
-    # the plan's statistics (scipy, pandas) load only for `workbench plan`
-    from workbench.recipes.train.plan import pilot_study, read_pilot
+    (workbench.recipes.train.plan: which study the pilot is, and what is read back from it).
 
+    When it trains runs, what its command costs beyond them is recorded in the pilot's store for
+    the plan's CPU figures: the CPU seconds since `cpu_from` (this process's and its children's
+    count: the CLI passes 0, the process's start; default, this call) less those runs' own, and
+    the CPU seconds of the pilot's report, built once into a folder that is then deleted."""
+    import tempfile
+
+    from workbench.hardware import cpu_seconds
+    # the plan's statistics (scipy, pandas) load only for `workbench plan`
+    from workbench.recipes.train.plan import COMMAND_COST, pilot_study, read_pilot
+
+    start = cpu_seconds() if cpu_from is None else cpu_from
     pilot = pilot_study(path, seeds, out, profile, tuple(overrides))
+    before = set(Store(pilot.out, create=False).statuses()) if (pilot.out / DB_FILE).exists() and not fresh else set()
     summary = run_study(path, pilot.out, jobs=jobs, fresh=fresh, profile=profile, quiet=quiet,
                         overrides=pilot.overrides)
+    trained = [r for r in Store(pilot.out, create=False).runs() if r["run_id"] not in before]
+    if trained:
+        start_up = cpu_seconds() - start - sum(r.get("cpu_time_s") or 0.0 for r in trained)
+        report_start = cpu_seconds()
+        with tempfile.TemporaryDirectory() as folder:
+            write_report(pilot.out, folder)
+        with WriterLock(pilot.out):
+            Store(pilot.out).save_study(dict(zip(COMMAND_COST, (f"{start_up:.1f}", f"{cpu_seconds() - report_start:.1f}"))))
     return read_pilot(pilot, summary)

@@ -129,7 +129,8 @@ def list_variants(axis: str | None, as_json: bool) -> None:
 @click.argument("study")
 @click.option("--out", default=None, help="output folder (default: runs/<study name>/)")
 @click.option("--jobs", default=1, show_default=True, type=click.IntRange(min=1),
-              help="runs at once, each in its own process (torch threads = cores // jobs)")
+              help="runs at once, each in its own process; a run trains on at most cores // jobs torch "
+                   "threads (one for a small model, where more would wait for each other)")
 @click.option("--fresh", is_flag=True, help="discard this study's earlier results in the output folder (another version of it) and start "
                    "over; a folder of another study is refused")
 @click.option("--profile", default=None, help="apply the study's named overrides (e.g. gpu)")
@@ -241,7 +242,8 @@ def validate_command(study: str, profile: str | None, overrides: tuple[str, ...]
               help="plan the entries without a margin to detect this true difference, in their metric's units")
 @click.option("--effect-sd", type=float, default=None,
               help="the same in units of each metric's noise (needs no noise estimate)")
-@click.option("--out", default=None, help="the pilot's folder (default: runs/<study name>-pilot/)")
+@click.option("--out", default=None, help="the pilot's folder (default: runs/<study name>-pilot/, where `workbench "
+              "run` into runs/<study name>/ finds its runs and reuses them; with --out X-pilot, `run --out X` does)")
 @click.option("--jobs", default=1, show_default=True, type=click.IntRange(min=1),
               help="pilot runs at once, as in `run`: give the study's own, CPU per run depends on it")
 @click.option("--fresh", is_flag=True, help="discard an earlier pilot in its folder and train it again (never another study's folder)")
@@ -255,10 +257,10 @@ def validate_command(study: str, profile: str | None, overrides: tuple[str, ...]
 def plan_command(study: str, pilot_seeds: int, effect: float | None, effect_sd: float | None, out: str | None,
                  jobs: int, fresh: bool, profile: str | None, overrides: tuple[str, ...], quiet: bool,
                  stored: str | None) -> None:
-    """Train a pilot of STUDY (1 or 2 seeds per group, in a folder of its own, never read by a
-    verdict), or read an earlier issue's runs (--from), and print per `expect:` entry the seeds
-    and CPU minutes its margin or --effect needs with 80% power (or what the study's seeds
-    detect), and the `seeds:` line to register."""
+    """Train a pilot of STUDY (its own first 1 or 2 seeds per group, in a folder of its own, which
+    `workbench run STUDY` then reuses), or read an earlier issue's runs (--from), and print per
+    `expect:` entry the seeds and CPU minutes its margin or --effect needs with 80% power (or
+    what the study's seeds detect), and the `seeds:` line to register."""
     with stopping.immediate(stopping.BEFORE_START if OWN_PROCESS else None):
         from workbench.api import run_pilot
         from workbench.recipes.train.plan import check_effect, plan_lines, stored_pilot
@@ -268,7 +270,7 @@ def plan_command(study: str, pilot_seeds: int, effect: float | None, effect_sd: 
             raise SpecError("--from", f"{'--out' if out is not None else '--fresh'} names a pilot to train; with "
                             "--from the plan reads the stored runs and trains nothing")
         pilot = (stored_pilot(study, stored, profile, overrides) if stored is not None
-                 else run_pilot(study, pilot_seeds, out, profile, overrides, jobs, fresh, quiet))
+                 else run_pilot(study, pilot_seeds, out, profile, overrides, jobs, fresh, quiet, cpu_from=0.0))
     with stopping.immediate(f"after the pilot: its runs are recorded in {pilot.out}, and the same command plans "
                             "from them without training again" if OWN_PROCESS else None):
         lines = plan_lines(pilot, effect, effect_sd)

@@ -4,6 +4,7 @@
     Machine.target("cuda")  a machine named on the command line (`workbench validate --device`)
     train_needs / scaling_needs   the settings a machine cannot run, as `Need`s
     gpus_per_run            the GPUs one run takes on a machine (executors place runs by it)
+    run_threads             the torch threads one CPU run trains with, within its share of the cores
 
 `workbench run` refuses the first need this machine lacks, before anything trains
 (`Need.error`). `workbench validate` checks everything else about the study and lists the needs
@@ -161,6 +162,21 @@ def scaling_needs(device: str, machine: Machine) -> list[Need]:
         return [Need("scaling.device", device, "a CUDA GPU",
                      f"measures on a CUDA GPU; PyTorch sees none on {machine.name}", "use device: auto or cpu")]
     return []
+
+
+# Training FLOPs per step that each torch thread of a CPU run must have to do: below that, the
+# threads of a model's operations mostly wait for one another instead of computing. On a shared
+# 2-core machine a second thread never paid from 0.53 to 65.5 GFLOP per step (2.1x to 18x the
+# CPU, and slower), so a second thread starts past every size measured: at 100 GFLOP per step.
+# Measured, alternated in one process: benchmarks/README.md, "Threads per run".
+FLOPS_PER_THREAD = 5e10
+
+
+def run_threads(step_flops: float, share: int) -> int:
+    """The torch threads a CPU run trains with: one per FLOPS_PER_THREAD of its training step's
+    FLOPs, at least one and at most `share`, the threads its executor gives each run (the
+    process's torch threads: cores // --jobs in a worker, all of them in-process, a Ray task's CPUs)."""
+    return max(1, min(share, int(step_flops // FLOPS_PER_THREAD)))
 
 
 def cpu_seconds() -> float:

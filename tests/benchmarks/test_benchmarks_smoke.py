@@ -96,6 +96,9 @@ def test_gpu_check_runs_end_to_end_on_the_cpu(tmp_path):
         "scaling point finished" in what for what in checks), checks
     assert set(result["train_mfu"]["configs"]) == set(CONFIGS)
     assert all(row["mfu"] > 0 and row["tokens_per_s"] > 0 for row in result["train_mfu"]["configs"].values())
+    rows = result["batched_seeds"]["rows"]  # K = 1 and 2 seeds as one model, both batch layouts
+    assert len(rows) == 2 and all(row["speed_up"]["1"] == 1.0 and row["speed_up"]["2"] > 0 for row in rows.values())
+    assert [row["vmap"]["2"] for row in rows.values()] == [False, True]  # padded: a call per member; fixed: vmap
     lengths = result["local_attention"]["lengths"]
     assert set(lengths) == {str(n) for n in gpu.TINY.attention_lengths}
     if xtransformers_available():

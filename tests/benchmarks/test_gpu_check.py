@@ -40,7 +40,7 @@ def gpu_check_sh(*args: str, cpu_budget_s: float) -> subprocess.CompletedProcess
 def test_the_cpu_rehearsal_writes_every_steps_record_into_one_folder(tmp_path):
     # One CUDA test function (24 cases, skipped here): the other one's module imports Lightning.
     budgets = [arg for step in ("tests", "benchmark", "study") for arg in ("--budget", f"{step}={STEP_BUDGET_S}")]
-    done = gpu_check_sh("--device", "cpu", "--tiny", "--no-install", "--sections", "sdpa_backend",
+    done = gpu_check_sh("--device", "cpu", "--tiny", "--no-install", "--sections", "sdpa_backend batched_seeds",
                         "--tests", "tests/model/test_flex_attention.py::test_flex_equals_dense_on_cuda",
                         "--total", str(3 * STEP_BUDGET_S + 100), *budgets, str(tmp_path), cpu_budget_s=120)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -61,8 +61,13 @@ def test_the_cpu_rehearsal_writes_every_steps_record_into_one_folder(tmp_path):
     assert tests["source"] == "tests.xml" and tests["skipped"] == 24
     assert (tests["passed"], tests["failed"], tests["errors"], tests["problems"]) == (0, 0, 0, [])
     bench = check["benchmark"]
-    assert (bench["device"], bench["finished"], bench["failed"], bench["not_reached"]) == ("cpu", ["sdpa_backend"], {}, [])
+    assert (bench["device"], bench["finished"], bench["failed"], bench["not_reached"]) == (
+        "cpu", ["sdpa_backend", "batched_seeds"], {}, [])
     assert any(line.startswith("PASS") and "fused SDPA kernel" in line for line in bench["checks"])
+    # the batched seeds' speed-up per K (1 and 2 at --tiny), for each batch layout of the d32 model
+    speed_ups = bench["batched_seeds_speed_up"]
+    assert sorted(speed_ups) == ["tiny (d32, 1 layer), fixed length 12", "tiny (d32, 1 layer), padded (lengths 4-12)"]
+    assert all(row["1"] == 1.0 and row["2"] > 0 for row in speed_ups.values())
     assert check["study"]["statuses"] == {"finished": 2}
     assert {run["peak_memory_instrument"] for run in check["study"]["runs"]} <= {"train_step_live_tensor_bytes"}
     assert check["passed"] is True

@@ -1,24 +1,26 @@
-"""`workbench plan`: a pilot in a folder of its own, at seeds the study never runs, and per
-comparison the seeds and CPU minutes with the `seeds:` line to register; a study without
-`expect:` and bad arguments are one line each (exit 2), before anything trains."""
+"""`workbench plan`: a pilot in a folder of its own, at the study's own first seeds (which a study
+run after it reuses), and per comparison the seeds and CPU minutes with the `seeds:` line to
+register; a study without `expect:` and bad arguments are one line each (exit 2), before anything
+trains."""
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
 from click.testing import CliRunner
 
 from workbench.cli import main
-from workbench.recipes.train.plan import PILOT_SEED
-from workbench.run.store import load_results
+from workbench.run import executor
+from workbench.run.store import Store, load_results
 
 # Three steps at a large learning rate: the groups' seeds differ (a pilot needs a spread), in seconds.
 STUDY = """\
 name: tiny
 task: {name: copy, train_length: 4, n_eval: 8, alphabet_size: 4}
 model: {family: decoder, d_model: 16, n_layers: 1, n_heads: 2}
-train: {steps: 3, batch_size: 4, log_every: 1, lr: 0.05}
+train: {steps: 3, batch_size: 8, log_every: 1, lr: 0.05}
 seeds: [0, 1, 2]
 sweep: {model.position: [none, rope, alibi]}
 expect:
@@ -38,9 +40,10 @@ def test_plan_trains_a_pilot_apart_from_the_study_and_prints_the_seeds_each_entr
     result = CliRunner().invoke(main, ["plan", "tiny.yaml", "--quiet"])
     assert result.exit_code == 0, result.output
     pilot = load_results(study / "runs" / "tiny-pilot")
-    assert len(pilot) == 6 and (pilot["seed"] >= PILOT_SEED).all()  # 3 groups x 2 seeds the study never runs
-    assert not (study / "runs" / "tiny").exists()  # nothing in the study's own folder, so no verdict of it reads them
+    assert len(pilot) == 6 and set(pilot["seed"]) == {0, 1}  # 3 groups x the study's first 2 seeds
+    assert not (study / "runs" / "tiny").exists()  # nothing in the study's own folder until the study runs
     out = result.output
+    assert re.search(r"the command beyond its runs \(start-up, recording, the report\): [\d.]+ CPU s", out)
     assert "expect 2: position=alibi vs position=none on accuracy@4 (margin ±0.05)" in out
     assert re.search(r"the study as written \(seeds: \[0, 1, 2\]\): 9 runs, [\d.]+ CPU min", out)
     rows = re.findall(r"^\s+2\s+[\d.]+\s+equivalent ±0\.05\s+(\d+)\s+(\d+)%\s+(\d+)\s+[\d.]+", out, re.M)
@@ -63,6 +66,33 @@ def test_plan_trains_a_pilot_apart_from_the_study_and_prints_the_seeds_each_entr
     assert re.search(r"the study as written \(seeds: \{first: 2, max: 4\}\): 6 to 12 runs", adaptive.output)
     assert re.search(r"to register before the real runs .*\):\nseeds: \{first: 2, max: \d+\}\n$", adaptive.output)
     assert re.search(r"runs expected \(at most \d+\)", adaptive.output)
+
+
+def test_a_study_run_after_its_plan_trains_only_the_seeds_the_pilot_did_not(study, monkeypatch):
+    assert CliRunner().invoke(main, ["plan", "tiny.yaml", "--quiet"]).exit_code == 0
+    pilot = {r["run_id"]: r for r in Store(study / "runs" / "tiny-pilot", create=False).runs()}
+    trained = []
+    original = executor.execute
+    monkeypatch.setattr(executor, "execute", lambda job: trained.append(job.config["seed"]) or original(job))
+    result = CliRunner().invoke(main, ["run", "tiny.yaml", "--quiet"])
+    assert result.exit_code == 0, result.output
+    assert "6 of 9 runs trained by the study's pilot in runs/tiny-pilot" in result.output
+    assert trained == [2, 2, 2]  # the seed the pilot did not run, once per group
+    stored = {r["run_id"]: r for r in Store(study / "runs" / "tiny", create=False).runs()}
+    assert len(stored) == 9 and set(pilot) < set(stored)
+    for run_id, run in pilot.items():  # the pilot's results, its CPU, and the weights the report reads
+        assert (stored[run_id]["metrics"], stored[run_id]["cpu_time_s"]) == (run["metrics"], run["cpu_time_s"])
+        assert (study / "runs" / "tiny" / "runs" / run_id / "final.safetensors").is_file()
+    summary = json.loads((study / "runs" / "tiny" / "reports" / "tiny" / "summary.json").read_text())
+    assert "pilot_cpu_s" not in summary  # every pilot run was reused: the study's own CPU holds them
+
+    # the same pilot under a changed study (another learning rate): none of its runs is the study's
+    changed = CliRunner().invoke(main, ["run", "tiny.yaml", "--quiet", "--fresh", "--set", "train.lr=0.04"])
+    assert changed.exit_code == 0 and "trained by the study's pilot" not in changed.output, changed.output
+    summary = json.loads((study / "runs" / "tiny" / "reports" / "tiny" / "summary.json").read_text())
+    assert summary["pilot_cpu_s"] == round(sum(r["cpu_time_s"] for r in pilot.values()))  # the ledger counts them
+    report = (study / "runs" / "tiny" / "reports" / "tiny" / "report.md").read_text()
+    assert "The pilot's other runs, which the study did not reuse, spent" in report
 
 
 def test_one_pilot_seed_plans_the_cost_only(study):
@@ -131,11 +161,11 @@ def test_a_plan_from_stored_runs_of_another_study_or_sweep_is_one_line(study):
 
 
 def test_a_study_with_the_largest_seed_is_planned(study):
-    """seeds [0, 2^32-1]: the pilot took seeds past the largest, and the plan failed on `seeds.0`
-    with a value the user never wrote (issue 64); it takes seeds the study never runs instead."""
+    """seeds [2^32-1, 0]: a pilot took seeds past the largest, and the plan failed on `seeds.0`
+    with a value the user never wrote (issue 64); the pilot is the study's first seed, the largest."""
     result = CliRunner().invoke(main, ["plan", "tiny.yaml", "--quiet", "--pilot-seeds", "1",
-                                       "--set", "seeds=[0, 4294967295]", "--set", "sweep={model.position: [none, rope]}",
+                                       "--set", "seeds=[4294967295, 0]", "--set", "sweep={model.position: [none, rope]}",
                                        "--set", "expect=[{metric: accuracy@4, better: rope, than: none}]"])
     assert result.exit_code == 0, result.output
-    assert f"(seeds {PILOT_SEED}, which the study never runs" in result.output
-    assert set(load_results(study / "runs" / "tiny-pilot")["seed"]) == {PILOT_SEED}
+    assert "(seeds 4294967295, the study's first" in result.output
+    assert set(load_results(study / "runs" / "tiny-pilot")["seed"]) == {4294967295}

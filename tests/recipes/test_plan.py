@@ -1,5 +1,6 @@
 """What `workbench plan` reads from its pilot (workbench.recipes.train.plan): the noise pooled per
-metric and its upper confidence bound, seeds the study never runs, and each comparison's goal.
+metric and its upper confidence bound, the pilot's seeds (the study's first), and each
+comparison's goal.
 The command itself, pilot included, is tests/cli/test_cli_plan.py."""
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ import math
 import pandas as pd
 import pytest
 
-from workbench.recipes.train.plan import PILOT_SEED, Noise, metric_noise, pilot_seeds, planned_family
+from workbench.recipes.train.plan import Noise, metric_noise, pilot_seeds, planned_family, recorded_seconds
 from workbench.stats.planning import Goal
 from workbench.stats.rule import Comparison
 from workbench.recipes.train.study import TrainStudy
@@ -52,15 +53,24 @@ def study(seeds) -> TrainStudy:
                                       "tune": {"train.lr": [1e-3, 3e-3], "metric": "loss@4", "seeds": 2}})
 
 
-def test_pilot_seeds_are_none_of_the_studys_own_nor_its_tuning_seeds():
-    assert pilot_seeds(study([0, 1, 2]), 2) == [PILOT_SEED, PILOT_SEED + 1]
-    assert pilot_seeds(study({"first": 3, "max": 1000}), 1) == [PILOT_SEED]
-    high = study([PILOT_SEED, 5])  # a study that lists seeds up there: the pilot goes past them and its tuning seeds
-    assert pilot_seeds(high, 2) == [PILOT_SEED + 3, PILOT_SEED + 4]
-    # the largest seed a study may list (issue 64: the pilot went past it, and the plan blamed `seeds.0`)
+def test_pilot_seeds_are_the_studys_own_first_seeds():
+    """An internal pilot: its runs are the study's first runs, which the study then reuses."""
+    assert pilot_seeds(study([0, 1, 2]), 2) == [0, 1]
+    assert pilot_seeds(study([7, 3, 9]), 2) == [7, 3]  # the listed order
+    assert pilot_seeds(study({"first": 3, "max": 12, "start": 100}), 2) == [100, 101]
+    assert pilot_seeds(study([5]), 2) == [5, 6]  # a one-seed study: one more past it (no run of the study)
+    # the largest seeds a study may list (issue 64: a pilot past them failed, blamed on `seeds.0`)
     top = TrainStudy.model_validate({"name": "s", "task": {"name": "copy", "train_length": 4},
-                                     "train": {"steps": 2, "batch_size": 4}, "seeds": [0, PILOT_SEED + 1, 2**32 - 1]})
-    assert pilot_seeds(top, 2) == [PILOT_SEED, PILOT_SEED + 2]
+                                     "train": {"steps": 2, "batch_size": 4}, "seeds": [2**32 - 1]})
+    assert pilot_seeds(top, 2) == [2**32 - 1, 2**32 - 2]
+    # tuned: the pilot's tuning seeds follow its largest seed, so the one added stays below them
+    assert pilot_seeds(study([2**32 - 3]), 2) == [2**32 - 3, 2**32 - 4]
+    assert pilot_seeds(study([2**32 - 5]), 2) == [2**32 - 5, 2**32 - 4]
+
+
+def test_a_stored_command_cost_is_data():
+    assert recorded_seconds({"a": "2.5", "b": "1"}, ["a", "b"]) == 3.5
+    assert recorded_seconds({"a": "nan", "b": "-4", "c": "many"}, ["a", "b", "c", "d"]) == 0.0
 
 
 def test_a_tuned_study_leaves_room_for_its_tuning_seeds():

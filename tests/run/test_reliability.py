@@ -786,9 +786,12 @@ def test_a_worker_killed_by_the_oom_killer_is_recorded_oom(monkeypatch):
 
     job = executor.Job("0123456789ab", {}, Path("x"))
     monkeypatch.setattr(executor, "oom_kills", lambda: 4)
-    assert executor.death_result(job, -9, 3).status == Status.OOM  # the kernel's count went up
-    killed = executor.death_result(job, -9, 4)
+    assert [r.status for r in executor.death_result(job, -9, 3)] == [Status.OOM]  # the kernel's count went up
+    [killed] = executor.death_result(job, -9, 4)
     assert killed.status == Status.FAILED and "killed by signal 9 (SIGKILL)" in killed.error
+    together = executor.Job("0123456789ab", {}, Path("x"), together=(executor.Job("ba9876543210", {}, Path("y")),))
+    assert [(r.run_id, r.status) for r in executor.death_result(together, -9, 4)] == [
+        ("0123456789ab", Status.FAILED), ("ba9876543210", Status.FAILED)]  # every run trained in that worker
 
 
 # ---- issue 40: bounded reading of what a run folder holds --------------------------------------

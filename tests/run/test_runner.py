@@ -133,15 +133,29 @@ def test_rerun_skips_every_done_run(sweep_out):
     assert {r["attempts"] for r in Store(tmp / "out").runs()} == {1}
 
 
+def run_threads_of(out: Path) -> list[int]:
+    return [record["environment"]["threads"] for record in Store(out, create=False).runs()]
+
+
 def test_jobs_2_gives_the_results_of_jobs_1(sweep_out):
     tmp, _ = sweep_out
     summary = run_study(tmp / "study.yaml", tmp / "out2", jobs=2, quiet=True)
     assert summary.statuses == {"finished": 1, "diverged": 1}
+    assert run_threads_of(tmp / "out2") == [1, 1]  # its worker's share is cores // 2; a tiny model takes one
     one, two = load_results(tmp / "out"), load_results(tmp / "out2")
     assert list(one.run_id) == list(two.run_id)
     assert list(one.diverged_step.fillna(-1)) == list(two.diverged_step.fillna(-1))
     for column in ("accuracy@6", "loss@6", "accuracy@9", "loss@9"):
         assert one[column].iloc[0] == pytest.approx(two[column].iloc[0], rel=1e-4, abs=1e-5), column
+
+
+def test_a_run_in_this_process_trains_on_the_threads_its_model_can_use_and_gives_the_share_back(tmp_path):
+    """--jobs 1 trains in the driver, whose torch threads are every core: a tiny model takes one
+    thread of them (more would wait for each other), as it does in a --jobs N worker."""
+    torch.set_num_threads(2)
+    run_study(write(tmp_path), tmp_path / "out", jobs=1, quiet=True)
+    assert run_threads_of(tmp_path / "out") == [1, 1]
+    assert torch.get_num_threads() == 2  # the next run in this process has the whole share again
 
 
 def test_interrupted_run_continues_from_its_checkpoint_with_the_next_batch(tmp_path, monkeypatch):

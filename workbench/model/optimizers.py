@@ -22,7 +22,7 @@ which Lightning steps, clips, schedules and checkpoints like any other.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -37,6 +37,10 @@ class Optimizer(Variant):
 
     axis = "optimizer"
     Params = Params
+    # Whether its update of each parameter element reads only that element's gradient and state
+    # (AdamW, Adam, SGD, Lion; not Muon, which orthogonalises whole matrices): then the seeds of
+    # `train.batch_seeds`, their weights stacked along a new first dimension, each train as alone.
+    elementwise: ClassVar[bool] = False
 
     def __init__(self, params: Params):
         self.params = params

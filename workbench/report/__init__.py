@@ -42,7 +42,7 @@ from workbench.errors import WorkbenchError, WorkbenchWarning
 from workbench.kinds import study_kinds
 from workbench import registry
 from workbench.variants import MODEL_AXES, variant_names
-from workbench.report.document import Paragraph, Report, Section
+from workbench.report.document import Paragraph, Report, Section, fmt_seconds
 from workbench.report.index import run_cpu_s, run_span_s, run_time_text, write_summary
 from workbench.report.render import render_html, render_markdown
 from workbench.study import STORED, unwrap
@@ -283,21 +283,47 @@ def process_alive(pid: int) -> bool:
 def finish_report(out_dir: Path, report: Report, results: pd.DataFrame, dest: Path) -> None:
     """A kind's report with the run-time section every kind ends with, written into `dest`
     (index.html, report.md, results.csv, summary.json)."""
-    runs = store.Store(out_dir, create=False).runs()
-    report.sections.append(run_time_section(runs))
+    stored = store.Store(out_dir, create=False)
+    runs, pilot_cpu_s = stored.runs(), pilot_spend(stored.study_record())
+    report.sections.append(run_time_section(runs, pilot_cpu_s))
     write_files(report, results, dest)
-    write_summary(dest, report, runs)
+    write_summary(dest, report, runs, pilot_cpu_s)
 
 
-def run_time_section(runs: Sequence[Mapping[str, Any]]) -> Section:
+def pilot_spend(record: Mapping[str, Any]) -> float | None:
+    """CPU seconds of the study's `workbench plan` pilot runs that it did not reuse (its record,
+    workbench.run.runner.record_pilot_spend); None without a pilot, or with a value that is not a
+    number (a store from elsewhere is data)."""
+    try:
+        seconds = float(record.get(store.PILOT_CPU) or "nan")
+    except ValueError:
+        return None
+    return seconds if math.isfinite(seconds) and seconds >= 0 else None
+
+
+def run_time_section(runs: Sequence[Mapping[str, Any]], pilot_cpu_s: float | None = None) -> Section:
     """How long the study took and what it cost: the index's run-time column, explained."""
     span, cpu = run_span_s(runs), run_cpu_s(runs)
     recorded = sum(r.get("cpu_time_s") is not None for r in runs)
+    reused = sum(bool((r.get("environment") or {}).get("pilot")) for r in runs)
+    shared = sum(bool((r.get("environment") or {}).get("trained_with")) for r in runs)
+    threads = sorted({(r.get("environment") or {}).get("threads") for r in runs} - {None})
     text = (f"{run_time_text(span, cpu, len(runs))}. Wall: from the first run's start to the last run's end (tuning "
             "runs included; a sweep resumed later includes its pause). CPU: user and system time of each run's "
             f"processes, summed over the {recorded} of {len(runs)} runs that recorded it; next to the wall time it "
             "shows how much of the machine the study used (about the number of cores when runs trained side by "
             "side, less when they waited for other work).")
+    if threads:
+        text += f" Each run trained on {' or '.join(map(str, threads))} torch thread{'s' * (threads != [1])}."
+    if shared:
+        text += (f" {shared} runs differ from others only in how they evaluate: they trained one model together, "
+                 "and each records its share of that training's CPU.")
+    if reused:
+        text += (f" {reused} runs were trained by the study's `workbench plan` pilot and reused (their CPU is "
+                 "counted here).")
+    if pilot_cpu_s:
+        text += (f" The pilot's other runs, which the study did not reuse, spent {fmt_seconds(pilot_cpu_s)} CPU more "
+                 "(the index's ledger counts them).")
     return Section("Run time", [Paragraph(text), Paragraph(provenance_text(runs))])
 
 

@@ -75,8 +75,9 @@ def run_time_text(span_s: float | None, cpu_s: float | None, runs: int) -> str:
     return f"{fmt_seconds(span_s)} wall, {cpu}, {runs} runs"
 
 
-def summary(report: Report, runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """What the index needs from one report, as plain JSON."""
+def summary(report: Report, runs: Sequence[dict[str, Any]], pilot_cpu_s: float | None = None) -> dict[str, Any]:
+    """What the index needs from one report, as plain JSON. `pilot_cpu_s`: CPU seconds of the
+    study's pilot runs (`workbench plan`) that it did not reuse, which the ledger counts too."""
     statuses: dict[str, int] = {}
     for r in runs:
         statuses[r["status"]] = statuses.get(r["status"], 0) + 1
@@ -99,6 +100,7 @@ def summary(report: Report, runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "statuses": dict(sorted(statuses.items())),
         "run_span_s": None if span is None else round(span),
         "run_cpu_s": None if cpu is None else round(cpu),
+        **({"pilot_cpu_s": round(pilot_cpu_s)} if pilot_cpu_s else {}),
     }
 
 
@@ -129,9 +131,10 @@ def json_numbers(record: dict[str, Any]) -> dict[str, Any]:
     return {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in record.items()}
 
 
-def write_summary(dest: Path, report: Report, runs: Sequence[dict[str, Any]]) -> Path:
+def write_summary(dest: Path, report: Report, runs: Sequence[dict[str, Any]], pilot_cpu_s: float | None = None) -> Path:
     path = dest / SUMMARY_FILE
-    path.write_text(json.dumps(summary(report, runs), indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    path.write_text(json.dumps(summary(report, runs, pilot_cpu_s), indent=2, ensure_ascii=False) + "\n",
+                    encoding="utf-8")
     return path
 
 
@@ -269,7 +272,7 @@ class Spend:
     """What one study's report cost and what it decided: a row of the budget ledger."""
 
     study: str
-    cpu_s: float | None  # CPU seconds its runs spent (summary.json's run_cpu_s); None: not recorded
+    cpu_s: float | None  # CPU seconds its runs and its plan's unreused pilot runs spent (summary.json); None: not recorded
     asked: int  # verdicts its `expect:` entries ask
     decided: int  # of them, outcomes that conclude about the claim (holds, does not hold, equivalent)
     current: bool = False  # issued under today's VERDICT_RULE (re-issued, or first issued, since it)
@@ -297,7 +300,10 @@ def claim_kind(study) -> str:
 
 
 def study_spend(name: str, summary: dict[str, Any], kind: str = SYMBOL_TASK, pilot_min: float = 0.0) -> Spend:
-    return Spend(name, summary.get("run_cpu_s"), len(summary["verdicts"]), sum(map(decides, summary["verdicts"])),
+    cpu = summary.get("run_cpu_s")
+    if cpu is not None:  # a pilot's runs the study reused are among its own; the others cost it too
+        cpu += summary.get("pilot_cpu_s") or 0
+    return Spend(name, cpu, len(summary["verdicts"]), sum(map(decides, summary["verdicts"])),
                  summary.get("rule") == VERDICT_RULE, kind, pilot_min * 60, bool(summary.get("notices")))
 
 
@@ -345,7 +351,8 @@ def ledger_section(spends: Sequence[Spend]) -> list[str]:
         "## Budget ledger",
         "",
         "What each study's verdicts cost: the CPU minutes its runs spent (user and system time of each run's "
-        "processes, as the results store records it, summed over the study's runs, tuning runs included) and "
+        "processes, as the results store records it, summed over the study's runs, tuning runs included, and "
+        "the runs of its `workbench plan` pilot that the study did not reuse) and "
         f"those of the pilots that sized it where they were recorded (`{PILOTS_FILE.as_posix()}` in the studies "
         f"folder), the verdicts it decided (**{Outcome.HOLDS}**, **{Outcome.DOES_NOT_HOLD}** or "
         f"**{Outcome.EQUIVALENT}**, counting one that tests its claim) of those its `expect:` entries ask, and the "

@@ -86,6 +86,13 @@ class TaskDataModule(pl.LightningDataModule):
         pin = trainer is not None and trainer.strategy.root_device.type == "cuda"
         return DataLoader(dataset, batch_size=None, sampler=sampler, generator=torch.Generator(), pin_memory=pin)
 
+    def transfer_batch_to_device(self, batch, device: torch.device, dataloader_idx: int):
+        """A CPU run's batch is already where it trains: Lightning's default walks it at every
+        step to move each tensor."""
+        if device.type == "cpu":
+            return batch
+        return super().transfer_batch_to_device(batch, device, dataloader_idx)
+
 
 def step_done(trainer: pl.Trainer, batch_idx: int) -> bool:
     """Whether this batch ended an optimizer step (with train.grad_accumulation, only every k-th)."""

@@ -125,7 +125,7 @@ def train_in_processes(run_id: str, config: dict[str, Any], run_dir: Path, track
             while child.poll() is None:
                 if stopped_at is None and stopping.stop_requested():
                     stopped_at = time.monotonic()
-                    # rank 0 alone: it tells the others at the end of the step (StopOnRequest), so every
+                    # rank 0 alone: it tells the others at the end of the step (train.Checkpoints), so every
                     # rank stops at the same step; a signal to each could end one inside a collective
                     os.kill(child.pid, signal.SIGTERM)
                 elif stopped_at is not None and time.monotonic() - stopped_at > STOP_GRACE_S:

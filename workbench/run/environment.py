@@ -26,7 +26,8 @@ if TYPE_CHECKING:
 
 @functools.cache
 def environment(device: str) -> dict[str, Any]:
-    """Versions and device a run trained with (the same for every run of a process)."""
+    """Versions and device a run trained with (the same for every run of a process; its torch
+    threads are the run's own, workbench.hardware.run_threads)."""
     import pytorch_lightning as pl  # loaded by the training process already; the driver never needs it
 
     try:
@@ -39,7 +40,6 @@ def environment(device: str) -> dict[str, Any]:
         "lightning": pl.__version__,
         "device": device,
         "cpu": platform.processor() or platform.machine(),
-        "threads": torch.get_num_threads(),
         "workbench": project,
         "git_commit": git_commit(),
     }

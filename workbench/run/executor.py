@@ -2,8 +2,12 @@
 to run, skipping, resuming and recording stay in the runner (the driver process), so a
 cluster executor (Ray, ...) only has to implement `run`.
 
-    InProcessExecutor       --jobs 1: one run after another in this process
-    LocalProcessExecutor    --jobs N: N spawned worker processes, torch threads = cores // N
+    InProcessExecutor       --jobs 1: one run after another in this process, every core its share
+    LocalProcessExecutor    --jobs N: N spawned worker processes, each with cores // N torch threads
+
+Either way a run's share of the cores is the torch threads of the process that trains it, and
+the run trains on as many of them as its model can keep busy (workbench.hardware.run_threads:
+one for a small model), so --jobs 1 and --jobs N cost the same CPU per run.
 
 On a stop request (workbench.stopping: the driver's SIGTERM/SIGINT) an executor starts no new
 run, lets the running ones checkpoint and end, and raises RunInterrupted saying what each
@@ -44,12 +48,34 @@ JOIN_S = 5  # an idle worker told to leave has this long before it is killed
 
 @dataclass(frozen=True)
 class Job:
-    """One run to execute: plain, picklable data."""
+    """One run to execute: plain, picklable data. `together`: runs trained with it, which differ
+    from it only in how they evaluate (workbench.recipes.train.sweep.training_groups); `batch`:
+    other seeds of its sweep point trained with it as one batched model (`train.batch_seeds`,
+    workbench.run.batched), each with its own `together`. The job yields a result for each run."""
 
     run_id: str
     config: dict[str, Any]
     run_dir: Path
     tracker: Any = None  # workbench.run.tracking.TrackerRun: the run's name in an experiment tracker
+    together: tuple[Job, ...] = ()
+    batch: tuple[Job, ...] = ()
+
+    @property
+    def with_siblings(self) -> tuple[Job, ...]:
+        """Its run and the runs that share its training."""
+        return (self, *self.together)
+
+    @property
+    def runs(self) -> tuple[Job, ...]:
+        return (*self.with_siblings, *(run for member in self.batch for run in member.with_siblings))
+
+    def results(self, outcome: RunResult | list[RunResult]) -> list[RunResult]:
+        """What executing it returned, as one result per run."""
+        return outcome if isinstance(outcome, list) else [outcome]
+
+    def failed(self, status: Status, error: str) -> list[RunResult]:
+        """Every run of the job with the same failure (the process that trained them died)."""
+        return [RunResult(run.run_id, status, error=error) for run in self.runs]
 
 
 class Executor(ABC):
@@ -72,10 +98,17 @@ class Executor(ABC):
         return None
 
 
-def execute(job: Job):
-    from workbench.run.train import train_run  # imported here: workers pay for torch once, lazily
+def execute(job: Job) -> list[RunResult]:
+    """The job's runs, trained; one result each."""
+    from workbench.run.train import train_run, train_together  # imported here: workers pay for torch once, lazily
 
-    return train_run(job.run_id, job.config, job.run_dir, job.tracker)
+    if job.batch:
+        from workbench.run.batched import train_batched
+
+        return train_batched(job)
+    if job.together:
+        return train_together(job)
+    return [train_run(job.run_id, job.config, job.run_dir, job.tracker)]
 
 
 class InProcessExecutor(Executor):
@@ -88,7 +121,7 @@ class InProcessExecutor(Executor):
                 raise stopping.RunInterrupted("no run was training")
             if self.on_start:
                 self.on_start(job)
-            yield execute(job)
+            yield from execute(job)
 
 
 # ---- worker processes ------------------------------------------------------------------------
@@ -135,7 +168,7 @@ def worker_main(conn, stop_conn, threads: int, gpus: str | None = None) -> None:
                 outcome = ("interrupted", str(err))
             except Exception as err:  # a run's outcome, sent as text (an exception may not pickle)
                 status = Status.OOM if isinstance(err, MemoryError) else Status.FAILED
-                outcome = ("result", RunResult(job.run_id, status, error=f"{type(err).__name__}: {err}".splitlines()[0]))
+                outcome = ("result", job.failed(status, f"{type(err).__name__}: {err}".splitlines()[0]))
             conn.send(outcome)
         except (BrokenPipeError, EOFError, OSError):  # the driver is gone: nobody reads the result
             os._exit(1)
@@ -183,8 +216,8 @@ def oom_kills() -> int | None:
     return None
 
 
-def death_result(job: Job, exitcode: int | None, oom_before: int | None) -> RunResult:
-    """The outcome of a run whose worker process died, with the true reason."""
+def death_result(job: Job, exitcode: int | None, oom_before: int | None) -> list[RunResult]:
+    """The outcome of the runs whose worker process died, with the true reason."""
     if exitcode is not None and exitcode < 0:
         name = signal.Signals(-exitcode).name if -exitcode in signal.valid_signals() else str(-exitcode)
         how = f"killed by signal {-exitcode} ({name})"
@@ -192,10 +225,10 @@ def death_result(job: Job, exitcode: int | None, oom_before: int | None) -> RunR
         how = f"exited with code {exitcode}"
     now = oom_kills()
     if exitcode == -signal.SIGKILL and None not in (now, oom_before) and now > oom_before:
-        return RunResult(job.run_id, Status.OOM, error=f"its worker process was {how} by the kernel's OOM killer "
-                         "(out of memory); run the study again to retry it, with a smaller batch or model")
-    return RunResult(job.run_id, Status.FAILED, error=f"its worker process was {how} while it trained; run the "
-                     "study again to retry it (it resumes from its last checkpoint)")
+        return job.failed(Status.OOM, f"its worker process was {how} by the kernel's OOM killer (out of memory); run "
+                          "the study again to retry it, with a smaller batch or model")
+    return job.failed(Status.FAILED, f"its worker process was {how} while it trained; run the study again to retry "
+                      "it (it resumes from its last checkpoint)")
 
 
 class Worker:
@@ -355,7 +388,7 @@ class LocalProcessExecutor(Executor):
             except (EOFError, OSError):  # died: its run is recorded, a fresh worker takes its place
                 worker.end()
                 workers.remove(worker)
-                yield death_result(worker.job, worker.process.exitcode, worker.oom_before)
+                yield from death_result(worker.job, worker.process.exitcode, worker.oom_before)
                 return
             if message[0] == "started":
                 worker.started = True
@@ -365,8 +398,9 @@ class LocalProcessExecutor(Executor):
                 if not stopping.stop_requested():  # a signal to the worker alone stopped its run
                     stopping.request_stop("SIGTERM to a worker")
             else:
+                job = worker.job
                 worker.done()
-                yield message[1]
+                yield from job.results(message[1])
 
 
 def interrupted_runs(stopped: list[str]) -> str:

@@ -289,10 +289,11 @@ class RayExecutor(Executor):
                     outcome = ray.get(done[0])
                 except ray.exceptions.RayError as err:  # retries exhausted, or the task itself crashed
                     node = f"node {rank}: " if group is not None else ""
-                    outcome = RunResult(job.run_id, Status.FAILED,
-                                        error=f"{node}ray: {type(err).__name__}: {err}".strip()[:2000])
+                    error = f"{node}ray: {type(err).__name__}: {err}".strip()[:2000]
+                    outcome = job.failed(Status.FAILED, error) if group is None else RunResult(job.run_id, Status.FAILED,
+                                                                                                error=error)
                 if group is None:
-                    yield outcome
+                    yield from job.results(outcome)
                     continue
                 group.outcomes[rank] = outcome
                 if outcome is not None and outcome.status == Status.FAILED:

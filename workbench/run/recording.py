@@ -2,7 +2,9 @@
 
     RunRecorder   train loss every `log_every` steps, evaluation on every eval length every
                   `eval_every` steps and at the end, training time and tokens; its state is
-                  saved in checkpoints, so a resumed run keeps its whole history.
+                  saved in checkpoints, so a resumed run keeps its whole history. Runs that
+                  differ only in how they evaluate train one model: it evaluates it for each
+                  (Evaluations), and each keeps its own curves.
     ProgressFile  step, loss and seconds in progress.json, for the sweep display.
     PeakMemory    the run's peak memory, with the instrument that measured it.
 """
@@ -11,6 +13,8 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -25,13 +29,36 @@ from workbench.run.batches import step_done
 from workbench.run.evaluate import evaluate_lengths
 
 
-class RunRecorder(Callback):
-    """Learning curves, evaluations, training time and tokens; all restored on resume."""
+@dataclass
+class Evaluations:
+    """What one run records of the model being trained: its task (with its evaluation settings,
+    e.g. a decoding strategy), its curves (the shared training rows and its own evaluations),
+    its last evaluation and the seconds it spent evaluating in this session."""
 
-    def __init__(self, task, family: str, train: dict[str, Any], cost: StepCost):
+    task: Any
+    train: dict[str, Any]
+    curves: list[tuple[int, str, str, float]] = field(default_factory=list)  # (step, split, metric, value)
+    last_eval: dict[str, Any] = field(default_factory=lambda: {"step": None, "metrics": {}, "not_applicable": {}})
+    batches: dict[int, list] = field(default_factory=dict)  # its held-out batches, made once
+    session_time: float = 0.0
+
+    def state(self) -> dict[str, Any]:
+        return {"curves": self.curves, "last_eval": self.last_eval}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        self.curves = [tuple(c) for c in state["curves"]]
+        self.last_eval = state["last_eval"]
+
+
+class RunRecorder(Callback):
+    """Learning curves, evaluations, training time and tokens; all restored on resume. With
+    `siblings` ((task, train section) of runs that train the same model and evaluate it their own
+    way) every evaluation is made for each of them too, into an Evaluations of its own."""
+
+    def __init__(self, task, family: str, train: dict[str, Any], cost: StepCost,
+                 siblings: Sequence[tuple[Any, dict[str, Any]]] = ()):
         self.task, self.family, self.train = task, family, train
-        self.curves: list[tuple[int, str, str, float]] = []  # (step, split, metric, value)
-        self.last_eval: dict[str, Any] = {"step": None, "metrics": {}, "not_applicable": {}}
+        self.runs = [Evaluations(task, train), *(Evaluations(t, tr) for t, tr in siblings)]
         self.tokens = 0
         self.flops = 0  # counted training FLOPs spent (workbench.cost.budget)
         self.cost = cost  # batch 0's, for the FLOPs of steps that are not counted as they run
@@ -40,11 +67,24 @@ class RunRecorder(Callback):
         self.session_start: float | None = None
         self.start_step = 0  # the global step this session started at (> 0: resumed)
         self.session_eval_time = 0.0
-        self._eval_batches: dict[int, list] = {}
         self._step_loss: torch.Tensor | None = None  # the training loss of the step in progress, summed over its micro-batches
         self._step_terms: dict[str, torch.Tensor] = {}  # its auxiliary loss terms and statistics (workbench.model.losses), likewise
         self.best: float | None = None  # train.early_stopping: the best value of its metric so far ...
         self.evals_without_gain = 0  # ... and the evaluations since it improved
+        self.loggers: list[Any] | None = None  # where its figures are logged (None: the trainer's loggers)
+
+    @property
+    def curves(self) -> list[tuple[int, str, str, float]]:
+        return self.runs[0].curves
+
+    @property
+    def last_eval(self) -> dict[str, Any]:
+        return self.runs[0].last_eval
+
+    def _record(self, rows: list[tuple[int, str, str, float]]) -> None:
+        """Rows of the training itself, into every run's curves."""
+        for run in self.runs:
+            run.curves += rows
 
     # -- time: training time excludes evaluation; both need a GPU sync to be true
     def _sync(self, module: pl.LightningModule) -> None:
@@ -93,8 +133,8 @@ class RunRecorder(Callback):
                 step_loss = step_terms.pop("task_loss")
             loss = float(trainer.strategy.reduce(step_loss, reduce_op="mean"))  # every rank calls it
             terms = {name: float(trainer.strategy.reduce(value, reduce_op="mean")) for name, value in step_terms.items()}
-            self.curves += [(step, "train", "loss", loss), (step, "train", "lr", lr),
-                            *[(step, "train", name, value) for name, value in terms.items()], *self.progress(step)]
+            self._record([(step, "train", "loss", loss), (step, "train", "lr", lr),
+                          *[(step, "train", name, value) for name, value in terms.items()], *self.progress(step)])
             self._log(trainer, {"train/loss": loss, "train/lr": lr, **{f"train/{k}": v for k, v in terms.items()}}, step)
         if (step % self.train["eval_every"] == 0 or last) and trainer.is_global_zero:
             self.evaluate(trainer, pl_module, step)  # on rank 0 alone: the others wait at the next step
@@ -106,16 +146,20 @@ class RunRecorder(Callback):
                 for name, value in zip(PROGRESS_MEASURES, (self.tokens, self.flops, self.train_time()))]
 
     def evaluate(self, trainer, pl_module, step: int) -> None:
-        self._sync(pl_module)
-        start = time.perf_counter()
-        metrics, not_applicable = evaluate_lengths(
-            self.task, pl_module.model, self.family, self.train["eval_batch_size"], self._eval_batches,
-            trainer.precision_plugin.forward_context, self.train["attention_entropy"],
-        )
-        self._sync(pl_module)
-        self.session_eval_time += time.perf_counter() - start
-        self.curves += [(step, "eval", name, value) for name, value in metrics.items()] + self.progress(step)
-        self.last_eval = {"step": step, "metrics": metrics, "not_applicable": not_applicable}
+        for run in self.runs:
+            self._sync(pl_module)
+            start = time.perf_counter()
+            metrics, not_applicable = evaluate_lengths(
+                run.task, pl_module.model, self.family, run.train["eval_batch_size"], run.batches,
+                trainer.precision_plugin.forward_context, run.train["attention_entropy"],
+            )
+            self._sync(pl_module)
+            seconds = time.perf_counter() - start
+            run.session_time += seconds
+            self.session_eval_time += seconds
+            run.curves += [(step, "eval", name, value) for name, value in metrics.items()] + self.progress(step)
+            run.last_eval = {"step": step, "metrics": metrics, "not_applicable": not_applicable}
+        metrics = self.last_eval["metrics"]
         self._log(trainer, {f"eval/{k}": v for k, v in metrics.items()}, step)
         if self.train.get("early_stopping") and self.no_longer_improving(metrics):
             trainer.should_stop = True
@@ -135,21 +179,23 @@ class RunRecorder(Callback):
             self.evals_without_gain += 1
         return self.evals_without_gain >= rule["patience"]
 
-    @staticmethod
-    def _log(trainer, metrics: dict[str, float], step: int) -> None:
-        for logger in trainer.loggers:
+    def _log(self, trainer, metrics: dict[str, float], step: int) -> None:
+        for logger in trainer.loggers if self.loggers is None else self.loggers:
             logger.log_metrics(metrics, step=step)
             logger.save()
 
     def state_dict(self) -> dict[str, Any]:
         # The CPU random state too (dropout draws from it): a resumed run continues the stream.
-        return {"curves": self.curves, "last_eval": self.last_eval, "tokens": self.tokens, "flops": self.flops,
-                "train_time": self.train_time(), "torch_rng": torch.get_rng_state(),
-                "early_stopping": [self.best, self.evals_without_gain]}
+        state = {**self.runs[0].state(), "tokens": self.tokens, "flops": self.flops,
+                 "train_time": self.train_time(), "torch_rng": torch.get_rng_state(),
+                 "early_stopping": [self.best, self.evals_without_gain]}
+        if len(self.runs) > 1:  # the siblings' evaluations, in order (their checkpoint is theirs alone)
+            state["siblings"] = [run.state() for run in self.runs[1:]]
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.curves = [tuple(c) for c in state["curves"]]
-        self.last_eval = state["last_eval"]
+        for run, saved in zip(self.runs, [state, *state.get("siblings", [])], strict=True):
+            run.restore(saved)
         self.tokens = state["tokens"]
         self.flops = state.get("flops", 0)
         self.prior_train_time = state["train_time"]

@@ -87,6 +87,14 @@ class RunModule(pl.LightningModule):
         self.flops_by_shape: dict[tuple, int] = {}  # see counted_loss
         self.step_terms: dict[str, torch.Tensor] = {}  # the last loss's task loss and auxiliary terms (curves)
 
+    def __setattr__(self, name: str, value: Any) -> None:
+        # Lightning names the hook in progress before and after every hook call, ~40 times a step:
+        # a plain attribute, set without nn.Module's checks for parameters, modules and buffers
+        if name == "_current_fx_name":
+            object.__setattr__(self, name, value)
+        else:
+            super().__setattr__(name, value)
+
     def training_step(self, batch, batch_idx: int):
         inputs, tokens = batch  # tokens: the whole micro-batch's real tokens, every rank's share (StepBatches)
         flops = None

@@ -46,10 +46,11 @@ from workbench.errors import DiskError, WorkbenchError
 from workbench.run.executor import Executor, Job
 from workbench.kinds import RunOptions
 from workbench.registry import run_providers
-from workbench.results import KEPT, PROGRESS_FILE, RESULT_FILE, Count, Number, RunConfig, RunResult, Status, flatten
-from workbench.results import first_problem, load_json, read_regular
+from workbench.results import CONFIG_FILE, FINAL_WEIGHTS, KEPT, PROGRESS_FILE, RESULT_FILE, Count, Number, RunConfig
+from workbench.results import RunResult, Status, UnsafeFile, check_regular, first_problem, flatten, load_json
+from workbench.results import read_regular, write_json_atomic, write_text_atomic
 from workbench.run.folder import RUN_ID, refuse_links
-from workbench.run.store import DB_FILE, RUNS_DIR, Store, run_dir, runs_root
+from workbench.run.store import DB_FILE, PILOT_CPU, RUNS_DIR, Store, run_dir, runs_root
 from workbench.run.tracking import TENSORBOARD_DIR
 from workbench.study import StudyFile
 from workbench.study.keys import canonical_json
@@ -82,6 +83,61 @@ STORE_FILES = (DB_FILE, f"{DB_FILE}-wal", f"{DB_FILE}-shm")
 
 def default_out_dir(study_file: StudyFile) -> Path:
     return Path("runs") / study_file.study.name
+
+
+PILOT_SUFFIX = "-pilot"  # `workbench plan`'s pilot of the study in OUT trains into OUT-pilot (its name: <name>-pilot)
+
+
+def pilot_folder(out: Path, study_name: str, warn=print) -> Path | None:
+    """The folder of the pilot `workbench plan` trained for the study that runs into `out`
+    (OUT-pilot beside it, holding the study under the name <name>-pilot), or None. Its runs are
+    the study's first seeds, with the same ids (workbench.recipes.train.plan). A received
+    folder is data: one that cannot be read is a line, and no run is reused from it."""
+    folder = out.with_name(out.name + PILOT_SUFFIX)
+    if not (folder / DB_FILE).is_file():
+        return None
+    try:
+        name = Store(folder, create=False).study_record().get("name")
+    except WorkbenchError as err:
+        warn(f"{folder} holds no readable pilot ({str(err).splitlines()[0][:160]}): no run is reused from it")
+        return None
+    return folder if name == study_name + PILOT_SUFFIX else None
+
+
+def pilot_result(run: RunConfig, pilot: Path, out: Path, warn=print) -> RunResult | None:
+    """`run`'s result in the study's pilot (None when it has none there, or one that cannot be
+    read: the run trains), with the run's folder made in `out` as its training would have left
+    it: its config, the pilot's final weights (reports read them), its result."""
+    try:
+        result = recorded_result(run, pilot, warn)
+        source, folder = run_dir(pilot, run.run_id), run_dir(out, run.run_id)
+    except WorkbenchError as err:  # the pilot's store says its runs are elsewhere, unclaimed
+        warn(f"{pilot}: its run {run.run_id} is not reused ({str(err).splitlines()[0][:160]})")
+        return None
+    if result is None:
+        return None
+    try:
+        weights = check_regular(source / FINAL_WEIGHTS)
+        folder.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(folder / CONFIG_FILE, json.dumps(run.config, indent=2, sort_keys=True))
+        if weights:
+            shutil.copyfile(source / FINAL_WEIGHTS, folder / FINAL_WEIGHTS)
+        result.environment["pilot"] = str(pilot)
+        write_json_atomic(folder / RESULT_FILE, result.to_json())
+    except (OSError, UnsafeFile) as err:
+        warn(f"{source}: cannot reuse the pilot's run ({err}): training it again")
+        return None
+    return result
+
+
+def record_pilot_spend(store: Store, pilot: Path) -> None:
+    """What the study's pilot cost that the study did not reuse (runs of seeds it never ran, or
+    trained again): into the study's record, for the ledger (workbench.report.index)."""
+    ran = {r["run_id"]: r for r in Store(pilot, create=False).runs() if r["status"] in KEPT}
+    reused = {r["run_id"] for r in store.runs() if (r.get("environment") or {}).get("pilot") == str(pilot)}
+    left = sum(float(r.get("cpu_time_s") or 0.0) for run_id, r in ran.items() if run_id not in reused)
+    store.save_study({"pilot": str(pilot), "pilot_runs_reused": str(len(reused & set(ran))),
+                      PILOT_CPU: f"{left:.1f}"})
 
 
 def study_changes(old: dict[str, Any], new: dict[str, Any], limit: int = 4) -> str:
@@ -361,35 +417,59 @@ def sweeping(study_name: str, out: Path, total: int, options: RunOptions,
 
 def execute_runs(runs: list[RunConfig], what: str, store: Store, executor: Executor, summary: Summary,
                  progress: SweepProgress, kept: Collection[str] = KEPT,
-                 tracker: Callable[[RunConfig], Any] | None = None) -> None:
+                 tracker: Callable[[RunConfig], Any] | None = None,
+                 trainings: Callable[[list[RunConfig]], list[list[list[RunConfig]]]] | None = None,
+                 pilot: Path | None = None) -> None:
     """Run the pending ones of `runs` through `executor`, recording each outcome as it comes;
     runs whose recorded status is in `kept` are skipped, and a result.json left unrecorded is
-    recorded without running again. `tracker(run)` names each job's experiment-tracker run."""
+    recorded without running again, as is a run the study's `pilot` folder holds (pilot_result).
+    `tracker(run)` names each job's experiment-tracker run. `trainings(pending)` groups the
+    pending runs into jobs: each a list of trainings (one model each: several when seeds train
+    as one batched model), each a list of the runs that share it."""
     out = store.out_dir
     summary.kept = frozenset(kept)
     statuses = store.statuses()
     pending: list[RunConfig] = []
     unrecorded: list[tuple[RunConfig, Any]] = []
     skipped = 0
+    reused = []
+
+    def warn(text: str) -> None:
+        print(text, file=sys.stderr, flush=True)
+
     for run in runs:
         if statuses.get(run.run_id) in kept:
             skipped += 1
-        elif (result := recorded_result(run, out, warn=lambda text: print(text, file=sys.stderr, flush=True))) is not None:
+        elif (result := recorded_result(run, out, warn)) is not None:
             unrecorded.append((run, result))
+        elif pilot is not None and (result := pilot_result(run, pilot, out, warn)) is not None:
+            reused.append((run, result))
         else:
             pending.append(run)
-    summary.skipped += skipped
+    summary.skipped += skipped + len(reused)
     if skipped:
         progress.print(f"{skipped} of {len(runs)} {what} already done in {out}: skipped")
         progress.advance(skipped)
+    if reused:
+        progress.print(f"{len(reused)} of {len(runs)} {what} trained by the study's pilot in {pilot} (`workbench "
+                       "plan`, the study's first seeds): reused, not trained again")
+        progress.advance(len(reused))
+    for run, result in reused:
+        store.record(run, result)
     for run, result in unrecorded:
         store.record(run, result)
         summary.statuses[result.status] += 1
         progress.run_done(run, result)
     by_id = {run.run_id: run for run in pending}
     refuse_links(runs_root(out), *by_id)  # --runs-dir: folders outside `out`, checked here
-    jobs_ = [Job(run.run_id, run.config, run_dir(out, run.run_id), tracker(run) if tracker else None)
-             for run in pending]
+    def job(training: list[RunConfig], batch: tuple[Job, ...] = ()) -> Job:
+        first, *rest = training
+        together = tuple(job([run]) for run in rest)
+        return Job(first.run_id, first.config, run_dir(out, first.run_id), tracker(first) if tracker else None,
+                   together, batch)
+
+    jobs_ = [job(first, tuple(job(training) for training in rest))
+             for first, *rest in (trainings(pending) if trainings else [[[run]] for run in pending])]
     for result in executor.run(jobs_) if jobs_ else ():  # (a Ray executor would start a cluster for nothing)
         run = by_id[result.run_id]
         store.record(run, result)  # the driver is the only writer of a sweep

@@ -213,6 +213,7 @@ class StoredStudy(BaseModel):
 
 
 STUDY_JSON_KEYS = frozenset(StoredStudy.model_fields)
+PILOT_CPU = "pilot_cpu_s"  # a study's record: CPU seconds of its `workbench plan` pilot's runs it did not reuse
 
 
 RUNS_DIR_MARK = ".results-folder-"  # RUNS_DIR/.results-folder-<digest>: a results folder whose runs live there

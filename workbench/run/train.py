@@ -19,6 +19,8 @@ and result.json. Nothing read back from a run folder can execute code: checkpoin
 from __future__ import annotations
 
 import contextlib
+import copy
+import dataclasses
 import functools
 import json
 import logging
@@ -26,6 +28,7 @@ import os
 import time
 import traceback
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -37,16 +40,18 @@ from pytorch_lightning.utilities.exceptions import SIGTERMException
 
 from workbench import stopping
 from workbench.errors import WorkbenchError
-from workbench.hardware import cpu_seconds, machine_load
+from workbench.hardware import cpu_seconds, machine_load, run_threads
 from workbench.cost.budget import BUDGET_STEP_CAP, step_cost
 from workbench.registry import run_providers
+from workbench.study.keys import digest
 from workbench.results import CONFIG_FILE, FINAL_WEIGHTS, LAST_CHECKPOINT, RESULT_FILE, RunResult, Status
 from workbench.results import UnsafeFile, check_regular, open_regular, write_json_atomic, write_text_atomic
 from workbench.run.batches import TaskDataModule, step_done
 from workbench.run.distributed import cluster_environment, lightning_strategy, needs_processes, rank_zero
 from workbench.run.distributed import train_in_processes
+from workbench.run.executor import Job
 from workbench.run.environment import device_name, environment, matmul_precision, resolve_accelerator, user_callbacks
-from workbench.run.recording import PeakMemory, ProgressFile, RunRecorder
+from workbench.run.recording import Evaluations, PeakMemory, ProgressFile, RunRecorder
 from workbench.run.run_module import RunModule
 from workbench.run.tracking import TrackerRun, close_logger, make_logger
 from workbench.model.weights import make_task, refuse_or_explain, save_final_weights
@@ -64,6 +69,7 @@ def quiet_lightning() -> None:
         r".*The number of training batches .* is smaller than the logging interval.*",
         r".*Experiment logs directory .* exists and is not empty.*",
         r".*`training_step` returned `None`.*",  # how a diverged step skips its update
+        r".*we have not yet implemented the batching rule for.*",  # batched seeds: vmap loops that op (workbench.run.batched)
     ):
         warnings.filterwarnings("ignore", message=message)
 
@@ -92,12 +98,16 @@ class SafeCheckpointIO(TorchCheckpointIO):
             raise refuse_or_explain(Path(path), err, "delete it to train this run from the start") from None
 
 
-class StopOnRequest(Callback):
-    """On SIGTERM/SIGINT (workbench.stopping): the step in progress finishes, a checkpoint of it
-    is written, and the run ends with RunInterrupted; no result is written."""
+class Checkpoints(Callback):
+    """checkpoints/last.ckpt, the run's resume point: written every `every` steps, and at the
+    step where a stop request (SIGTERM/SIGINT, workbench.stopping) ends training; the run then
+    ends with RunInterrupted and records nothing. One callback for both, in place of Lightning's
+    ModelCheckpoint: the Trainer calls every hook of every callback at every step, and
+    ModelCheckpoint rebuilds its state key at each call."""
 
-    def __init__(self, path: Path):
-        self.path = path
+    def __init__(self, path: Path, every: int):
+        self.path, self.every = path, every
+        self.saved_step: int | None = None
 
     def on_train_start(self, trainer, pl_module) -> None:
         stopping.handle_during_training()  # after Lightning installed its SIGTERM handler, which checkpoints nothing
@@ -105,14 +115,18 @@ class StopOnRequest(Callback):
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if not step_done(trainer, batch_idx):  # a checkpoint holds whole steps
             return
+        step = trainer.global_step
         stop = stopping.stop_requested()
         if trainer.world_size > 1:  # the ranks stop at the same step, or one waits for the others forever
             stop = trainer.strategy.reduce_boolean_decision(stop, all=False)
         if stop:
-            if outputs and trainer.global_step < trainer.max_steps:  # nothing to keep otherwise
+            if outputs and step < trainer.max_steps:  # nothing to keep otherwise
                 trainer.save_checkpoint(self.path)
-                raise stopping.RunInterrupted(f"stopped at step {trainer.global_step} and checkpointed it")
-            raise stopping.RunInterrupted(f"stopped at step {trainer.global_step}")
+                raise stopping.RunInterrupted(f"stopped at step {step} and checkpointed it")
+            raise stopping.RunInterrupted(f"stopped at step {step}")
+        if step % self.every == 0 and step != self.saved_step:  # a step that took no update saved nothing new
+            trainer.save_checkpoint(self.path)
+            self.saved_step = step
 
 
 # ---- one run --------------------------------------------------------------------------------
@@ -131,16 +145,36 @@ def train_run(run_id: str, config: dict[str, Any], run_dir: Path, tracker: Track
         raise stopping.RunInterrupted("had not begun training")
     if needs_processes(config["train"]):
         return train_in_processes(run_id, config, run_dir, tracker)
-    return train_here(run_id, config, run_dir, tracker)
+    return train_here(run_id, config, run_dir, tracker)[0]
 
 
-def train_here(run_id: str, config: dict[str, Any], run_dir: Path, tracker: TrackerRun | None = None) -> RunResult:
+def train_together(job: Job) -> list[RunResult]:
+    """A job's run and the runs trained with it (Job.together: they differ from it only in how
+    they evaluate, workbench.recipes.train.sweep.training_groups): the model is trained once and
+    evaluated for each; every run gets its result, the job's own first."""
+    if stopping.stop_requested():
+        raise stopping.RunInterrupted("had not begun training")
+    return train_here(job.run_id, job.config, job.run_dir, job.tracker, job.together)
+
+
+def shared_checkpoint(run_dir: Path, siblings: Sequence[Job]) -> Path:
+    """The checkpoint of a run trained with `siblings`: its own file for that set of runs, so a
+    later attempt resumes it only with the same siblings, whose evaluations it holds."""
+    if not siblings:
+        return run_dir / LAST_CHECKPOINT
+    return (run_dir / LAST_CHECKPOINT).with_name(f"shared-{digest(sorted(s.run_id for s in siblings))}.ckpt")
+
+
+def train_here(run_id: str, config: dict[str, Any], run_dir: Path, tracker: TrackerRun | None = None,
+               siblings: Sequence[Job] = ()) -> list[RunResult]:
     """train_run in this process: every rank of a multi-process run runs it; rank 0 alone
     writes the run folder's files."""
     quiet_lightning()
     start, cpu_start = time.perf_counter(), cpu_seconds()
+    share = torch.get_num_threads()  # the executor's share of the cores for each run
     if writer := rank_zero():
-        start_run_folder(run_dir, config)
+        for run in [Job(run_id, config, run_dir), *siblings]:
+            start_run_folder(run.run_dir, run.config)
     train = config["train"]
     device = resolve_accelerator(train)
     memory = PeakMemory(on_cuda=device == "cuda")
@@ -148,7 +182,7 @@ def train_here(run_id: str, config: dict[str, Any], run_dir: Path, tracker: Trac
     matmul = matmul_precision(train, device)
     result = RunResult(run_id=run_id, status=Status.FAILED, peak_memory_instrument=memory.instrument,
                        environment=run_environment(config, device, matmul))
-    recorder = logger = None
+    recorder = logger = module = trainer = None
     deterministic_before = torch.are_deterministic_algorithms_enabled()
     try:
         torch.set_float32_matmul_precision(matmul)
@@ -158,21 +192,23 @@ def train_here(run_id: str, config: dict[str, Any], run_dir: Path, tracker: Trac
         result.n_params = module.model.num_parameters()
         batch = task.train_batch(0, train["batch_size"], module.family)
         cost = step_cost(module.model, lambda b: task.loss(module.model, b, module.family), batch)
-        recorder = RunRecorder(task, module.family, train, cost)
+        if device == "cpu":  # a small model trains on one thread: more would wait for each other
+            torch.set_num_threads(run_threads(cost.flops, share))
+        result.environment["threads"] = torch.get_num_threads()
+        recorder = RunRecorder(task, module.family, train, cost,
+                               [(make_task(s.config), s.config["train"]) for s in siblings])
         if module.budget_kind is not None:
             module.spent = functools.partial(recorder.spent, module.budget_kind)
-        ckpt = run_dir / LAST_CHECKPOINT
+        ckpt = shared_checkpoint(run_dir, siblings)
         if writer:
             ckpt.with_name(ckpt.name + ".tmp").unlink(missing_ok=True)  # a save cut short by a kill
         max_steps = train["steps"] if module.budget_kind is None else BUDGET_STEP_CAP  # a budget stops the run
         logger = make_logger(train["logger"], run_dir, config, tracker)
         trainer = lightning_trainer(train, run_dir, device == "cpu", max_steps, logger,
-                                    [recorder, StopOnRequest(ckpt)], memory)
+                                    [recorder, Checkpoints(ckpt, train["checkpoint_every"])], memory)
         datamodule = TaskDataModule(task, module.family, train["batch_size"], max_steps, train["grad_accumulation"])
         trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt if check_regular(ckpt) else None, weights_only=True)
-        record_outcome(result, trainer, module, recorder)
-        if writer and result.status == Status.FINISHED:
-            save_final_weights(module.model, config, trainer.global_step, run_dir / FINAL_WEIGHTS)
+        record_outcome(result, trainer, module, recorder.runs[0])
     except (stopping.RunInterrupted, SIGTERMException) as err:
         # Stopped by a signal: the checkpoint holds the run; nothing is recorded for it.
         raise stopping.RunInterrupted(str(err) or "stopped") from None
@@ -183,16 +219,37 @@ def train_here(run_id: str, config: dict[str, Any], run_dir: Path, tracker: Trac
     finally:
         torch.use_deterministic_algorithms(deterministic_before)  # Trainer(deterministic=True) sets it globally
         torch.set_float32_matmul_precision(matmul_before)  # global too: the next run in this process sets its own
+        torch.set_num_threads(share)  # the next run in this process gets the whole share again
         if logger is not None:
             close_tracker(logger, train["logger"], result)
     if recorder is not None:
         record_spending(result, recorder)
     result.peak_memory_bytes = memory.peak_bytes()
-    result.wall_time_s = time.perf_counter() - start
-    result.cpu_time_s = cpu_seconds() - cpu_start
-    result.environment.update(machine_load())
-    if writer:
-        write_result(run_dir, result)
+    results = [result, *(sibling_result(result, s, recorder.runs[i + 1] if recorder else None)
+                         for i, s in enumerate(siblings))]
+    wall, cpu = time.perf_counter() - start, cpu_seconds() - cpu_start
+    for run, each in zip([Job(run_id, config, run_dir), *siblings], results):
+        each.wall_time_s, each.cpu_time_s = wall, cpu / len(results)  # the training's cost, shared
+        each.environment.update(machine_load())
+        if siblings:
+            each.environment["trained_with"] = sorted(r.run_id for r in results if r is not each)
+        if writer:
+            if each.status == Status.FINISHED:
+                save_final_weights(module.model, run.config, trainer.global_step, run.run_dir / FINAL_WEIGHTS)
+            write_result(run.run_dir, each)
+    return results
+
+
+def sibling_result(trained: RunResult, sibling: Job, evaluations: Evaluations | None) -> RunResult:
+    """A sibling's result: the training's (status, steps, cost, training curves) with its own
+    evaluations (metrics, curves) and evaluation time."""
+    result = dataclasses.replace(copy.deepcopy(trained), run_id=sibling.run_id)
+    if evaluations is not None:
+        result.curves = evaluations.curves
+        result.eval_time_s = evaluations.session_time
+        if result.status == Status.FINISHED:
+            result.metrics = evaluations.last_eval["metrics"]
+            result.not_applicable = evaluations.last_eval["not_applicable"]
     return result
 
 
@@ -225,10 +282,9 @@ def record_error(result: RunResult, err: Exception, run_dir: Path | None) -> Non
 
 def lightning_trainer(train: dict[str, Any], run_dir: Path, deterministic: bool, max_steps: int, logger,
                       callbacks: list, memory: PeakMemory) -> pl.Trainer:
-    """The Lightning Trainer of one run's `train:` section, with the run's own callbacks first,
-    then its checkpoints, peak memory and progress file."""
-    checkpoint = ModelCheckpoint(dirpath=run_dir / "checkpoints", save_last=True, save_top_k=0,
-                                 every_n_train_steps=train["checkpoint_every"])
+    """The Lightning Trainer of one run's `train:` section, with the run's own callbacks first
+    (recording, checkpoints), then its peak memory, progress file and the study's callbacks."""
+    extra = user_callbacks(train)
     return pl.Trainer(
         max_steps=max_steps, max_epochs=-1, limit_val_batches=0, num_sanity_val_steps=0,
         accelerator=train["accelerator"], devices=train["devices"], strategy=lightning_strategy(train),
@@ -236,16 +292,18 @@ def lightning_trainer(train: dict[str, Any], run_dir: Path, deterministic: bool,
         gradient_clip_val=train["grad_clip"], gradient_clip_algorithm="norm",
         accumulate_grad_batches=train["grad_accumulation"],
         deterministic=deterministic, logger=logger,
-        callbacks=[*callbacks, checkpoint, memory, ProgressFile(run_dir, train["steps"]), *user_callbacks(train)],
+        callbacks=[*callbacks, memory, ProgressFile(run_dir, train["steps"]), *extra],
+        # Lightning adds a ModelCheckpoint of its own unless told not to (Checkpoints writes the
+        # run's); a study's own ModelCheckpoint in train.callbacks needs it on
+        enable_checkpointing=any(isinstance(c, ModelCheckpoint) for c in extra),
         log_every_n_steps=train["log_every"], plugins=[SafeCheckpointIO(), *cluster_environment(train)],
         enable_progress_bar=False, enable_model_summary=False, default_root_dir=run_dir,
         use_distributed_sampler=False,  # StepBatches shares each batch between the ranks
     )
 
 
-def record_outcome(result: RunResult, trainer: pl.Trainer, module: RunModule, recorder: RunRecorder) -> None:
+def record_outcome(result: RunResult, trainer: pl.Trainer, module: RunModule, evaluations: Evaluations) -> None:
     """How a fit that returned ended: diverged at a step, or finished with its last evaluation."""
-    result.resumed_from_step = recorder.start_step or None
     result.steps_done = trainer.global_step
     result.environment["processes"] = trainer.world_size
     result.last_step = module.last_step
@@ -253,8 +311,8 @@ def record_outcome(result: RunResult, trainer: pl.Trainer, module: RunModule, re
         result.status, result.diverged_step = Status.DIVERGED, module.diverged_step
     else:
         result.status = Status.FINISHED
-        result.metrics = recorder.last_eval["metrics"]
-        result.not_applicable = recorder.last_eval["not_applicable"]
+        result.metrics = evaluations.last_eval["metrics"]
+        result.not_applicable = evaluations.last_eval["not_applicable"]
 
 
 def close_tracker(logger, name: str, result: RunResult) -> None:
@@ -267,11 +325,12 @@ def close_tracker(logger, name: str, result: RunResult) -> None:
 
 def record_spending(result: RunResult, recorder: RunRecorder) -> None:
     """What the run spent, as its recorder counted it (also for a run that failed part way)."""
+    result.resumed_from_step = recorder.start_step or None
     result.curves = recorder.curves
     result.tokens = recorder.tokens
     result.train_flops = recorder.flops
     result.train_time_s = recorder.train_time()
-    result.eval_time_s = recorder.session_eval_time
+    result.eval_time_s = recorder.runs[0].session_time
     result.tokens_per_s = result.tokens / result.train_time_s if result.tokens and result.train_time_s > 0 else None
 
 

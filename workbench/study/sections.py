@@ -60,7 +60,7 @@ class SeedPlan(StrictModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     first: int = Field(ge=2, description="seeds every group runs (seed ids start .. start+first-1)")
     max: int = Field(description="most seeds a group runs; each look tests at the alpha spent at it")
-    # below 2^31 less room for max and tuning seeds: the pilot's seeds (recipes.train.plan) start there
+    # below 2^31 less room for max and tuning seeds, so every seed stays within what numpy takes (2^32-1)
     start: int = Field(0, ge=0, le=2**31 - 2000, description="the first seed id (default 0)")
 
     @model_validator(mode="after")

@@ -106,7 +106,7 @@ class TrainConfig(StrictModel):
     model_config = ConfigDict(extra="forbid")
     EXECUTION: ClassVar[tuple[str, ...]] = (
         "accelerator", "devices", "strategy", "num_nodes", "logger", "checkpoint_every", "eval_batch_size",
-        "matmul_precision",
+        "matmul_precision", "batch_seeds",
     )
     # Settings added after studies were run: part of a run's id and a study's hash only when they
     # differ from their default, so studies that never set them keep the ids and hashes they had.
@@ -173,6 +173,10 @@ class TrainConfig(StrictModel):
     callbacks: list[CallbackPath] = Field(
         [], description="Lightning callbacks added to every run, by import path (package.module.Class or "
         "{path: ..., args: {...}}); importing them runs their code")
+    batch_seeds: int = Field(
+        1, ge=1, le=1024, description="train up to this many seeds of a sweep point as one model with stacked weights "
+        "(one loop and one optimizer step for all; each seed's own initial values, data and dropout, so its numbers "
+        "are its run's alone up to float rounding): fewer, larger operations for small models, on a GPU above all")
 
     @field_validator("optimizer", mode="before")
     @classmethod
@@ -251,6 +255,29 @@ class TrainConfig(StrictModel):
         if self.budget is not None and world_size(self.model_dump()) != 1:
             raise SpecError("train.devices", "a compute budget (train.budget) is spent by one process: use devices: 1 "
                             "and num_nodes: 1 with a budget, or train.steps / train.tokens with several processes")
+        return self
+
+    @model_validator(mode="after")
+    def _batched_seeds(self):
+        """What batched seeds cannot do: each member would need its own budget, stop, processes,
+        micro-batches, callbacks, tracker run or optimizer update (one that reads a whole matrix)."""
+        if self.batch_seeds == 1:
+            return self
+        elementwise = ", ".join(name for name, cls in variants("optimizer").items() if cls.elementwise)
+        for field_, given, why in (
+            ("train.budget", self.budget is not None, "a budget stops each run at its own step"),
+            ("train.early_stopping", self.early_stopping is not None, "early stopping ends each run on its own"),
+            ("train.grad_accumulation", self.grad_accumulation > 1, "micro-batches of stacked seeds are not supported"),
+            ("train.devices", world_size(self.model_dump()) != 1, "a batched model trains in one process"),
+            ("train.callbacks", bool(self.callbacks), "a callback sees one run's module, not a batch of them"),
+            ("train.logger", self.logger != "csv", "a tracker run names one run"),
+            ("train.optimizer", not self.optimizer.cls.elementwise,
+             f"{self.optimizer.name} updates each weight matrix as a whole, so K seeds' matrices stacked in one tensor "
+             f"would not each update as alone (optimizers that update element by element do: {elementwise})"),
+        ):
+            if given:
+                raise SpecError(field_, f"cannot be used with train.batch_seeds {self.batch_seeds}: {why}; use "
+                                "batch_seeds: 1 (each seed trained alone)")
         return self
 
     @classmethod

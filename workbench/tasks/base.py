@@ -153,6 +153,9 @@ class Task(Variant):
     sequence_labels: ClassVar[bool] = False  # encoder: one class per sequence instead of per token
     decoder_eos: ClassVar[bool] = True  # decoder: the target ends with a scored <eos>
     hold_out: ClassVar[bool] = True  # training skips examples whose source is in a held-out set
+    evaluation_only: ClassVar[tuple[str, ...]] = ()
+    """parameters that change how a run evaluates, never what it trains on (a decoding strategy):
+    runs that differ only in them train one model (workbench.recipes.train.sweep.training_groups)"""
     # what each of its baselines knows, in a clause the report's Learned section prints
     baselines_text: ClassVar[str] = f"{INPUT_IGNORING} (knows the layout, not a token)"
     gate_baselines: ClassVar[tuple[str, ...] | None] = None
@@ -229,6 +232,12 @@ class Task(Variant):
         """Model spec fields this task fixes, merged into the study's model spec."""
         self.check_family(family)
         return {"vocab_size": len(self.vocab)}
+
+    @classmethod
+    def evaluation_params(cls) -> tuple[str, ...]:
+        """`evaluation_only`, and where training never avoids the held-out sets (hold_out False)
+        the evaluation lengths and set size too."""
+        return (*cls.evaluation_only, *(() if cls.hold_out else ("eval_lengths", "n_eval")))
 
     @property
     def eval_lengths(self) -> list[int]:

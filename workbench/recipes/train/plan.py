@@ -1,17 +1,20 @@
 """`workbench plan STUDY`: the seeds and CPU minutes each `expect:` entry needs, from a pilot.
 
-1. The pilot: the study itself with `pilot` seeds (1 or 2) per group, under the name
-   <name>-pilot in its own folder (runs/<name>-pilot/), at the first seeds from PILOT_SEED = 2^31
-   up that the study never runs (an adaptive study's are start .. start+max-1, below 2^31; a list
-   may hold any up to 2^32-1, and its tuning seeds follow the largest): no pilot run can stand in
-   for a run of the study or enter its verdicts. A second plan
-   resumes the pilot; a tuned study's pilot tunes too, as the study will.
+1. The pilot: the study itself at its own first `pilot` seeds (1 or 2) per group, under the name
+   <name>-pilot in its own folder (runs/<name>-pilot/, beside the study's runs/<name>/). Its runs
+   are the study's first runs, with the same ids: `workbench run` of the study (into
+   runs/<name>/) reuses them instead of training them again (workbench.run.runner.reuse_pilot), and
+   the ledger counts the CPU of those it does not reuse. A second plan resumes the pilot; a tuned
+   study's pilot tunes too, as the study will (its tuning seeds lie past the pilot's, so its
+   final runs are reused where it chose as the study does). A study of one seed gets a pilot
+   seed it never runs beside it (within 0 .. 2^32-1, leaving room for the pilot's tuning seeds).
 2. The noise, per comparison the pilot's SD of the paired per-seed differences (what the rule's
    paired test reads), with the groups' own SDs beside it. Only the variance is read from the
    pilot, never the effect: the internal pilot of Wittes & Brittain (1990, "The role of internal
    pilot studies in increasing the efficiency of clinical trials", Stat Med 9: 65-72), where
-   re-estimating the variance leaves the test's error rate as it was, unlike a sample size
-   fitted to an observed difference; here the pilot stays out of the analysis altogether.
+   re-estimating the variance from the study's own first observations leaves the test's error
+   rate as it was, unlike a sample size fitted to an observed difference; the pilot's runs enter
+   the final analysis as the study's first seeds.
    Two pilot seeds give each SD 1 degree of freedom, so the noise is pooled over the
    comparisons of one metric (planning only: it never enters a verdict; comparisons that share a
    group are not independent, so the df counted is an upper count), and the plan is shown
@@ -26,8 +29,10 @@
    seeds for Outcome.HOLDS; with neither, the smallest effect the study's own seeds detect.
 4. The cost: each group's CPU seconds per run in the pilot (the store's cpu_time_s), times the
    seeds it is expected to run (adaptive seeds stop early), plus the pilot's tuning runs, which
-   the study repeats whatever its seeds. CPU time depends on the threads a run gets, so the
-   pilot should run with the study's --jobs.
+   the study repeats whatever its seeds, plus what the command costs beyond its runs (start-up,
+   the workers' imports, recording: measured on the pilot's command; the report: the pilot's,
+   built once to time it). CPU time depends on the threads a run gets, so the pilot should run
+   with the study's --jobs.
 
 `--from FOLDER` reads an earlier issue of the same study instead of a pilot (its run folder, or a
 report's shipped data REPORTS/NAME/data): the noise of its seeds and its CPU seconds per run, with
@@ -61,6 +66,7 @@ from workbench.stats.power import MAX_PLANNED_SEEDS, POWER
 from workbench.stats.rule import Comparison
 from workbench.recipes.train.gates import Gates
 from workbench.recipes.train.runs import TrainRuns
+from workbench.recipes.train.study import MAX_SEED
 from workbench.recipes.train.verdicts import Verdicts
 from workbench.results import KEPT
 from workbench.run.runner import Summary, default_out_dir
@@ -68,8 +74,9 @@ from workbench.run.store import Store, load_results, load_study_info
 from workbench.study import StudyFile, load_study
 from workbench.recipes.train.tuning import choose
 
-PILOT_SEED = 2**31
 UPPER_CONFIDENCE = 0.8  # Browne 1995's one-sided upper bound of the pilot's SD
+# In the pilot's store: what its command cost beyond its runs (workbench.api.run_pilot measures it).
+COMMAND_COST = ("start_up_cpu_s", "report_cpu_s")
 
 
 @dataclass(frozen=True)
@@ -143,10 +150,14 @@ def planned_family(comparisons: Sequence[Comparison], noise: dict[str, Noise], e
 
 
 def pilot_seeds(study, count: int) -> list[int]:
-    """The first `count` seeds from PILOT_SEED up that the study itself never runs (tuning too):
-    a study may list a seed up to 2^32-1, so they are taken between its seeds, not past them."""
-    taken = {*study.every_seed, *study.tuning_seeds}
-    return list(itertools.islice((seed for seed in itertools.count(PILOT_SEED) if seed not in taken), count))
+    """The study's own first `count` seeds: the pilot's runs are the study's first runs. A study
+    that lists fewer gets seeds it never runs added, past its largest where the pilot's tuning
+    seeds (which follow the pilot's largest) still fit below 2^32-1, else below its smallest."""
+    own = study.every_seed[:count]
+    room = MAX_SEED - (study.tune.seeds if study.tune is not None else 0)
+    candidates = itertools.chain(range(max(own) + 1, room + 1), range(min(own) - 1, -1, -1))
+    extra = (seed for seed in candidates if seed not in study.every_seed)
+    return [*own, *itertools.islice(extra, count - len(own))]
 
 
 @dataclass
@@ -159,6 +170,7 @@ class Pilot:
     summary: Summary
     runs: TrainRuns
     stored: bool = False  # an earlier issue's runs (`--from`), not a pilot trained for the plan
+    command_cpu_s: float = 0.0  # what the study's command costs beyond its runs (start-up, report), measured
 
     @property
     def cpu_per_run(self) -> dict[str, float]:
@@ -220,11 +232,27 @@ def pilot_study(path: str | Path, seeds: int, out: str | Path | None = None, pro
 
 
 def read_pilot(pilot: PilotStudy, summary: Summary) -> Pilot:
-    """The pilot's runs once trained, as the study's report would read them."""
+    """The pilot's runs once trained, as the study's report would read them, with what its
+    command cost beyond them (workbench.api.run_pilot measured it)."""
     pilot_file = load_study(pilot.path, pilot.profile, pilot.overrides)
-    tuning = choose(pilot_file.study, Store(pilot.out, create=False).runs())
+    store = Store(pilot.out, create=False)
+    tuning = choose(pilot_file.study, store.runs())
     return Pilot(pilot.study_file, pilot_file, pilot.out, summary,
-                 TrainRuns(pilot_file.study, load_results(pilot.out), tuning=tuning))
+                 TrainRuns(pilot_file.study, load_results(pilot.out), tuning=tuning),
+                 command_cpu_s=recorded_seconds(store.study_record(), COMMAND_COST))
+
+
+def recorded_seconds(record: dict, keys: Sequence[str]) -> float:
+    """The sum of the seconds a store's study record holds under `keys` (text); a value that is
+    missing, not a number or not finite counts 0 (a store from elsewhere is data)."""
+    total = 0.0
+    for key in keys:
+        try:
+            value = float(record.get(key) or 0)
+        except ValueError:
+            value = 0.0
+        total += value if math.isfinite(value) and value > 0 else 0.0
+    return total
 
 
 def stored_pilot(path: str | Path, folder: str | Path, profile: str | None = None,
@@ -368,10 +396,13 @@ def pilot_lines(found: Pilot, noise: dict[str, Noise], effect_sd: float | None) 
         seeds = found.pilot_file.study.seeds
         source, spreadless = "the pilot", "1 pilot seed" if len(seeds) == 1 else "no spread in the pilot"
         head = (f"{name}: a plan from a pilot of {len(seeds)} seed{'s' * (len(seeds) > 1)} per group: {runs} runs in "
-                f"{found.out} (seeds {', '.join(map(str, seeds))}, which the study never runs: no verdict reads them), "
-                f"{fmt(found.cpu_s / 60)} CPU min")
+                f"{found.out} (seeds {', '.join(map(str, seeds))}, the study's first: `workbench run` into "
+                f"{found.out.name.removesuffix('-pilot')}/ beside it reuses them), {fmt(found.cpu_s / 60)} CPU min")
         unfinished = "the plan reads those that did (the same command retries them)"
     lines = [head, f"CPU seconds per run{tuning}:", *(f"  {fmt(cpu[g]):>6}  {g}" for g in found.runs.variants.labels)]
+    if found.command_cpu_s:
+        lines.append(f"the command beyond its runs (start-up, recording, the report): {fmt(found.command_cpu_s)} CPU s, "
+                     "in every CPU figure below")
     if found.summary.incomplete:
         lines.append(f"note: {found.summary.incomplete} {source.removeprefix('the ')} runs did not finish; {unfinished}")
     if noise:
@@ -443,7 +474,7 @@ def plan_lines(found: Pilot, effect: float | None = None, effect_sd: float | Non
     """The plan from a trained pilot: the lines and tables `workbench plan` prints."""
     study = found.study_file.study
     comparisons, origins = Verdicts(found.runs, Gates(found.runs)).comparisons()
-    cpu, tuning_s = found.cpu_per_run, found.tuning_cpu_s
+    cpu, tuning_s = found.cpu_per_run, found.tuning_cpu_s + found.command_cpu_s  # costs the study pays whatever its seeds
     noise = metric_noise(comparisons)
     lines = [*pilot_lines(found, noise, effect_sd), *legend(comparisons, origins),
              written_line(study, cpu, tuning_s)]

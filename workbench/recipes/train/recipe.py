@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,8 @@ from workbench.run.runner import (
     check_study,
     clear_outputs,
     execute_runs,
+    pilot_folder,
+    record_pilot_spend,
     sweeping,
 )
 from workbench.run.store import Store, claim_runs_dir, load_results
@@ -33,7 +36,7 @@ from workbench.recipes.train.study import TrainStudy
 from workbench.stats.family import MIN_SEEDS
 from workbench.study import StudyFile
 from workbench.study.keys import canonical_json
-from workbench.recipes.train.sweep import TrainPlan, sweep_points
+from workbench.recipes.train.sweep import TrainPlan, batched_trainings, sweep_points
 from workbench.recipes.train.tuning import PointTuning, choose, chosen_values, extensions, labels
 
 
@@ -112,9 +115,14 @@ class TrainKind(StudyKind):
 
         names = {run.run_id: run.describe for run in plan.known}
         prepare_trackers(plan.known, study.name, out)  # shared stores, before any worker
+        pilot = pilot_folder(out, study.name)  # `workbench plan`'s runs of the study's first seeds
 
         def tracker(run: RunConfig):
             return tracker_run(run, study.name, out)
+
+        def execute(runs: list[RunConfig], what: str = "runs") -> None:
+            execute_runs(runs, what, store, executor, summary, progress, tracker=tracker, trainings=batched_trainings,
+                         pilot=pilot)
 
         with sweeping(study.name, out, plan.total, options) as (summary, progress):
             if executor.on_start is None:  # a live row per running run
@@ -122,11 +130,12 @@ class TrainKind(StudyKind):
             if placement:
                 progress.print(placement)
             if plan.finals is None:
-                names.update({run.run_id: run.describe for run in tune(plan, store, executor, summary, progress,
-                                                                        names, tracker)})
-            execute_runs(plan.finals, "runs", store, executor, summary, progress, tracker=tracker)
+                names.update({run.run_id: run.describe for run in tune(plan, store, summary, progress, names, execute)})
+            execute(plan.finals)
             if study.seed_plan is not None:
-                add_seeds(plan, store, executor, summary, progress, names, tracker)
+                add_seeds(plan, store, summary, progress, names, execute)
+        if pilot is not None:
+            record_pilot_spend(store, pilot)
         return summary
 
     def report(self, out_dir: Path, info: dict[str, Any], study: TrainStudy, dest: Path, pictures: bool):
@@ -142,15 +151,15 @@ class TrainKind(StudyKind):
         return verdicts_from_store(out_dir, study)
 
 
-def tune(plan: TrainPlan, store: Store, executor, summary: Summary, progress: SweepProgress,
-         names: dict[str, str], tracker=None) -> list[RunConfig]:
+def tune(plan: TrainPlan, store: Store, summary: Summary, progress: SweepProgress, names: dict[str, str],
+         execute: Callable[[list[RunConfig], str], None]) -> list[RunConfig]:
     """Run the tuning runs; while a point's choice sits at the edge of its grid, run the next
     candidate past that edge (workbench.recipes.train.tuning.extensions) and choose again.
     Says each point's choice and returns the final runs at the chosen values (the plan's finals)."""
     study = plan.study
     known, runs = set(), plan.tuning
     while True:
-        execute_runs(runs, "tuning runs", store, executor, summary, progress, tracker=tracker)
+        execute(runs, "tuning runs")
         known |= {run.run_id for run in runs}
         tunings = choose(study, store.runs())
         runs = [run for run in plan.extended_tuning(extensions(study, tunings)) if run.run_id not in known]
@@ -166,8 +175,8 @@ def tune(plan: TrainPlan, store: Store, executor, summary: Summary, progress: Sw
         progress.grow(len(pending))
 
 
-def add_seeds(plan: TrainPlan, store: Store, executor, summary: Summary, progress: SweepProgress,
-              names: dict[str, str], tracker=None) -> None:
+def add_seeds(plan: TrainPlan, store: Store, summary: Summary, progress: SweepProgress, names: dict[str, str],
+              execute: Callable[[list[RunConfig]], None]) -> None:
     """Adaptive seeds: after each round, give the groups of comparisons still undecided the
     seeds of the next look, until every comparison has ended or its groups reached the plan's
     maximum (workbench.stats.sequential: the loop and the rule the report reads back)."""
@@ -188,7 +197,7 @@ def add_seeds(plan: TrainPlan, store: Store, executor, summary: Summary, progres
         names.update({run.run_id: run.describe for run in pending})
         summary.total += len(pending)
         progress.grow(len(pending))
-        execute_runs(pending, "runs", store, executor, summary, progress, tracker=tracker)
+        execute(pending)
 
     grow_seeds(wanted, run, len(study.seeds))
 

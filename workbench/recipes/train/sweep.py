@@ -34,7 +34,7 @@ from workbench.results import VALIDATION, RunConfig
 from workbench.recipes.train.study import TrainStudy
 from workbench.study import StudyFile, task_section, unwrap
 from workbench.study.keys import canonical_json, digest, label, set_dotted
-from workbench.study.train_section import TrainConfig
+from workbench.study.train_section import TrainConfig, world_size
 from workbench.study.yaml_file import StudyError, limit
 from pydantic import ValidationError
 
@@ -96,6 +96,51 @@ def run_identity(config: dict[str, Any]) -> dict[str, Any]:
     if "split" in config:  # tuning runs only: every other run keeps the id it always had
         identity["split"] = config["split"]
     return identity
+
+
+def training_identity(config: dict[str, Any]) -> str | None:
+    """What a run trains, without what it only evaluates (its task's evaluation_params, the
+    attention entropy it records): runs with the same one train one model. None for a run that
+    trains alone: its early stopping reads its own evaluations, its tracker names one run, or it
+    trains over several processes."""
+    train = config["train"]
+    if train.get("early_stopping") or train["logger"] != "csv" or world_size(train) != 1:
+        return None
+    evaluation = get_variant("task", config["task"]["name"]).evaluation_params()
+    identity = run_identity(config)
+    identity["task"] = {k: v for k, v in identity["task"].items() if k not in evaluation}
+    identity["train"] = {k: v for k, v in identity["train"].items() if k != "attention_entropy"}
+    return digest(identity)
+
+
+def training_groups(runs: list[RunConfig]) -> list[list[RunConfig]]:
+    """`runs` as the trainings they need: runs that differ only in how they evaluate (e.g. the
+    decoding study's strategies at one seed) share one, in the order their first run comes."""
+    groups: dict[Any, list[RunConfig]] = {}
+    for run in runs:
+        groups.setdefault(training_identity(run.config) or run.run_id, []).append(run)
+    return list(groups.values())
+
+
+def batched_trainings(runs: list[RunConfig]) -> list[list[list[RunConfig]]]:
+    """`runs` as jobs of trainings (training_groups): with `train.batch_seeds: K`, up to K
+    trainings of one sweep point that differ only in their seed, in their order, train as one
+    batched model (workbench.run.batched); any other training is a job of its own."""
+    jobs: list[list[list[RunConfig]]] = []
+    open_: dict[str, list[list[RunConfig]]] = {}  # a point's batch still filling
+    for training in training_groups(runs):
+        config = training[0].config
+        size = config["train"].get("batch_seeds", 1)
+        point = training_identity({**config, "seed": None}) if size > 1 else None
+        if point is None:
+            jobs.append([training])
+            continue
+        batch = open_.get(point)
+        if batch is None or len(batch) == size:
+            batch = open_[point] = []
+            jobs.append(batch)
+        batch.append(training)
+    return jobs
 
 
 def resolve_point(study: TrainStudy, point: dict[str, Any]) -> dict[str, Any]:
