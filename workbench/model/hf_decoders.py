@@ -184,7 +184,9 @@ class GPTNeoX(Architecture):
         return {"family": "decoder", "position.name": "rope", "attention.name": "full", "attention.scaled": True,
                 "norm.name": "pre", "norm.type": "layernorm",
                 "ffn.name": spec.ffn.name if spec.ffn.name == "relu" else "gelu",
-                "embedding_norm": "none", "n_kv_heads": spec.n_heads}
+                "embedding_norm": "none", "n_kv_heads": spec.n_heads,
+                # any share rotates (partial_rotary_factor); named here, so not held to the default 1
+                "position.fraction": getattr(spec.position.params, "fraction", 1.0)}
 
     def config(self, spec):
         act = "relu" if spec.ffn.name == "relu" else GELU_ACT[spec.ffn.params.approximate]
