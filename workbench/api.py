@@ -19,6 +19,7 @@ from typing import Any
 from rich.console import Console
 
 from workbench.errors import WorkbenchError, WorkbenchWarning
+from workbench.hardware import cpu_seconds
 from workbench.kinds import RunOptions, get_kind
 from workbench.run.executor import Executor
 from workbench.run.folder import WriterLock, refuse_links, running_writer
@@ -120,7 +121,6 @@ def run_pilot(path: str | Path, seeds: int, out: str | Path | None = None, profi
     the CPU seconds of the pilot's report, built once into a folder that is then deleted."""
     import tempfile
 
-    from workbench.hardware import cpu_seconds
     # the plan's statistics (scipy, pandas) load only for `workbench plan`
     from workbench.recipes.train.plan import COMMAND_COST, pilot_study, read_pilot
 

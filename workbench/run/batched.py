@@ -33,6 +33,7 @@ import copy
 import functools
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import pytorch_lightning as pl
@@ -43,21 +44,22 @@ from torch import nn
 from torch.func import functional_call, stack_module_state, vmap
 
 from workbench import stopping
-from workbench.hardware import cpu_seconds, machine_load, run_threads
+from workbench.hardware import cpu_seconds, run_threads
 from workbench.cost.budget import step_cost
 from workbench.model.losses import collect
 from workbench.model.optimizers import build_optimizer
-from workbench.model.weights import make_task, save_final_weights
-from workbench.results import FINAL_WEIGHTS, LAST_CHECKPOINT, RunResult, Status
+from workbench.model.weights import make_task
+from workbench.results import LAST_CHECKPOINT, RunResult, Status
 from workbench.run.batches import StepBatches, StepSampler
 from workbench.run.distributed import lightning_strategy
 from workbench.run.environment import matmul_precision, resolve_accelerator
-from workbench.run.executor import Job
+from workbench.run.jobs import Job
 from workbench.run.recording import PeakMemory, ProgressFile, RunRecorder
 from workbench.run.run_module import RunModule, lr_factor
 from workbench.run.tracking import make_logger
 from workbench.run.train import (Checkpoints, SafeCheckpointIO, close_tracker, quiet_lightning, record_error,
-                                 record_spending, run_environment, sibling_result, start_run_folder, write_result)
+                                 record_spending, run_environment, set_torch_globals, sibling_result,
+                                 start_run_folder, torch_globals, write_results)
 from workbench.study.keys import digest
 
 
@@ -392,6 +394,55 @@ def batched_checkpoint(jobs: Sequence[Job]):
     return (jobs[0].run_dir / LAST_CHECKPOINT).with_name(f"batched-{digest([j.run_id for j in jobs])}.ckpt")
 
 
+def build_members(jobs: Sequence[Job], results: Sequence[RunResult], device: str, recorders: list[RunRecorder],
+                  loggers: list[Any]):
+    """Each member built as its run alone builds it, draws included, with its recorder and logger
+    (appended to the caller's lists, so that a failure part way still closes the loggers opened);
+    the members, their tasks, their random streams and the cost of one member's step."""
+    members, tasks, rng = [], [], []
+    for member, result in zip(jobs, results):
+        train = member.config["train"]
+        pl.seed_everything(member.config["seed"], workers=True, verbose=False)
+        task = make_task(member.config)
+        run_module = RunModule(member.config, task)
+        result.n_params = run_module.model.num_parameters()
+        batch = task.train_batch(0, train["batch_size"], run_module.family)
+        cost = step_cost(run_module.model, lambda b, m=run_module, t=task: t.loss(m.model, b, m.family), batch)
+        members.append(run_module), tasks.append(task), rng.append(stream_state(device == "cuda"))
+        recorder = RunRecorder(task, run_module.family, train, cost,
+                               [(make_task(s.config), s.config["train"]) for s in member.together])
+        loggers.append(make_logger(train["logger"], member.run_dir, member.config, None))
+        recorder.loggers = [loggers[-1]]
+        recorders.append(recorder)
+    return members, tasks, rng, cost
+
+
+def batched_trainer(train: dict[str, Any], device: str, run_dir: Path, callbacks: list) -> pl.Trainer:
+    """The Lightning Trainer of a batched training: one process, one device, no logger of its own
+    (each member's logger is fed by its recorder)."""
+    return pl.Trainer(
+        max_steps=train["steps"], max_epochs=-1, limit_val_batches=0, num_sanity_val_steps=0,
+        accelerator=train["accelerator"], devices=1, strategy=lightning_strategy(train),
+        precision=train["precision"], gradient_clip_val=train["grad_clip"], deterministic=device == "cpu",
+        logger=False, callbacks=callbacks, plugins=[SafeCheckpointIO()], enable_progress_bar=False,
+        enable_model_summary=False, enable_checkpointing=False, default_root_dir=run_dir,
+        use_distributed_sampler=False)
+
+
+def record_outcomes(results: Sequence[RunResult], recorders: Sequence[RunRecorder], step: int,
+                    diverged: Sequence[int | None]) -> None:
+    """How each member's fit ended: diverged at its own step, or finished with its last evaluation."""
+    for result, recorder, diverged_step in zip(results, recorders, diverged):
+        result.steps_done = step
+        result.environment["processes"] = 1
+        if diverged_step is not None:
+            result.status, result.diverged_step, result.steps_done = Status.DIVERGED, diverged_step, diverged_step - 1
+        else:
+            result.status = Status.FINISHED
+            result.metrics = recorder.last_eval["metrics"]
+            result.not_applicable = recorder.last_eval["not_applicable"]
+
+
 def train_batched(job: Job) -> list[RunResult]:
     """A job's seeds (the job and its `batch`, each with its evaluation siblings) trained as one
     batched model; one result per run, as each would have recorded trained alone."""
@@ -400,35 +451,20 @@ def train_batched(job: Job) -> list[RunResult]:
     quiet_lightning()
     jobs = [job, *job.batch]
     start, cpu_start, share = time.perf_counter(), cpu_seconds(), torch.get_num_threads()
-    for member in jobs:
-        for run in member.with_siblings:
-            start_run_folder(run.run_dir, run.config)
+    for run in job.runs:
+        start_run_folder(run.run_dir, run.config)
     train = job.config["train"]
     device = resolve_accelerator(train)
     memory = PeakMemory(on_cuda=device == "cuda")
-    matmul_before, matmul = torch.get_float32_matmul_precision(), matmul_precision(train, device)
+    matmul, globals_before = matmul_precision(train, device), torch_globals()
     results = [RunResult(run_id=m.run_id, status=Status.FAILED, peak_memory_instrument=memory.instrument,
                          environment=run_environment(m.config, device, matmul)) for m in jobs]
     recorders: list[RunRecorder] = []
     loggers: list[Any] = []
     module = trainer = None
-    deterministic_before = torch.are_deterministic_algorithms_enabled()
     try:
         torch.set_float32_matmul_precision(matmul)
-        members, tasks, rng = [], [], []
-        for member, result in zip(jobs, results):  # each built as its run alone builds it, draws included
-            pl.seed_everything(member.config["seed"], workers=True, verbose=False)
-            task = make_task(member.config)
-            run_module = RunModule(member.config, task)
-            result.n_params = run_module.model.num_parameters()
-            batch = task.train_batch(0, train["batch_size"], run_module.family)
-            cost = step_cost(run_module.model, lambda b, m=run_module, t=task: t.loss(m.model, b, m.family), batch)
-            members.append(run_module), tasks.append(task), rng.append(stream_state(device == "cuda"))
-            recorder = RunRecorder(task, run_module.family, train, cost,
-                                   [(make_task(s.config), s.config["train"]) for s in member.together])
-            loggers.append(make_logger(train["logger"], member.run_dir, member.config, None))
-            recorder.loggers = [loggers[-1]]
-            recorders.append(recorder)
+        members, tasks, rng, cost = build_members(jobs, results, device, recorders, loggers)
         dropout = any(m.model.spec.dropout > 0 for m in members)
         module = BatchedRunModule(members, tasks, rng if dropout else None)
         if device == "cpu":  # the threads the K members' work together can keep busy
@@ -439,25 +475,10 @@ def train_batched(job: Job) -> list[RunResult]:
         ckpt.with_name(ckpt.name + ".tmp").unlink(missing_ok=True)
         callbacks = [BatchedRecorder(recorders, [ProgressFile(m.run_dir, train["steps"]) for m in jobs]),
                      Checkpoints(ckpt, train["checkpoint_every"]), memory]
-        trainer = pl.Trainer(
-            max_steps=train["steps"], max_epochs=-1, limit_val_batches=0, num_sanity_val_steps=0,
-            accelerator=train["accelerator"], devices=1, strategy=lightning_strategy(train),
-            precision=train["precision"], gradient_clip_val=train["grad_clip"], deterministic=device == "cpu",
-            logger=False, callbacks=callbacks, plugins=[SafeCheckpointIO()], enable_progress_bar=False,
-            enable_model_summary=False, enable_checkpointing=False, default_root_dir=job.run_dir,
-            use_distributed_sampler=False)
+        trainer = batched_trainer(train, device, job.run_dir, callbacks)
         data = BatchedData(tasks, module.family, train["batch_size"], train["steps"])
         trainer.fit(module, datamodule=data, ckpt_path=ckpt if ckpt.is_file() else None, weights_only=True)
-        for k, (result, recorder) in enumerate(zip(results, recorders)):
-            result.steps_done = trainer.global_step
-            result.environment["processes"] = 1
-            if module.diverged[k] is not None:
-                result.status, result.diverged_step = Status.DIVERGED, module.diverged[k]
-                result.steps_done = module.diverged[k] - 1
-            else:
-                result.status = Status.FINISHED
-                result.metrics = recorder.last_eval["metrics"]
-                result.not_applicable = recorder.last_eval["not_applicable"]
+        record_outcomes(results, recorders, trainer.global_step, module.diverged)
     except (stopping.RunInterrupted, SIGTERMException) as err:
         raise stopping.RunInterrupted(str(err) or "stopped") from None
     except (torch.OutOfMemoryError, MemoryError) as err:
@@ -467,26 +488,18 @@ def train_batched(job: Job) -> list[RunResult]:
         for result in results:
             record_error(result, err, job.run_dir if result is results[0] else None)
     finally:
-        torch.use_deterministic_algorithms(deterministic_before)
-        torch.set_float32_matmul_precision(matmul_before)
-        torch.set_num_threads(share)
+        set_torch_globals(*globals_before)
         for logger, result in zip(loggers, results):
             close_tracker(logger, train["logger"], result)
     out: list[RunResult] = []
     wall, cpu = time.perf_counter() - start, cpu_seconds() - cpu_start
-    runs = sum(len(m.with_siblings) for m in jobs)
     for k, (member, result) in enumerate(zip(jobs, results)):
         if k < len(recorders):
             record_spending(result, recorders[k])
         result.peak_memory_bytes = memory.peak_bytes()
-        mine = [result, *(sibling_result(result, s, recorders[k].runs[i + 1] if k < len(recorders) else None)
+        out += [result, *(sibling_result(result, s, recorders[k].runs[i + 1] if k < len(recorders) else None)
                           for i, s in enumerate(member.together))]
-        for run, each in zip(member.with_siblings, mine):
-            each.wall_time_s, each.cpu_time_s = wall, cpu / runs  # the batch's cost, shared by its runs
-            each.environment.update(machine_load())
-            each.environment["trained_with"] = sorted(r.run_id for m in jobs for r in m.with_siblings if r.run_id != run.run_id)
-            if each.status == Status.FINISHED:
-                save_final_weights(module.member_weights(k), run.config, trainer.global_step, run.run_dir / FINAL_WEIGHTS)
-            write_result(run.run_dir, each)
-        out += mine
+    member_of = [k for k, member in enumerate(jobs) for _ in member.with_siblings]
+    write_results(job.runs, out, wall, cpu / len(out),  # the batch's cost, shared by its runs
+                  lambda i: (module.member_weights(member_of[i]), trainer.global_step))
     return out

@@ -31,7 +31,6 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import suppress
-from dataclasses import dataclass
 from multiprocessing import resource_tracker
 from multiprocessing.connection import wait
 from pathlib import Path
@@ -41,41 +40,10 @@ from workbench import stopping
 from workbench.errors import WorkbenchError
 from workbench.hardware import Machine, gpus_per_run
 from workbench.results import RunResult, Status
+from workbench.run.jobs import Job
 
 STOP_GRACE_S = 60  # after a stop request, a run gets this long to checkpoint before its worker is killed
 JOIN_S = 5  # an idle worker told to leave has this long before it is killed
-
-
-@dataclass(frozen=True)
-class Job:
-    """One run to execute: plain, picklable data. `together`: runs trained with it, which differ
-    from it only in how they evaluate (workbench.recipes.train.sweep.training_groups); `batch`:
-    other seeds of its sweep point trained with it as one batched model (`train.batch_seeds`,
-    workbench.run.batched), each with its own `together`. The job yields a result for each run."""
-
-    run_id: str
-    config: dict[str, Any]
-    run_dir: Path
-    tracker: Any = None  # workbench.run.tracking.TrackerRun: the run's name in an experiment tracker
-    together: tuple[Job, ...] = ()
-    batch: tuple[Job, ...] = ()
-
-    @property
-    def with_siblings(self) -> tuple[Job, ...]:
-        """Its run and the runs that share its training."""
-        return (self, *self.together)
-
-    @property
-    def runs(self) -> tuple[Job, ...]:
-        return (*self.with_siblings, *(run for member in self.batch for run in member.with_siblings))
-
-    def results(self, outcome: RunResult | list[RunResult]) -> list[RunResult]:
-        """What executing it returned, as one result per run."""
-        return outcome if isinstance(outcome, list) else [outcome]
-
-    def failed(self, status: Status, error: str) -> list[RunResult]:
-        """Every run of the job with the same failure (the process that trained them died)."""
-        return [RunResult(run.run_id, status, error=error) for run in self.runs]
 
 
 class Executor(ABC):
@@ -103,7 +71,7 @@ def execute(job: Job) -> list[RunResult]:
     from workbench.run.train import train_run, train_together  # imported here: workers pay for torch once, lazily
 
     if job.batch:
-        from workbench.run.batched import train_batched
+        from workbench.run.batched import train_batched  # torch.func's vmap path: only jobs that batch seeds load it
 
         return train_batched(job)
     if job.together:

@@ -28,7 +28,7 @@ import os
 import time
 import traceback
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +49,7 @@ from workbench.results import UnsafeFile, check_regular, open_regular, write_jso
 from workbench.run.batches import TaskDataModule, step_done
 from workbench.run.distributed import cluster_environment, lightning_strategy, needs_processes, rank_zero
 from workbench.run.distributed import train_in_processes
-from workbench.run.executor import Job
+from workbench.run.jobs import Job
 from workbench.run.environment import device_name, environment, matmul_precision, resolve_accelerator, user_callbacks
 from workbench.run.recording import Evaluations, PeakMemory, ProgressFile, RunRecorder
 from workbench.run.run_module import RunModule
@@ -170,20 +170,16 @@ def train_here(run_id: str, config: dict[str, Any], run_dir: Path, tracker: Trac
     """train_run in this process: every rank of a multi-process run runs it; rank 0 alone
     writes the run folder's files."""
     quiet_lightning()
-    start, cpu_start = time.perf_counter(), cpu_seconds()
-    share = torch.get_num_threads()  # the executor's share of the cores for each run
+    start, cpu_start, share = time.perf_counter(), cpu_seconds(), torch.get_num_threads()  # share: the executor's, per run
     if writer := rank_zero():
         for run in [Job(run_id, config, run_dir), *siblings]:
             start_run_folder(run.run_dir, run.config)
-    train = config["train"]
-    device = resolve_accelerator(train)
+    train, device = config["train"], resolve_accelerator(config["train"])
     memory = PeakMemory(on_cuda=device == "cuda")
-    matmul_before = torch.get_float32_matmul_precision()
-    matmul = matmul_precision(train, device)
+    matmul, globals_before = matmul_precision(train, device), torch_globals()
     result = RunResult(run_id=run_id, status=Status.FAILED, peak_memory_instrument=memory.instrument,
                        environment=run_environment(config, device, matmul))
     recorder = logger = module = trainer = None
-    deterministic_before = torch.are_deterministic_algorithms_enabled()
     try:
         torch.set_float32_matmul_precision(matmul)
         pl.seed_everything(config["seed"], workers=True, verbose=False)
@@ -217,9 +213,7 @@ def train_here(run_id: str, config: dict[str, Any], run_dir: Path, tracker: Trac
     except Exception as err:  # any other error is this run's outcome; the sweep goes on
         record_error(result, err, run_dir if writer else None)
     finally:
-        torch.use_deterministic_algorithms(deterministic_before)  # Trainer(deterministic=True) sets it globally
-        torch.set_float32_matmul_precision(matmul_before)  # global too: the next run in this process sets its own
-        torch.set_num_threads(share)  # the next run in this process gets the whole share again
+        set_torch_globals(*globals_before)
         if logger is not None:
             close_tracker(logger, train["logger"], result)
     if recorder is not None:
@@ -228,16 +222,39 @@ def train_here(run_id: str, config: dict[str, Any], run_dir: Path, tracker: Trac
     results = [result, *(sibling_result(result, s, recorder.runs[i + 1] if recorder else None)
                          for i, s in enumerate(siblings))]
     wall, cpu = time.perf_counter() - start, cpu_seconds() - cpu_start
-    for run, each in zip([Job(run_id, config, run_dir), *siblings], results):
-        each.wall_time_s, each.cpu_time_s = wall, cpu / len(results)  # the training's cost, shared
+    write_results([Job(run_id, config, run_dir), *siblings], results, wall, cpu / len(results),
+                  lambda _: (module.model, trainer.global_step), writer)
+    return results
+
+
+def torch_globals() -> tuple[bool, str, int]:
+    """What a training changes process-wide (Trainer(deterministic=True), the matmul precision, the
+    thread count), to be set back for the next run in this process."""
+    return torch.are_deterministic_algorithms_enabled(), torch.get_float32_matmul_precision(), torch.get_num_threads()
+
+
+def set_torch_globals(deterministic: bool, matmul: str, threads: int) -> None:
+    torch.use_deterministic_algorithms(deterministic)
+    torch.set_float32_matmul_precision(matmul)
+    torch.set_num_threads(threads)
+
+
+def write_results(runs: Sequence[Job], results: Sequence[RunResult], wall: float, cpu_each: float,
+                  final: Callable[[int], tuple[torch.nn.Module, int]], writer: bool = True) -> None:
+    """The results of runs trained together, each with the training's cost shared among them and
+    the others' ids, its final weights (`final(i)`: run i's model and its step) where it finished, written
+    to its folder."""
+    trained = [run.run_id for run in runs]
+    for i, (run, each) in enumerate(zip(runs, results)):
+        each.wall_time_s, each.cpu_time_s = wall, cpu_each
         each.environment.update(machine_load())
-        if siblings:
-            each.environment["trained_with"] = sorted(r.run_id for r in results if r is not each)
+        if len(runs) > 1:
+            each.environment["trained_with"] = sorted(r for r in trained if r != run.run_id)
         if writer:
             if each.status == Status.FINISHED:
-                save_final_weights(module.model, run.config, trainer.global_step, run.run_dir / FINAL_WEIGHTS)
+                model, step = final(i)
+                save_final_weights(model, run.config, step, run.run_dir / FINAL_WEIGHTS)
             write_result(run.run_dir, each)
-    return results
 
 
 def sibling_result(trained: RunResult, sibling: Job, evaluations: Evaluations | None) -> RunResult:
