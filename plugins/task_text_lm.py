@@ -18,7 +18,8 @@ in TRAIN_FILES and VALID_FILES below, read from the running interpreter's standa
 model never saw. With `path:` the corpus is a file, a folder or glob of files, jsonl or
 parquet records (`text_field`) or a saved HuggingFace dataset, split by document
 (workbench.tasks.corpus; one plain file is cut by position: its last `valid_fraction` of
-bytes is the validation text); a relative path is relative to the study file. Such a
+bytes is the validation text), after its exact or near duplicate documents are removed when
+`dedupe` says so; a relative path is relative to the study file. Such a
 corpus is tokenized once into shards on disk and read by memory map, so a run's memory
 does not grow with the corpus (`workbench prepare`, or the first run that needs it).
 Evaluation windows are `n_eval` windows spread evenly over the validation text (the same
@@ -80,7 +81,7 @@ from typing import Any, Literal
 
 import numpy as np
 import torch
-from pydantic import Field, field_validator, model_serializer
+from pydantic import Field, field_validator, model_serializer, model_validator
 
 from workbench import hookimpl
 from workbench.errors import SpecError, WorkbenchError, WorkbenchWarning
@@ -93,6 +94,7 @@ from workbench.tasks.corpus import (
     Source,
     document_texts,
     file_pieces,
+    find_duplicates,
     has_wildcard,
     names_anything,
 )
@@ -147,19 +149,47 @@ def stdlib_texts() -> Texts:
 
 
 def source_texts(source: Source, valid_fraction: float) -> Texts:
-    """A `path` corpus as the two splits' texts; the files are listed and split only when
-    the shards are written (a prepared corpus is found from its files' sizes and times)."""
-    split = functools.cache(lambda: source.split(valid_fraction))
+    """A `path` corpus as the two splits' texts; the files are listed, deduplicated and split only
+    when the shards are written (a prepared corpus is found from its files' sizes and times).
+    The key holds `dedupe` only when it removes something, so folders written before it keep theirs."""
+    split = functools.cache(lambda: source.split_and_duplicates(valid_fraction))
 
     def part(which: int):
-        if split() is None:  # one plain text file (named, or alone in its folder), cut by position
+        if split()[0] is None:  # one plain text file (named, or alone in its folder), cut by position
             (file,) = source.files()
             cut = int(file.stat().st_size * (1 - valid_fraction))
             return file_pieces(file, *((0, cut), (cut, None))[which])
-        return document_texts(split()[which], source.text_field)
+        return document_texts(split()[0][which], source.text_field)
 
-    key = hashlib.blake2b(f"{source.fingerprint()}|{valid_fraction}".encode(), digest_size=16).hexdigest()
-    return Texts(key, lambda: part(0), lambda: part(1))
+    def duplicates() -> dict:
+        documents, found = split()
+        if documents is None:
+            return {"dedupe": source.dedupe, "documents": 1, "exact": 0, "near": 0}
+        if found is None:  # dedupe none removes nothing; the exact copies it keeps are counted, for the message
+            found = find_duplicates([*documents[0], *documents[1]], source.text_field, "none")
+        return found.record()
+
+    settings = f"{source.fingerprint()}|{valid_fraction}" + (f"|{source.dedupe}" if source.dedupe != "none" else "")
+    key = hashlib.blake2b(settings.encode(), digest_size=16).hexdigest()
+    return Texts(key, lambda: part(0), lambda: part(1), duplicates=duplicates)
+
+
+def duplicates_said(record: dict | None) -> str:
+    """What `prepare` says of the duplicate documents in meta.json's record ("" for none to speak of)."""
+    if record is None:  # a folder written before dedupe
+        return ""
+    dedupe = record["dedupe"]
+    if record["documents"] == 1:
+        return "one document (a single file, cut by position: nothing to deduplicate); " if dedupe != "none" else ""
+    documents, exact, near = (f"{record[k]:,}" for k in ("documents", "exact", "near"))
+    if dedupe == "near":
+        return f"{documents} documents, {exact} exact and {near} near duplicates removed before the split; "
+    if dedupe == "exact":
+        return f"{documents} documents, {exact} exact duplicates removed before the split; "
+    if record["exact"]:
+        return (f"{documents} documents, {exact} exact duplicate documents kept; task.dedupe: exact or near removes "
+                "them; ")
+    return ""
 
 
 class TextParams(TaskParams):
@@ -178,6 +208,12 @@ class TextParams(TaskParams):
     valid_fraction: float = Field(0.1, gt=0, lt=1, description="with path: share of the documents held out (of a "
                                   "single file: its end); in tuning runs also the share of the training text (its "
                                   "end) they validate on")
+    dedupe: Literal["none", "exact", "near"] = Field(
+        "none", description="with path: duplicate documents removed before the split, keeping of each group the "
+        "document whose name sorts first (one plain file is one document: nothing to remove). none: keep all (prepare "
+        "counts the exact copies); exact: documents equal after Unicode NFC and whitespace folding are kept once; "
+        "near: exact, then documents whose lower-cased word 5-grams have an estimated Jaccard similarity >= 0.8 to a "
+        "kept one (MinHash with LSH, 128 permutations, fixed seed; Lee et al. 2022)")
     decode_strategy: Literal["greedy", "sample"] = Field(
         "greedy", description="how continuations for distinct_2 / repetition_4 are decoded")
     temperature: float = Field(1.0, gt=0, description="sample: divide logits by this (< 1 sharper, > 1 flatter)")
@@ -195,6 +231,13 @@ class TextParams(TaskParams):
             raise ValueError(f"tokenizer must be bytes, bpe or a tokenizer.json path, got {value!r}")
         return value
 
+    @model_validator(mode="after")
+    def _dedupe_needs_path(self):
+        if self.dedupe != "none" and self.path is None:
+            raise SpecError("task.dedupe", f"{self.dedupe} removes duplicate documents of a corpus named by task.path; "
+                                           "the default corpus (no path) has none: leave dedupe out")
+        return self
+
     @model_serializer(mode="wrap")
     def _unchanged_ids(self, handler) -> dict[str, Any]:
         """Fields added after runs were stored stay out of the task section at their default,
@@ -203,8 +246,8 @@ class TextParams(TaskParams):
         return {k: v for k, v in out.items() if k not in LATER_FIELDS or v != type(self).model_fields[k].default}
 
 
-LATER_FIELDS = ("text_field", "if_missing", "tokenizer", "vocab_size")
-FALLBACK_DROPS = ("path", "text_field", "tokenizer", "vocab_size")  # what the default corpus does not use
+LATER_FIELDS = ("text_field", "if_missing", "tokenizer", "vocab_size", "dedupe")
+FALLBACK_DROPS = ("path", "text_field", "tokenizer", "vocab_size", "dedupe")  # what the default corpus does not use
 
 
 def window_start(rng: np.random.Generator, text: np.ndarray, length: int) -> int:
@@ -306,7 +349,7 @@ class TextLM(Task):
         path = os.path.expanduser(p.path)
         if not os.path.exists(path) and not has_wildcard(path):
             raise SpecError("task.path", f"no such file or folder: {path}")
-        return source_texts(Source(path, p.text_field), p.valid_fraction)
+        return source_texts(Source(path, p.text_field, p.dedupe), p.valid_fraction)
 
     def split_bytes(self) -> tuple[int, int]:
         """Upper bounds of the two splits' text in bytes, from file sizes (workbench.tasks.corpus)."""
@@ -314,7 +357,7 @@ class TextLM(Task):
         if p.path is None:
             root = stdlib_root()
             return tuple(sum(os.stat(root / n).st_size + 1 for n in names) for names in (TRAIN_FILES, VALID_FILES))
-        return Source(os.path.expanduser(p.path), p.text_field).split_bytes(p.valid_fraction)
+        return Source(os.path.expanduser(p.path), p.text_field, p.dedupe).split_bytes(p.valid_fraction)
 
     def shards(self, progress: bool | None = None, prepare_now: bool = True) -> Shards | None:
         """The corpus tokenized on disk (tokenized first when it is not yet, with a bar on a
@@ -330,8 +373,9 @@ class TextLM(Task):
         if shards is None:
             return f"text_lm: the default corpus is read from {stdlib_root()} (nothing to prepare)"
         counts = shards.meta["splits"]
-        return (f"text_lm: {counts['train']['tokens']:,} training and {counts['val']['tokens']:,} validation tokens "
-                f"({shards.meta['dtype']}, vocabulary {shards.meta['vocab_size']:,}) in {shards.folder}")
+        return (f"text_lm: {duplicates_said(shards.meta.get('duplicates'))}{counts['train']['tokens']:,} training and "
+                f"{counts['val']['tokens']:,} validation tokens ({shards.meta['dtype']}, vocabulary "
+                f"{shards.meta['vocab_size']:,}) in {shards.folder}")
 
     @classmethod
     def resolve_paths(cls, section: dict[str, Any], folder: pathlib.Path) -> dict[str, Any]:

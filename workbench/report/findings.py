@@ -45,6 +45,7 @@ from workbench.study.keys import point_labels
 from workbench.study.yaml_file import LineMap, StudyError, read_yaml, suggest
 
 FINDINGS_FILE = Path("findings") / "published.yaml"  # in the studies folder (outside its *.yaml glob)
+FINDINGS_2026 = Path("findings") / "2026.yaml"  # the table's 2026 edition (issue 65), in the same format
 SUMMARY_FILE = "summary.json"  # what each report writes for the index (workbench.report.index.summary)
 AGREES, DISAGREES, NOT_COMPARABLE = "agrees", "does not agree", "not comparable"
 POST_HOC = "post hoc: not counted"
@@ -69,7 +70,8 @@ class ExpectRef(BaseModel):
 class Finding(BaseModel):
     model_config = ConfigDict(extra="forbid")
     paper: Paper
-    claim: str = Field(pattern=r"^E\d{1,2}$", description="the claim id in CLAIMS.md (E1, E2, ...)")
+    claim: str | None = Field(None, pattern=r"^E\d{1,2}$", description="the claim id in CLAIMS.md (E1, E2, ...); "
+                              "null for a claim CLAIMS.md does not list (the 2026 table's: the paper's own)")
     setup: str = Field(min_length=1, description="their setup, one line")
     result: str = Field(min_length=1, description="their number or result, one line")
     study: str = Field(description="the name of our study")
@@ -331,7 +333,7 @@ def table_row(row: Row, reports_dir: Path, commit: Commit | None = None) -> tupl
         problem = (f"{row.field}.why: missing: the row ({f.paper.authors} {f.paper.year} vs {f.study}) reads "
                    f"'{'; '.join(agreements)}' (verdict: {', '.join(v['outcome'] for v in verdicts)}), "
                    "so it needs one line on why")
-    paper = f"{f.paper.authors} {f.paper.year}, {f.paper.title} [{f.claim}]"
+    paper = f"{f.paper.authors} {f.paper.year}, {f.paper.title}" + (f" [{f.claim}]" if f.claim else "")
     return [md_cell(paper), cells([f.setup, f.result]), study, cells(ours), md_cell("; ".join(agreements)),
             md_cell(why) or "–"], problem
 

@@ -22,28 +22,72 @@ plus the record's index) is smallest, a fixed pseudo-random draw that does not d
 the order files are listed in. A corpus of one plain text file is one document, so it is cut
 by position as before.
 
+Duplicates (`dedupe`) are removed from the document list before that draw, so a copy can
+never sit on both sides of the split (a corpus of one plain text file is one document: nothing
+to deduplicate):
+
+    none    nothing is removed (what every corpus had before `dedupe`)
+    exact   documents whose text is equal after Unicode NFC and whitespace folding (runs of
+            whitespace as one space, none at either end) are kept once
+    near    exact, then near copies: MinHash (Broder 1997) with LSH over the set of a document's
+            word 5-grams (its NFC words lower-cased), a candidate pair confirmed when the two
+            signatures' estimated Jaccard similarity is at least 0.8. The setting follows Lee
+            et al. (2022, "Deduplicating Training Data Makes Language Models Better", section
+            4.2), who shingle into word 5-grams with a threshold of 0.8; they sign with 9,000
+            hash values in 450 bands of 20 and confirm a candidate pair by its edit similarity
+            (> 0.8). Here: 128 values, LSH in 18 bands of 7 (LSH_BANDS: as theirs, nearly every
+            pair at 0.8 is a candidate), and the pair confirmed by the estimated Jaccard
+            (MinHash.jaccard), which needs neither text read again. A document of fewer than 5
+            words has no 5-gram: it is compared exactly only.
+
+A duplicate is removed in favour of the document whose name sorts first (a record's name is
+its file's with `#<index>`), so the kept set does not depend on the order files are listed
+in. Documents are taken in that order, and one is a near copy when it is close to one already
+kept (in a chain A ~ B ~ C where A and C are not close, A and C are kept). The MinHash
+permutations come from a fixed seed, so a corpus always keeps the same documents (with the
+same datasketch: its 2.0 changed the default permutation scheme).
+
 A document is read in pieces of about PIECE_BYTES, cut after a line break, so a corpus of
-gigabytes is never held in memory whole.
+gigabytes is never held in memory whole; deduplication reads each document once and keeps a
+digest per document and a signature of 128 hash values per distinct text.
 """
 
 from __future__ import annotations
 
+import codecs
 import glob
 import hashlib
 import itertools
 import math
 import os
 import stat
-from collections.abc import Iterator
+import unicodedata
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from workbench.errors import SpecError, WorkbenchError
 from workbench.results import file_kind, load_json
 
+if TYPE_CHECKING:
+    from datasketch import LeanMinHash, MinHash
+
 PIECE_BYTES = 1 << 20
 RECORD_SUFFIXES = (".jsonl", ".json", ".parquet")
 DATASETS_MARKERS = ("dataset_info.json", "dataset_dict.json")  # what save_to_disk writes
+
+DEDUPE_MODES = ("none", "exact", "near")  # the text task's `dedupe` (module docstring)
+SHINGLE_WORDS = 5  # words per shingle, and the fewest a document needs to be compared as a near copy
+NEAR_JACCARD = 0.8  # estimated Jaccard similarity from which a document is a near copy
+NUM_PERM = 128
+# LSH bands x rows (126 of the 128 values): a pair at Jaccard 0.8 is a candidate with probability
+# 1 - (1 - 0.8**7)**18 = 0.986, 0.999 at 0.85, as Lee et al.'s 450 x 20 finds 0.994 at 0.8;
+# datasketch's own choice for a threshold of 0.8 (9 x 13) finds 40% at 0.8. The price is
+# candidates below the threshold (13% at 0.5), which the confirmation drops.
+LSH_BANDS, LSH_ROWS = 18, 7
+MINHASH_SEED = 1  # fixed: the same permutations, so the same documents kept, on every run
+SHINGLE_BATCH = 8192  # shingles hashed in one update_batch: its (shingles x NUM_PERM) array stays at 4 MB
 
 
 @dataclass(frozen=True)
@@ -91,6 +135,7 @@ class Source:
 
     path: str
     text_field: str = "text"
+    dedupe: str = "none"  # one of DEDUPE_MODES: which duplicates `split` removes before its draw
 
     def files(self) -> list[Path]:
         """The files of the source, sorted (a saved `datasets` folder is one entry); one line for a
@@ -150,32 +195,153 @@ class Source:
         return documents
 
     def split(self, valid_fraction: float) -> tuple[list[Document], list[Document]] | None:
-        """(training, validation) documents; None for a corpus of one plain text file (cut by position)."""
+        """(training, validation) documents, duplicates removed first as `dedupe` says; None for a
+        corpus of one plain text file (cut by position: one document, nothing to deduplicate)."""
+        return self.split_and_duplicates(valid_fraction)[0]
+
+    def split_and_duplicates(self, valid_fraction: float) -> tuple[tuple[list[Document], list[Document]] | None,
+                                                                   Duplicates | None]:
+        """`split`, and what `find_duplicates` found (None under dedupe none: then no text is read)."""
         documents = self.documents()
         if len(documents) == 1 and documents[0].index is None:
-            return None
-        if len(documents) < 2:
-            raise WorkbenchError(f"task.path: {self.path} holds {len(documents)} document(s); a split by document "
+            return None, None
+        found = find_duplicates(documents, self.text_field, self.dedupe) if self.dedupe != "none" else None
+        kept = documents if found is None else found.kept
+        if len(kept) < 2:
+            removed = f" once {len(documents) - len(kept)} duplicate(s) are removed" if found else ""
+            raise WorkbenchError(f"task.path: {self.path} holds {len(kept)} document(s){removed}; a split by document "
                                  "needs at least 2")
-        ranked = sorted(documents, key=lambda d: hashlib.blake2b(d.name.encode(), digest_size=8).digest())
-        n_valid = min(len(documents) - 1, math.ceil(valid_fraction * len(documents)))
-        valid = set(ranked[:n_valid])
-        return [d for d in documents if d not in valid], [d for d in documents if d in valid]
+        return validation_draw(kept, valid_fraction), found
 
     def split_bytes(self, valid_fraction: float) -> tuple[int, int]:
         """Upper bounds of the (training, validation) text in bytes, from file sizes alone
         (nothing is read): exact for files split by document and for one file cut by position;
-        where records are split, the files' total bounds each split (their count is unread)."""
+        where records are split, or duplicates are removed first (which ones, only their texts
+        tell), the files' total bounds each split."""
         files = self.files()
-        if any(is_datasets_folder(f) or f.suffix in RECORD_SUFFIXES for f in files):
+        records = any(is_datasets_folder(f) or f.suffix in RECORD_SUFFIXES for f in files)
+        if records or (len(files) > 1 and self.dedupe != "none"):
             total = sum(p.stat().st_size for f in files for p in ([f] if f.is_file() else f.rglob("*")) if p.is_file())
             return total, total
-        split = self.split(valid_fraction)
+        split = self.split(valid_fraction)  # reads no text: no dedupe, or one file cut by position
         if split is None:
             size = files[0].stat().st_size
             cut = int(size * (1 - valid_fraction))  # as source_texts cuts it
             return cut, size - cut
         return tuple(sum(d.file.stat().st_size for d in docs) for docs in split)
+
+
+def validation_draw(documents: list[Document], valid_fraction: float) -> tuple[list[Document], list[Document]]:
+    """(training, validation): the validation documents are the ceil(valid_fraction * N) whose
+    BLAKE2b hash of their name is smallest (at least one document is left to train on)."""
+    ranked = sorted(documents, key=lambda d: hashlib.blake2b(d.name.encode(), digest_size=8).digest())
+    n_valid = min(len(documents) - 1, math.ceil(valid_fraction * len(documents)))
+    valid = set(ranked[:n_valid])
+    return [d for d in documents if d not in valid], [d for d in documents if d in valid]
+
+
+@dataclass(frozen=True)
+class Duplicates:
+    """What `find_duplicates` found: the documents kept (in the order given) and the counts.
+    Under dedupe none every document is kept, and `exact` counts the copies `exact` would remove."""
+
+    dedupe: str
+    kept: list[Document]
+    documents: int  # documents read
+    exact: int  # equal, after NFC and whitespace folding, to a document whose name sorts earlier
+    near: int  # further documents that are near copies of a kept one (dedupe near)
+
+    def record(self) -> dict[str, str | int]:
+        """The counts, as a shard folder's meta.json keeps them (workbench.tasks.tokens.DuplicateCounts)."""
+        return {"dedupe": self.dedupe, "documents": self.documents, "exact": self.exact, "near": self.near}
+
+
+def find_duplicates(documents: list[Document], field: str, dedupe: str) -> Duplicates:
+    """`documents` less their exact (and, for near, near) duplicates, each document read once;
+    dedupe none removes nothing but counts the exact copies (module docstring)."""
+    from datasketch import MinHash  # here: datasketch imports scipy (0.3 s), paid only where a corpus deduplicates
+
+    base = MinHash(num_perm=NUM_PERM, seed=MINHASH_SEED) if dedupe == "near" else None
+    digests: dict[Document, bytes] = {}
+    signatures: dict[bytes, LeanMinHash | None] = {}  # one per distinct text: exact copies sign alike
+    for doc, texts in each_document(documents, field):
+        digests[doc], signature = sketch(texts, base)
+        signatures.setdefault(digests[doc], signature)
+    first: dict[bytes, Document] = {}  # digest -> the document of that text whose name sorts first
+    exact = []
+    for doc in sorted(documents, key=lambda d: d.name):
+        if digests[doc] in first:
+            exact.append(doc)
+        else:
+            first[digests[doc]] = doc
+    near = near_copies([(doc, signatures[digest]) for digest, doc in first.items()]) if dedupe == "near" else []
+    removed = set(exact + near) if dedupe != "none" else set()
+    return Duplicates(dedupe, [d for d in documents if d not in removed], len(documents), len(exact), len(near))
+
+
+def folded_words(texts: Iterable[bytes]) -> Iterator[list[str]]:
+    """A document's words (its text in Unicode NFC, split at runs of whitespace), a list per piece
+    of text; a word cut between two pieces comes whole, with the later one."""
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")  # a character may straddle two pieces
+    carry = ""
+    for piece in texts:
+        text = unicodedata.normalize("NFC", carry + decoder.decode(piece))
+        words = text.split()
+        carry = words.pop() if words and not text[-1].isspace() else ""
+        yield words
+    yield unicodedata.normalize("NFC", carry + decoder.decode(b"", final=True)).split()
+
+
+def sketch(texts: Iterable[bytes], base: MinHash | None) -> tuple[bytes, LeanMinHash | None]:
+    """A document's digest of its folded text (NFC, each run of whitespace one space) and, given a
+    `base` MinHash, the MinHash of its lower-cased word 5-grams (None under 5 words: no 5-gram)."""
+    from datasketch import LeanMinHash  # here: as in find_duplicates
+
+    digest = hashlib.blake2b(digest_size=16)
+    minhash = None if base is None else base.copy()
+    recent: list[str] = []  # the last SHINGLE_WORDS - 1 words: a shingle may span two pieces
+    count = 0
+    for words in folded_words(texts):
+        if not words:
+            continue
+        joined = " ".join(words)
+        digest.update(joined.encode() + b" ")
+        count += len(words)
+        if minhash is not None:
+            lowered = recent + joined.lower().split(" ")
+            for batch in shingle_batches(lowered):
+                minhash.update_batch(batch)
+            recent = lowered[-(SHINGLE_WORDS - 1):]
+    return digest.digest(), LeanMinHash(minhash) if minhash is not None and count >= SHINGLE_WORDS else None
+
+
+def shingle_batches(words: list[str]) -> Iterator[list[bytes]]:
+    """The word SHINGLE_WORDS-grams of `words` (UTF-8, words joined by a space), SHINGLE_BATCH at a time."""
+    step = SHINGLE_BATCH
+    for start in range(0, max(0, len(words) - SHINGLE_WORDS + 1), step):
+        window = words[start: start + step + SHINGLE_WORDS - 1]
+        grams = map(" ".join, zip(*(window[i:] for i in range(SHINGLE_WORDS))))
+        yield "\n".join(grams).encode().split(b"\n")  # one encode for the batch: no word holds a line break
+
+
+def near_copies(candidates: list[tuple[Document, LeanMinHash | None]]) -> list[Document]:
+    """The candidates (in name order) whose estimated Jaccard similarity to one kept before them
+    is at least NEAR_JACCARD: LSH proposes, MinHash.jaccard confirms. A document without a
+    signature (under 5 words) is kept: it was compared exactly only."""
+    from datasketch import MinHashLSH  # here: as in find_duplicates
+
+    lsh = MinHashLSH(num_perm=NUM_PERM, params=(LSH_BANDS, LSH_ROWS))
+    kept: list[LeanMinHash] = []
+    copies = []
+    for doc, signature in candidates:
+        if signature is None:
+            continue
+        if any(kept[key].jaccard(signature) >= NEAR_JACCARD for key in lsh.query(signature)):
+            copies.append(doc)
+        else:
+            lsh.insert(len(kept), signature)
+            kept.append(signature)
+    return copies
 
 
 def record_count(file: Path, field: str) -> int:
@@ -287,16 +453,23 @@ def record_texts(file: Path, field: str, wanted: set[int]) -> Iterator[tuple[int
                     yield index, str(json_record(line, file, number, field)[field] or "").encode()
 
 
-def document_texts(documents: list[Document], field: str) -> Iterator[bytes]:
-    """Each document's text in pieces, documents in order (records of one file read in one pass)."""
+def each_document(documents: list[Document], field: str) -> Iterator[tuple[Document, Iterator[bytes]]]:
+    """Each document with its text in pieces (read them before the next), documents grouped by
+    file (records of one file read in one pass)."""
     by_file: dict[Path, list[Document]] = {}
     for doc in documents:
         by_file.setdefault(doc.file, []).append(doc)
     for file, docs in by_file.items():
         if docs[0].index is None:
-            yield from file_pieces(file)
-            yield b"\n"  # documents are joined by a line break, as the default corpus is
+            yield docs[0], file_pieces(file)
         else:
-            for _, text in record_texts(file, field, {d.index for d in docs}):
-                yield from pieces(text)
-                yield b"\n"
+            by_index = {d.index: d for d in docs}
+            for index, text in record_texts(file, field, set(by_index)):
+                yield by_index[index], pieces(text)
+
+
+def document_texts(documents: list[Document], field: str) -> Iterator[bytes]:
+    """Each document's text in pieces, documents in order (records of one file read in one pass)."""
+    for _, texts in each_document(documents, field):
+        yield from texts
+        yield b"\n"  # documents are joined by a line break, as the default corpus is

@@ -14,7 +14,10 @@ hold every token id of a split as one flat array (readable with `np.memmap`): ui
 vocabularies up to 65,536 (uint32 past that), and uint8 for bytes (nanoGPT's character-level
 example stores those as uint16 too; a byte needs no more, and the file is half the size), so a process keeps in memory only the pages
 it touches. `meta.json`, written last (its presence means the folder is complete), records
-the dtype, the vocabulary size and each split's tokens and bytes of text. The folder is
+the dtype, the vocabulary size and each split's tokens and bytes of text, and for a corpus
+split by document the duplicates found before the split (`duplicates`: the documents read,
+the exact and near copies removed, or under dedupe none the exact copies kept; a folder
+written before it has none). The folder is
 $WORKBENCH_DATA_DIR (default ~/.cache/workbench/data) / <digest of the corpus's fingerprint
 and the settings>.
 
@@ -49,6 +52,7 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeR
 
 from workbench.errors import SpecError, WorkbenchError, WorkbenchWarning, write_error
 from workbench.results import Count, check_regular, first_problem, load_json, read_regular, write_text_atomic
+from workbench.tasks.corpus import DEDUPE_MODES
 
 SPECIALS = ("<pad>", "<bos>", "<eos>", "<sep>")  # model ids 0..3 in every built-in vocabulary
 SPLITS = ("train", "val")
@@ -152,12 +156,15 @@ def train_bpe(texts: Iterator[bytes], vocab_size: int) -> HFTokenizer:
 @dataclass(frozen=True)
 class Texts:
     """What a shard folder is made of: each split's text as pieces (a fresh iterator per call),
-    its size in bytes where known (for the progress bar), and a fingerprint of the corpus."""
+    its size in bytes where known (for the progress bar), a fingerprint of the corpus, and what
+    was found of duplicate documents before the split (DuplicateCounts' fields; called once the
+    splits are written, for meta.json)."""
 
     fingerprint: str
     train: Callable[[], Iterator[bytes]]
     valid: Callable[[], Iterator[bytes]]
     sizes: tuple[int | None, int | None] = (None, None)
+    duplicates: Callable[[], dict] | None = None
 
 
 def settings_key(texts: Texts, tokenizer: str, vocab_size: int) -> str:
@@ -248,6 +255,23 @@ class SplitCounts(BaseModel):
     bytes: Count
 
 
+class DuplicateCounts(BaseModel):
+    """The duplicate documents found before a corpus was split (workbench.tasks.corpus.Duplicates)."""
+
+    model_config = ConfigDict(extra="forbid")
+    dedupe: Literal[DEDUPE_MODES]
+    documents: Count  # read
+    exact: Count  # removed, or under dedupe none found and kept
+    near: Count  # removed (dedupe near)
+
+    @model_validator(mode="after")
+    def _some_kept(self):
+        if self.exact + self.near >= max(self.documents, 1):
+            raise ValueError(f"{self.exact} exact and {self.near} near duplicates of {self.documents} documents leave "
+                             "none")
+        return self
+
+
 class ShardMeta(BaseModel):
     """meta.json, as `prepare` writes it: checked before a shard folder is used."""
 
@@ -257,6 +281,7 @@ class ShardMeta(BaseModel):
     dtype: Literal[DTYPES]
     splits: dict[Literal[SPLITS], SplitCounts]
     corpus: str
+    duplicates: DuplicateCounts | None = None  # absent from folders written before dedupe
 
     @model_validator(mode="after")
     def _consistent(self):
@@ -353,6 +378,8 @@ def build(building: Path, texts: Texts, tokenizer: str, vocab_size: int, progres
               for split, pieces, size in zip(SPLITS, (texts.train, texts.valid), texts.sizes)}
     meta = {"tokenizer": "bytes" if tokenizer == "bytes" else "tokenizer.json", "vocab_size": encoder.vocab_size,
             "dtype": dtype, "splits": splits, "corpus": texts.fingerprint}
+    if texts.duplicates is not None:
+        meta["duplicates"] = texts.duplicates()
     write_text_atomic(building / "meta.json", json.dumps(meta, indent=1))
     (building / "progress.json").unlink(missing_ok=True)
 

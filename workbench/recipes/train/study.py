@@ -14,7 +14,7 @@ from pydantic import Field, ValidationError, ValidationInfo, WithJsonSchema, fie
 from pydantic.json_schema import SkipJsonSchema
 
 from workbench.errors import SpecError
-from workbench.model.spec import VARIANT_AXES, ModelSpec, resolve_choice
+from workbench.model.spec import VARIANT_AXES, ModelSpec, resolve_axis
 from workbench.registry import get_variant, variants
 from workbench.results import DESCRIPTIVE_METRICS, FAILURE_SHARE, RUN_MEASURES, TO_TARGET
 from workbench.study import StudyBase, check_key, stored, task_section, unwrap
@@ -262,7 +262,7 @@ def check_swept_variants(key: str, field: str, values: list[Any], model: Mapping
     if len(parts) == 2:
         for value in values:
             try:
-                resolve_choice(axis, value, field)
+                resolve_axis(axis, value, field)  # a per-layer pattern is a value too
             except SpecError as err:
                 raise SpecError(field, f"{err.problem} (in the sweep value {key}={label(value)})", err.choices) from None
         return
