@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN = $(VENV)/bin
 JOBS ?= 2
 
-.PHONY: quickstart test install
+.PHONY: quickstart test install corpus
 
 # The user's report goes beside the results, runs/quickstart/reports/quickstart/ (git-ignored):
 # the shipped reports/quickstart/ stays as committed and is compared with it (workbench diff; a
@@ -41,3 +41,9 @@ $(VENV)/.installed: pyproject.toml constraints-dev.txt | $(VENV)/.created
 	$(BIN)/python -m pip install -q --no-compile -c constraints-dev.txt -e '.[dev]'
 	$(COMPILE)
 	touch $@ $(VENV)/.installed-run
+
+# The 2026 table's text corpus (studies/corpora/debian_docs.py): three Debian documentation
+# packages, then one JSON Lines file of their English documents. Needs root for apt-get.
+corpus:
+	apt-get install -y -qq linux-doc-6.1 python3.11-doc perl-doc
+	$(PYTHON) studies/corpora/debian_docs.py

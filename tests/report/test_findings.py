@@ -18,7 +18,7 @@ from click.testing import CliRunner
 from workbench.cli import main
 from workbench.errors import WorkbenchError
 from workbench.report.document import Report, VerdictLine
-from workbench.report.findings import FINDINGS_FILE, agreement, load_findings
+from workbench.report.findings import FINDINGS_2026, FINDINGS_FILE, agreement, load_findings
 from workbench.report.index import build_index, summary
 from workbench.study import load_study
 
@@ -293,6 +293,15 @@ def test_shipped_findings_validate_against_the_shipped_studies():
     studies = {s.name: s for s in (load_study(p).study for p in sorted(STUDIES.glob("*.yaml")))}
     rows = load_findings(STUDIES / FINDINGS_FILE, studies)
     assert len(rows) >= 5  # issue 13: at least five published findings side by side
+
+
+def test_the_2026_findings_validate_against_the_shipped_studies():
+    """The 2026 table's rows (issue 65): at least eight findings, each naming an `expect:` entry of
+    its study, none tied to a claim of CLAIMS.md."""
+    studies = {s.name: s for s in (load_study(p).study for p in sorted(STUDIES.glob("*.yaml")))}
+    rows = load_findings(STUDIES / FINDINGS_2026, studies)
+    assert len(rows) >= 8 and len({row.finding.study for row in rows}) == len(rows)
+    assert all(row.finding.claim is None for row in rows)
 
 
 def test_the_documented_example_validates(tmp_path):
