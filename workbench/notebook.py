@@ -121,7 +121,7 @@ def summary_verdicts(index: Path) -> list[VerdictLine]:
                         detail=r.get("detail", ""), note=r.get("note", ""), gates=r.get("learned", []),
                         difference=r.get("difference", {}), groups=r.get("groups", []), expect=r.get("expect", {}),
                         look=r.get("look"), post_hoc=r.get("post_hoc", ""), tests_claim=r.get("tests_claim", True),
-                        qualifier=r.get("qualifier", ""), differs=r.get("differs", []))
+                        qualifier=r.get("qualifier", ""), differs=r.get("differs", []), rung=r.get("rung", {}))
             for r in records]
 
 

@@ -282,3 +282,16 @@ def test_attention_captions_of_a_bpe_text_task_show_decoded_text_not_byte_level_
     pieces = sample["batch_tokens"]["tokens"][0]
     assert any("Ġ" in p or "Ċ" in p for p in pieces)  # the sample does hold byte-level pieces
     assert f'"{task.words_text(pieces)}"' in caption and "Ġ" not in caption and "Ċ" not in caption
+
+
+def test_a_swept_null_beside_integers_labels_runs_as_the_sweep_writes_them():
+    """mla-vs-gqa sweeps `model.n_kv_heads: [2, null]`: the results table holds 2.0 and NaN, and the
+    runs must still carry the labels the `expect:` entries resolve to (2, None), or no verdict finds
+    its runs."""
+    from workbench.report.sweep_points import Variants
+
+    runs = pd.DataFrame({"model.n_kv_heads": [2, None, 2], "train.lr": [1.0, 1.0, 2.0]})
+    assert runs["model.n_kv_heads"].dtype == float  # what pandas makes of it
+    variants = Variants.of(["model.n_kv_heads", "train.lr"], runs, {"model.n_kv_heads": [2, None], "train.lr": [1.0, 2.0]})
+    assert variants.labels == ["n_kv_heads=2, lr=1.0", "n_kv_heads=2, lr=2.0", "n_kv_heads=None, lr=1.0"]
+    assert list(variants.label_runs(runs)) == ["n_kv_heads=2, lr=1.0", "n_kv_heads=None, lr=1.0", "n_kv_heads=2, lr=2.0"]

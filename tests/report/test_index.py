@@ -40,7 +40,7 @@ def test_summary_counts_runs_and_spans_the_sweep():
     assert s["statuses"] == {"diverged": 1, "finished": 1} and s["run_span_s"] == 60 and s["run_cpu_s"] == 60
     assert s["verdicts"] == [{"statement": verdict.statement, "outcome": "holds", "label": "holds", "detail": "detail",
                               "note": "note", "tests_claim": True, "difference": {}, "learned": [], "groups": [], "expect": {},
-                              "look": None, "post_hoc": "", "differs": [], "qualifier": ""}]
+                              "look": None, "post_hoc": "", "differs": [], "qualifier": "", "rung": {}}]
     # the rule it was issued under, and its first result (what a margin or a findings row registered later is after)
     assert s["rule"] == VERDICT_RULE and s["first_result"] == "2026-01-01T10:00:10+00:00"
 

@@ -85,6 +85,7 @@ class VerdictLine:
     tests_claim: bool = True  # False when neither group learned: shown, not counted as testing the claim
     differs: list[str] = field(default_factory=list)  # the settings the two compared groups differ in (tuned ones too)
     qualifier: str = ""  # what the gates and the claim's predicted level add to the outcome (Verdict.qualifier)
+    rung: dict = field(default_factory=dict)  # scale ladder: {key: value} of the rung it was decided at; {} without one
 
     # ---- the first screen's verdict table reads these -------------------------------------
 

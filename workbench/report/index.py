@@ -34,7 +34,8 @@ from workbench.errors import unknown_name
 from workbench.model.spec import spec_error_from
 from workbench.registry import get_variant
 from workbench.report.document import Report, fmt_seconds
-from workbench.report.findings import FINDINGS_FILE, SUMMARY_FILE, findings_section
+from workbench.report.findings import FINDINGS_2026, FINDINGS_FILE, SUMMARY_FILE, findings_section
+from workbench.report.findings_by_width import findings_by_width_section
 from workbench.stats.outcomes import DECIDED, VERDICT_RULE, Outcome
 from workbench.report.registration import minute
 from workbench.results import Status, write_text_atomic
@@ -92,7 +93,7 @@ def summary(report: Report, runs: Sequence[dict[str, Any]], pilot_cpu_s: float |
                       "note": v.note, "tests_claim": v.tests_claim,
                       "difference": json_numbers(v.difference), "learned": [json_numbers(g) for g in v.gates],
                       "groups": [json_numbers(g) for g in v.groups], "expect": v.expect, "look": v.look,
-                      "post_hoc": v.post_hoc, "differs": v.differs, "qualifier": v.qualifier}
+                      "post_hoc": v.post_hoc, "differs": v.differs, "qualifier": v.qualifier, "rung": v.rung}
                      for v in report.verdicts],
         "learned_criterion": report.learned,
         "notices": report.notices,
@@ -336,7 +337,7 @@ def ledger_rows(spends: Sequence[Spend]) -> list[list[str]]:
     return rows
 
 
-def ledger_section(spends: Sequence[Spend]) -> list[str]:
+def ledger_section(spends: Sequence[Spend], title: str = "Budget ledger") -> list[str]:
     """The budget ledger: per study that ran, grouped by the kind of claim its verdicts are evidence
     of, its CPU minutes (its runs', and its pilots' where recorded), verdicts decided of asked and
     CPU minutes per decided verdict; each kind's subtotal, the total, and the total over the studies
@@ -348,7 +349,7 @@ def ledger_section(spends: Sequence[Spend]) -> list[str]:
     header = ["study", "kind of claim", "CPU min", "pilot CPU min", "verdicts decided of asked",
               "CPU min per decided verdict"]
     lines = [
-        "## Budget ledger",
+        f"## {title}",
         "",
         "What each study's verdicts cost: the CPU minutes its runs spent (user and system time of each run's "
         "processes, as the results store records it, summed over the study's runs, tuning runs included, and "
@@ -413,7 +414,11 @@ def build_index(studies_dir: Path, reports_dir: Path) -> str:
     pilots = pilot_minutes(studies_dir / PILOTS_FILE, [study.name for study in studies.values()])
     spends = [study_spend(study.name, summaries[p], claim_kind(study), pilots.get(study.name, 0.0))
               for p, study in studies.items() if summaries[p] is not None]
-    findings = findings_section(studies_dir / FINDINGS_FILE, {s.name: s for s in studies.values()}, reports_dir)
+    by_name = {s.name: s for s in studies.values()}
+    findings = findings_section(studies_dir / FINDINGS_FILE, by_name, reports_dir)
+    edition, edition_studies = findings_by_width_section(studies_dir / FINDINGS_2026, by_name, reports_dir,
+                                                         "The 2026 table: modifications of 2024-2026 at two widths")
+    edition_spends = [s for s in spends if s.study in edition_studies]
     header = ["study (report)", "claims", "question", "verdicts", "run time", "study file"]
     lines = [
         intro(studies_dir, reports_dir),
@@ -424,6 +429,8 @@ def build_index(studies_dir: Path, reports_dir: Path) -> str:
         "",
         *ledger_section(spends),
         *findings,
+        *edition,
+        *(ledger_section(edition_spends, "The 2026 table's ledger") if edition_spends else []),
     ]
     return "\n".join(lines)
 

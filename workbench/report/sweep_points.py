@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
@@ -33,10 +33,17 @@ def value_text(value: Any) -> str:
     return str(label(value))
 
 
-def value_texts(column: pd.Series) -> list[str]:
-    """`value_text` of every value of a results column, each distinct value converted once."""
+def value_texts(column: pd.Series, swept: Sequence[Any] = ()) -> list[str]:
+    """`value_text` of every value of a results column, each distinct value converted once. A number
+    equal to a swept value reads as the sweep writes it: a swept key holding null beside integers
+    (`n_kv_heads: [2, null]`) comes back from the results table as floats (2.0, NaN)."""
+    as_swept = {float(s): value_text(s) for s in swept if isinstance(s, (int, float)) and not isinstance(s, bool)}
     texts = {}
-    return [texts[v] if v in texts else texts.setdefault(v, value_text(v)) for v in column.tolist()]
+
+    def text(v: Any) -> str:
+        return as_swept[v] if isinstance(v, float) and v in as_swept else value_text(v)
+
+    return [texts[v] if v in texts else texts.setdefault(v, text(v)) for v in column.tolist()]
 
 
 @dataclass(frozen=True)
@@ -45,6 +52,7 @@ class Variants:
 
     keys: tuple[str, ...]
     points: tuple[tuple[str, ...], ...]  # one tuple of value texts per variant, in `keys` order
+    swept: Mapping[str, Sequence[Any]] = field(default_factory=dict, compare=False)  # each key's swept values, as the sweep writes them
 
     @classmethod
     def of(cls, keys: Sequence[str], runs: pd.DataFrame, swept_values: Mapping[str, Sequence[Any]] | None = None) -> Variants:
@@ -55,8 +63,9 @@ class Variants:
         def rank(point: tuple[str, ...]) -> tuple:
             return tuple((order[k].index(v) if v in order[k] else len(order[k]), v) for k, v in zip(keys, point))
 
-        present = set(zip(*(value_texts(runs[k]) for k in keys))) if keys else {()}
-        return cls(keys, tuple(sorted(present, key=rank)))
+        swept = {k: tuple((swept_values or {}).get(k, ())) for k in keys}
+        present = set(zip(*(value_texts(runs[k], swept[k]) for k in keys))) if keys else {()}
+        return cls(keys, tuple(sorted(present, key=rank)), swept)
 
     def label(self, point: Sequence[str]) -> str:
         if not self.keys:
@@ -73,7 +82,7 @@ class Variants:
             return pd.Series([], dtype=str, index=runs.index)
         if not self.keys:
             return pd.Series(self.label(()), index=runs.index, dtype=object)
-        texts = list(zip(*(value_texts(runs[k]) for k in self.keys)))
+        texts = list(zip(*(value_texts(runs[k], self.swept.get(k, ())) for k in self.keys)))
         labels = {point: self.label(point) for point in set(texts)}
         return pd.Series([labels[point] for point in texts], index=runs.index, dtype=object)
 

@@ -170,6 +170,15 @@ class Verdicts:
                  if k not in swept and chosen[0].get(k) != chosen[1].get(k)]
         return swept + tuned
 
+    def rung(self, group: str) -> dict[str, str]:
+        """{scale key: value} of the ladder rung `group` belongs to ({} without a ladder): which width a
+        verdict speaks for, as the index's 2026 table reads it."""
+        variants = self.runs.variants
+        if not self.study.scale or group not in variants.labels:
+            return {}
+        point = dict(zip(variants.keys, variants.points[variants.labels.index(group)]))
+        return {k: point[k] for k in self.study.scale if k in point}
+
     def chosen(self, point: dict[str, Any]) -> dict[str, Any]:
         """The values tuning chose for the sweep point `point` (labels by key), {} without `tune:`."""
         for tuned in self.runs.tuning:
@@ -207,7 +216,7 @@ class Verdicts:
         label = f"{v.label} [post hoc margin: {late}]" if late else v.label
         return VerdictLine(statement=v.statement, outcome=v.outcome, label=label, detail=detail, note=exp.note,
                            post_hoc=late, tests_claim=v.tests_claim, differs=self.differs(v.better, v.than),
-                           qualifier=v.qualifier,
+                           qualifier=v.qualifier, rung=self.rung(v.better),
                            gates=[gate_record(g) for g in v.gates],
                            difference={"mean": d.mean, "lo": d.lo, "hi": d.hi, "level": d.level, "method": d.method,
                                        "p": d.p, "p_holm": v.p_holm, "r": r},
