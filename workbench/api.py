@@ -13,6 +13,7 @@ that recipe puts together; nothing there calls back up here.
 from __future__ import annotations
 
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,7 @@ from workbench.hardware import cpu_seconds
 from workbench.kinds import RunOptions, get_kind
 from workbench.run.executor import Executor
 from workbench.run.folder import WriterLock, refuse_links, running_writer
-from workbench.run.runner import STORE_FILES, Summary, default_out_dir
+from workbench.run.runner import STORE_FILES, Summary, default_out_dir, reuse_folders
 from workbench.run.store import DB_FILE, RUNS_DIR, Store, check_runs_dir, load_study_info
 from workbench.study import load_study
 
@@ -31,17 +32,19 @@ from workbench.study import load_study
 def run_study(path: str | Path, out_dir: str | Path | None = None, jobs: int = 1, fresh: bool = False,
               profile: str | None = None, quiet: bool = False, console: Console | None = None,
               executor: Executor | None = None, runs_dir: str | Path | None = None,
-              overrides: tuple[str, ...] = ()) -> Summary:
+              overrides: tuple[str, ...] = (), reuse: Sequence[str | Path] = ()) -> Summary:
     """Run every pending run of a study into `out_dir` (default runs/<study name>/), through
     its kind (workbench.kinds), under the folder's writer lock.
 
     `executor` defaults to local processes (`jobs` at once); `runs_dir` puts the run folders
     (checkpoints, final weights) elsewhere, e.g. on storage shared by a cluster's nodes,
-    while the results store stays in `out_dir`."""
+    while the results store stays in `out_dir`. `reuse`: other studies' output folders, whose
+    finished runs of the same run id (the same resolved settings) are copied in, not trained again."""
     study_file = load_study(path, profile, overrides)
     out = Path(out_dir) if out_dir is not None else default_out_dir(study_file)
     options = RunOptions(jobs=jobs, fresh=fresh, quiet=quiet, console=console, executor=executor,
-                         runs_dir=Path(runs_dir) if runs_dir is not None else None)
+                         runs_dir=Path(runs_dir) if runs_dir is not None else None,
+                         reuse=tuple(reuse_folders(reuse, out)))
     with WriterLock(out):
         check_runs_dir(out, options.runs_dir)  # before --fresh deletes from it
         refuse_links(out, *STORE_FILES, RUNS_DIR)

@@ -149,6 +149,9 @@ def list_variants(axis: str | None, as_json: bool) -> None:
                    "cluster, else 0; a fraction shares a GPU)")
 @click.option("--runs-dir", default=None,
               help="where run folders (checkpoints, final weights) go; default OUT/runs. Use shared storage on a cluster")
+@click.option("--reuse", multiple=True, metavar="FOLDER",
+              help="another study's output folder: its finished runs with this study's run ids (the same resolved "
+                   "settings, e.g. a shared baseline arm) are copied in, not trained again; repeatable")
 @click.option("--reports", "reports_dir", default=None,
               help="folder that receives <study name>/ with the report when the sweep ends "
                    "(default: OUT/reports/, beside the results; the checkout's shipped reports/ only when given)")
@@ -157,7 +160,7 @@ def list_variants(axis: str | None, as_json: bool) -> None:
 def run_command(study: str, out: str | None, jobs: int, fresh: bool, profile: str | None,
                 overrides: tuple[str, ...], dry_run: bool, quiet: bool,
                 executor_name: str, address: str | None, cpus_per_run: float, gpus_per_run: float | None,
-                runs_dir: str | None, reports_dir: str | None, allow_failures: bool) -> None:
+                runs_dir: str | None, reuse: tuple[str, ...], reports_dir: str | None, allow_failures: bool) -> None:
     """Train every run of STUDY (a YAML file); finished runs in the folder are kept. Writes the
     study's report at the end. Exit status 3 when a run failed, ran out of memory or could
     not run (a diverged run is a result, not a failure), unless --allow-failures."""
@@ -178,7 +181,7 @@ def run_command(study: str, out: str | None, jobs: int, fresh: bool, profile: st
 
             executor = RayExecutor(address, cpus=cpus_per_run, gpus=gpus_per_run)
         summary = run_study(study, out, jobs=jobs, fresh=fresh, profile=profile, quiet=quiet,
-                            executor=executor, runs_dir=runs_dir, overrides=overrides)
+                            executor=executor, runs_dir=runs_dir, overrides=overrides, reuse=reuse)
     counts = ", ".join(f"{n} {status}" for status, n in sorted(summary.statuses.items())) or "nothing to run"
     click.echo(f"{summary.total} runs in {summary.out_dir}: {counts}; {summary.skipped} already done")
     done = f"after the sweep: its {summary.total} runs are recorded in {summary.out_dir} ({counts})"

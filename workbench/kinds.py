@@ -42,6 +42,7 @@ class RunOptions:
     console: Any = None  # a rich Console for the progress display (tests capture it)
     executor: Any = None  # a workbench.run.executor.Executor (default: local processes)
     runs_dir: Path | None = None  # where run folders go (default: OUT/runs)
+    reuse: tuple[Path, ...] = ()  # other studies' output folders: a finished run of the same id there is not trained again
 
 
 class StudyKind(ABC):

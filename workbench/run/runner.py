@@ -23,13 +23,14 @@ current step, finished ones are recorded, and RunInterrupted says what each runn
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import shutil
 import sys
 import threading
 from collections import Counter
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -104,10 +105,12 @@ def pilot_folder(out: Path, study_name: str, warn=print) -> Path | None:
     return folder if name == study_name + PILOT_SUFFIX else None
 
 
-def pilot_result(run: RunConfig, pilot: Path, out: Path, warn=print) -> RunResult | None:
+def pilot_result(run: RunConfig, pilot: Path, out: Path, warn=print, mark: str = "pilot") -> RunResult | None:
     """`run`'s result in the study's pilot (None when it has none there, or one that cannot be
     read: the run trains), with the run's folder made in `out` as its training would have left
-    it: its config, the pilot's final weights (reports read them), its result."""
+    it: its config, the pilot's final weights (reports read them), its result. The result's
+    environment names the folder under `mark`: "pilot", or "reused_from" for another study's
+    folder (`--reuse`), whose runs the ledger does not count as this study's pilot."""
     try:
         result = recorded_result(run, pilot, warn)
         source, folder = run_dir(pilot, run.run_id), run_dir(out, run.run_id)
@@ -122,12 +125,36 @@ def pilot_result(run: RunConfig, pilot: Path, out: Path, warn=print) -> RunResul
         write_text_atomic(folder / CONFIG_FILE, json.dumps(run.config, indent=2, sort_keys=True))
         if weights:
             shutil.copyfile(source / FINAL_WEIGHTS, folder / FINAL_WEIGHTS)
-        result.environment["pilot"] = str(pilot)
+        result.environment[mark] = str(pilot)
         write_json_atomic(folder / RESULT_FILE, result.to_json())
     except (OSError, UnsafeFile) as err:
         warn(f"{source}: cannot reuse the pilot's run ({err}): training it again")
         return None
     return result
+
+
+def reuse_folders(folders: Sequence[str | Path], out: Path) -> list[Path]:
+    """`--reuse` folders, each another study's output folder (one with a results store), checked
+    before anything runs; a folder that is not one is named in one line."""
+    checked = []
+    for folder in map(Path, folders):
+        if not (folder / DB_FILE).is_file():
+            raise WorkbenchError(f"--reuse: {folder} holds no results store ({DB_FILE}); name the output folder of "
+                                 "another study (`workbench run --out`), whose finished runs this study may reuse")
+        if folder.resolve() == out.resolve():
+            raise WorkbenchError(f"--reuse: {folder} is this study's own folder; its finished runs are kept anyway")
+        checked.append(folder)
+    return checked
+
+
+def reused_result(run: RunConfig, folders: Sequence[Path], out: Path, warn=print) -> RunResult | None:
+    """`run`'s finished result in the first of `folders` that has it (copied into `out` as a
+    pilot's is), or None: the run id is a digest of the resolved settings, so a run of that id
+    computes the same thing whichever study asks for it."""
+    for folder in folders:
+        if (result := pilot_result(run, folder, out, warn, mark="reused_from")) is not None:
+            return result
+    return None
 
 
 def record_pilot_spend(store: Store, pilot: Path) -> None:
@@ -419,10 +446,11 @@ def execute_runs(runs: list[RunConfig], what: str, store: Store, executor: Execu
                  progress: SweepProgress, kept: Collection[str] = KEPT,
                  tracker: Callable[[RunConfig], Any] | None = None,
                  trainings: Callable[[list[RunConfig]], list[list[list[RunConfig]]]] | None = None,
-                 pilot: Path | None = None) -> None:
+                 pilot: Path | None = None, reuse: Sequence[Path] = ()) -> None:
     """Run the pending ones of `runs` through `executor`, recording each outcome as it comes;
     runs whose recorded status is in `kept` are skipped, and a result.json left unrecorded is
-    recorded without running again, as is a run the study's `pilot` folder holds (pilot_result).
+    recorded without running again, as is a run the study's `pilot` folder holds (pilot_result)
+    or one of the `reuse` folders finished (reused_result).
     `tracker(run)` names each job's experiment-tracker run. `trainings(pending)` groups the
     pending runs into jobs: each a list of trainings (one model each: several when seeds train
     as one batched model), each a list of the runs that share it."""
@@ -432,11 +460,8 @@ def execute_runs(runs: list[RunConfig], what: str, store: Store, executor: Execu
     pending: list[RunConfig] = []
     unrecorded: list[tuple[RunConfig, Any]] = []
     skipped = 0
-    reused = []
-
-    def warn(text: str) -> None:
-        print(text, file=sys.stderr, flush=True)
-
+    reused, shared = [], []  # from the study's pilot; from other studies' folders (--reuse)
+    warn = functools.partial(print, file=sys.stderr, flush=True)
     for run in runs:
         if statuses.get(run.run_id) in kept:
             skipped += 1
@@ -444,17 +469,19 @@ def execute_runs(runs: list[RunConfig], what: str, store: Store, executor: Execu
             unrecorded.append((run, result))
         elif pilot is not None and (result := pilot_result(run, pilot, out, warn)) is not None:
             reused.append((run, result))
+        elif reuse and (result := reused_result(run, reuse, out, warn)) is not None:
+            shared.append((run, result))
         else:
             pending.append(run)
-    summary.skipped += skipped + len(reused)
-    if skipped:
-        progress.print(f"{skipped} of {len(runs)} {what} already done in {out}: skipped")
-        progress.advance(skipped)
-    if reused:
-        progress.print(f"{len(reused)} of {len(runs)} {what} trained by the study's pilot in {pilot} (`workbench "
-                       "plan`, the study's first seeds): reused, not trained again")
-        progress.advance(len(reused))
-    for run, result in reused:
+    summary.skipped += skipped + len(reused) + len(shared)
+    for count, how in ((skipped, f"already done in {out}: skipped"),
+                       (len(reused), f"trained by the study's pilot in {pilot} (`workbench plan`, the study's first "
+                                     "seeds): reused, not trained again"),
+                       (len(shared), "finished in another study's folder (--reuse): copied in, not trained again")):
+        if count:
+            progress.print(f"{count} of {len(runs)} {what} {how}")
+            progress.advance(count)
+    for run, result in [*reused, *shared]:
         store.record(run, result)
     for run, result in unrecorded:
         store.record(run, result)

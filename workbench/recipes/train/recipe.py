@@ -122,7 +122,7 @@ class TrainKind(StudyKind):
 
         def execute(runs: list[RunConfig], what: str = "runs") -> None:
             execute_runs(runs, what, store, executor, summary, progress, tracker=tracker, trainings=batched_trainings,
-                         pilot=pilot)
+                         pilot=pilot, reuse=options.reuse)
 
         with sweeping(study.name, out, plan.total, options) as (summary, progress):
             if executor.on_start is None:  # a live row per running run
