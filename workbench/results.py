@@ -173,6 +173,10 @@ class RunResult:
 
 
 def finite_or_none(value: Any) -> float | None:
+    """A number as stored: None for one that is not finite (NaN: nothing measured), or already None
+    (a result read back from result.json, where it was written as null)."""
+    if value is None:
+        return None
     value = float(value)
     return value if math.isfinite(value) else None
 

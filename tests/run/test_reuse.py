@@ -3,6 +3,8 @@ resolved settings: a shared baseline arm) is copied in, not trained again, and i
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from click.testing import CliRunner
 
@@ -29,6 +31,10 @@ def write(tmp_path, name: str, other: str):
 def test_a_shared_arm_is_copied_in_and_equals_its_training(tmp_path):
     first = run_study(write(tmp_path, "one", "rope"), tmp_path / "one", quiet=True)
     assert first.statuses == {"finished": 4}
+    for result in (tmp_path / "one" / "runs").glob("*/result.json"):  # a value nothing measured is stored as null
+        data = json.loads(result.read_text())
+        data["curves"].append([4, "eval", "bpc_tail@6", None])
+        result.write_text(json.dumps(data))
     second = run_study(write(tmp_path, "two", "alibi"), tmp_path / "two", quiet=True, reuse=[tmp_path / "one"])
     assert second.statuses == {"finished": 2} and second.skipped == 2  # alibi trained, none copied
     one = {r["run_id"]: r for r in Store(tmp_path / "one", create=False).runs()}
