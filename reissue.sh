@@ -22,6 +22,12 @@
 # it from a clone. The index is rewritten last.
 # A study whose runs fail (exit status 3) does not stop the next; the script exits non-zero.
 #
+# REISSUE_RUNS names another folder for the studies' folders (default runs/): one outside the
+# checkout survives a new session's checkout, so a section of hours resumes across sessions (the
+# 2026 table: `REISSUE_RUNS=/work/table-runs ./reissue.sh qk-norm-lr gated-attention ...`). Every
+# other study's folder there is offered to `workbench run --reuse`: a run of the same id another
+# study finished (the 2026 studies share their baseline arm) is copied in, not trained again.
+#
 # Default list: none. Since 2026-12-04 (evening) every shipped study is issued under the current
 # rule, so name the studies to re-issue. Where an earlier issue shipped its data, size the
 # re-issue with `workbench plan studies/<name>.yaml --from reports/<name>/data` (nothing trains).
@@ -41,8 +47,9 @@ cd "$(dirname "$0")"
 [ "$#" -gt 0 ] || { echo "reissue: name the studies to re-issue (e.g. ./reissue.sh heads)" >&2; exit 2; }
 STUDIES=("$@")
 BIN=${REISSUE_BIN:-.venv/bin}
+RUNS=${REISSUE_RUNS:-runs}
 export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
-mkdir -p runs
+mkdir -p "$RUNS"
 failed=()
 
 # The `name:` of a study file, as the workbench validates it (a plain folder name), or nothing.
@@ -68,8 +75,13 @@ for file in "${STUDIES[@]}"; do
         failed+=("$file"); continue
     fi
     echo "reissue: $name ($study): start $(date -u '+%Y-%m-%d %H:%M:%S UTC')"
-    if nice -n 19 "$BIN/workbench" run "$study" --out "runs/$name" --jobs 1 --quiet --reports reports; then
-        nice -n 19 "$BIN/workbench" report "runs/$name" --out reports --with-data || failed+=("$name (report)")
+    reuse=()
+    for other in "$RUNS"/*/; do
+        other=${other%/}
+        if [ "$other" != "$RUNS/$name" ] && [ -f "$other/results.db" ]; then reuse+=(--reuse "$other"); fi
+    done
+    if nice -n 19 "$BIN/workbench" run "$study" --out "$RUNS/$name" --jobs 1 --quiet --reports reports "${reuse[@]}"; then
+        nice -n 19 "$BIN/workbench" report "$RUNS/$name" --out reports --with-data || failed+=("$name (report)")
     else
         rc=$?
         echo "reissue: $name: workbench run exited $rc (rerun this script to resume it)" >&2

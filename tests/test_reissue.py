@@ -20,7 +20,7 @@ train: {{steps: 2, batch_size: 4}}
 """
 
 
-def reissue(tmp_path: Path, *names: str) -> tuple[subprocess.CompletedProcess, list[str]]:
+def reissue(tmp_path: Path, *names: str, env: dict[str, str] | None = None) -> tuple[subprocess.CompletedProcess, list[str]]:
     checkout, bin_dir = tmp_path / "checkout", tmp_path / "bin"
     (checkout / "studies").mkdir(parents=True)
     bin_dir.mkdir()
@@ -34,7 +34,7 @@ def reissue(tmp_path: Path, *names: str) -> tuple[subprocess.CompletedProcess, l
     for tool in ("workbench", "python"):
         (bin_dir / tool).chmod(0o755)
     result = subprocess.run([str(checkout / "reissue.sh"), *names], capture_output=True, text=True,
-                            env={**os.environ, "REISSUE_BIN": str(bin_dir)}, timeout=600)
+                            env={**os.environ, "REISSUE_BIN": str(bin_dir), **(env or {})}, timeout=600)
     return result, log.read_text().splitlines() if log.exists() else []
 
 
@@ -48,3 +48,16 @@ def test_names_outside_studies_are_refused_and_the_run_folder_is_the_studys_name
     assert asked == ["run studies/file-name.yaml --out runs/yaml-name --jobs 1 --quiet --reports reports",
                      "report runs/yaml-name --out reports --with-data", "report-index"]
     assert result.stderr.rstrip().endswith("reissue: not complete: ../evil /tmp/evil linked")
+
+
+def test_another_runs_folder_is_used_and_its_other_studies_are_offered_for_reuse(tmp_path):
+    """REISSUE_RUNS (the 2026 table's runs, kept outside the checkout across sessions): the study's
+    folder is there, and every other study's folder there with a store is passed to --reuse."""
+    runs = tmp_path / "table-runs"
+    (runs / "other-study").mkdir(parents=True)
+    (runs / "other-study" / "results.db").write_bytes(b"")
+    (runs / "no-store").mkdir()
+    result, asked = reissue(tmp_path, "file-name", env={"REISSUE_RUNS": str(runs)})
+    assert result.returncode == 0, result.stderr
+    assert asked[:2] == [f"run studies/file-name.yaml --out {runs}/yaml-name --jobs 1 --quiet --reports reports "
+                         f"--reuse {runs}/other-study", f"report {runs}/yaml-name --out reports --with-data"]
