@@ -48,6 +48,17 @@ def test_a_shared_arm_is_copied_in_and_equals_its_training(tmp_path):
     assert all("reused_from" not in two[r]["environment"] for r in two.keys() - one.keys())
 
 
+def test_a_run_of_the_same_id_recorded_with_other_settings_is_trained_again(tmp_path):
+    """train.attention_entropy leaves the run id as it is but adds a measure: a run recorded
+    without it is not what this study asks for."""
+    run_study(write(tmp_path, "one", "rope"), tmp_path / "one", quiet=True)
+    measured = write(tmp_path, "two", "alibi")
+    measured.write_text(measured.read_text().replace("log_every: 2,", "log_every: 2, attention_entropy: true,"))
+    second = run_study(measured, tmp_path / "two", quiet=True, reuse=[tmp_path / "one"])
+    assert second.statuses == {"finished": 4} and second.skipped == 0
+    assert all("attention_entropy@6" in r["metrics"] for r in Store(tmp_path / "two", create=False).runs())
+
+
 @pytest.mark.parametrize("folder, said", [("missing", "holds no results store"), ("own", "this study's own folder")])
 def test_a_reuse_folder_that_is_no_other_study_is_one_line(tmp_path, folder, said):
     study = write(tmp_path, "two", "alibi")

@@ -149,12 +149,23 @@ def reuse_folders(folders: Sequence[str | Path], out: Path) -> list[Path]:
 
 def reused_result(run: RunConfig, folders: Sequence[Path], out: Path, warn=print) -> RunResult | None:
     """`run`'s finished result in the first of `folders` that has it (copied into `out` as a
-    pilot's is), or None: the run id is a digest of the resolved settings, so a run of that id
-    computes the same thing whichever study asks for it."""
+    pilot's is), or None: the run id is a digest of the settings that change what it computes,
+    and the run's whole config must match too (settings the id leaves out, such as
+    train.attention_entropy, change what it records)."""
     for folder in folders:
-        if (result := pilot_result(run, folder, out, warn, mark="reused_from")) is not None:
+        if same_config(run, folder) and (result := pilot_result(run, folder, out, warn, mark="reused_from")):
             return result
     return None
+
+
+def same_config(run: RunConfig, folder: Path) -> bool:
+    """Whether `folder`'s run of `run`'s id was given the same resolved config (its config.json,
+    read as data: a missing, oversized or unreadable file is not the same)."""
+    try:
+        stored = load_json(read_regular(run_dir(folder, run.run_id) / CONFIG_FILE, MAX_RESULT_BYTES), CONFIG_FILE)
+    except (OSError, ValueError, TypeError, WorkbenchError):
+        return False
+    return canonical_json(stored) == canonical_json(run.config)
 
 
 def record_pilot_spend(store: Store, pilot: Path) -> None:
