@@ -17,8 +17,8 @@
 # new session's checkout: start a study only where it can finish. Never pass --fresh here.
 # `--reports reports` puts its report in the shipped reports/<name>/ (the default is beside the
 # results, runs/<name>/reports/). Then `workbench report runs/<name> --out reports --with-data`
-# rewrites reports/<name>/ with data/ (the store, and the weights of the lowest finished seed of
-# each variant, what the pictures load), so that `workbench report reports/<name>/data` rebuilds
+# rewrites reports/<name>/ with data/ (the store, and the weights the pictures load: the lowest
+# finished seed of each variant the expect: entries compare, at a ladder's first rung), so that `workbench report reports/<name>/data` rebuilds
 # it from a clone. The index is rewritten last.
 # A study whose runs fail (exit status 3) does not stop the next; the script exits non-zero.
 #

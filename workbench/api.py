@@ -59,7 +59,7 @@ def write_report(out_dir: str | Path, reports_dir: str | Path = "reports", *, pi
     `with_data`: the report folder also receives `data/`, the data it was built from (ship_data)."""
     # The report layer (pandas, seaborn) loads only when a report is written: `workbench run`
     # starts its workers without waiting for it.
-    from workbench.report import DATA_DIR, build_then_swap, report_destination, ship_data, study_of
+    from workbench.report import DATA_DIR, build_then_swap, pictured_runs, report_destination, ship_data, study_of
 
     out_dir = Path(out_dir)
     info = load_study_info(out_dir)
@@ -71,7 +71,7 @@ def write_report(out_dir: str | Path, reports_dir: str | Path = "reports", *, pi
     def build(dest: Path) -> None:
         build_report(out_dir, info, study, dest, pictures)
         if with_data or own:
-            ship_data(out_dir, dest / DATA_DIR, own=own)
+            ship_data(out_dir, dest / DATA_DIR, own=own, pictured=pictured_runs(dest))
 
     build_then_swap(final, build)
     return final / "index.html"

@@ -7,6 +7,7 @@ import json
 import shutil
 from pathlib import Path
 
+import pytest
 import torch
 from click.testing import CliRunner
 from safetensors import safe_open
@@ -115,3 +116,38 @@ def test_only_a_reports_own_data_folder_reproduces_into_runs():
     assert shipped.startswith("workbench run studies/tiny.yaml --out runs/tiny\nworkbench report runs/tiny\n")
     # a user's own run folder that happens to be called data is where the study trains again
     assert reproduce_command(info, Path("data")) == "workbench run studies/tiny.yaml --out data\nworkbench report data"
+
+
+LADDER = """\
+name: ladder
+task: {name: copy, train_length: 6, n_eval: 16, alphabet_size: 6}
+model: {family: decoder, d_model: 16, n_layers: 1, n_heads: 2}
+train: {steps: 4, batch_size: 4, log_every: 2, eval_every: 4}
+seeds: [0]
+sweep: {model.position: [none, rope, alibi]}
+scale: {model.d_model: [16, 32]}
+expect:
+  - {metric: accuracy@6, better: rope, than: none}
+"""
+
+
+@pytest.mark.parametrize("pictures, shipped", [(True, 2), (False, 6)])
+def test_a_ladder_ships_the_weights_of_the_arms_it_pictures_at_its_first_rung(tmp_path, pictures, shipped):
+    """Issue 65's budget for committed data: the pictures (and so the shipped weights) are of the
+    variants the expect: entries compare, at the ladder's first rung; a report that draws no
+    pictures ships each variant's weights as before, so a rebuild from its data may draw them."""
+    study = tmp_path / "ladder.yaml"
+    study.write_text(LADDER)
+    run_study(study, tmp_path / "out", quiet=True)
+    args = ["report", str(tmp_path / "out"), "--out", str(tmp_path / "reports"), "--with-data"]
+    result = CliRunner().invoke(main, args + ([] if pictures else ["--no-pictures"]))
+    assert result.exit_code == 0, result.output
+    data = tmp_path / "reports" / "ladder" / "data"
+    configs = [json.loads((w.parent / "config.json").read_text()) for w in data.rglob("final.safetensors")]
+    assert len(configs) == shipped
+    if pictures:
+        assert {(c["model"]["position"]["name"], c["model"]["d_model"]) for c in configs} == {("rope", 16), ("none", 16)}
+        md = (tmp_path / "reports" / "ladder" / "report.md").read_text()
+        assert "Pictures for 2 of 6 variants (that the expect: entries compare, at the ladder's first rung, d\\_model=16" in md
+        summary = json.loads((tmp_path / "reports" / "ladder" / "summary.json").read_text())
+        assert len(summary["pictured_runs"]) == 2

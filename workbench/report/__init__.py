@@ -24,7 +24,7 @@ import re
 import shlex
 import shutil
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -198,12 +198,20 @@ def build_then_swap(final: Path, build: Callable[[Path], None]) -> None:
 DATA_DIR = "data"  # in a report folder: the store it was built from, `workbench report` reads it again
 
 
-def ship_data(out_dir: Path, dest: Path, own: bool = False) -> None:
+def pictured_runs(report_dir: Path) -> set[str] | None:
+    """The runs the report just written in `report_dir` drew its pictures from (its summary.json's
+    `pictured_runs`), None where it drew none (pictures off, or a kind without them)."""
+    listed = json.loads((report_dir / "summary.json").read_text(encoding="utf-8")).get("pictured_runs")
+    return None if listed is None else set(listed)
+
+
+def ship_data(out_dir: Path, dest: Path, own: bool = False, pictured: Collection[str] | None = None) -> None:
     """The data behind a report, compact enough to commit beside it: the results store (runs,
     curves, metrics, provenance; its rows copied into a fresh store, store.copy_store, so a
-    received store's schema never travels) and, of each variant, the final weights the pictures
-    load (its finished run with the lowest seed, not a tuning run; in float16, ship_file), read as
-    regular files inside its run folder.
+    received store's schema never travels) and the final weights the pictures load: the runs in
+    `pictured` (what the report's pictures drew from: its summary.json's `pictured_runs`), or,
+    where the report drew none (None), each variant's finished run with the lowest seed, not a
+    tuning run; in float16 (ship_file), read as regular files inside their run folders.
     `workbench report DEST` rebuilds the report from it in a fresh clone. `own`: the report is
     rebuilt from this very data (REPORT/data), whose store the build has just read and so
     checked (store_schema.check_schema): it is kept byte for byte, as a copy of its rows
@@ -220,7 +228,8 @@ def ship_data(out_dir: Path, dest: Path, own: bool = False) -> None:
                 if r["status"] == Status.FINISHED and run_stage(r["config"]) == FINAL]
     lowest: dict[str, dict[str, Any]] = {}
     for r in sorted(finished, key=lambda r: r["seed"]):
-        lowest.setdefault(json.dumps(r["swept"], sort_keys=True), r)
+        if pictured is None or r["run_id"] in pictured:
+            lowest.setdefault(json.dumps(r["swept"], sort_keys=True), r)
     for r in lowest.values():
         folder = store.run_dir(out_dir, r["run_id"])
         kept = dest / store.RUNS_DIR / r["run_id"]

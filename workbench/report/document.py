@@ -128,6 +128,7 @@ class Report:
     verdict_figures: list[Figure] = field(default_factory=list)  # the first screen's, one per verdict metric
     verdict_rule: str = ""  # how the kind decides its verdicts, printed under them
     notices: list[str] = field(default_factory=list)  # above everything: e.g. runs the rule asks for that were not run
+    pictured_runs: list[str] | None = None  # runs whose final weights its pictures loaded (what --with-data ships); None: a kind without pictures
 
 
 # ---- number formatting (one place, so tables, captions and figures agree) ---------------------

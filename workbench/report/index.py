@@ -97,6 +97,7 @@ def summary(report: Report, runs: Sequence[dict[str, Any]], pilot_cpu_s: float |
                      for v in report.verdicts],
         "learned_criterion": report.learned,
         "notices": report.notices,
+        "pictured_runs": report.pictured_runs,
         "runs": len(runs),
         "statuses": dict(sorted(statuses.items())),
         "run_span_s": None if span is None else round(span),

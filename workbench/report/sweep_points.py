@@ -86,9 +86,13 @@ class Variants:
         labels = {point: self.label(point) for point in set(texts)}
         return pd.Series([labels[point] for point in texts], index=runs.index, dtype=object)
 
+    def values(self, variant: str) -> dict[str, str]:
+        """{swept key: value text} of the variant labelled `variant`."""
+        return dict(zip(self.keys, self.points[self.labels.index(variant)]))
+
     def counterpart(self, variant: str, point: Mapping[str, Any]) -> str | None:
         """The variant equal to `variant` except on the keys `point` fixes; None if not run."""
-        values = dict(zip(self.keys, self.points[self.labels.index(variant)]))
+        values = self.values(variant)
         values.update({k: value_text(v) for k, v in point.items()})
         target = tuple(values[k] for k in self.keys)
         return self.label(target) if target in self.points else None

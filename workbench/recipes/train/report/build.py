@@ -23,6 +23,7 @@ import pandas as pd
 from workbench.report import ReportSkipWarning, merged_environment, missing_variants, reproduce_command, timing_caveat
 from workbench.recipes.train.report.convergence import settling, settling_section
 from workbench.report.document import Paragraph, Report, Section
+from workbench.report.sweep_points import short_key, value_text
 from workbench.recipes.train.report.pictures import ModelPictures
 from workbench.recipes.train.report.tuning_section import TuningSection
 from workbench.run import store
@@ -60,8 +61,27 @@ def pictures(r: TrainResults) -> Section | None:
     """Attention and position pictures from the saved final weights, when the report draws them."""
     if r.inputs.pictures is None:
         return None
-    items = r.inputs.pictures(r.runs.variants, r.runs.finished, r.dest)
+    pictured, which = pictured_variants(r.runs)
+    items = r.inputs.pictures(r.runs.variants, r.runs.finished, r.dest, pictured, which)
     return Section("What the model does", items) if items else None
+
+
+def pictured_variants(runs: TrainRuns) -> tuple[list[str], str]:
+    """The variants a report draws pictures of, and what they are in words: those its `expect:`
+    entries compare (every variant without entries), at the first rung of a scale ladder. The
+    weights the pictures load are what `--with-data` ships, so a study pays in committed bytes
+    only for the pictures a reader compares (the 2026 table's studies: its two arms at one width)."""
+    variants, study = runs.variants, runs.study
+    labels, which = variants.labels, ["with a finished run"]
+    if study.expect:
+        compared = {label for exp in study.expect for pair in variants.pairs(exp.better, exp.than) for label in pair}
+        if compared:
+            labels, which = [v for v in labels if v in compared], ["that the expect: entries compare"]
+    if study.scale:
+        first = value_text(study.scale[study.rung_key][0])
+        labels = [v for v in labels if variants.values(v).get(study.rung_key) == first]
+        which.append(f"at the ladder's first rung, {short_key(study.rung_key)}={first}")
+    return labels, ", ".join(which)
 
 
 def notes(r: TrainResults) -> Section | None:
@@ -85,7 +105,8 @@ def train_report(inputs: TrainInputs, dest: Path) -> tuple[Report, pd.DataFrame]
     report = Report(name=study.name, kind="train", question=study.description or "(no description)",
                     verdicts=lines, sections=sections, learned=r.gates.learned_lines(),
                     verdict_figures=figures.verdict_figures(r, lines), verdict_rule=RULE,
-                    notices=[text for text in (short_of_the_rule(r),) if text])
+                    notices=[text for text in (short_of_the_rule(r),) if text],
+                    pictured_runs=None if inputs.pictures is None else inputs.pictures.loaded)
     return report, results_table(r.runs)
 
 

@@ -1,7 +1,9 @@
 """Pictures of what a trained model does: attention heatmaps on the task's sample input and
 the position scheme's signal, drawn from the final weights a run left in its folder.
 
-For each variant, the finished run with the lowest seed is loaded (no training happens):
+For each pictured variant (those the study's `expect:` entries compare, at a scale ladder's first
+rung: workbench.recipes.train.report.build.pictured_variants), the finished run with the lowest
+seed is loaded (no training happens); the runs loaded are what `--with-data` ships:
     - the last layer's attention on the task's first sample, one panel per head: the
       decoder's cross-attention for encoder-decoder models ("我 爱 猫" -> "I love cats"),
       self-attention otherwise;
@@ -105,13 +107,18 @@ class ModelPictures:
     def __init__(self, run_dir: Callable[[str], Path], load: Callable[[Path], tuple[Any, dict]] = load_pictured_model,
                  make_task: Callable[[dict], Any] = make_task):
         self.run_dir, self.load, self.make_task = run_dir, load, make_task
+        self.loaded: list[str] = []  # the runs whose weights were drawn from: what a report ships (--with-data)
 
-    def __call__(self, variants: Variants, finished: pd.DataFrame, dest: Path) -> list[Item]:
+    def __call__(self, variants: Variants, finished: pd.DataFrame, dest: Path, pictured: list[str] | None = None,
+                 which: str = "with a finished run") -> list[Item]:
+        """Pictures of the `pictured` variants (default: all) that finished, at most MAX_VARIANTS;
+        `which` says in the report what the pictured ones are when they are fewer than all."""
         items: list[Item] = []
-        shown = [v for v in variants.labels if v in set(finished["variant"])][:MAX_VARIANTS]
+        shown = [v for v in (variants.labels if pictured is None else pictured)
+                 if v in set(finished["variant"])][:MAX_VARIANTS]
         if len(shown) < len(variants.labels):
             items.append(Paragraph(f"Pictures for {len(shown)} of {len(variants.labels)} variants "
-                                   "(those with a finished run, in sweep order)."))
+                                   f"({which}, in sweep order)."))
         position_drawn: set[str] = set()
         drawn_names: dict[str, int] = {}  # position scheme -> pictures of it so far
         for variant in shown:
@@ -122,6 +129,7 @@ class ModelPictures:
             except FileNotFoundError:
                 items.append(Paragraph(f"{variant}: no final weights in {folder.name} (trained before they were kept?)."))
                 continue
+            self.loaded.append(str(run["run_id"]))
             torch.manual_seed(0)
             try:
                 task = self.make_task(config)
