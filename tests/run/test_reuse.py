@@ -8,7 +8,8 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from workbench.api import run_study
+from workbench.api import run_study, write_report
+from workbench.report.index import study_spend
 from workbench.cli import main
 from workbench.run.store import Store
 
@@ -46,6 +47,12 @@ def test_a_shared_arm_is_copied_in_and_equals_its_training(tmp_path):
         assert two[run_id]["environment"]["reused_from"] == str(tmp_path / "one")
         assert (tmp_path / "two" / "runs" / run_id / "final.safetensors").is_file()  # the report's pictures read it
     assert all("reused_from" not in two[r]["environment"] for r in two.keys() - one.keys())
+    # the ledger counts a copied run where it was trained
+    write_report(tmp_path / "two", tmp_path / "reports", pictures=False)
+    summary = json.loads((tmp_path / "reports" / "two" / "summary.json").read_text())
+    copied_cpu = sum(two[r]["cpu_time_s"] for r in shared)
+    assert summary["reused_cpu_s"] == round(copied_cpu) and summary["run_cpu_s"] == round(sum(r["cpu_time_s"] for r in two.values()))
+    assert study_spend("two", summary).cpu_s == summary["run_cpu_s"] - summary["reused_cpu_s"]
 
 
 def test_a_run_of_the_same_id_recorded_with_other_settings_is_trained_again(tmp_path):

@@ -103,8 +103,10 @@ def row_cells(row: Row, study, reports_dir: Path, commit: Commit | None) -> list
     if late:
         said = f"{POST_HOC} ({said}; {late})"
     cpu = summary.get("run_cpu_s")
+    if cpu is not None:  # as the ledger counts it: a run copied from another study counts there
+        cpu += (summary.get("pilot_cpu_s") or 0) - (summary.get("reused_cpu_s") or 0)
     return [f"{name}<br>{paper}", md_cell(f.result), *cells, same, md_cell(said),
-            "–" if cpu is None else f"{(cpu + (summary.get('pilot_cpu_s') or 0)) / 60:.1f}"]
+            "–" if cpu is None else f"{cpu / 60:.1f}"]
 
 
 def findings_by_width_section(path: Path, studies: Mapping[str, Any], reports_dir: Path,
@@ -121,7 +123,8 @@ def findings_by_width_section(path: Path, studies: Mapping[str, Any], reports_di
         "cell is our verdict on the row's `expect:` entry at that rung of the study's ladder: the difference",
         "(better minus than) with its interval at the level its look read it, the outcome and the seeds per group.",
         "Agreement follows the paper's kind of claim as in the published findings; a row whose agreement differs",
-        "between widths says so first. CPU minutes are the study's, tuning runs and unreused pilot runs included.",
+        "between widths says so first. CPU minutes are what the study trained, tuning runs and unreused pilot runs",
+        "included; a run it copied from another study's folder (`--reuse`, the shared baseline arm) counts there.",
         "",
         "| " + " | ".join(COLUMNS) + " |",
         "|" + "|".join("---" for _ in COLUMNS) + "|",

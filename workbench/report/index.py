@@ -103,7 +103,13 @@ def summary(report: Report, runs: Sequence[dict[str, Any]], pilot_cpu_s: float |
         "run_span_s": None if span is None else round(span),
         "run_cpu_s": None if cpu is None else round(cpu),
         **({"pilot_cpu_s": round(pilot_cpu_s)} if pilot_cpu_s else {}),
+        **({"reused_cpu_s": round(reused)} if (reused := run_cpu_s(copied_runs(runs))) else {}),
     }
+
+
+def copied_runs(runs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The runs copied in from another study's folder (`workbench run --reuse`), trained there."""
+    return [r for r in runs if (r.get("environment") or {}).get("reused_from")]
 
 
 def issued_label(verdict: dict[str, Any], summary: dict[str, Any], study) -> str:
@@ -304,7 +310,8 @@ def claim_kind(study) -> str:
 def study_spend(name: str, summary: dict[str, Any], kind: str = SYMBOL_TASK, pilot_min: float = 0.0) -> Spend:
     cpu = summary.get("run_cpu_s")
     if cpu is not None:  # a pilot's runs the study reused are among its own; the others cost it too
-        cpu += summary.get("pilot_cpu_s") or 0
+        # a run copied from another study (--reuse) counts where it was trained: a shared arm once
+        cpu += (summary.get("pilot_cpu_s") or 0) - (summary.get("reused_cpu_s") or 0)
     return Spend(name, cpu, len(summary["verdicts"]), sum(map(decides, summary["verdicts"])),
                  summary.get("rule") == VERDICT_RULE, kind, pilot_min * 60, bool(summary.get("notices")))
 
@@ -358,7 +365,9 @@ def ledger_section(spends: Sequence[Spend], title: str = "Budget ledger") -> lis
         f"those of the pilots that sized it where they were recorded (`{PILOTS_FILE.as_posix()}` in the studies "
         f"folder), the verdicts it decided (**{Outcome.HOLDS}**, **{Outcome.DOES_NOT_HOLD}** or "
         f"**{Outcome.EQUIVALENT}**, counting one that tests its claim) of those its `expect:` entries ask, and the "
-        "CPU minutes per decided verdict, pilots included (—: none decided). A study without `expect:` spends "
+        "CPU minutes per decided verdict, pilots included (—: none decided). A run a study copied from another "
+        "study's folder (`workbench run --reuse`: an arm two studies share) counts in the study that trained it, "
+        "so a shared arm is paid once. A study without `expect:` spends "
         "minutes and decides nothing; the totals count both. Studies are grouped by the kind of claim their "
         "verdicts are evidence of (their task's): a language model on text, a task of symbols, or a constructed "
         "mechanism (a task built so that the architecture decides the answer, where one-layer models decide "
