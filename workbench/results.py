@@ -87,7 +87,10 @@ RUN_MEASURES: dict[str, Metric] = {
 # Normalised attention entropy at the training length (workbench.model.transformer.attention_entropy),
 # recorded when a study sets `train.attention_entropy: true`. Descriptive: no better direction.
 ATTENTION_ENTROPY = "attention_entropy"
-DESCRIPTIVE_METRICS = (ATTENTION_ENTROPY,)
+# The mean attention weight on the first key (the "attention sink": Xiao et al. 2023; Qiu et al.
+# 2025 report 47% -> 5% with gated attention), recorded in the same pass.
+FIRST_TOKEN_ATTENTION = "first_token_attention"
+DESCRIPTIVE_METRICS = (ATTENTION_ENTROPY, FIRST_TOKEN_ATTENTION)
 # An `expect:` metric computed by the report, not recorded by runs: the share of a group's
 # seeds that diverged or did not learn (lower is better).
 FAILURE_SHARE = "failure_share"

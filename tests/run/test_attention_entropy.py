@@ -18,9 +18,9 @@ import torch
 from conftest import FAMILIES, TINY_PARAMS, build, choice, registered, tiny_spec, tokens
 from workbench.errors import WorkbenchError
 from workbench.model.transformer import (AttentionLayer, CrossAttention, SelfAttention, attention_entropy,
-                                         record_attention)
+                                         first_token_attention, record_attention)
 from workbench.recipes.train.runs import metric_columns, metric_range
-from workbench.run.evaluate import evaluate_lengths, measure_attention_entropy
+from workbench.run.evaluate import evaluate_lengths, measure_attention
 from workbench.recipes.train.study import TrainStudy
 from workbench.study import load_study
 from workbench.recipes.train.sweep import expand
@@ -165,9 +165,10 @@ def test_recorded_at_the_training_length_only_and_only_when_asked(family):
     model = build(tiny_spec(family, vocab_size=len(task.vocab), position="rope"))
     off, _ = evaluate_lengths(task, model, family, 8, {})
     on, _ = evaluate_lengths(task, model, family, 8, {}, entropy=True)
-    assert not any(k.startswith("attention_entropy") for k in off)
+    assert not any(k.startswith(("attention_entropy", "first_token_attention")) for k in off)
     assert [k for k in on if k.startswith("attention_entropy")] == ["attention_entropy@6"]
     assert 0.0 < on.pop("attention_entropy@6") <= 1.0
+    assert 0.0 < on.pop("first_token_attention@6") < 1.0
     assert on == off  # the other metrics are computed exactly as without it
 
 
@@ -175,7 +176,8 @@ def test_measured_at_the_training_length_when_it_is_not_an_eval_length():
     task = copy_task(eval_lengths=[9])
     model = build(tiny_spec("decoder", vocab_size=len(task.vocab)))
     metrics, _ = evaluate_lengths(task, model, "decoder", 8, {}, entropy=True)
-    assert sorted(metrics) == ["accuracy@9", "attention_entropy@6", "exact_match@9", "loss@9", "symbol_accuracy@9"]
+    assert sorted(metrics) == ["accuracy@9", "attention_entropy@6", "exact_match@9", "first_token_attention@6", "loss@9",
+                               "symbol_accuracy@9"]
 
 
 def test_batches_cut_into_pieces_give_the_same_mean(monkeypatch):
@@ -183,9 +185,36 @@ def test_batches_cut_into_pieces_give_the_same_mean(monkeypatch):
     task = copy_task()
     model = build(tiny_spec("decoder", vocab_size=len(task.vocab)))
     batches = task.eval_batches(6, 16, "decoder")
-    whole = measure_attention_entropy(task, model, "decoder", batches)
+    whole = measure_attention(task, model, "decoder", batches)
     monkeypatch.setattr("workbench.run.evaluate.ENTROPY_WEIGHTS_PER_FORWARD", 1)  # one sequence at a time
-    assert measure_attention_entropy(task, model, "decoder", batches) == pytest.approx(whole, rel=1e-9)
+    assert measure_attention(task, model, "decoder", batches) == pytest.approx(whole, rel=1e-9)
+
+
+# ---- the first token's share (the attention sink) ------------------------------------------
+
+
+def first_token_share(model, x: torch.Tensor, mask: torch.Tensor | None = None) -> tuple[float, int]:
+    with torch.no_grad(), record_attention(model) as recorded:
+        model(x, mask)
+    total, rows = first_token_attention(recorded)
+    return total / rows, rows
+
+
+def test_uniform_causal_attention_puts_one_over_the_keys_seen_on_the_first():
+    """Query i of a causal decoder sees i + 1 keys: uniform attention gives the first 1 / (i + 1);
+    the first query (one key) and padding queries are left out."""
+    model = build(tiny_spec("decoder", n_layers=2))
+    zero_query_key(model)
+    value, rows = first_token_share(model, tokens(2, 10), RIGHT_PADDED)
+    shares = [1 / (i + 1) for i in range(1, 10)] + [1 / (i + 1) for i in range(1, 6)]
+    assert rows == len(shares) * 4 * 2  # heads, layers
+    assert value == pytest.approx(sum(shares) / len(shares), rel=1e-6)
+
+
+def test_attention_on_each_own_key_leaves_the_first_nearly_nothing():
+    distinct = torch.randperm(30, generator=torch.Generator().manual_seed(0))[None, :12] + 2
+    value, _ = first_token_share(saturated_decoder(30.0), distinct)
+    assert value < 1e-3
 
 
 STUDY = """\
@@ -208,8 +237,8 @@ def test_training_is_the_same_with_it_on(tmp_path):
         assert results[on].status == "finished", results[on].error
     train_curve = {on: [c for c in r.curves if c[1] == "train"] for on, r in results.items()}
     assert train_curve[True] == train_curve[False]
-    entropy = {k: v for k, v in results[True].metrics.items() if k.startswith("attention_entropy")}
-    assert list(entropy) == ["attention_entropy@4"]
+    entropy = {k: v for k, v in results[True].metrics.items() if k.startswith(("attention_entropy", "first_token"))}
+    assert sorted(entropy) == ["attention_entropy@4", "first_token_attention@4"]
     assert {k: v for k, v in results[True].metrics.items() if k not in entropy} == results[False].metrics
     steps = [c[0] for c in results[True].curves if c[2] == "attention_entropy@4"]
     assert steps == [2, 4]  # in the learning curves at every evaluation

@@ -622,3 +622,18 @@ def attention_entropy(recorded: RecordedAttention) -> tuple[float, int]:
             total += float((entropy[counted] / n_keys[counted].double().log()).sum())
             rows += int(counted.sum())
     return total, rows
+
+
+def first_token_attention(recorded: RecordedAttention) -> tuple[float, int]:
+    """The weight rows put on the first key, of recorded forward calls: (sum over rows, rows). A
+    row is one (layer, head, real query) that sees the first key and at least one more (the first
+    query, which sees only itself, is left out, as in attention_entropy): the attention sink's
+    share (Xiao et al. 2023, "Efficient Streaming Language Models with Attention Sinks")."""
+    total, rows = 0.0, 0
+    for name, calls in recorded.items():
+        for weights, visible in zip(calls, recorded.visible[name]):
+            seen = visible.expand_as(weights)
+            counted = seen[..., 0] & (seen.sum(-1) > 1)  # [B, h, nq]
+            total += float(weights[..., 0].double()[counted].sum())
+            rows += int(counted.sum())
+    return total, rows

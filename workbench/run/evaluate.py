@@ -16,9 +16,9 @@ import torch
 from pydantic import ValidationError
 
 from workbench.errors import WorkbenchError
-from workbench.model.transformer import attention_entropy, record_attention
+from workbench.model.transformer import attention_entropy, first_token_attention, record_attention
 from workbench.model.position import PositionLimitError
-from workbench.results import ATTENTION_ENTROPY, FINAL_WEIGHTS
+from workbench.results import ATTENTION_ENTROPY, FINAL_WEIGHTS, FIRST_TOKEN_ATTENTION
 from workbench.model.weights import load_final_model, make_task
 from workbench.run.store import run_folder_hint
 
@@ -46,8 +46,9 @@ def evaluate_saved_run(run_dir: str | Path, lengths: list[int], batch_size: int 
 def evaluate_lengths(task, model, family: str, batch_size: int, cache: dict[int, list],
                      context=None, entropy: bool = False) -> tuple[dict[str, float], dict[str, str]]:
     """Every metric at every eval length (`accuracy@64`); a length the position scheme cannot
-    represent is recorded as not applicable, with the reason. With `entropy`, also
-    `attention_entropy@<train_length>` (see `measure_attention_entropy`), on the evaluation set
+    represent is recorded as not applicable, with the reason. With `entropy`, also the attention
+    measures `attention_entropy@<train_length>` and `first_token_attention@<train_length>` (see
+    `measure_attention`), on the evaluation set
     at train_length; when eval_lengths leave that length out, the set drawn there is not held
     out from training (a descriptive measure of the attention, not a score)."""
     metrics: dict[str, float] = {}
@@ -64,8 +65,8 @@ def evaluate_lengths(task, model, family: str, batch_size: int, cache: dict[int,
     if entropy:
         length = task.params.train_length
         with context():
-            value = measure_attention_entropy(task, model, family, eval_batches(task, length, batch_size, family, cache))
-        metrics[f"{ATTENTION_ENTROPY}@{length}"] = value
+            measured = measure_attention(task, model, family, eval_batches(task, length, batch_size, family, cache))
+        metrics.update({f"{name}@{length}": value for name, value in measured.items()})
     return metrics, not_applicable
 
 
@@ -81,16 +82,18 @@ ENTROPY_WEIGHTS_PER_FORWARD = 2**24
 
 
 @torch.no_grad()
-def measure_attention_entropy(task, model, family: str, batches: list[dict[str, torch.Tensor]]) -> float:
-    """Mean normalised attention entropy (workbench.model.transformer.attention_entropy) over every row of
-    the held-out batches: 1 = uniform over the visible keys, 0 = a saturated softmax; NaN when
-    no row sees two keys. A separate teacher-forced pass through the explicit-weights path, so
+def measure_attention(task, model, family: str, batches: list[dict[str, torch.Tensor]]) -> dict[str, float]:
+    """Over every row of the held-out batches: the mean normalised attention entropy
+    (workbench.model.transformer.attention_entropy; 1 = uniform over the visible keys, 0 = a
+    saturated softmax) and the mean weight on the first key (first_token_attention: the attention
+    sink); NaN when no row sees two keys. A separate teacher-forced pass through the explicit-weights path, so
     the other metrics are computed exactly as without it; batches are cut into pieces small
     enough that the recorded weights stay under ENTROPY_WEIGHTS_PER_FORWARD per layer."""
     spec = model.spec
     was_training = model.training
     model.eval()
-    total, rows = 0.0, 0
+    sums = {ATTENTION_ENTROPY: [0.0, 0], FIRST_TOKEN_ATTENTION: [0.0, 0]}
+    measures = {ATTENTION_ENTROPY: attention_entropy, FIRST_TOKEN_ATTENTION: first_token_attention}
     try:
         for batch in batches:
             widest = max(v.shape[-1] for v in batch.values() if v.dim() == 2)
@@ -100,8 +103,10 @@ def measure_attention_entropy(task, model, family: str, batches: list[dict[str, 
                 piece = {k: v[start: start + step] for k, v in batch.items()}
                 with record_attention(model) as recorded:
                     task.scored(model, piece, family)
-                piece_total, piece_rows = attention_entropy(recorded)
-                total, rows = total + piece_total, rows + piece_rows
+                for name, measure in measures.items():
+                    piece_total, piece_rows = measure(recorded)
+                    sums[name][0] += piece_total
+                    sums[name][1] += piece_rows
     finally:
         model.train(was_training)
-    return total / rows if rows else math.nan
+    return {name: total / rows if rows else math.nan for name, (total, rows) in sums.items()}

@@ -159,8 +159,10 @@ class TrainConfig(StrictModel):
         None, description="a budget in compute instead of steps: {flops: X}, {tokens: X} or {seconds: X} "
         "(exactly one); see workbench.cost.budget")
     attention_entropy: bool = Field(
-        False, description="also record attention_entropy@<train_length> at every evaluation: the mean entropy of "
-        "the attention rows over the keys each can see, divided by ln(that number): 1 uniform, 0 a saturated softmax")
+        False, description="also record the attention measures at every evaluation, at the training length: "
+        "attention_entropy (the mean entropy of the attention rows over the keys each can see, divided by ln(that "
+        "number): 1 uniform, 0 a saturated softmax) and first_token_attention (the mean weight on the first key: "
+        "the attention sink)")
     optimizer: Any = Field(
         "adamw", validate_default=True, description="adamw (default), adam, sgd, lion, muon or an installed plugin's "
         "(workbench list optimizer), by name or as {name: ..., <its arguments>}; train.lr and train.weight_decay apply "

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from workbench.results import ATTENTION_ENTROPY, Metric
+from workbench.results import ATTENTION_ENTROPY, FIRST_TOKEN_ATTENTION, Metric
 
 SHARE = (0.0, 1.0)
 # Every built-in metric: the scores `Task` computes for every task (loss included), those the
@@ -39,6 +39,9 @@ METRICS: dict[str, Metric] = {
         "(Welleck et al. 2020, rep-n; higher loops more; not measured with decode_samples: 0)")),
     "symbol_accuracy": Metric(higher_is_better=True, range=SHARE),
     ATTENTION_ENTROPY: Metric(higher_is_better=None, range=SHARE),
+    FIRST_TOKEN_ATTENTION: Metric(higher_is_better=None, range=SHARE, description=(
+        "the mean attention weight on the first key, over every layer, head and query that sees it and one "
+        "more key (the attention sink); recorded with train.attention_entropy")),
 }
 
 
@@ -47,7 +50,7 @@ def declared(*names: str) -> dict[str, Metric]:
     return {name: METRICS[name] for name in names}
 
 
-EVERY_TASK = declared("loss", ATTENTION_ENTROPY)  # what every task reports, or records when asked
+EVERY_TASK = declared("loss", ATTENTION_ENTROPY, FIRST_TOKEN_ATTENTION)  # what every task reports, or records when asked
 
 
 def token_nll(logits: Tensor, targets: Tensor) -> Tensor:
