@@ -19,7 +19,12 @@ from conftest import FAMILIES, TINY_PARAMS, build, choice, registered, tiny_spec
 from workbench.errors import WorkbenchError
 from workbench.model.transformer import (AttentionLayer, CrossAttention, SelfAttention, attention_entropy,
                                          first_token_attention, record_attention)
-from workbench.recipes.train.runs import metric_columns, metric_range
+from workbench.api import run_study, study_verdicts
+from workbench.recipes.train.gates import Gates
+from workbench.recipes.train.runs import TrainRuns, metric_columns, metric_range
+from workbench.recipes.train.tuning import choose
+from workbench.recipes.train.verdicts import Verdicts
+from workbench.run import store
 from workbench.run.evaluate import evaluate_lengths, measure_attention
 from workbench.recipes.train.study import TrainStudy
 from workbench.study import load_study
@@ -293,3 +298,30 @@ def test_the_report_lists_it_with_its_range():
     assert metric_columns(runs, ["accuracy"]) == ["accuracy@8", "loss@8", "attention_entropy@8"]
     assert metric_range("attention_entropy@8", "copy") == (0.0, 1.0)
     assert not math.isinf(metric_range("attention_entropy@8", "no-such-task")[1])
+
+
+def test_an_expect_entry_tests_a_descriptive_measure_in_the_direction_it_states(tmp_path):
+    """Qiu et al. 2025's second claim: gated attention puts less weight on the first token. A
+    descriptive measure is tested only with a stated direction, only when the runs record it,
+    and the verdict says which way ('is lower than')."""
+    study = PINNED.replace("seeds: [0, 1]", "seeds: [0, 1, 2, 3]").replace(
+        "batch_size: 8}", "batch_size: 8, attention_entropy: true}") + (
+        "expect: [{metric: first_token_attention@8, better: false, than: true, direction: lower}]\n")
+    path = tmp_path / "t.yaml"
+    for text, problem in [(study.replace(", direction: lower", ""), "tests it only with a stated `direction"),
+                          (study.replace(", attention_entropy: true", ""), "recorded only with train.attention_entropy"),
+                          (study.replace("first_token_attention@8", "accuracy@8"), "has a better direction of its own")]:
+        path.write_text(text)
+        with pytest.raises(WorkbenchError, match=problem.replace("(", r"\(")):
+            load_study(path)
+    path.write_text(study)
+    run_study(path, tmp_path / "out", quiet=True)
+    [verdict] = study_verdicts(tmp_path / "out")
+    assert " is lower than " in verdict.statement and verdict.statement.endswith("on first_token_attention@8")
+    assert 0 < verdict.groups[0]["mean"] < 1 and verdict.groups[0]["n"] == 4
+    # `direction: lower` is the comparison's direction: a lower `better` is what holds
+    loaded = load_study(path).study
+    runs = TrainRuns(loaded, store.load_results(tmp_path / "out"), store.load_curves(tmp_path / "out"),
+                     choose(loaded, store.Store(tmp_path / "out", create=False).runs()))
+    [comparison], _ = Verdicts(runs, Gates(runs)).comparisons()
+    assert comparison.higher is False and comparison.relation == "lower"

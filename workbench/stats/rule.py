@@ -93,6 +93,7 @@ class Comparison:
     unreached: tuple[str, ...] = ()  # *_to_target: per group with finished runs short of the target, in words
     recorded: pd.Series | None = None  # per seed, when the later of the two groups' runs was recorded (ISO, UTC)
     predicted: tuple[str, float] | None = None  # the level the claim predicts for `than`: a baseline's name, score
+    relation: str = "better"  # the statement's word: "lower" / "higher" for a descriptive measure's stated direction
 
     @property
     def shares(self) -> tuple[Share, Share] | None:
@@ -135,6 +136,7 @@ class Verdict:
     looks: int = 0
     seeds: int = 0  # seeds per group at that look
     decided_at: str = ""  # when the last run it reads was recorded (ISO, UTC)
+    relation: str = "better"  # as its Comparison's
 
     @property
     def tests_claim(self) -> bool:
@@ -168,7 +170,7 @@ class Verdict:
 
     @property
     def statement(self) -> str:
-        return f"{self.better} is better than {self.than} on {self.metric}"
+        return f"{self.better} is {self.relation} than {self.than} on {self.metric}"
 
 
 # ---- the comparisons as arrays ------------------------------------------------------------------
@@ -264,7 +266,7 @@ def worded(c: Comparison, d: Decided, k: int, alpha: float, m: int, plan: bool, 
     diff = (share_difference(*shares) if shares is not None
             else interval_of(d.diffs.at((0, k)), 1 - shown, c.bounds))
     v = Verdict(c.metric, c.better, c.than, OUTCOMES[d.outcome[0, k]], "", a, b, diff, p_holm=float(d.p_holm[0, k]),
-                gates=gates, neither=neither, decided_at=c.data_complete)
+                gates=gates, neither=neither, decided_at=c.data_complete, relation=c.relation)
     status = Status(d.status[0, k])
     if status is not Status.TESTED:
         return replace(v, p_holm=math.nan, reason=ended_reason(c, status, a, b, diff, plan, min_seeds))

@@ -7,7 +7,7 @@ import itertools
 import math
 from datetime import datetime
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import ConfigDict, Field, model_validator
 
@@ -38,6 +38,10 @@ class Expectation(StrictModel):
     margin: float | None = Field(None, gt=0, description="smallest difference of interest: an interval inside "
                                  f"±margin reads '{Outcome.EQUIVALENT}' (two one-sided tests)")
     note: str = Field("", description="free text shown with the verdict")
+    direction: Literal["lower", "higher"] | None = Field(
+        None, description="for a descriptive measure only (attention_entropy, first_token_attention), which has no "
+                          "better direction of its own: the way the claim expects `better` to differ from `than` (the "
+                          "verdict reads 'lower than' / 'higher than')")
     than_predicted: str | None = Field(
         None, description="the level the claim predicts for `than`, one of the task's baselines (e.g. side-blind): a "
                           "verdict that holds with `than` below it says so (it fell short for more than the claimed "

@@ -282,12 +282,17 @@ def check_swept_variants(key: str, field: str, values: list[Any], model: Mapping
 
 
 def check_expected_metric(exp: Expectation, field: str, study: TrainStudy) -> None:
-    """An `expect:` entry's metric; a *_to_target one needs a target on an evaluated metric."""
+    """An `expect:` entry's metric; a *_to_target one needs a target on an evaluated metric, a
+    descriptive measure a stated `direction` (and only it takes one)."""
+    descriptive = exp.metric.partition("@")[0] in DESCRIPTIVE_METRICS
+    if exp.direction is not None and not descriptive:
+        raise SpecError(f"{field}.direction", f"{exp.metric!r} has a better direction of its own; `direction` is only "
+                        "for a descriptive measure", list(DESCRIPTIVE_METRICS))
     if exp.metric not in TO_TARGET:
         if exp.target is not None:
             raise SpecError(f"{field}.target", f"only {', '.join(TO_TARGET)} take a target; {exp.metric!r} is "
                             "compared on its final value")
-        check_metric(exp.metric, f"{field}.metric", study)
+        check_metric(exp.metric, f"{field}.metric", study, descriptive_ok=exp.direction is not None)
         return
     if exp.target is None:
         raise SpecError(f"{field}.target", f"{exp.metric} needs the score to reach: target: {{metric: metric@length, "
@@ -297,15 +302,23 @@ def check_expected_metric(exp: Expectation, field: str, study: TrainStudy) -> No
     check_metric(exp.target.metric, f"{field}.target.metric", study)
 
 
-def check_metric(metric: str, field: str, study: TrainStudy) -> None:
+def check_metric(metric: str, field: str, study: TrainStudy, descriptive_ok: bool = False) -> None:
+    """`descriptive_ok`: an `expect:` entry that states the direction its claim expects of a
+    descriptive measure (which the run must record: train.attention_entropy)."""
     task_cls = get_variant("task", study.task["name"])
     names = [*task_cls.metrics, "loss"]
     name, _, length = metric.partition("@")
     if metric in RUN_MEASURES or metric == FAILURE_SHARE:
         return
+    if name in DESCRIPTIVE_METRICS and not descriptive_ok:
+        raise SpecError(field, f"{name} is descriptive (no better direction): the report shows it; an `expect:` entry "
+                        "tests it only with a stated `direction: lower` or `higher`", [*names, *RUN_MEASURES])
     if name in DESCRIPTIVE_METRICS:
-        raise SpecError(field, f"{name} is descriptive (no better direction): the report shows it, `expect:` does "
-                        "not test it", [*names, *RUN_MEASURES])
+        if not study.train.attention_entropy:
+            raise SpecError(field, f"{name} is recorded only with train.attention_entropy: true")
+        if length and length != str(study.task["train_length"]):
+            raise SpecError(field, f"{name} is recorded at the training length only", [f"{name}@{study.task['train_length']}"])
+        return
     if name not in names:
         choices = [*names, *RUN_MEASURES, FAILURE_SHARE]
         raise SpecError(field, f"unknown metric {name!r}" + suggest(name, choices), choices)

@@ -54,14 +54,16 @@ class Verdicts:
             origins.append(index)
             metric = self.runs.expect_column(exp)
             gated = exp.target.metric if exp.target is not None else metric  # the score a group must have learned
-            higher = metric_direction(metric, self.runs.task_name)
+            # a descriptive measure has no direction of its own: the entry states the one its claim expects
+            higher = metric_direction(metric, self.runs.task_name) if exp.direction is None else exp.direction == "higher"
+            relation = exp.direction or "better"
             bounds = (0.0, 1.0) if metric == FAILURE_SHARE else self.runs.range_of(metric)
             gate = self.gates.gate_name(gated)
             pairs = self.runs.variants.pairs(exp.better, exp.than)
             if not pairs:  # neither point was run (e.g. a profile dropped it): say so
                 a = ", ".join(f"{short_key(k)}={value_text(v)}" for k, v in exp.better.items())
                 b = ", ".join(f"{short_key(k)}={value_text(v)}" for k, v in exp.than.items())
-                comparisons.append(Comparison(metric, a, b, [], [], higher, bounds, note=exp.note))
+                comparisons.append(Comparison(metric, a, b, [], [], higher, bounds, note=exp.note, relation=relation))
                 continue
             origins += [index] * (len(pairs) - 1)
             for a, b in pairs:
@@ -77,7 +79,7 @@ class Verdicts:
                 comparisons.append(Comparison(metric, a, b, *values, higher, bounds, gates, exp.note,
                                               margin=exp.margin, counts=metric == FAILURE_SHARE, seeds_run=ran,
                                               unreached=unreached, recorded=self.recorded(a, b),
-                                              predicted=self.predicted(exp, index, b, metric)))
+                                              predicted=self.predicted(exp, index, b, metric), relation=relation))
         return comparisons, origins
 
     def predicted(self, exp, index: int, than: str, metric: str) -> tuple[str, float] | None:
@@ -145,7 +147,8 @@ class Verdicts:
                                 if k not in scale_keys and k not in exp.better and k not in exp.than)
             row = rows.setdefault((index, context), {
                 "index": index, "context": context, "outcomes": {}, "labels": {},
-                "statement": f"{self.variants_text(exp.better)} is better than {self.variants_text(exp.than)} on "
+                "statement": f"{self.variants_text(exp.better)} is {exp.direction or 'better'} than "
+                             f"{self.variants_text(exp.than)} on "
                              f"{self.runs.expect_column(exp)}"})
             row["outcomes"][values[self.study.rung_key]] = v.outcome
             row["labels"][values[self.study.rung_key]] = v.label
