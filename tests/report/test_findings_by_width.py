@@ -11,6 +11,7 @@ import pytest
 
 from workbench.report.document import Report, VerdictLine
 from workbench.report.findings import FINDINGS_2026
+from workbench.report.findings_by_width import verdict_cell
 from workbench.report.index import build_index, summary
 
 STUDY = """\
@@ -82,6 +83,15 @@ def test_each_width_has_its_verdict_and_a_flip_is_said_first(tmp_path, outcomes,
         assert cell.startswith(f"d\\_model={width}: ")
         assert (outcomes or {}).get(width, "not run") in cell
     assert c[4] == same and c[5] == agreement
+
+
+def test_what_the_gates_add_stays_beside_the_outcome(tmp_path):
+    studies_row, _ = index_row(tmp_path, {16: "holds", 32: "holds"})
+    assert "; holds; 4 seeds" in cells(studies_row)[2]
+    line = verdict(16, "holds")
+    line.qualifier = "only position=alibi, d_model=16 learned"
+    assert "holds (only position=alibi, d_model=16 learned); 4 seeds" in verdict_cell(
+        {"outcome": line.outcome, "qualifier": line.qualifier, "groups": line.groups, "difference": line.difference})
 
 
 def test_the_2026_ledger_counts_its_studies_alone(tmp_path):

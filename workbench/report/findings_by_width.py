@@ -59,7 +59,7 @@ def verdict_cell(v: Mapping[str, Any]) -> str:
     if d.get("level") is not None and shown != "–":
         shown += f" ({level_text(number(d['level']))} {d.get('method', '')})".replace(" )", ")")
     seeds = sorted({g.get("n") for g in v.get("groups", []) if g.get("n") is not None})
-    outcome = " ".join(filter(None, [v["outcome"], v.get("qualifier", "")]))
+    outcome = v["outcome"] + (f" ({v['qualifier']})" if v.get("qualifier") else "")
     return "; ".join([shown, outcome, *([f"{seeds[-1]} seeds"] if seeds else [])])
 
 
