@@ -180,6 +180,9 @@ def test_specs_written_by_hand_map_to_their_family():
              "ffn": {**MIXTRAL["ffn"], "normalize": False}}
     assert hf.architecture_for(parse_spec(olmoe)).model_type == "olmoe"
     assert hf.architecture_for(parse_spec(LLAMA4)).model_type == "llama4_text"
+    # an expert named as a string (the moe FFN's default form), not only as a mapping
+    by_name = {**MIXTRAL, "ffn": {"name": "moe", "n_experts": 4, "top_k": 2, "expert": "swiglu"}}
+    assert hf.architecture_for(parse_spec(by_name)).model_type == "mixtral"
 
 
 def test_training_only_moe_fields_export_without_blocking_it():

@@ -4,8 +4,12 @@ full-attention layer (Qwen3NextAttention: output gate fused into q_proj, per-hea
 the zero-centred RMSNorm, partial RoPE) is our SelfAttention with `gate: elementwise`,
 `qk_norm: head` and rope `fraction: 0.25`; the linear-attention layer (Qwen3NextGatedDeltaNet)
 is the gated_deltanet mixer. Outputs within 1e-4 (the reference runs the delta rule and its
-norms in float32: its own error is about 1e-6 here). Also GPT-NeoX with partial_rotary_factor,
-which the same RoPE `fraction` maps, as a whole model."""
+norms in float32: its own error is about 1e-6 here). Then the whole Qwen3NextForCausalLM through
+workbench.model.hf (workbench.model.hf_qwen3_next): three DeltaNet layers and one gated attention
+layer, MoE FFNs (4 experts, top 2, a gated shared expert) with one dense layer among them; logits
+within 1e-4, 20 greedy tokens decoded with both caches identical, routing without ties (as
+tests/model/test_hf_parity_moe.py checks it), and back through `to_hf`. Also GPT-NeoX with
+partial_rotary_factor, which the same RoPE `fraction` maps, as a whole model."""
 
 from __future__ import annotations
 
@@ -15,10 +19,12 @@ import torch
 transformers = pytest.importorskip("transformers")
 qwen3_next = pytest.importorskip("transformers.models.qwen3_next.modeling_qwen3_next")
 
-from test_hf_parity import TOLERANCE, greedy_pair, logits_pair, reference, tokens  # noqa: E402
+from test_hf_parity import N_NEW, TOLERANCE, greedy_pair, logits_pair, reference, tokens  # noqa: E402
+from test_hf_parity_moe import FLOAT32_ROUNDING, routing_margin  # noqa: E402
 from workbench.errors import SpecError  # noqa: E402
 from workbench.model import hf  # noqa: E402
 from workbench.model.hf_decoders import rope_pairing  # noqa: E402
+from workbench.model.spec import parse_spec  # noqa: E402
 from workbench.model.transformer import Positions, build_model  # noqa: E402
 
 D, H, G, HD, ROTARY = 32, 4, 2, 16, 4  # width; attention heads, K/V heads, head width, rotated dims (0.25)
@@ -34,6 +40,11 @@ GATED_ATTENTION = dict(OURS, position={"name": "rope", "base": 500.0, "fraction"
                        attention={"name": "full", "qk_norm": "head", "gate": "elementwise"})
 DELTANET = dict(OURS, attention={"name": "gated_deltanet", "key_heads": KEY_HEADS, "value_heads": VALUE_HEADS,
                                  "key_dim": KEY_DIM, "value_dim": VALUE_DIM, "conv_size": CONV, "chunk_size": 4})
+
+# the whole model: three DeltaNet layers, then a gated attention one; MoE FFNs but on layer 1 (dense)
+WHOLE = dict(CONFIG, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=24,
+             shared_expert_intermediate_size=20, intermediate_size=40, mlp_only_layers=[1],
+             layer_types=["linear_attention"] * 3 + ["full_attention"], bos_token_id=1, eos_token_id=None)
 
 
 def qwen3_next_config():
@@ -188,3 +199,107 @@ def test_a_partial_rope_refuses_to_export_as_llama():
     with pytest.raises(SpecError) as err:
         hf.architecture_for(build_model(spec).spec)
     assert str(err.value).startswith("model.position.fraction")
+
+
+def qwen3_next_model(**overrides):
+    """A tiny Qwen3NextForCausalLM (WHOLE), float64, randomised as the layers above; experts by
+    transformers' loop (its grouped_mm kernel takes no float64)."""
+    config = transformers.Qwen3NextConfig(**{**WHOLE, **overrides})
+    config._attn_implementation = "sdpa"
+    config._experts_implementation = "eager"
+    torch.manual_seed(0)
+    return randomised(transformers.Qwen3NextForCausalLM(config))
+
+
+def test_qwen3_next_whole_model_maps_both_ways(tmp_path):
+    ref = qwen3_next_model()
+    ours = hf.from_hf(ref)
+    assert hf.architecture_for(ours.spec).model_type == "qwen3_next"
+    assert ours.num_parameters() == sum(p.numel() for p in ref.parameters())
+    src = tokens(2, 12, seed=1)
+    assert routing_margin(ref, src) > FLOAT32_ROUNDING  # no routing tie: equal logits are well defined
+    theirs, mine = logits_pair(ref, ours, src, None)
+    assert theirs.std() > 1.0
+    difference = (theirs - mine).abs().max()
+    print(f"qwen3_next: max |logit difference| {difference:.2g}, logit std {theirs.std():.2f}")
+    assert difference < TOLERANCE
+
+    theirs, mine = greedy_pair(ref, ours, src[:, :6])  # their DeltaNet and KV caches against ours
+    assert routing_margin(ref, theirs) > FLOAT32_ROUNDING  # nor on any decoded token
+    assert theirs.tolist() == mine.tolist()
+    assert theirs.shape[1] - 6 == N_NEW
+
+    hf.to_hf(ours).save_pretrained(tmp_path)
+    back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float64,
+                                                             experts_implementation="eager").eval()
+    assert type(back).__name__ == "Qwen3NextForCausalLM"
+    again, mine = logits_pair(back, ours, src, None)
+    assert (again - mine).abs().max() < TOLERANCE
+    assert hf.from_hf(back).spec == ours.spec  # the spec survives the round trip
+
+
+def test_qwen3_next_spec_reads_as_its_config_says():
+    spec = hf.from_hf(qwen3_next_model()).spec
+    assert [spec.at("attention", i).name for i in range(4)] == ["gated_deltanet"] * 3 + ["full"]
+    gated = spec.at("attention", 3).params
+    assert (gated.qk_norm, gated.gate, spec.position.params.fraction) == ("head", "elementwise", 0.25)
+    assert [spec.at("ffn", i).name for i in range(4)] == ["moe", "swiglu", "moe", "moe"]
+    moe = spec.at("ffn", 0).params
+    assert (moe.n_experts, moe.top_k, moe.shared["d_ff"], moe.shared_gate, moe.normalize) == (4, 2, 20, True, True)
+    # every other layer sparse (decoder_sparse_step 2: layers 1 and 3), none dense by name
+    spec = hf.from_hf(qwen3_next_model(decoder_sparse_step=2, mlp_only_layers=[])).spec
+    assert [spec.at("ffn", i).name for i in range(4)] == ["swiglu", "moe"] * 2
+
+
+def our_qwen3_next_spec(**changes) -> dict:
+    deltanet = dict(DELTANET["attention"])  # chunks of 4: a speed setting, not a field of the config
+    moe = {"name": "moe", "n_experts": 4, "top_k": 2, "expert": {"name": "swiglu", "d_ff": 24},
+           "shared": {"name": "swiglu", "d_ff": 20}, "shared_gate": True}
+    return {**OURS, "n_layers": 4, "position": GATED_ATTENTION["position"],
+            "attention": {"repeat": [deltanet] * 3 + [GATED_ATTENTION["attention"]]}, "ffn": moe, **changes}
+
+
+def test_a_workbench_qwen3_next_exports_and_imports_again():
+    """A spec written here (DeltaNet chunks of 4, default init then randomised) exports as
+    Qwen3-Next and imports back as the same function. Against transformers' logits the bound is
+    1e-3: on these weights the reference's float32 delta rule disagrees with itself (its chunked
+    prompt against its recurrent steps) by 1.6e-4, ours (float64, any chunk size) lies between."""
+    torch.manual_seed(0)
+    ours = randomised(build_model(our_qwen3_next_spec()))
+    theirs = hf.to_hf(ours)
+    assert type(theirs).__name__ == "Qwen3NextForCausalLM"
+    assert theirs.config.layer_types == ["linear_attention"] * 3 + ["full_attention"]
+    assert theirs.config.mlp_only_layers == [] and theirs.config.num_experts == 4
+    src = tokens(2, 12, seed=1)
+    assert routing_margin(theirs, src) > FLOAT32_ROUNDING
+    their_logits, our_logits = logits_pair(theirs, ours, src, None)
+    assert (their_logits - our_logits).abs().max() < 10 * TOLERANCE
+    again = hf.from_hf(theirs)  # chunks of 64, the default: the same function
+    assert again.spec.at("attention", 0).params.chunk_size == 64
+    with torch.no_grad():
+        assert (again(src) - our_logits).abs().max() < 1e-10
+
+
+@pytest.mark.parametrize(("change", "field"), [
+    ({"ffn": {"name": "moe", "n_experts": 4, "top_k": 2, "shared": "swiglu"}}, "model.ffn.shared_gate"),
+    ({"ffn": {"name": "moe", "n_experts": 4, "top_k": 2, "router": "sigmoid", "shared": "swiglu",
+              "shared_gate": True}}, "model.ffn.router"),
+    ({"attention": {"repeat": [DELTANET["attention"], {"name": "full", "gate": "elementwise"}]}},
+     "model.attention.qk_norm"),
+    ({"norm": {"name": "pre", "type": "layernorm"}}, "model.norm.type"),
+    ({"attention": {"repeat": [DELTANET["attention"], {"name": "sliding_window", "window": 4}]}},
+     "model.attention.name"),
+    ({"position": "alibi"}, "model.position.name"),
+])
+def test_a_qwen3_next_spec_the_config_cannot_say_names_its_field(change, field):
+    with pytest.raises(SpecError) as err:
+        hf.architecture_for(parse_spec(our_qwen3_next_spec(**change)))
+    assert str(err.value).startswith(field)
+
+
+@pytest.mark.parametrize(("change", "field"), [({"hidden_act": "gelu"}, "hidden_act"),
+                                               ({"shared_expert_intermediate_size": 0}, "shared_expert_")])
+def test_a_qwen3_next_the_workbench_cannot_compute_is_refused_by_field(change, field):
+    with pytest.raises(SpecError) as err:
+        hf.from_hf(qwen3_next_model(**change))
+    assert str(err.value).startswith(field)

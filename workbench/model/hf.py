@@ -4,7 +4,8 @@ export RUN_DIR --to hf OUT` (`to_hf`) and `workbench.from_hf` (`from_hf`).
 
 The architectures (GPT-2, Llama, Mistral, BLOOM, GPT-NeoX in workbench.model.hf_decoders; BERT,
 BART, T5 in workbench.model.hf_encoders; OLMo 2, Qwen3, Gemma 2 and 3 in workbench.model.hf_qknorm;
-DiffLlama and DeepSeek-V3 in workbench.model.hf_latent; OLMoE, Mixtral and Llama 4 in workbench.model.hf_moe)
+DiffLlama and DeepSeek-V3 in workbench.model.hf_latent; OLMoE, Mixtral and Llama 4 in workbench.model.hf_moe;
+Qwen3-Next in workbench.model.hf_qwen3_next)
 and what each needs of a spec are classes
 (`requirements`); docs/hf.md has them as a table.
 
@@ -40,6 +41,7 @@ from workbench.model.hf_encoders import T5, Bart, Bert
 from workbench.model.hf_qknorm import Gemma2, Gemma3, Olmo2, Qwen3, model_type_for
 from workbench.model.hf_latent import LATENT_ATTENTION, DeepseekV3, DiffLlama
 from workbench.model.hf_moe import Llama4, Mixtral, Olmoe, moe_architecture
+from workbench.model.hf_qwen3_next import Qwen3Next, is_qwen3_next
 from workbench.model.spec import ModelSpec, parse_spec
 from workbench.model.state_links import check_coverage
 from workbench.model.transformer import Transformer, build_model
@@ -48,7 +50,8 @@ from workbench.model.transformer import Transformer, build_model
 ARCHITECTURES: dict[str, Architecture] = {a.model_type: a for a in (GPT2(), Llama(), Mistral(), Bloom(), GPTNeoX(),
                                                                      Bert(), Bart(), T5(),
                                                                      Olmo2(), Qwen3(), Gemma2(), Gemma3(),
-                                                                     DiffLlama(), DeepseekV3(), Olmoe(), Mixtral(), Llama4())}
+                                                                     DiffLlama(), DeepseekV3(), Olmoe(), Mixtral(), Llama4(),
+                                                                     Qwen3Next())}
 
 
 def architecture_for(spec: ModelSpec) -> Architecture:
@@ -57,9 +60,12 @@ def architecture_for(spec: ModelSpec) -> Architecture:
     every other field is checked. A decoder with differential or latent attention is one of
     workbench.model.hf_latent's; with the sandwich norm or Gemma's embedding scale, Gemma's
     (workbench.model.hf_qknorm); with a mixture of experts (or Llama 4's per-layer patterns), one
-    of workbench.model.hf_moe's; with QK-norm or the reordered norm, OLMo 2 or Qwen3."""
+    of workbench.model.hf_moe's; with QK-norm or the reordered norm, OLMo 2 or Qwen3. One with a
+    Gated DeltaNet layer, an output-gated attention or a gated shared expert is Qwen3-Next."""
     model_type = None
-    if spec.attention.name not in LATENT_ATTENTION:
+    if is_qwen3_next(spec):
+        model_type = "qwen3_next"
+    elif spec.attention.name not in LATENT_ATTENTION:
         model_type = model_type_for(spec)
         if model_type not in ("gemma2", "gemma3_text"):
             model_type = moe_architecture(spec) or model_type

@@ -86,8 +86,9 @@ def compared(axis: str, choice: Choice, d_model: int) -> dict[str, Any]:
         return out
     if choice.name == "moe":
         for key in ("expert", "shared"):
-            if out[key] is not None:
-                out[key] = {**out[key], "d_ff": swiglu_width(out[key], d_model)}
+            if out[key] is not None:  # an expert given by name ("swiglu") or as {name: ..., d_ff: ...}
+                given = {"name": out[key]} if isinstance(out[key], str) else out[key]
+                out[key] = {**given, "d_ff": swiglu_width(given, d_model)}
         return {k: v for k, v in out.items() if k not in MOE_TRAINING_ONLY}
     return {**out, "d_ff": swiglu_width(out, d_model)} if "d_ff" in out else out
 
