@@ -72,7 +72,8 @@ def cells(row: str) -> list[str]:
 @pytest.mark.parametrize("outcomes, same, agreement", [
     ({16: "holds", 32: "holds"}, "yes", "d\\_model=16 agrees; d\\_model=32 agrees"),
     ({16: "holds", 32: "does not hold"}, "no", "flips between widths: d\\_model=16 agrees; d\\_model=32 does not agree"),
-    ({16: "holds", 32: "inconclusive"}, "not yet", "d\\_model=16 agrees; d\\_model=32 not comparable"),
+    ({16: "holds", 32: "inconclusive"}, "undecided", "d\\_model=16 agrees; d\\_model=32 not comparable"),
+    ({16: "holds"}, "not yet", "d\\_model=16 agrees; d\\_model=32 not comparable"),
     (None, "not yet", "d\\_model=16 not comparable; d\\_model=32 not comparable"),
 ])
 def test_each_width_has_its_verdict_and_a_flip_is_said_first(tmp_path, outcomes, same, agreement):

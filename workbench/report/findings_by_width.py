@@ -12,7 +12,7 @@ agreement differs between widths says so first, in its agreement cell."""
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -69,14 +69,17 @@ def rung_agreement(v: Mapping[str, Any], row: Row) -> str:
     return agreement(v["outcome"], row.finding, v.get("tests_claim", True))
 
 
-def same_at_both(agreements: Mapping[str, str]) -> str:
-    """yes when every rung decided the same way, no when decided rungs differ, else not yet."""
+def same_at_both(agreements: Mapping[str, str], ran: Collection[str]) -> str:
+    """yes when every rung decided the same way, no when decided rungs differ; not yet while a rung
+    has no verdict (`ran`: the rungs that have one), undecided when one has a verdict that decides nothing."""
     decided = {a for a in agreements.values() if a in (AGREES, DISAGREES)}
+    if len(agreements) < 2:
+        return "one width only"
     if len(decided) > 1:
         return "no"
-    if len(agreements) > 1 and all(a in (AGREES, DISAGREES) for a in agreements.values()):
+    if all(a in (AGREES, DISAGREES) for a in agreements.values()):
         return "yes"
-    return "not yet" if len(agreements) > 1 else "one width only"
+    return "undecided" if set(agreements) <= set(ran) else "not yet"
 
 
 def row_cells(row: Row, study, reports_dir: Path, commit: Commit | None) -> list[str]:
@@ -95,7 +98,7 @@ def row_cells(row: Row, study, reports_dir: Path, commit: Commit | None) -> list
         cells.append(md_cell(label + (verdict_cell(v) if v else "not run")))
         agreements[rung] = rung_agreement(v, row) if v else NOT_COMPARABLE
     cells += ["–"] * (2 - len(cells))
-    same = same_at_both(agreements)
+    same = same_at_both(agreements, [rung for rung in agreements if rung in by_rung])
     said = "; ".join(f"{rung_text(study, r)} {a}" if r else a for r, a in agreements.items())
     if same == "no":
         said = f"flips between widths: {said}"
@@ -121,7 +124,9 @@ def findings_by_width_section(path: Path, studies: Mapping[str, Any], reports_di
         "",
         f"One row per finding in `{path.as_posix()}`, each registered with its study before any run. Each width's",
         "cell is our verdict on the row's `expect:` entry at that rung of the study's ladder: the difference",
-        "(better minus than) with its interval at the level its look read it, the outcome and the seeds per group.",
+        "(better minus than) with its interval at the level its look read it, the outcome and the seeds per group",
+        "(the study's report says how many more an undecided one would need). Same at both widths: yes, no, not yet",
+        "(a width not run), or undecided (a width whose verdict decided nothing).",
         "Agreement follows the paper's kind of claim as in the published findings; a row whose agreement differs",
         "between widths says so first. CPU minutes are what the study trained, tuning runs and unreused pilot runs",
         "included; a run it copied from another study's folder (`--reuse`, the shared baseline arm) counts there.",
