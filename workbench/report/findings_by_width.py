@@ -38,7 +38,7 @@ from workbench.report.render import md_cell
 from workbench.report.sweep_points import short_key, value_text
 
 COLUMNS = ["modification (paper)", "their claim", "narrower width", "wider width", "same at both widths",
-           "agreement", "CPU min"]
+           "agreement", "CPU min", "why"]
 
 
 def rung_text(study, rung: str) -> str:
@@ -109,7 +109,7 @@ def row_cells(row: Row, study, reports_dir: Path, commit: Commit | None) -> list
     if cpu is not None:  # as the ledger counts it: a run copied from another study counts there
         cpu += (summary.get("pilot_cpu_s") or 0) - (summary.get("reused_cpu_s") or 0)
     return [f"{name}<br>{paper}", md_cell(f.result), *cells, same, md_cell(said),
-            "–" if cpu is None else f"{cpu / 60:.1f}"]
+            "–" if cpu is None else f"{cpu / 60:.1f}", md_cell(f.why.strip()) or "–"]
 
 
 def findings_by_width_section(path: Path, studies: Mapping[str, Any], reports_dir: Path,
