@@ -6,7 +6,7 @@ work on received text bounded in time. Each refusal is one line naming the file.
                                  its JSON files bounded; config.json an architecture the workbench
                                  maps (workbench.model.hf); the safetensors weights exactly the
                                  tensors of that config's model, in its shapes, read from their
-                                 headers before a layer is built (a config of 3000 layers over the
+                                 headers before a weight is allocated (a config of 3000 layers over the
                                  weights of one was a minute of building random layers)
                                  and every weight finite (NaN weights generated nothing, silently)
     check_vocabulary(...)        every id the tokenizer can produce, and the pad id, inside the
@@ -34,8 +34,7 @@ from workbench.errors import SpecError, WorkbenchError
 from workbench.model.hf import ARCHITECTURES
 from workbench.model.hf_architecture import Architecture, import_transformers
 from workbench.model.spec import ModelSpec, parse_spec
-from workbench.model.transformer import build_model
-from workbench.model.weights import SkipInitialisers, refuse_non_finite
+from workbench.model.weights import refuse_non_finite
 from workbench.results import check_regular, load_json, read_regular
 from workbench.tasks.tokens import MAX_TOKENIZER_BYTES, library_failure
 
@@ -115,29 +114,36 @@ def weight_shapes(folder: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
     return shapes
 
 
-def expected_shapes(arch: Architecture, spec: ModelSpec) -> dict[str, tuple[int, ...] | None]:
-    """The tensors a transformers model of `spec` holds, with their shapes (None: one it holds as
-    zeros, whose shape ours does not give), taken through the weight links from our model built
-    on the meta device (nothing allocated)."""
-    with torch.device("meta"), SkipInitialisers():
-        ours = dict(build_model(spec).named_parameters())
-    shapes: dict[str, tuple[int, ...] | None] = dict.fromkeys(arch.zeroed(spec))
-    for link in arch.links(spec):
-        shapes.update({name: tuple(t.shape) for name, t in zip(link.theirs, link.split(ours[link.ours]))})
-    return shapes
+def saved_shapes(config, arch: Architecture, folder: Path) -> dict[str, tuple[int, ...]]:
+    """The tensors transformers' `save_pretrained` writes for `config`'s model, with their shapes:
+    the model built on the meta device (nothing allocated), its state dict without tied weights,
+    turned back into the checkpoint format its loading converts from, as `save_pretrained` does
+    (Mixtral's and OLMoE's experts one tensor per expert, where the module fuses them into one)."""
+    transformers = import_transformers()
+    from transformers.core_model_loading import revert_weight_conversion
+    from transformers.modeling_utils import remove_tied_weights_from_state_dict
+
+    try:
+        with torch.device("meta"), transformers_quiet(transformers):
+            model = getattr(transformers, arch.hf_class)(config)
+    except Exception as err:  # a config its own model cannot be built from: transformers' first line
+        raise WorkbenchError(f"{folder}/config.json: transformers cannot build a {arch.hf_class} from it "
+                             f"({first_line(err)})") from None
+    state = revert_weight_conversion(model, remove_tied_weights_from_state_dict(model.state_dict(), model))
+    return {name: tuple(tensor.shape) for name, tensor in state.items()}
 
 
-def check_weights(folder: Path, arch: Architecture, spec: ModelSpec) -> None:
-    """The weights hold exactly the tensors of config.json's model, floating point, in its shapes.
-    Names are compared first, from the weight links alone: a config asking for more layers (or
-    other parts) than the weights hold is refused before any model is built."""
+def check_weights(folder: Path, config, arch: Architecture, spec: ModelSpec) -> None:
+    """The weights hold exactly the tensors that config.json's model saves, floating point, in its
+    shapes (`saved_shapes`). A config asking for more layers than the weights hold tensors is
+    refused before even that model is built on the meta device."""
     found = weight_shapes(folder)
     if spec.n_layers > len(found):  # each layer has tensors of its own: the names below stay as many as the file's
         raise WorkbenchError(f"{folder}: config.json describes a {arch.hf_class} of {spec.n_layers} layers; the weights "
                              f"hold {len(found)} tensors in all: the config and the weights are of different models")
-    names = [name for link in arch.links(spec) for name in link.theirs] + arch.zeroed(spec)
-    missing = [name for name in names if name not in found]
-    extra = [name for name in found if name not in set(names) and not name.startswith(arch.unmapped)]
+    expected = saved_shapes(config, arch, folder)
+    missing = [name for name in expected if name not in found]
+    extra = [name for name in found if name not in expected and not name.startswith(arch.unmapped)]
     layers = f"{spec.n_layers} layer{'s' * (spec.n_layers != 1)}"
     where = f"{folder}: config.json describes a {arch.hf_class} ({layers}, vocabulary {spec.vocab_size})"
     if missing:
@@ -146,11 +152,11 @@ def check_weights(folder: Path, arch: Architecture, spec: ModelSpec) -> None:
     if extra:
         raise WorkbenchError(f"{where}, and the weights hold {extra[0]}, which it has no place for{more(extra)}: the "
                              "config and the weights are of different models; export the run again")
-    for name, shape in expected_shapes(arch, spec).items():
+    for name, shape in expected.items():
         dtype, stored = found[name]
-        if dtype not in FLOAT_DTYPES or (shape is not None and stored != shape):
-            raise WorkbenchError(f"{where}, whose {name} is {list(shape) if shape else 'a float tensor'}; the weights "
-                                 f"hold {dtype} {list(stored)}: the config and the weights are of different models")
+        if dtype not in FLOAT_DTYPES or stored != shape:
+            raise WorkbenchError(f"{where}, whose {name} is {list(shape)}; the weights hold {dtype} {list(stored)}: "
+                                 "the config and the weights are of different models")
 
 
 def more(names: list[str]) -> str:
@@ -172,7 +178,7 @@ def load_export(folder: Path):
     except Exception as err:  # a config field of the wrong type where the mapping reads it
         raise WorkbenchError(f"{folder}/config.json: not a {arch.hf_class} config ({first_line(err)})") from None
     check_special_ids(config, spec.vocab_size, folder)
-    check_weights(folder, arch, spec)
+    check_weights(folder, config, arch, spec)
     transformers = import_transformers()
     transformers.utils.logging.disable_progress_bar()  # its loading bar is noise in a command's output
     try:
