@@ -123,10 +123,17 @@ def checked_rope(c) -> float:
 
 
 class MoEDecoder(Architecture):
-    """What the three share: their experts stacked, a check by round trip, SwiGLU experts."""
+    """What the MoE decoders share: their experts stacked, a check by round trip, SwiGLU experts."""
 
     auto_class = "AutoModelForCausalLM"
     per_layer = MODEL_AXES  # `check`'s round trip compares every layer
+
+    def requirements(self, spec):
+        """The whole-model fields every MoE decoder here needs. Llama 4 and Qwen3-Next choose the
+        position, attention and FFN per layer (their configs read each layer); OLMoE and Mixtral
+        require theirs as well."""
+        return {"family": "decoder", "norm.name": "pre", "norm.type": "rmsnorm", "embedding_norm": "none",
+                "bias": False}
 
     def layer_requirements(self, spec: ModelSpec, layer: int) -> dict[str, Any]:
         """Every later option (QK-norm, gate, ...) as the spec has it at `layer`: the round trip in
@@ -290,10 +297,6 @@ class Llama4(MoEDecoder):
 
     model_type, hf_class = "llama4_text", "Llama4ForCausalLM"
     any_head_dim = True
-
-    def requirements(self, spec):
-        return {"family": "decoder", "norm.name": "pre", "norm.type": "rmsnorm", "embedding_norm": "none",
-                "bias": False}
 
     def config(self, spec):
         layers = range(spec.decoder_layers)

@@ -101,10 +101,6 @@ class Qwen3Next(MoEDecoder):
     model_type, hf_class = "qwen3_next", "Qwen3NextForCausalLM"
     any_head_dim = True
 
-    def requirements(self, spec):
-        return {"family": "decoder", "norm.name": "pre", "norm.type": "rmsnorm", "embedding_norm": "none",
-                "bias": False}
-
     def config(self, spec):
         layers = range(spec.decoder_layers)
         attentions = [spec.at("attention", i) for i in layers]
