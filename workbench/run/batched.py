@@ -57,8 +57,8 @@ from workbench.run.jobs import Job
 from workbench.run.recording import PeakMemory, ProgressFile, RunRecorder
 from workbench.run.run_module import RunModule, lr_factor
 from workbench.run.tracking import make_logger
-from workbench.run.train import (Checkpoints, SafeCheckpointIO, close_tracker, quiet_lightning, record_error,
-                                 record_spending, run_environment, set_torch_globals, sibling_result,
+from workbench.run.train import (Checkpoints, NoProfiler, SafeCheckpointIO, close_tracker, quiet_lightning,
+                                 record_error, record_spending, run_environment, set_torch_globals, sibling_result,
                                  start_run_folder, torch_globals, write_results)
 from workbench.study.keys import digest
 
@@ -426,7 +426,7 @@ def batched_trainer(train: dict[str, Any], device: str, run_dir: Path, callbacks
         precision=train["precision"], gradient_clip_val=train["grad_clip"], deterministic=device == "cpu",
         logger=False, callbacks=callbacks, plugins=[SafeCheckpointIO()], enable_progress_bar=False,
         enable_model_summary=False, enable_checkpointing=False, default_root_dir=run_dir,
-        use_distributed_sampler=False)
+        use_distributed_sampler=False, profiler=NoProfiler())
 
 
 def record_outcomes(results: Sequence[RunResult], recorders: Sequence[RunRecorder], step: int,

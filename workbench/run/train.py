@@ -36,6 +36,7 @@ import pytorch_lightning as pl
 import torch
 from pytorch_lightning.callbacks import Callback, ModelCheckpoint
 from pytorch_lightning.plugins.io import TorchCheckpointIO
+from pytorch_lightning.profilers import PassThroughProfiler
 from pytorch_lightning.utilities.exceptions import SIGTERMException
 
 from workbench import stopping
@@ -96,6 +97,18 @@ class SafeCheckpointIO(TorchCheckpointIO):
             raise
         except Exception as err:
             raise refuse_or_explain(Path(path), err, "delete it to train this run from the start") from None
+
+
+class NoProfiler(PassThroughProfiler):
+    """Lightning's default profiler records nothing, yet opens a generator-made context around
+    every hook call (84 a step, 1.3 us each: about 0.1 ms of a 15 ms step of the quickstart's
+    model); this one records the same nothing through one reusable context."""
+
+    def profile(self, action_name: str) -> contextlib.AbstractContextManager:
+        return NOTHING
+
+
+NOTHING = contextlib.nullcontext()
 
 
 class Checkpoints(Callback):
@@ -314,6 +327,7 @@ def lightning_trainer(train: dict[str, Any], run_dir: Path, deterministic: bool,
         # run's); a study's own ModelCheckpoint in train.callbacks needs it on
         enable_checkpointing=any(isinstance(c, ModelCheckpoint) for c in extra),
         log_every_n_steps=train["log_every"], plugins=[SafeCheckpointIO(), *cluster_environment(train)],
+        profiler=NoProfiler(),
         enable_progress_bar=False, enable_model_summary=False, default_root_dir=run_dir,
         use_distributed_sampler=False,  # StepBatches shares each batch between the ranks
     )
