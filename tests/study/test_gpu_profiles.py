@@ -14,6 +14,7 @@ from workbench.run.environment import matmul_precision
 from workbench.recipes.train.study import TrainStudy
 from workbench.study import load_study
 from workbench.study.keys import label
+from workbench.study.task_paths import with_task_paths
 from workbench.recipes.train.sweep import expand, point_key, tuning_runs
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -48,7 +49,7 @@ def test_the_default_profile_keeps_the_run_ids_of_the_shipped_results(path, tmp_
     if study.study.task.get("if_missing") == "default":  # kept only when the declared fallback was taken
         pytest.skip("its corpus is not on this machine: the runs are the fallback's, with ids of their own")
     if study.study.tune is not None:
-        data = yaml.safe_load(path.read_text())
+        data = with_task_paths(yaml.safe_load(path.read_text()), path.absolute().parent)  # its corpus stays where it is
         data.pop("profiles", None)
         bare = tmp_path / path.name
         bare.write_text(yaml.safe_dump(data, sort_keys=False))
