@@ -204,6 +204,9 @@ class TextParams(TaskParams):
         "section, without path")
     tokenizer: str = Field("bytes", description="bytes, bpe (trained on the training documents) or a "
                            "tokenizer.json path (relative to the study file)")
+    folder: str | None = Field(None, description="where a relative path and tokenizer.json lie: the study file's "
+                               "folder, set when the study loads. Not part of a run's id: a study keeps its run ids "
+                               "in every clone and folder it is run from")
     vocab_size: int = Field(4096, ge=257, le=2**20, description="bpe: the most tokens the trained vocabulary holds")
     valid_fraction: float = Field(0.1, gt=0, lt=1, description="with path: share of the documents held out (of a "
                                   "single file: its end); in tuning runs also the share of the training text (its "
@@ -238,6 +241,10 @@ class TextParams(TaskParams):
                                            "the default corpus (no path) has none: leave dedupe out")
         return self
 
+    def located(self, name: str) -> str:
+        """A file the section names (`path`, a tokenizer.json), where it lies on this machine."""
+        return os.path.join(self.folder or "", os.path.expanduser(name))
+
     @model_serializer(mode="wrap")
     def _unchanged_ids(self, handler) -> dict[str, Any]:
         """Fields added after runs were stored stay out of the task section at their default,
@@ -246,8 +253,8 @@ class TextParams(TaskParams):
         return {k: v for k, v in out.items() if k not in LATER_FIELDS or v != type(self).model_fields[k].default}
 
 
-LATER_FIELDS = ("text_field", "if_missing", "tokenizer", "vocab_size", "dedupe")
-FALLBACK_DROPS = ("path", "text_field", "tokenizer", "vocab_size", "dedupe")  # what the default corpus does not use
+LATER_FIELDS = ("text_field", "if_missing", "tokenizer", "vocab_size", "dedupe", "folder")
+FALLBACK_DROPS = ("path", "text_field", "tokenizer", "vocab_size", "dedupe", "folder")  # what the default corpus does not use
 
 
 def window_start(rng: np.random.Generator, text: np.ndarray, length: int) -> int:
@@ -283,6 +290,7 @@ class TextLM(Task):
     evaluation_only = ("decode_strategy", "temperature", "top_p", "decode_samples", "decode_tokens")
     gate_baselines = (SEEN_BIGRAM,)  # why this one: the module docstring
     claim_kind = LANGUAGE_MODEL
+    location_params = ("folder",)
     baselines_text = (f"interpolated Witten-Bell n-gram models at the tokenizer's granularity, scored on the same "
                       f"evaluation windows: {INPUT_IGNORING} (the unigram) and the "
                       f"{', '.join(f'{n}-gram' for n in NGRAM_ORDERS)} of the whole training text, shown as context; "
@@ -312,7 +320,7 @@ class TextLM(Task):
             elif params.tokenizer == "bpe":
                 self.tokenizer = None  # not trained yet: model_tokens reads its declared size
             else:
-                self.tokenizer = HFTokenizer.load(pathlib.Path(params.tokenizer))
+                self.tokenizer = HFTokenizer.load(pathlib.Path(params.located(params.tokenizer)))
             self.corpus_key, names, ratios = "", [], (math.nan, math.nan)
         size = self.model_tokens()
         self._set_vocab(names + [f"<unused {i}>" for i in range(len(names), size)])
@@ -342,11 +350,11 @@ class TextLM(Task):
     def texts(self) -> Texts:
         """The corpus the task tokenizes, checked for the files it names."""
         p = self.params
-        if p.tokenizer.endswith(".json") and not os.path.isfile(p.tokenizer):
-            raise SpecError("task.tokenizer", f"no such file: {p.tokenizer}")
+        if p.tokenizer.endswith(".json") and not os.path.isfile(p.located(p.tokenizer)):
+            raise SpecError("task.tokenizer", f"no such file: {p.located(p.tokenizer)}")
         if p.path is None:
             return stdlib_texts()
-        path = os.path.expanduser(p.path)
+        path = p.located(p.path)
         if not os.path.exists(path) and not has_wildcard(path):
             raise SpecError("task.path", f"no such file or folder: {path}")
         return source_texts(Source(path, p.text_field, p.dedupe), p.valid_fraction)
@@ -357,16 +365,17 @@ class TextLM(Task):
         if p.path is None:
             root = stdlib_root()
             return tuple(sum(os.stat(root / n).st_size + 1 for n in names) for names in (TRAIN_FILES, VALID_FILES))
-        return Source(os.path.expanduser(p.path), p.text_field, p.dedupe).split_bytes(p.valid_fraction)
+        return Source(p.located(p.path), p.text_field, p.dedupe).split_bytes(p.valid_fraction)
 
     def shards(self, progress: bool | None = None, prepare_now: bool = True) -> Shards | None:
         """The corpus tokenized on disk (tokenized first when it is not yet, with a bar on a
         terminal); without `prepare_now`, None when it is not yet."""
         p = self.params
         texts = self.texts()
+        tokenizer = p.located(p.tokenizer) if p.tokenizer.endswith(".json") else p.tokenizer
         if not prepare_now:
-            return prepared(texts, p.tokenizer, p.vocab_size)
-        return prepare(texts, p.tokenizer, p.vocab_size, sys.stderr.isatty() if progress is None else progress)
+            return prepared(texts, tokenizer, p.vocab_size)
+        return prepare(texts, tokenizer, p.vocab_size, sys.stderr.isatty() if progress is None else progress)
 
     def prepare(self) -> str:
         shards = self.shards(progress=True) if self.params.path is not None or self.params.tokenizer != "bytes" else None
@@ -379,23 +388,24 @@ class TextLM(Task):
 
     @classmethod
     def resolve_paths(cls, section: dict[str, Any], folder: pathlib.Path) -> dict[str, Any]:
-        """`path` and a tokenizer.json relative to `folder` (the study file's), and the declared
-        fallback: with `if_missing: default`, a `path` that names nothing here is replaced by the
-        default corpus, by byte (a warning says so; the section keeps `if_missing`, so these runs
-        have ids of their own), and a `path` that is here drops `if_missing` (the runs are those
-        of the study as written, with the ids they have without it)."""
+        """A relative `path` or tokenizer.json read from `folder` (the study file's): the section
+        keeps them as written and says where they lie in `folder`, which run ids leave out, so a
+        study keeps its run ids wherever it is cloned. The declared fallback: with `if_missing:
+        default`, a `path` that names nothing here is replaced by the default corpus, by byte (a
+        warning says so; the section keeps `if_missing`, so these runs have ids of their own), and
+        a `path` that is here drops `if_missing` (the runs are those of the study as written, with
+        the ids they have without it)."""
         out = dict(section)
-        for key in ("path", "tokenizer"):
-            value = out.get(key)
-            if isinstance(value, str) and (key == "path" or value.endswith(".json")):
-                value = os.path.expanduser(value)
-                out[key] = value if os.path.isabs(value) else os.path.join(folder, value)
+        named = [out.get("path"), *([out["tokenizer"]] if str(out.get("tokenizer")).endswith(".json") else [])]
+        if "folder" not in out and any(isinstance(v, str) and not os.path.isabs(os.path.expanduser(v)) for v in named):
+            out["folder"] = str(folder)
         if out.get("if_missing") == "default" and isinstance(out.get("path"), str):
-            if names_anything(out["path"]):
+            where = os.path.join(out.get("folder") or "", os.path.expanduser(out["path"]))
+            if names_anything(where):
                 del out["if_missing"]
             else:
                 warnings.warn(WorkbenchWarning(
-                    f"task.path: nothing at {out['path']} on this machine; as task.if_missing is 'default', the study "
+                    f"task.path: nothing at {where} on this machine; as task.if_missing is 'default', the study "
                     "trains on the default corpus (Python stdlib sources, by byte) instead, and its runs record that"),
                     stacklevel=2)
                 out = {k: v for k, v in out.items() if k not in FALLBACK_DROPS}

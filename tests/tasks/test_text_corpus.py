@@ -235,16 +235,39 @@ def test_task_paths_are_relative_to_the_study_file(tmp_path, monkeypatch):
         "name: rel\ntask: {name: text_lm, train_length: 16, n_eval: 4, path: corpus, decode_samples: 0}\n"
         "model: {d_model: 16, n_layers: 1, n_heads: 2}\ntrain: {steps: 2, batch_size: 2}\n")
     monkeypatch.chdir(tmp_path)
-    study = load_study("my/study.yaml").study
-    assert study.task["path"] == str(study_dir / "corpus")
+    study_file = load_study("my/study.yaml")
+    assert (study_file.study.task["path"], study_file.study.task["folder"]) == ("corpus", str(study_dir))
+    whole = task(path=str(study_dir / "corpus")).train_text
+    assert np.array_equal(make_task(expand(study_file)[0].config).train_text, whole)  # read where the study lies
     (study_dir / "corpus" / "more").mkdir()
     (study_dir / "corpus" / "more" / "a.txt").write_text(prose(1, 300))
     (study_dir / "corpus" / "more" / "b.txt").write_text(prose(2, 300))
     for sweep in ("{task.path: [corpus, corpus/more]}", "{zip: {task.path: [corpus, corpus/more], train.lr: [0.1, 0.2]}}"):
         text = (study_dir / "study.yaml").read_text().replace("path: corpus, ", "")
         (study_dir / "swept.yaml").write_text(text + f"sweep: {sweep}\n")
-        swept = load_study("my/swept.yaml").study
-        assert swept.sweep.values("task.path") == [str(study_dir / "corpus"), str(study_dir / "corpus" / "more")]
+        swept = load_study("my/swept.yaml")
+        assert swept.study.sweep.values("task.path") == ["corpus", "corpus/more"]
+        read = [make_task(run.config).train_text for run in expand(swept)]
+        assert np.array_equal(read[1], task(path=str(study_dir / "corpus" / "more")).train_text)
+        assert len(read[0]) > len(read[1])
+
+
+def test_a_text_study_keeps_its_run_ids_wherever_it_is_cloned(tmp_path, monkeypatch):
+    """Ids name the corpus as the study file writes it, not the folder the clone lies in; a
+    corpus named otherwise is another study."""
+    study = ("name: rel\ntask: {name: text_lm, train_length: 16, n_eval: 4, path: corpus, decode_samples: 0}\n"
+             "model: {d_model: 16, n_layers: 1, n_heads: 2}\ntrain: {steps: 2, batch_size: 2}\nseeds: [0, 1]\n")
+    for clone in ("one", "elsewhere/two"):
+        folder_corpus(tmp_path / clone)
+        (tmp_path / clone / "study.yaml").write_text(study)
+        (tmp_path / clone / "renamed.yaml").write_text(study.replace("path: corpus", "path: ./corpus"))
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    one, two = load_study(tmp_path / "one" / "study.yaml"), load_study("two/study.yaml")
+    assert one.study.task["folder"] != two.study.task["folder"]
+    assert [r.run_id for r in expand(one)] == [r.run_id for r in expand(two)]
+    assert one.study_hash == two.study_hash
+    renamed = load_study(tmp_path / "one" / "renamed.yaml")
+    assert not {r.run_id for r in expand(renamed)} & {r.run_id for r in expand(one)}
 
 
 # ---- shards on disk ----------------------------------------------------------------------------

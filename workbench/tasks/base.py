@@ -163,6 +163,9 @@ class Task(Variant):
     strongest of them (None: every one); the others are shown beside each group but do not gate"""
     claim_kind: ClassVar[str] = SYMBOL_TASK
     """what kind of evidence a study on the task is (CLAIM_KINDS): the index's budget ledger counts each apart"""
+    location_params: ClassVar[tuple[str, ...]] = ()
+    """parameters that say where the task's files lie on this machine (`resolve_paths`), never what
+    a run computes: run ids and the study hash leave them out (`defining`)"""
 
     pad_id, bos_id, eos_id, sep_id = 0, 1, 2, 3
 
@@ -232,6 +235,11 @@ class Task(Variant):
         """Model spec fields this task fixes, merged into the study's model spec."""
         self.check_family(family)
         return {"vocab_size": len(self.vocab)}
+
+    @classmethod
+    def defining(cls, section: dict[str, Any]) -> dict[str, Any]:
+        """The task section as run ids and the study hash read it: without `location_params`."""
+        return {k: v for k, v in section.items() if k not in cls.location_params}
 
     @classmethod
     def evaluation_params(cls) -> tuple[str, ...]:

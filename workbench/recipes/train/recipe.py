@@ -10,10 +10,12 @@
 from __future__ import annotations
 
 import json
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from workbench.errors import WorkbenchWarning
 from workbench.hookspecs import hookimpl
 from workbench.run.executor import make_executor
 from workbench.hardware import Machine, Need, train_needs
@@ -32,6 +34,7 @@ from workbench.run.runner import (
 )
 from workbench.run.store import Store, claim_runs_dir, load_results
 from workbench.run.tracking import prepare_trackers, tracker_run
+from workbench.recipes.train.relocated import rekey_moved_files
 from workbench.recipes.train.study import TrainStudy
 from workbench.stats.family import MIN_SEEDS
 from workbench.study import StudyFile
@@ -108,6 +111,8 @@ class TrainKind(StudyKind):
         if options.fresh:
             clear_outputs(out, study.name, cleared)
         store = Store(out)
+        if moved := rekey_moved_files(store, study_file):  # a folder written when ids named where files lay
+            warnings.warn(WorkbenchWarning(moved), stacklevel=2)
         check_study(store, study_file)
         check_providers(store, plan.known)
         if options.runs_dir is not None:

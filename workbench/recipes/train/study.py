@@ -183,7 +183,8 @@ class TrainStudy(StudyBase):
         train = TrainConfig.defining(self.train.model_dump())
         # exclude_defaults: a plan from seed 0 keeps the hash it had before `start` existed
         seeds = self.seed_plan.model_dump(exclude_defaults=True) if self.seed_plan is not None else self.seeds
-        out = {"kind": self.kind, "task": self.task, "model": self.model, "train": train,
+        task = get_variant("task", self.task["name"]).defining(self.task)
+        out = {"kind": self.kind, "task": task, "model": self.model, "train": train,
                "seeds": seeds, "sweep": self.sweep.model_dump()}
         if self.tune is not None:  # absent otherwise: an untuned study keeps the hash it always had
             out["tune"] = self.tune.model_dump()

@@ -91,7 +91,8 @@ def sweep_points(study: TrainStudy) -> list[dict[str, Any]]:
 
 def run_identity(config: dict[str, Any]) -> dict[str, Any]:
     """What a run computes; where it runs (accelerator, logger, ...) is not part of it."""
-    identity = {"task": config["task"], "model": config["model"], "train": TrainConfig.defining(config["train"]),
+    task = get_variant("task", config["task"]["name"]).defining(config["task"])
+    identity = {"task": task, "model": config["model"], "train": TrainConfig.defining(config["train"]),
                 "seed": config["seed"]}
     if "split" in config:  # tuning runs only: every other run keeps the id it always had
         identity["split"] = config["split"]

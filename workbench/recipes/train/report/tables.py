@@ -11,6 +11,7 @@ from collections.abc import Callable
 import pandas as pd
 import yaml
 
+from workbench.registry import get_variant
 from workbench.report.document import (Code, Item, Paragraph, Section, Table, fmt, fmt_bytes, fmt_seconds,
                                        fmt_signed_interval)
 from workbench.stats.intervals import difference
@@ -33,7 +34,7 @@ MEASURES: dict[str, tuple[str, Callable[[float], str]]] = {
 def setup(r: TrainResults) -> Section:
     s = r.runs.study
     items: list[Item] = []
-    task = dict(s.task)
+    task = get_variant("task", s.task["name"]).defining(s.task)  # where its files lay on the machine is not the study
     items.append(Paragraph(f"Task: {task.pop('name')}; " + ", ".join(
         f"{k}={setting(r, f'task.{k}', v)}" for k, v in sorted(task.items()))))
     if described := metric_descriptions(r):
