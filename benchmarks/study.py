@@ -64,10 +64,12 @@ def lr_factor(step: int, warmup: int, total: int, schedule: str, min_ratio: floa
     return min_ratio + (1 - min_ratio) * decay
 
 
-def plain_run(config: dict[str, Any]) -> dict[str, Any]:
+def plain_run(config: dict[str, Any], fabric=None) -> dict[str, Any]:
     """Train one run's config in a plain loop; its final metrics, curves and CPU seconds. The
     run's arithmetic is the workbench's: Lightning's seeding, AdamW on the same two parameter
-    groups, the gradient clipped over them in the optimizer's order, deterministic kernels."""
+    groups, the gradient clipped over them in the optimizer's order, deterministic kernels.
+    With a Lightning `fabric`, the same loop through it (`setup`, `backward`, `clip_gradients`:
+    what a loop of the workbench's own on Fabric would add per step; per_step times it)."""
     from workbench.model.transformer import build_model
     from workbench.model.weights import make_task
     from workbench.run.evaluate import evaluate_lengths
@@ -87,6 +89,8 @@ def plain_run(config: dict[str, Any]) -> dict[str, Any]:
     spec = train["optimizer"]
     optimizer = torch.optim.AdamW(groups, lr=train["lr"], betas=tuple(spec["betas"]), eps=spec["eps"])
     ordered = [p for group in optimizer.param_groups for p in group["params"]]
+    if fabric is not None:
+        model, optimizer = fabric.setup(model, optimizer)
 
     def factor(step: int) -> float:
         return lr_factor(step, train["warmup_steps"], train["steps"], train["schedule"], train["min_lr_ratio"])
@@ -98,9 +102,14 @@ def plain_run(config: dict[str, Any]) -> dict[str, Any]:
         loss = task.loss(model, task.train_batch(step - 1, train["batch_size"], family), family)
         if not torch.isfinite(loss):
             return {"status": "diverged", "diverged_step": step, "curves": curves, "cpu_s": time.process_time() - start}
-        loss.backward()
-        if train["grad_clip"] is not None:
+        if fabric is None:
+            loss.backward()
+        else:
+            fabric.backward(loss)
+        if train["grad_clip"] is not None and fabric is None:
             torch.nn.utils.clip_grad_norm_(ordered, train["grad_clip"])
+        elif train["grad_clip"] is not None:
+            fabric.clip_gradients(model, optimizer, max_norm=train["grad_clip"])
         optimizer.step()
         schedule.step()
         last = step == train["steps"]
@@ -207,8 +216,10 @@ def alternated(study: Path, overrides: Sequence[str], jobs: Sequence[int], round
 
 def per_step(study: Path, steps: tuple[int, int] = (100, 400), rounds: int = 3, index: int = 2) -> dict[str, Any]:
     """CPU milliseconds per training step of one run (the study's `index`-th, seed 0) under the
-    workbench's Lightning loop and in the plain loop, in this process, alternated, one thread:
-    the difference between `steps[1]` and `steps[0]` steps over the difference of the steps."""
+    workbench's Lightning loop, in the plain loop, and in the plain loop through Lightning Fabric
+    (a lower bound for a loop of the workbench's own on Fabric: no callbacks, logger or
+    checkpoints), in this process, alternated, one thread: the difference between `steps[1]`
+    and `steps[0]` steps over the difference of the steps."""
     from workbench.recipes.train.sweep import expand
     from workbench.run.train import quiet_lightning, train_run
     from workbench.study import load_study
@@ -228,25 +239,30 @@ def per_step(study: Path, steps: tuple[int, int] = (100, 400), rounds: int = 3, 
             train_run("per-step", cfg, Path(tmp) / "run")
             return time.process_time() - start
 
-    def plain(cfg: dict[str, Any]) -> float:
+    def plain(cfg: dict[str, Any], fabric=None) -> float:
         start = time.process_time()
-        plain_run(cfg)
+        plain_run(cfg, fabric)
         return time.process_time() - start
 
+    from lightning_fabric import Fabric
+
+    fabric = Fabric(accelerator="cpu", devices=1, precision="32-true")
+    sides = [("lightning", lightning), ("plain", plain), ("fabric", lambda cfg: plain(cfg, fabric))]
     short, long = config(steps[0]), config(steps[1])
     lightning(short)  # lazy imports and first-call costs, once
-    out: dict[str, list[float]] = {"lightning": [], "plain": []}
-    fixed: dict[str, list[float]] = {"lightning": [], "plain": []}
+    out: dict[str, list[float]] = {name: [] for name, _ in sides}
+    fixed: dict[str, list[float]] = {name: [] for name, _ in sides}
     for r in range(rounds):
-        for name, side in ((("lightning", lightning), ("plain", plain)) if r % 2 == 0
-                           else (("plain", plain), ("lightning", lightning))):
+        for name, side in (sides if r % 2 == 0 else sides[::-1]):
             a, b = side(short), side(long)
             per_step = (b - a) / (steps[1] - steps[0])
             out[name].append(per_step * 1e3)
             fixed[name].append(a - steps[0] * per_step)  # the run's cost at 0 steps: set-up, final evaluation
     result = {name: statistics.median(values) for name, values in out.items()}
     return {"ms_per_step": result, "rounds": out, "ratio": result["lightning"] / result["plain"],
-            "overhead_ms": result["lightning"] - result["plain"], "steps": steps, "run": run(steps[0]).describe,
+            "overhead_ms": result["lightning"] - result["plain"],
+            "fabric_ratio": result["fabric"] / result["plain"], "fabric_overhead_ms": result["fabric"] - result["plain"],
+            "steps": steps, "run": run(steps[0]).describe,
             "fixed_s": {name: statistics.median(values) for name, values in fixed.items()}}
 
 
@@ -272,6 +288,9 @@ def section(console, quick: bool = False, rounds: int = 2, jobs: Sequence[int] =
     console.print(f"per step: Lightning {step['ms_per_step']['lightning']:.2f} ms, plain {step['ms_per_step']['plain']:.2f} "
                   f"ms CPU (ratio {step['ratio']:.3f}, {step['overhead_ms']:+.2f} ms); per run outside its steps: "
                   f"Lightning {step['fixed_s']['lightning']:.2f} s, plain {step['fixed_s']['plain']:.2f} s")
+    console.print(f"per step through Lightning Fabric (the plain loop's `backward` and clipping through it): "
+                  f"{step['ms_per_step']['fabric']:.2f} ms (ratio {step['fabric_ratio']:.3f}, "
+                  f"{step['fabric_overhead_ms']:+.2f} ms)")
     console.print(f"uptime: {result['uptime']}")
     return result
 
