@@ -235,3 +235,36 @@ def test_a_comparison_its_seeds_cannot_decide_gets_no_more_and_the_report_says_w
     [verdict] = sequential_verdicts(comparisons, LOOKS.looks(3, 12))
     assert verdict.outcome == "inconclusive" and verdict.seeds == 4
     assert "; no more seeds after 4: 12 seeds would find the observed difference +1.25 with 3% power" in verdict.reason
+
+
+def test_a_round_whose_every_run_failed_adds_no_more_seeds_and_says_so(tmp_path, capsys):
+    """A failed run is an error (a lost worker, a broken plugin), not an outcome: its groups stay
+    undecided, and asking more seeds of them would fail alike up to the plan's maximum."""
+    import torch
+
+    from workbench.api import run_study
+    from workbench.results import RunResult, Status
+    from workbench.run.executor import InProcessExecutor
+    from workbench.run.store import load_results
+
+    class LosesEveryLaterSeed(InProcessExecutor):
+        def run(self, jobs):
+            for job in jobs:
+                if job.config["seed"] < 2:
+                    yield from super().run([job])
+                else:
+                    yield RunResult(run_id=job.run_id, status=Status.FAILED, error="RuntimeError: worker lost")
+
+    study = tmp_path / "adaptive.yaml"
+    study.write_text(ADAPTIVE.replace("SEEDS", "{first: 2, max: 6}"))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        run_study(study, tmp_path / "out", quiet=True, executor=LosesEveryLaterSeed())
+    finally:
+        torch.set_num_threads(threads)
+    runs = load_results(tmp_path / "out")
+    # the first look (2 seeds) left none against rope undecided: seed 2 was asked of both and failed; no look after
+    assert sorted(runs.loc[runs["status"] == Status.FAILED, "seed"]) == [2, 2]
+    assert runs["seed"].max() == 2
+    assert "every run of this round failed (2, each line above says why): no more seeds are added" in capsys.readouterr().out

@@ -190,8 +190,11 @@ def add_seeds(plan: TrainPlan, store: Store, summary: Summary, progress: SweepPr
     from workbench.stats.sequential import grow_seeds  # the loop that asks seeds_wanted after each round
 
     study = plan.study
+    failed_round: list[int] = []  # set when every run of a round failed: the loop stops growing
 
     def wanted() -> dict[str, int]:
+        if failed_round:
+            return {}
         return seeds_wanted(study, load_results(store.out_dir), choose(study, store.runs()))
 
     def run(counts: dict[str, int], grown: dict[str, int]) -> None:
@@ -203,6 +206,13 @@ def add_seeds(plan: TrainPlan, store: Store, summary: Summary, progress: SweepPr
         summary.total += len(pending)
         progress.grow(len(pending))
         execute(pending)
+        statuses = store.statuses()
+        if pending and all(statuses.get(run.run_id) == Status.FAILED for run in pending):
+            # a failure is an error, not an outcome: the groups stay undecided, and more seeds would fail alike
+            failed_round.append(len(pending))
+            progress.print(f"seeds    every run of this round failed ({len(pending)}, each line above says why): no "
+                           "more seeds are added, which would fail alike; run the study again once the cause is "
+                           "fixed (the failed runs are retried, finished ones kept)")
 
     grow_seeds(wanted, run, len(study.seeds))
 
