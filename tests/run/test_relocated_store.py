@@ -81,3 +81,16 @@ def test_a_store_of_another_version_of_the_study_is_still_refused(tmp_path):
     assert "holds results of a different version of study 'tiny-text'" in result.output
     assert "train.steps" in result.output and "Traceback" not in result.output
     assert stored_ids(out) == OLD_IDS and sorted(p.name for p in (out / "runs").iterdir()) == OLD_IDS
+
+
+def test_a_crafted_run_id_in_a_received_store_is_one_line_and_changes_nothing(tmp_path):
+    study, out = received(tmp_path)
+    with sqlite3.connect(out / "results.db") as conn:
+        conn.execute("UPDATE runs SET run_id = '../../outside' WHERE run_id = ?", (OLD_IDS[0],))
+
+    result = CliRunner().invoke(main, ["run", str(study), "--out", str(out), "--jobs", "1", "--quiet"])
+
+    assert result.exit_code != 0 and "Traceback" not in result.output
+    assert "'../../outside' is not a run id (12 hex digits)" in result.output
+    assert stored_ids(out) == sorted(["../../outside", OLD_IDS[1]])
+    assert sorted(p.name for p in (out / "runs").iterdir()) == OLD_IDS

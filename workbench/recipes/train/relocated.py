@@ -18,7 +18,8 @@ from workbench.errors import WorkbenchError
 from workbench.results import CONFIG_FILE, RESULT_FILE, read_regular, write_text_atomic
 from workbench.recipes.train.sweep import run_identity
 from workbench.run.runner import MAX_RESULT_BYTES
-from workbench.run.store import Store, dumps, runs_root
+from workbench.run.folder import check_run_id
+from workbench.run.store import Store, dumps, run_dir
 from workbench.study import StudyFile
 from workbench.study.keys import canonical_json, digest
 
@@ -64,21 +65,21 @@ def rekey_moved_files(store: Store, study_file: StudyFile) -> str | None:
     for run_id, text in rows:
         try:
             config = relocated(json.loads(text))
+            new_id = digest(run_identity(config))
         except (ValueError, TypeError, KeyError, AttributeError):  # a damaged row keeps its id: the runner's checks name it
             continue
-        new_id = digest(run_identity(config))
         if new_id != run_id:
-            renamed.append((run_id, new_id, config))
+            renamed.append((check_run_id(run_id), new_id, config))  # a received store's id names no path
+    folders = [(run_dir(store.out_dir, run_id), run_dir(store.out_dir, new_id))  # refused if a link leads out
+               for run_id, new_id, _ in renamed]
     with store.connect() as conn:  # one transaction: every run re-keyed, or none
         for run_id, new_id, config in renamed:
             conn.execute("UPDATE runs SET run_id = ?, config = ? WHERE run_id = ?", (new_id, dumps(config), run_id))
             conn.execute("UPDATE curves SET run_id = ? WHERE run_id = ?", (new_id, run_id))
         conn.executemany("INSERT OR REPLACE INTO study (key, value) VALUES (?, ?)",
                          [("hash", study_file.study_hash), ("run_defining", canonical_json(new_defining))])
-    root = runs_root(store.out_dir)
-    for run_id, new_id, config in renamed:
-        folder, new_folder = root / run_id, root / new_id
-        if folder.is_dir() and not folder.is_symlink() and not new_folder.exists():
+    for (folder, new_folder), (_, new_id, config) in zip(folders, renamed):
+        if folder.is_dir() and not new_folder.exists():
             folder.rename(new_folder)
             write_text_atomic(new_folder / CONFIG_FILE, json.dumps(config, indent=2, sort_keys=True))
             result = new_folder / RESULT_FILE
