@@ -204,9 +204,10 @@ class TextParams(TaskParams):
         "section, without path")
     tokenizer: str = Field("bytes", description="bytes, bpe (trained on the training documents) or a "
                            "tokenizer.json path (relative to the study file)")
-    folder: str | None = Field(None, description="where a relative path and tokenizer.json lie: the study file's "
-                               "folder, set when the study loads. Not part of a run's id: a study keeps its run ids "
-                               "in every clone and folder it is run from")
+    folder: str | None = Field(None, description="where a relative path and tokenizer.json lie (relative to the study "
+                               "file): by default the study file's folder. Not part of a run's id: a study keeps its "
+                               "run ids in every clone and folder it is run from, and on a machine whose corpora lie "
+                               "elsewhere (give that folder here)")
     vocab_size: int = Field(4096, ge=257, le=2**20, description="bpe: the most tokens the trained vocabulary holds")
     valid_fraction: float = Field(0.1, gt=0, lt=1, description="with path: share of the documents held out (of a "
                                   "single file: its end); in tuning runs also the share of the training text (its "
@@ -397,7 +398,9 @@ class TextLM(Task):
         the ids they have without it)."""
         out = dict(section)
         named = [out.get("path"), *([out["tokenizer"]] if str(out.get("tokenizer")).endswith(".json") else [])]
-        if "folder" not in out and any(isinstance(v, str) and not os.path.isabs(os.path.expanduser(v)) for v in named):
+        if isinstance(out.get("folder"), str):  # given: where the corpora lie on this machine, relative to the study
+            out["folder"] = os.path.join(folder, os.path.expanduser(out["folder"]))
+        elif any(isinstance(v, str) and not os.path.isabs(os.path.expanduser(v)) for v in named):
             out["folder"] = str(folder)
         if out.get("if_missing") == "default" and isinstance(out.get("path"), str):
             where = os.path.join(out.get("folder") or "", os.path.expanduser(out["path"]))

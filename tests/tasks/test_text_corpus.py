@@ -268,6 +268,13 @@ def test_a_text_study_keeps_its_run_ids_wherever_it_is_cloned(tmp_path, monkeypa
     assert one.study_hash == two.study_hash
     renamed = load_study(tmp_path / "one" / "renamed.yaml")
     assert not {r.run_id for r in expand(renamed)} & {r.run_id for r in expand(one)}
+    # corpora kept apart from the study: task.folder names where, and the ids stay the study's
+    (tmp_path / "store").mkdir()
+    (tmp_path / "one" / "corpus").rename(tmp_path / "store" / "corpus")
+    (tmp_path / "one" / "apart.yaml").write_text(study.replace("path: corpus", "path: corpus, folder: ../store"))
+    apart = load_study(tmp_path / "one" / "apart.yaml")
+    assert [r.run_id for r in expand(apart)] == [r.run_id for r in expand(two)]
+    assert np.array_equal(make_task(expand(apart)[0].config).train_text, make_task(expand(two)[0].config).train_text)
 
 
 # ---- shards on disk ----------------------------------------------------------------------------
