@@ -73,9 +73,9 @@ def shipped_precision(tensor: torch.Tensor) -> torch.Tensor:
 
 def write_shipped_weights(source: Path, target: Path) -> bool:
     """The final weights file `source` (a regular file, checked by the caller) written to the new
-    file `target` at shipped precision, its metadata (run config, step) kept; False, with nothing
-    written, when it is at that precision already (shipped data: the caller copies its bytes, as
-    safetensors writes the metadata in an order that changes from one process to the next)."""
+    file `target` at shipped precision, its metadata (run config, step) kept, its header in one
+    order (`sort_header`); False, with nothing written, when it is at that precision already
+    (shipped data: the caller copies its bytes)."""
     with safetensors.safe_open(str(source), framework="pt") as f:
         metadata = f.metadata()
         stored = {name: f.get_tensor(name) for name in f.keys()}
@@ -83,7 +83,22 @@ def write_shipped_weights(source: Path, target: Path) -> bool:
     if all(shipped[name] is tensor for name, tensor in stored.items()):
         return False
     safetensors.torch.save_file(shipped, str(target), metadata=metadata)
+    sort_header(target)
     return True
+
+
+def sort_header(path: Path) -> None:
+    """Rewrite the JSON header of the safetensors file `path` (written by this process) with its
+    keys sorted, at the same length: safetensors writes its maps in an order that changes from one
+    process to the next, so each re-issue of a report shipped the same tensors as new bytes (a new
+    blob in git every time). The format's header is an 8-byte little-endian size, then that many
+    bytes of JSON padded with spaces; the tensors' offsets are in it, so their order is free."""
+    with open(path, "r+b") as f:
+        size = int.from_bytes(f.read(8), "little")
+        text = json.dumps(json.loads(f.read(size)), separators=(",", ":"), sort_keys=True, ensure_ascii=False).encode()
+        if len(text) <= size:  # the writer's own JSON is compact: the same length, reordered
+            f.seek(8)
+            f.write(text.ljust(size, b" "))
 
 
 def load_pictured_model(run_dir: str | Path) -> tuple[Transformer, dict[str, Any]]:
