@@ -94,3 +94,13 @@ def test_a_crafted_run_id_in_a_received_store_is_one_line_and_changes_nothing(tm
     assert "'../../outside' is not a run id (12 hex digits)" in result.output
     assert stored_ids(out) == sorted(["../../outside", OLD_IDS[1]])
     assert sorted(p.name for p in (out / "runs").iterdir()) == OLD_IDS
+
+
+def test_another_studys_folder_is_refused_not_re_keyed(tmp_path):
+    study, out = received(tmp_path)
+    study.write_text(study.read_text().replace("name: tiny-text", "name: other-text"))
+
+    result = CliRunner().invoke(main, ["run", str(study), "--out", str(out), "--jobs", "1", "--quiet"])
+
+    assert result.exit_code != 0 and "holds the results of study 'tiny-text'" in result.output
+    assert stored_ids(out) == OLD_IDS

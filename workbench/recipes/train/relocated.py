@@ -44,8 +44,8 @@ def rekey_moved_files(store: Store, study_file: StudyFile) -> str | None:
     naming its task files by where they lay (`moved_files`); what was done, in a line, or None
     (nothing to do, or another version of the study, which `check_study` then refuses)."""
     info = store.study_record()
-    if not info or info.get("hash") == study_file.study_hash:
-        return None
+    if not info or info.get("name") != study_file.study.name or info.get("hash") == study_file.study_hash:
+        return None  # another study's folder is check_study's to refuse
     found: dict[str, str] = {}
     new_defining = json.loads(canonical_json(study_file.study.run_defining()))
     if not moved_files(info.get("run_defining", {}), new_defining, found) or not found:
