@@ -190,14 +190,15 @@ def add_seeds(plan: TrainPlan, store: Store, summary: Summary, progress: SweepPr
     from workbench.stats.sequential import grow_seeds  # the loop that asks seeds_wanted after each round
 
     study = plan.study
-    failed_round: list[int] = []  # set when every run of a round failed: the loop stops growing
+    all_failed = False  # every run of the last round failed: the loop stops growing
 
     def wanted() -> dict[str, int]:
-        if failed_round:
+        if all_failed:
             return {}
         return seeds_wanted(study, load_results(store.out_dir), choose(study, store.runs()))
 
     def run(counts: dict[str, int], grown: dict[str, int]) -> None:
+        nonlocal all_failed
         statuses = store.statuses()
         pending = [run for run in plan.seed_round(counts) if statuses.get(run.run_id) not in KEPT]
         progress.print(f"seeds    {len(grown)} groups in undecided comparisons get more seeds "
@@ -209,7 +210,7 @@ def add_seeds(plan: TrainPlan, store: Store, summary: Summary, progress: SweepPr
         statuses = store.statuses()
         if pending and all(statuses.get(run.run_id) == Status.FAILED for run in pending):
             # a failure is an error, not an outcome: the groups stay undecided, and more seeds would fail alike
-            failed_round.append(len(pending))
+            all_failed = True
             progress.print(f"seeds    every run of this round failed ({len(pending)}, each line above says why): no "
                            "more seeds are added, which would fail alike; run the study again once the cause is "
                            "fixed (the failed runs are retried, finished ones kept)")
