@@ -5,6 +5,7 @@ the one-line message and that nothing finished was lost."""
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import re
 import signal
@@ -25,6 +26,7 @@ from workbench.run.store import DB_FILE, Store, load_results, run_dir
 from workbench.study import load_study
 from workbench.recipes.train.sweep import expand
 from workbench.results import FINAL_WEIGHTS, LAST_CHECKPOINT, RESULT_FILE, Status
+from workbench.run import batches
 from workbench.run.batches import StepBatches
 from workbench.run.run_module import RunModule
 from workbench.run.train import train_run
@@ -60,31 +62,35 @@ def write(tmp_path: Path, text: str = STUDY, name: str = "study.yaml") -> Path:
 # ---- exact resume, and a stop request in the middle of a run ---------------------------------
 
 
-@pytest.mark.parametrize("stop_at", [3, 13])  # below and above half the budget
-def test_a_run_stopped_at_any_step_resumes_exactly(tmp_path, monkeypatch, stop_at):
+@pytest.mark.parametrize(("stop_at", "most_per_call", "stopped_at"), [
+    (3, 1, 3), (13, 1, 13),  # one step a call: at the step the request arrives in, below and above half the budget
+    (3, 16, 5), (13, 16, 15),  # 5 steps a call (the study's every-5 records): at the end of that call
+])
+def test_a_run_stopped_at_any_step_resumes_exactly(tmp_path, monkeypatch, stop_at, most_per_call, stopped_at):
+    monkeypatch.setattr(batches, "MAX_STEPS_PER_CALL", most_per_call)
     run = expand(load_study(write(tmp_path)))[0]
     reference = train_run(run.run_id, run.config, tmp_path / "uninterrupted")
 
-    original_step = RunModule.training_step
+    original_step = RunModule.take_step
 
-    def stop_during(self, batch, batch_idx):
+    def stop_during(self, *args):
         if self.global_step == stop_at - 1:  # a signal arrives while step `stop_at` runs
             stopping.request_stop("SIGTERM")
-        return original_step(self, batch, batch_idx)
+        return original_step(self, *args)
 
-    monkeypatch.setattr(RunModule, "training_step", stop_during)
-    with pytest.raises(stopping.RunInterrupted, match=f"stopped at step {stop_at}"):
+    monkeypatch.setattr(RunModule, "take_step", stop_during)
+    with pytest.raises(stopping.RunInterrupted, match=f"stopped at step {stopped_at}"):
         train_run(run.run_id, run.config, tmp_path / "resumed")
     assert not (tmp_path / "resumed" / RESULT_FILE).exists()  # nothing recorded for a stopped run
-    monkeypatch.setattr(RunModule, "training_step", original_step)
+    monkeypatch.setattr(RunModule, "take_step", original_step)
     stopping.reset()
 
     seen: list[int] = []
     original_item = StepBatches.__getitem__
     monkeypatch.setattr(StepBatches, "__getitem__", lambda self, i: seen.append(i) or original_item(self, i))
     resumed = train_run(run.run_id, run.config, tmp_path / "resumed")
-    assert resumed.status == Status.FINISHED and resumed.resumed_from_step == stop_at
-    assert seen == list(range(stop_at, 20))  # each batch once, in order
+    assert resumed.status == Status.FINISHED and resumed.resumed_from_step == stopped_at
+    assert seen == list(range(stopped_at, 20))  # each batch once, in order
     assert resumed.metrics == reference.metrics  # exact on the CPU (dropout included)
     # Every curve point equal, except the training seconds each step had taken: a clock, not a result.
     timed = [(step, split, metric) for step, split, metric, _ in reference.curves if (split, metric) == ("progress", "seconds")]
@@ -95,6 +101,27 @@ def test_a_run_stopped_at_any_step_resumes_exactly(tmp_path, monkeypatch, stop_a
     b, _ = load_final_model(tmp_path / "resumed")
     for (name, p), q in zip(a.state_dict().items(), b.state_dict().values()):
         assert torch.equal(p, q), name
+
+
+OLD_CHECKPOINTS = Path(__file__).parent.parent / "data" / "checkpoints" / "automatic-optimization"
+
+
+@pytest.mark.parametrize("stopped_at", [10, 13])  # at the end of a call of 5 steps, and inside one
+def test_a_checkpoint_of_the_loop_before_calls_of_k_steps_resumes_exactly(tmp_path, stopped_at):
+    """Checkpoints written by the code of 2026-12-06 (3ee4e7f: Lightning's automatic optimization,
+    one call per step), of this study's first run stopped by a request at step 10 and at step 13:
+    resumed by today's loop, the run ends as an uninterrupted one does, to the last bit."""
+    run = expand(load_study(write(tmp_path)))[0]
+    reference = train_run(run.run_id, run.config, tmp_path / "uninterrupted")
+    folder = tmp_path / "resumed"
+    (folder / LAST_CHECKPOINT).parent.mkdir(parents=True)
+    (folder / LAST_CHECKPOINT).write_bytes((OLD_CHECKPOINTS / f"step{stopped_at}.ckpt").read_bytes())
+    resumed = train_run(run.run_id, run.config, folder)
+    assert resumed.status == Status.FINISHED and resumed.resumed_from_step == stopped_at
+    assert resumed.environment["steps_per_call"] == math.gcd(5, stopped_at)
+    assert resumed.metrics == reference.metrics
+    assert ([c for c in resumed.curves if c[1:3] != ("progress", "seconds")]
+            == [c for c in reference.curves if c[1:3] != ("progress", "seconds")])
 
 
 # ---- nothing in a run folder executes code ---------------------------------------------------

@@ -162,18 +162,18 @@ def test_interrupted_run_continues_from_its_checkpoint_with_the_next_batch(tmp_p
     run = expand(load_study(write(tmp_path)))[0]
     reference = train_run(run.run_id, run.config, tmp_path / "uninterrupted")
 
-    original_step = RunModule.training_step
+    original_step = RunModule.take_step
 
-    def crash_at_13(self, batch, batch_idx):
+    def crash_at_13(self, *args):
         if self.global_step == 13:
             raise RuntimeError("simulated crash")
-        return original_step(self, batch, batch_idx)
+        return original_step(self, *args)
 
-    monkeypatch.setattr(RunModule, "training_step", crash_at_13)
+    monkeypatch.setattr(RunModule, "take_step", crash_at_13)
     crashed = train_run(run.run_id, run.config, tmp_path / "resumed")
     assert crashed.status == "failed" and "simulated crash" in crashed.error
     assert (tmp_path / "resumed" / LAST_CHECKPOINT).exists()
-    monkeypatch.setattr(RunModule, "training_step", original_step)
+    monkeypatch.setattr(RunModule, "take_step", original_step)
 
     seen: list[int] = []
     original_item = StepBatches.__getitem__

@@ -92,17 +92,17 @@ def test_a_shared_training_cut_short_resumes_with_every_runs_evaluations(tmp_pat
                    together=tuple(Job(r.run_id, r.config, folder / r.run_id) for r in rest))
 
     reference = train_together(job(tmp_path / "uninterrupted"))
-    original = RunModule.training_step
+    original = RunModule.take_step
 
-    def crash_at_9(self, batch, batch_idx):
+    def crash_at_9(self, *args):
         if self.global_step == 9:
             raise RuntimeError("simulated crash")
-        return original(self, batch, batch_idx)
+        return original(self, *args)
 
-    monkeypatch.setattr(RunModule, "training_step", crash_at_9)
+    monkeypatch.setattr(RunModule, "take_step", crash_at_9)
     crashed = train_together(job(tmp_path / "resumed"))
     assert [r.status for r in crashed] == ["failed"] * 3
-    monkeypatch.setattr(RunModule, "training_step", original)
+    monkeypatch.setattr(RunModule, "take_step", original)
     resumed = train_together(job(tmp_path / "resumed"))
     assert [r.resumed_from_step for r in resumed] == [8, 8, 8]  # the checkpoint of step 8 (eval_every 4)
     for a, b in zip(reference, resumed):

@@ -348,8 +348,10 @@ class BatchedRecorder(Callback):
         members = outputs["members"] if outputs else [None] * len(self.recorders)
         for k, (recorder, progress) in enumerate(zip(self.recorders, self.progress)):
             view = MemberView(pl_module, k)
-            recorder.on_train_batch_end(trainer, view, members[k], batch[k], batch_idx)
-            progress.on_train_batch_end(trainer, view, members[k], batch[k], batch_idx)
+            # as a run's own training step returns its call: here one step, taken or not
+            member = {"steps": [{**members[k], "step": trainer.global_step}] if members[k] else []}
+            recorder.on_train_batch_end(trainer, view, member, batch[k], batch_idx)
+            progress.on_train_batch_end(trainer, view, member, batch[k], batch_idx)
 
     def state_dict(self) -> dict[str, Any]:
         rng = self.module.rng_states if self.module is not None else None

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections.abc import Sequence
@@ -25,7 +26,6 @@ from pytorch_lightning.callbacks import Callback
 from workbench.cost.budget import StepCost
 from workbench.cost.memory import LiveTensorBytes
 from workbench.results import PROGRESS, PROGRESS_FILE, PROGRESS_MEASURES, write_json_atomic
-from workbench.run.batches import step_done
 from workbench.run.evaluate import evaluate_lengths
 
 
@@ -67,8 +67,6 @@ class RunRecorder(Callback):
         self.session_start: float | None = None
         self.start_step = 0  # the global step this session started at (> 0: resumed)
         self.session_eval_time = 0.0
-        self._step_loss: torch.Tensor | None = None  # the training loss of the step in progress, summed over its micro-batches
-        self._step_terms: dict[str, torch.Tensor] = {}  # its auxiliary loss terms and statistics (workbench.model.losses), likewise
         self.best: float | None = None  # train.early_stopping: the best value of its metric so far ...
         self.evals_without_gain = 0  # ... and the evaluations since it improved
         self.loggers: list[Any] | None = None  # where its figures are logged (None: the trainer's loggers)
@@ -104,24 +102,23 @@ class RunRecorder(Callback):
         return {"flops": self.flops, "tokens": self.tokens, "seconds": self.train_time()}[kind]
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        """The steps of one call of the training step (RunModule.training_step: what each spent),
+        in order; records and evaluations fall at the call's end (workbench.run.batches.steps_per_call)."""
+        for spent in outputs["steps"] if outputs else ():
+            self.step_end(trainer, pl_module, spent)
         step = trainer.global_step
-        if not outputs:  # diverged, or a budget's dropped remainder: no optimizer step was taken
-            if pl_module.last_step == "dropped" and step and self.last_eval["step"] != step:
-                self.evaluate(trainer, pl_module, step)  # the step before was the last
-            return
-        self.tokens += outputs["tokens"]  # the micro-batch's (every rank's share)
-        self.flops += (outputs["flops"] if outputs["flops"] is not None
-                       else self.cost.flops * outputs["sequences"] // self.cost.sequences)
-        # Lightning divides each micro-batch's loss by their number; summed on the device (no wait)
-        loss_part = outputs["loss"].detach()
-        self._step_loss = loss_part if self._step_loss is None else self._step_loss + loss_part
-        for name, value in outputs.get("terms", {}).items():  # each micro-batch's, as the loss: a mean
-            part = value / trainer.accumulate_grad_batches
-            self._step_terms[name] = part + self._step_terms[name] if name in self._step_terms else part
-        if not step_done(trainer, batch_idx):
-            return
-        step_loss, self._step_loss = self._step_loss, None
-        step_terms, self._step_terms = self._step_terms, {}
+        if pl_module.last_step == "dropped" and step and self.last_eval["step"] != step:
+            self.evaluate(trainer, pl_module, step)  # a budget's remainder took no step: the one before was the last
+
+    def step_end(self, trainer, pl_module, spent: dict[str, Any]) -> None:
+        """One optimizer step's figures (`spent`: its step, summed loss and terms over its
+        micro-batches, tokens, sequences and counted FLOPs); its loss curve point, and its
+        evaluation, when due."""
+        step = spent["step"]
+        self.tokens += spent["tokens"]  # every rank's share
+        self.flops += (spent["flops"] if spent["flops"] is not None
+                       else self.cost.flops * spent["sequences"] // self.cost.sequences)
+        step_loss, step_terms = spent["loss"], dict(spent["terms"])
         if pl_module.budget_kind == "seconds" and self.train_time() >= pl_module.budget["seconds"]:
             trainer.should_stop = True
         # A budget's last step (budgets train in one process: no rank waits alone in the reduce below)
@@ -216,12 +213,11 @@ class ProgressFile(Callback):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         step, now = trainer.global_step, time.perf_counter()
-        if (not outputs or not trainer.is_global_zero or not step_done(trainer, batch_idx)
+        if (not outputs or not outputs["steps"] or not trainer.is_global_zero
                 or (now - self.last_write < self.every_s and step < self.steps)):
             return
         self.last_write = now
-        write_json_atomic(self.path, {"step": step, "steps": self.steps,
-                                      "loss": float(outputs["loss"]) * trainer.accumulate_grad_batches,
+        write_json_atomic(self.path, {"step": step, "steps": self.steps, "loss": float(outputs["steps"][-1]["loss"]),
                                       "seconds": now - self.started})
 
 
@@ -250,6 +246,19 @@ class PeakMemory(Callback):
             self.instrument = "cuda_max_allocated"
         else:
             self.instrument = "train_step_live_tensor_bytes"
+
+    def step(self) -> contextlib.AbstractContextManager:
+        """Around one optimizer step, where a call of the training step takes several (RunModule):
+        what the hooks below measure around a call."""
+        return self._measured() if self.session_steps < self.MEASURED_STEPS else contextlib.nullcontext()
+
+    @contextlib.contextmanager
+    def _measured(self):
+        self.on_train_batch_start(None, None, None, 0)
+        try:
+            yield
+        finally:
+            self.on_train_batch_end(None, None, None, None, 0)
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         if not self.on_cuda and self.session_steps < self.MEASURED_STEPS:

@@ -7,11 +7,15 @@
                 warmup + decay (LambdaLR), which under a compute budget ends when the
                 budget does; the step that reaches a budget trains only the sequences it still
                 pays for; a NaN/inf loss stops training and marks the run diverged
-                (workbench.run.divergence).
+                (workbench.run.divergence). Its training step takes several optimizer steps a
+                call (workbench.run.batches.StepCalls) with Lightning's manual optimization, in
+                the order and arithmetic of its automatic one (tests/run/test_train_frozen.py).
 """
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import functools
 import math
 from collections.abc import Callable
@@ -19,6 +23,7 @@ from typing import Any
 
 import pytorch_lightning as pl
 import torch
+from pytorch_lightning.strategies import ParallelStrategy
 
 from workbench.cost.budget import count_tokens, sequences_within
 from workbench.cost.flops import counted_forward
@@ -66,8 +71,10 @@ def batch_size(inputs: dict[str, torch.Tensor]) -> int:
 
 
 class RunModule(pl.LightningModule):
-    def __init__(self, config: dict[str, Any], task):
+    def __init__(self, config: dict[str, Any], task,
+                 measure_step: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext):
         super().__init__()
+        self.automatic_optimization = False  # training_step takes K steps a call (workbench.run.batches.StepCalls)
         init_stream = config["train"].get("init_stream", 0)
         if init_stream:  # the same seed's data (the task's own numpy streams), other initial weights
             torch.manual_seed(int(rng_for(config["seed"], INIT_STREAM, init_stream).integers(2**63)))
@@ -86,6 +93,7 @@ class RunModule(pl.LightningModule):
         self.last_step: str | None = None  # a counted budget's last step: whole, partial or dropped
         self.flops_by_shape: dict[tuple, int] = {}  # see counted_loss
         self.step_terms: dict[str, torch.Tensor] = {}  # the last loss's task loss and auxiliary terms (curves)
+        self.measure_step = measure_step  # around each optimizer step: PeakMemory.step (workbench.run.recording)
 
     def __setattr__(self, name: str, value: Any) -> None:
         # Lightning names the hook in progress before and after every hook call, ~40 times a step:
@@ -96,30 +104,79 @@ class RunModule(pl.LightningModule):
             super().__setattr__(name, value)
 
     def training_step(self, batch, batch_idx: int):
-        inputs, tokens = batch  # tokens: the whole micro-batch's real tokens, every rank's share (StepBatches)
-        flops = None
-        if self.budget_kind == "flops":
-            inputs, loss, flops = self.flop_budgeted_loss(inputs)
-        else:
-            if self.budget_kind == "tokens":
-                inputs = self.fit_budget(inputs, tokens)
-            loss = None if inputs is None else self.loss(inputs)
-        if loss is None:  # the budget's remainder was under half a sequence: dropped
-            return None
-        if self.divergence is None:
-            self.divergence = DivergenceCheck(self.trainer)
-        diverged_step = self.divergence.check(loss, self.global_step + 1)
-        if diverged_step is not None:
-            self.diverged_step = diverged_step
-            self.trainer.should_stop = True
-            if diverged_step == self.global_step + 1:
-                return None  # skips the optimizer step: the weights stay those before the bad step
-        if inputs is not batch[0]:  # a budget's last step kept fewer sequences (budgets train in one process)
-            tokens = count_tokens(inputs)
-        # Every rank holds an equal share (train.batch_size is a multiple of the processes): the
-        # step's sequences are this rank's times their number, so FLOPs estimated from them count all.
-        return {"loss": loss, "tokens": tokens, "sequences": batch_size(inputs) * self.trainer.world_size,
-                "flops": flops, "terms": self.step_terms}
+        """One call: the K optimizer steps of `batch` (workbench.run.batches.StepCalls), each its
+        micro-batches' forward and backward, then clipping (on_before_optimizer_step), the
+        optimizer's and the schedule's step: the order and arithmetic of Lightning's automatic
+        optimization, with the Trainer's own work per step paid once per call. Returns what
+        each step spent, for the recorder; a step that took no update (diverged, or a budget's
+        dropped remainder) ends the call and is not in it."""
+        optimizer, scheduler = self.optimizers(), self.lr_schedulers()
+        steps = []
+        for micro_batches in batch:
+            with self.measure_step():
+                spent = self.take_step(micro_batches, optimizer)
+                if spent is not None:
+                    scheduler.step()
+            if spent is None:
+                break
+            steps.append(spent)
+            if self.trainer.should_stop:  # a budget reached, or a diverged step found a step late
+                break
+        return {"steps": steps}
+
+    def take_step(self, micro_batches, optimizer) -> dict[str, Any] | None:
+        """One optimizer step over its micro-batches (each a loss divided by their number, summed in
+        the gradients as Lightning's accumulation does); what it spent, or None without an update."""
+        step, parts = self.global_step + 1, len(micro_batches)
+        spent = {"step": step, "loss": None, "tokens": 0, "sequences": 0, "flops": None, "terms": {}}
+        for i, (inputs, tokens) in enumerate(micro_batches):  # tokens: the micro-batch's, every rank's share
+            flops = None
+            if self.budget_kind == "flops":
+                fitted, loss, flops = self.flop_budgeted_loss(inputs)
+            else:
+                fitted = self.fit_budget(inputs, tokens) if self.budget_kind == "tokens" else inputs
+                loss = None if fitted is None else self.loss(fitted)
+            if loss is None:  # the budget's remainder was under half a sequence: dropped
+                return None
+            if self.divergence is None:
+                self.divergence = DivergenceCheck(self.trainer)
+            diverged_step = self.divergence.check(loss, step)
+            if diverged_step is not None:
+                self.diverged_step = diverged_step
+                self.trainer.should_stop = True
+                if diverged_step == step:
+                    return None  # no optimizer step: the weights stay those before the bad step
+            if i == 0:  # where Lightning's automatic optimization zeroes them: after the first forward
+                optimizer.zero_grad()
+            part = loss / parts if parts > 1 else loss
+            with self.gradient_sync(last=i == parts - 1):
+                self.manual_backward(part)
+            # Every rank holds an equal share (train.batch_size is a multiple of the processes): the
+            # step's sequences are this rank's times their number, so FLOPs estimated from them count all.
+            spent["tokens"] += tokens if fitted is inputs else count_tokens(fitted)  # a budget's last step kept fewer
+            spent["sequences"] += batch_size(fitted) * self.trainer.world_size
+            if flops is not None:
+                spent["flops"] = (spent["flops"] or 0) + flops
+            loss_part = part.detach()
+            spent["loss"] = loss_part if spent["loss"] is None else spent["loss"] + loss_part
+            for name, value in self.step_terms.items():  # each micro-batch's, as the loss: a mean
+                value = value / parts if parts > 1 else value
+                spent["terms"][name] = spent["terms"][name] + value if name in spent["terms"] else value
+        optimizer.step()  # Lightning's: on_before_optimizer_step (clipping), then the step; the global step + 1
+        return spent
+
+    def gradient_sync(self, last: bool):
+        """Several processes all-reduce gradients at the last micro-batch of a step only, as
+        Lightning's automatic accumulation does."""
+        strategy = self.trainer.strategy
+        if last or not isinstance(strategy, ParallelStrategy):
+            return contextlib.nullcontext()
+        return strategy.block_backward_sync()
+
+    def on_before_optimizer_step(self, optimizer) -> None:
+        # where Lightning's automatic optimization clips: after the callbacks' hooks, on unscaled gradients
+        if self.train_cfg["grad_clip"] is not None:
+            self.clip_gradients(optimizer, gradient_clip_val=self.train_cfg["grad_clip"], gradient_clip_algorithm="norm")
 
     def loss(self, inputs) -> torch.Tensor:
         """The task's loss plus every auxiliary term the model's modules added during its forward
@@ -170,6 +227,22 @@ class RunModule(pl.LightningModule):
         if keep == 0:
             return None
         return inputs if keep == batch_size(inputs) else {key: value[:keep] for key, value in inputs.items()}
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """A checkpoint of the workbench before 2026-12-07 (Lightning's automatic optimization, one
+        call per micro-batch) resumes too: its step count and batch counters become this loop's
+        (its step is a multiple of the steps per call: workbench.run.train.train_here)."""
+        loop = checkpoint["loops"]["fit_loop"]
+        automatic = loop["epoch_loop.automatic_optimization.optim_progress"]["optimizer"]["step"]
+        if automatic["total"]["completed"] == 0:
+            return
+        loop["epoch_loop.manual_optimization.optim_step_progress"] = copy.deepcopy(automatic)
+        data = self.trainer.datamodule
+        per_call = data.per_call * data.micro_batches  # its calls counted micro-batches
+        batches = loop["epoch_loop.batch_progress"]
+        for part in ("total", "current"):
+            batches[part] = {name: count // per_call for name, count in batches[part].items()}
+        loop["epoch_loop.state_dict"]["_batches_that_stepped"] //= per_call
 
     def on_train_end(self) -> None:
         if self.divergence is not None and (step := self.divergence.flush()) is not None:

@@ -24,6 +24,7 @@ import dataclasses
 import functools
 import json
 import logging
+import math
 import os
 import time
 import traceback
@@ -47,7 +48,7 @@ from workbench.registry import run_providers
 from workbench.study.keys import digest
 from workbench.results import CONFIG_FILE, FINAL_WEIGHTS, LAST_CHECKPOINT, RESULT_FILE, RunResult, Status
 from workbench.results import UnsafeFile, check_regular, open_regular, write_json_atomic, write_text_atomic
-from workbench.run.batches import TaskDataModule, step_done
+from workbench.run.batches import TaskDataModule, steps_per_call
 from workbench.run.distributed import cluster_environment, lightning_strategy, needs_processes, rank_zero
 from workbench.run.distributed import train_in_processes
 from workbench.run.jobs import Job
@@ -126,14 +127,12 @@ class Checkpoints(Callback):
         stopping.handle_during_training()  # after Lightning installed its SIGTERM handler, which checkpoints nothing
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if not step_done(trainer, batch_idx):  # a checkpoint holds whole steps
-            return
-        step = trainer.global_step
+        step = trainer.global_step  # a call ends with a whole step: a checkpoint holds whole steps
         stop = stopping.stop_requested()
         if trainer.world_size > 1:  # the ranks stop at the same step, or one waits for the others forever
             stop = trainer.strategy.reduce_boolean_decision(stop, all=False)
         if stop:
-            if outputs and step < trainer.max_steps:  # nothing to keep otherwise
+            if outputs and outputs["steps"] and step < trainer.max_steps:  # nothing to keep otherwise
                 trainer.save_checkpoint(self.path)
                 raise stopping.RunInterrupted(f"stopped at step {step} and checkpointed it")
             raise stopping.RunInterrupted(f"stopped at step {step}")
@@ -178,6 +177,15 @@ def shared_checkpoint(run_dir: Path, siblings: Sequence[Job]) -> Path:
     return (run_dir / LAST_CHECKPOINT).with_name(f"shared-{digest(sorted(s.run_id for s in siblings))}.ckpt")
 
 
+def resume_point(run_dir: Path, siblings: Sequence[Job], writer: bool) -> tuple[Path, bool]:
+    """The run's checkpoint file, and whether it holds a session to resume (a save that a kill cut
+    short is removed by the writer)."""
+    ckpt = shared_checkpoint(run_dir, siblings)
+    if writer:
+        ckpt.with_name(ckpt.name + ".tmp").unlink(missing_ok=True)
+    return ckpt, check_regular(ckpt)
+
+
 def train_here(run_id: str, config: dict[str, Any], run_dir: Path, tracker: TrackerRun | None = None,
                siblings: Sequence[Job] = ()) -> list[RunResult]:
     """train_run in this process: every rank of a multi-process run runs it; rank 0 alone
@@ -197,7 +205,7 @@ def train_here(run_id: str, config: dict[str, Any], run_dir: Path, tracker: Trac
         torch.set_float32_matmul_precision(matmul)
         pl.seed_everything(config["seed"], workers=True, verbose=False)
         task = make_task(config)
-        module = RunModule(config, task)
+        module = RunModule(config, task, measure_step=memory.step)
         result.n_params = module.model.num_parameters()
         batch = task.train_batch(0, train["batch_size"], module.family)
         cost = step_cost(module.model, lambda b: task.loss(module.model, b, module.family), batch)
@@ -208,15 +216,15 @@ def train_here(run_id: str, config: dict[str, Any], run_dir: Path, tracker: Trac
                                [(make_task(s.config), s.config["train"]) for s in siblings])
         if module.budget_kind is not None:
             module.spent = functools.partial(recorder.spent, module.budget_kind)
-        ckpt = shared_checkpoint(run_dir, siblings)
-        if writer:
-            ckpt.with_name(ckpt.name + ".tmp").unlink(missing_ok=True)  # a save cut short by a kill
+        ckpt, resume = resume_point(run_dir, siblings, writer)
         max_steps = train["steps"] if module.budget_kind is None else BUDGET_STEP_CAP  # a budget stops the run
         logger = make_logger(train["logger"], run_dir, config, tracker)
+        extra = user_callbacks(train)
         trainer = lightning_trainer(train, run_dir, device == "cpu", max_steps, logger,
-                                    [recorder, Checkpoints(ckpt, train["checkpoint_every"])], memory)
-        datamodule = TaskDataModule(task, module.family, train["batch_size"], max_steps, train["grad_accumulation"])
-        trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt if check_regular(ckpt) else None, weights_only=True)
+                                    [recorder, Checkpoints(ckpt, train["checkpoint_every"])], extra)
+        datamodule = TaskDataModule(task, module.family, train["batch_size"], max_steps, train["grad_accumulation"],
+                                    session_steps_per_call(train, bool(extra), resume and ckpt))
+        trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt if resume else None, weights_only=True)
         record_outcome(result, trainer, module, recorder.runs[0])
     except (stopping.RunInterrupted, SIGTERMException) as err:
         # Stopped by a signal: the checkpoint holds the run; nothing is recorded for it.
@@ -238,6 +246,13 @@ def train_here(run_id: str, config: dict[str, Any], run_dir: Path, tracker: Trac
     write_results([Job(run_id, config, run_dir), *siblings], results, wall, cpu / len(results),
                   lambda _: (module.model, trainer.global_step), writer)
     return results
+
+
+def session_steps_per_call(train: dict[str, Any], user_callbacks: bool, checkpoint: Path | None) -> int:
+    """The run's steps per call (workbench.run.batches.steps_per_call); resuming `checkpoint`, a
+    divisor of its step: one written by the code before calls of several steps may end anywhere."""
+    per_call = steps_per_call(train, user_callbacks)
+    return math.gcd(per_call, SafeCheckpointIO().load_checkpoint(checkpoint)["global_step"]) if checkpoint else per_call
 
 
 def torch_globals() -> tuple[bool, str, int]:
@@ -311,18 +326,17 @@ def record_error(result: RunResult, err: Exception, run_dir: Path | None) -> Non
 
 
 def lightning_trainer(train: dict[str, Any], run_dir: Path, deterministic: bool, max_steps: int, logger,
-                      callbacks: list, memory: PeakMemory) -> pl.Trainer:
+                      callbacks: list, extra: list[Callback]) -> pl.Trainer:
     """The Lightning Trainer of one run's `train:` section, with the run's own callbacks first
-    (recording, checkpoints), then its peak memory, progress file and the study's callbacks."""
-    extra = user_callbacks(train)
+    (recording, checkpoints), then its progress file and the study's callbacks (`extra`).
+    Clipping, micro-batches and the peak memory's step are RunModule's (its training step takes
+    several steps)."""
     return pl.Trainer(
         max_steps=max_steps, max_epochs=-1, limit_val_batches=0, num_sanity_val_steps=0,
         accelerator=train["accelerator"], devices=train["devices"], strategy=lightning_strategy(train),
         num_nodes=train["num_nodes"], precision=train["precision"],
-        gradient_clip_val=train["grad_clip"], gradient_clip_algorithm="norm",
-        accumulate_grad_batches=train["grad_accumulation"],
         deterministic=deterministic, logger=logger,
-        callbacks=[*callbacks, memory, ProgressFile(run_dir, train["steps"]), *extra],
+        callbacks=[*callbacks, ProgressFile(run_dir, train["steps"]), *extra],
         # Lightning adds a ModelCheckpoint of its own unless told not to (Checkpoints writes the
         # run's); a study's own ModelCheckpoint in train.callbacks needs it on
         enable_checkpointing=any(isinstance(c, ModelCheckpoint) for c in extra),
@@ -337,6 +351,7 @@ def record_outcome(result: RunResult, trainer: pl.Trainer, module: RunModule, ev
     """How a fit that returned ended: diverged at a step, or finished with its last evaluation."""
     result.steps_done = trainer.global_step
     result.environment["processes"] = trainer.world_size
+    result.environment["steps_per_call"] = trainer.datamodule.per_call
     result.last_step = module.last_step
     if module.diverged_step is not None:
         result.status, result.diverged_step = Status.DIVERGED, module.diverged_step

@@ -174,7 +174,8 @@ class TrainConfig(StrictModel):
         None, description="{metric, patience}: stop when the metric has not improved for `patience` evaluations")
     callbacks: list[CallbackPath] = Field(
         [], description="Lightning callbacks added to every run, by import path (package.module.Class or "
-        "{path: ..., args: {...}}); importing them runs their code")
+        "{path: ..., args: {...}}); importing them runs their code; with callbacks a run takes one step per call of its "
+        "training step (on_train_batch_end sees every step), without them up to 16")
     batch_seeds: int = Field(
         1, ge=1, le=1024, description="train up to this many seeds of a sweep point as one model with stacked weights "
         "(one loop and one optimizer step for all; each seed's own initial values, data and dropout, so its numbers "
