@@ -63,11 +63,13 @@ def processes_of(folder: Path) -> list[int]:
     return pids
 
 
-def test_a_ddp_run_on_two_cpu_processes_finishes_and_leaves_the_folder_free(tmp_path):
+@pytest.mark.parametrize("micro", ["", ", grad_accumulation: 2"])  # micro-batches: all-reduce at the last only
+def test_a_ddp_run_on_two_cpu_processes_finishes_and_leaves_the_folder_free(tmp_path, micro):
     """`train: {accelerator: cpu, devices: 2, strategy: ddp}`: Lightning starts rank 1 by running
     a command again; that command is the run's own (not the sweep's), so no rank meets the
-    folder's writer lock, rank 0 alone records, and both ranks trained the run's steps."""
-    study, out = write(tmp_path), tmp_path / "out"
+    folder's writer lock, rank 0 alone records, and both ranks trained the run's steps (3 a call
+    of the training step, with and without micro-batches)."""
+    study, out = write(tmp_path, STUDY.replace("strategy: ddp}", f"strategy: ddp{micro}}}")), tmp_path / "out"
     proc = workbench_run(study, out, tmp_path)
     err = wait_within_cpu(proc, 300).stderr
     assert proc.returncode == 0, err.decode()[-2000:]
@@ -82,6 +84,7 @@ def test_a_ddp_run_on_two_cpu_processes_finishes_and_leaves_the_folder_free(tmp_
     cost = step_cost(model, lambda b: task.loss(model, b, "decoder"), task.train_batch(0, 8, "decoder"))
     assert result["train_flops"] == 12 * cost.flops
     assert result["environment"]["processes"] == 2, (folder / LOG_FILE).read_text()[-2000:]
+    assert result["environment"]["steps_per_call"] == 3
     with WriterLock(out):  # nobody holds the folder any more
         pass
 
