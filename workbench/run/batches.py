@@ -54,8 +54,9 @@ MAX_STEPS_PER_CALL = 16
 def steps_per_call(train: dict, user_callbacks: bool) -> int:
     """How many optimizer steps one call of the training step takes: the largest K <=
     MAX_STEPS_PER_CALL that divides the steps, `log_every`, `eval_every` and `checkpoint_every`,
-    so every record, evaluation, checkpoint and the last step fall at the end of a call, and
-    stop requests and early stopping end training where they would step by step. One where that
+    so every record, evaluation, checkpoint, early stop and the last step fall at the end of a call
+    as they would step by step; a stop request ends training at the end of its call (up to K - 1
+    steps later than one step a call would). One where that
     cannot hold or a step's own hooks are wanted: a compute budget (the step that reaches it is cut
     by what the steps before it spent), and a study's own `train.callbacks` (which expect
     `on_train_batch_end` once per step)."""
@@ -81,8 +82,8 @@ class StepCalls(Dataset):
 
 
 class StepSampler(Sampler[int]):
-    """Indices start() .. length-1: the training budget is one epoch of `length` items (steps x
-    micro-batches per step).
+    """Indices start() .. length-1: the training budget is one epoch of `length` items (its calls of
+    the training step, StepCalls; batched seeds: its steps).
 
     A resumed run restores Lightning's position in that epoch (k items done) along with the
     global step, and Lightning ends the epoch when its count reaches len(sampler). So the

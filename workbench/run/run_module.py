@@ -115,10 +115,9 @@ class RunModule(pl.LightningModule):
         for micro_batches in batch:
             with self.measure_step():
                 spent = self.take_step(micro_batches, optimizer)
-                if spent is not None:
-                    scheduler.step()
-            if spent is None:
-                break
+                if spent is None:
+                    break
+                scheduler.step()
             steps.append(spent)
             if self.trainer.should_stop:  # a budget reached, or a diverged step found a step late
                 break
@@ -231,7 +230,7 @@ class RunModule(pl.LightningModule):
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """A checkpoint of the workbench before 2026-12-07 (Lightning's automatic optimization, one
         call per micro-batch) resumes too: its step count and batch counters become this loop's
-        (its step is a multiple of the steps per call: workbench.run.train.train_here)."""
+        (its step is a multiple of this session's steps per call: workbench.run.train.session_steps_per_call)."""
         loop = checkpoint["loops"]["fit_loop"]
         automatic = loop["epoch_loop.automatic_optimization.optim_progress"]["optimizer"]["step"]
         if automatic["total"]["completed"] == 0:

@@ -223,7 +223,7 @@ def train_here(run_id: str, config: dict[str, Any], run_dir: Path, tracker: Trac
         trainer = lightning_trainer(train, run_dir, device == "cpu", max_steps, logger,
                                     [recorder, Checkpoints(ckpt, train["checkpoint_every"])], extra)
         datamodule = TaskDataModule(task, module.family, train["batch_size"], max_steps, train["grad_accumulation"],
-                                    session_steps_per_call(train, bool(extra), resume and ckpt))
+                                    session_steps_per_call(train, bool(extra), ckpt if resume else None))
         trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt if resume else None, weights_only=True)
         record_outcome(result, trainer, module, recorder.runs[0])
     except (stopping.RunInterrupted, SIGTERMException) as err:
