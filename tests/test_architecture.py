@@ -26,7 +26,7 @@ SOURCES = {"workbench": PACKAGE, "workbench_plugins": PLUGINS}
 LAYERS = {
     "stats": ["stats/"],  # the verdict rule: intervals, tests, Holm, looks, futility, gates, seed planning
     "foundation": ["errors", "variants", "hookspecs", "registry", "results", "kinds", "stopping", "hardware",
-                   "deadline"],
+                   "deadline", "importing"],
     "model": ["model/"],  # transformer, spec, position, attention, norm, ffn, cache, sampling, weights
     "tasks": ["tasks/"],  # base, metrics, baselines, symbols
     "plugins": ["plugins/"],  # position_*, attention_*, norm_*, ffn_*, task_*: leaves, imported by no module

