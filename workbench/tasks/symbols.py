@@ -1,6 +1,6 @@
 """Symbol tasks (copy, reverse, sort): the target is a fixed function of a random symbol
 string, so chance has a closed form and the baselines beyond it are computed from the
-generator (`symbol_baseline`)."""
+generator (`symbol_baselines`)."""
 
 from __future__ import annotations
 
@@ -85,13 +85,8 @@ class SymbolTask(Task):
         """Input-ignoring (chance); prefix-aware where the model reads the answer's prefix
         (decoder, encoder-decoder); order-blind for tasks about order (copy, reverse)."""
         out = super().baselines(family, length)
-        if family != "encoder":
-            out[PREFIX_AWARE] = symbol_baseline(type(self), PREFIX_AWARE, self.params.alphabet_size, length,
-                                                self.always_predictable(family))
-        if self.order_blind:
-            crossed_off = family != "encoder"  # an encoder's labels come without the answer's prefix
-            out[ORDER_BLIND] = symbol_baseline(type(self), ORDER_BLIND if crossed_off else f"{ORDER_BLIND} (encoder)",
-                                               self.params.alphabet_size, length, self.always_predictable(family))
+        out.update(symbol_baselines(type(self), self.params.alphabet_size, length, self.always_predictable(family),
+                                    reads_prefix=family != "encoder"))
         return out
 
     def prefix_probs(self, answers: np.ndarray) -> np.ndarray:
@@ -116,27 +111,35 @@ class SymbolTask(Task):
 
 
 @functools.cache
-def symbol_baseline(cls: type[SymbolTask], name: str, alphabet: int, length: int, eos: int) -> dict[str, float]:
-    """Scores of one baseline of a symbol task by Monte Carlo over BASELINE_STRINGS strings
-    of `length` symbols (fixed seed, cached): accuracy is the expected share right (the
-    probability of the predictor's best guess at each position), loss its cross-entropy on
-    the true symbol, exact match the share of strings whose every best guess is right;
-    `eos` scored tokens per row (the <eos>) are always right."""
+def symbol_baselines(cls: type[SymbolTask], alphabet: int, length: int, eos: int, *,
+                     reads_prefix: bool) -> dict[str, dict[str, float]]:
+    """The baselines beyond chance of a symbol task, by Monte Carlo over BASELINE_STRINGS strings
+    of `length` symbols (fixed seed, cached; every baseline scored on the same strings):
+    prefix-aware where the model `reads_prefix` (the answer's teacher-forced prefix), order-blind
+    for tasks about order (crossing symbols off as the prefix shows them, where there is one).
+    Accuracy is the expected share right (the probability of the predictor's best guess at each
+    position), loss its cross-entropy on the true symbol, exact match the share of strings whose
+    every best guess is right; `eos` scored tokens per row (the <eos>) are always right."""
     rng = np.random.default_rng(BASELINE_SEED)
     task = cls(cls.Params.model_validate({"train_length": length, "alphabet_size": alphabet}), seed=0)
-    best, nll, exact, rows = 0.0, 0.0, 0, 0
+    names = [PREFIX_AWARE] * reads_prefix + [ORDER_BLIND] * cls.order_blind
+    if not names:
+        return {}
+    sums = {name: {"best": 0.0, "nll": 0.0, "exact": 0} for name in names}
+    rows = 0
     for start in range(0, BASELINE_STRINGS, 5000):  # in chunks: [S, n, A] stays small at long lengths
         sources = rng.integers(0, alphabet, (min(5000, BASELINE_STRINGS - start), length))
         answers = np.array([task.transform(row) for row in sources.tolist()])  # list[int], as `transform` takes
-        if name == PREFIX_AWARE:
-            probs = task.prefix_probs(answers)
-        else:
-            probs = SymbolTask.order_blind_probs(sources, answers, alphabet, crossed_off=name == ORDER_BLIND)
-        truth = np.take_along_axis(probs, answers[..., None], -1)[..., 0]  # [S, n]
-        best += float(probs.max(-1).sum())
-        nll -= float(np.log(np.maximum(truth, 1e-300)).sum())
-        exact += int((probs.argmax(-1) == answers).all(-1).sum())
+        for name, total in sums.items():
+            if name == PREFIX_AWARE:
+                probs = task.prefix_probs(answers)
+            else:
+                probs = SymbolTask.order_blind_probs(sources, answers, alphabet, crossed_off=reads_prefix)
+            truth = np.take_along_axis(probs, answers[..., None], -1)[..., 0]  # [S, n]
+            total["best"] += float(probs.max(-1).sum())
+            total["nll"] -= float(np.log(np.maximum(truth, 1e-300)).sum())
+            total["exact"] += int((probs.argmax(-1) == answers).all(-1).sum())
         rows += len(sources)
-    symbols = rows * length
-    return {"accuracy": (best + rows * eos) / (symbols + rows * eos), "symbol_accuracy": best / symbols,
-            "exact_match": exact / rows, "loss": nll / (symbols + rows * eos)}
+    symbols, scored = rows * length, rows * (length + eos)
+    return {name: {"accuracy": (t["best"] + rows * eos) / scored, "symbol_accuracy": t["best"] / symbols,
+                   "exact_match": t["exact"] / rows, "loss": t["nll"] / scored} for name, t in sums.items()}
