@@ -1,6 +1,6 @@
-"""workbench.importing.loading: a heavy import runs without collections, and leaves what it
-loaded out of later ones; garbage from before is collected, not frozen; a loaded module's block
-changes nothing."""
+"""workbench.importing.loading: a heavy import runs without collections, and in the workbench's
+own process leaves what it loaded out of later ones; garbage from before is collected, not frozen;
+a library caller's objects are never frozen; a loaded module's block changes nothing."""
 
 import gc
 import sys
@@ -8,6 +8,7 @@ import weakref
 
 import pytest
 
+from workbench import importing
 from workbench.importing import loading
 
 
@@ -36,7 +37,14 @@ def cycle() -> weakref.ref:
     return weakref.ref(a)
 
 
-def test_first_import_runs_without_collections_and_is_frozen_after(module_file):
+@pytest.fixture
+def own_process(monkeypatch):
+    monkeypatch.setattr(importing, "FREEZE", False)
+    importing.own_process()
+    assert importing.FREEZE
+
+
+def test_first_import_runs_without_collections_and_is_frozen_after(module_file, own_process):
     collections = []
     gc.callbacks.append(lambda phase, info: collections.append(info["generation"]) if phase == "start" else None)
     try:
@@ -54,7 +62,23 @@ def test_first_import_runs_without_collections_and_is_frozen_after(module_file):
         gc.callbacks.pop()
 
 
-def test_a_loaded_module_changes_nothing(module_file):
+def test_a_library_callers_objects_are_never_frozen(module_file, monkeypatch):
+    monkeypatch.setattr(importing, "FREEZE", False)  # a program that imports the workbench, not its command
+    frozen = gc.get_freeze_count()
+    with loading(module_file):
+        assert not gc.isenabled()  # the pause still applies
+        import heavy_for_loading  # noqa: F401
+        a, b = Node(), Node()  # the caller's cycle, alive at the block's end
+        a.other, b.other = b, a
+    assert gc.isenabled()
+    assert gc.get_freeze_count() == frozen
+    alive = weakref.ref(a)
+    del a, b
+    gc.collect()
+    assert alive() is None  # garbage later: the collector frees it
+
+
+def test_a_loaded_module_changes_nothing(module_file, own_process):
     with loading(module_file):
         import heavy_for_loading  # noqa: F401
     frozen = gc.get_freeze_count()
@@ -67,7 +91,7 @@ def test_a_loaded_module_changes_nothing(module_file):
     assert leftover() is None  # and the ordinary collector still frees it
 
 
-def test_a_process_without_the_collector_keeps_it_off(module_file):
+def test_a_process_without_the_collector_keeps_it_off(module_file, own_process):
     gc.disable()
     try:
         frozen = gc.get_freeze_count()

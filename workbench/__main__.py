@@ -2,11 +2,12 @@
 before the CLI loads torch, so a Ctrl-C during start-up is a clean stop (workbench.stopping)."""
 
 from workbench import stopping
-from workbench.importing import loading
+from workbench.importing import loading, own_process
 
 
 def main() -> None:
     stopping.install_handlers()
+    own_process()
     with loading("workbench.cli"):
         from workbench import cli  # after the handler: the CLI loads torch
 

@@ -6,11 +6,12 @@ then start without loading the runner, Lightning or the report layer (matplotlib
 
 from __future__ import annotations
 
-from workbench import stopping
+from workbench import importing, stopping
 
 OWN_PROCESS = __name__ == "__main__"  # not called from other code (tests): may end the process itself
 if OWN_PROCESS:  # `python -m workbench.cli`: the stop handler before the heavy imports
     stopping.install_handlers()
+    importing.own_process()
 
 import json
 import math

@@ -39,7 +39,7 @@ from typing import Any
 from workbench import stopping
 from workbench.errors import WorkbenchError
 from workbench.hardware import Machine, gpus_per_run
-from workbench.importing import loading
+from workbench.importing import loading, own_process
 from workbench.results import RunResult, Status
 from workbench.run.jobs import Job
 
@@ -118,6 +118,7 @@ def worker_main(conn, stop_conn, threads: int, gpus: str | None = None) -> None:
     `gpus`, its CUDA_VISIBLE_DEVICES (None: every GPU)."""
     stopping.ignore_signals()  # blocked since before this process existed (Worker, stopping.signals_blocked)
     relay_stop(stop_conn)
+    own_process()
     if gpus is not None:  # before this worker's first CUDA call, which reads it
         os.environ["CUDA_VISIBLE_DEVICES"] = gpus
     with loading("torch"):
