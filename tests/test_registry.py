@@ -109,9 +109,9 @@ def test_a_misspelled_hookimpl_fails_loudly(monkeypatch):
         pm.check_pending()
 
 
-class FakeDist:
-    def __init__(self, name: str):
-        self.metadata, self.version = {"name": name}, "9.9"
+def fake_package(name: str) -> str:
+    """An installed distribution as workbench_entry_points names it: "name version"."""
+    return f"{name} 9.9"
 
 
 class FakeEntryPoint:
@@ -139,8 +139,8 @@ def restore_registry():
 
 
 def test_a_broken_plugin_is_one_warning_and_everything_else_works(monkeypatch, restore_registry):
-    with_plugins(monkeypatch, (FakeDist("wb-broken"), FakeEntryPoint("broken", broken_import)),
-                 (FakeDist("wb-typo"), FakeEntryPoint("typo", misspelled_plugin)))
+    with_plugins(monkeypatch, (fake_package("wb-broken"), FakeEntryPoint("broken", broken_import)),
+                 (fake_package("wb-typo"), FakeEntryPoint("typo", misspelled_plugin)))
     with pytest.warns(registry.PluginLoadWarning) as caught:
         pm = registry.plugin_manager()
     messages = sorted(str(w.message) for w in caught)
@@ -157,7 +157,7 @@ def test_a_broken_plugin_leaves_the_cli_working_with_one_line(monkeypatch, resto
 
     from workbench.cli import main
 
-    with_plugins(monkeypatch, (FakeDist("wb-broken"), FakeEntryPoint("broken", broken_import)))
+    with_plugins(monkeypatch, (fake_package("wb-broken"), FakeEntryPoint("broken", broken_import)))
     result = CliRunner().invoke(main, ["list", "ffn", "--json"])
     assert result.exit_code == 0, result.output
     assert result.stderr == ("warning: plugin 'broken' of package wb-broken 9.9 not loaded: "
@@ -206,7 +206,7 @@ def test_anything_raised_at_import_is_one_warning_and_every_command_works(monkey
 
     from workbench.cli import main
 
-    with_plugins(monkeypatch, (FakeDist("wb-exits"), FakeEntryPoint("exits", raising(error))))
+    with_plugins(monkeypatch, (fake_package("wb-exits"), FakeEntryPoint("exits", raising(error))))
     result = CliRunner().invoke(main, ["list", "ffn", "--json"])
     assert result.exit_code == 0, result.output
     assert result.stderr == f"warning: plugin 'exits' of package wb-exits 9.9 not loaded: {registry.first_line(error)}\n"
@@ -242,7 +242,7 @@ def test_a_malformed_hook_result_is_one_warning_naming_the_plugin(monkeypatch, r
 
     study_kinds.cache_clear()
     module = plugin_module(**{hook: returned})
-    with_plugins(monkeypatch, (FakeDist("wb-malformed"), FakeEntryPoint("malformed", lambda: module)))
+    with_plugins(monkeypatch, (fake_package("wb-malformed"), FakeEntryPoint("malformed", lambda: module)))
     study = ROOT / "studies" / "tiny.yaml"
     result = CliRunner().invoke(main, ["validate", str(study)])
     study_kinds.cache_clear()
@@ -256,7 +256,7 @@ def test_a_third_party_entry_point_named_like_a_builtin_is_refused_naming_both(m
     """`position_rope` from another package removed the built-in rope: 'unknown position scheme'."""
     impostor = plugin_module(register_position_schemes=[])
     real = list(registry.workbench_entry_points())
-    extra = (FakeDist("wb-impostor"), FakeEntryPoint("position_rope", lambda: impostor))
+    extra = (fake_package("wb-impostor"), FakeEntryPoint("position_rope", lambda: impostor))
     monkeypatch.setattr(registry, "workbench_entry_points", lambda: iter([extra, *real]))  # listed first
     registry.plugin_manager.cache_clear()
     registry.variants.cache_clear()
@@ -411,7 +411,7 @@ def test_a_plugin_that_hangs_at_import_is_left_out_with_one_warning_and_the_cli_
         return plugin_module(register_ffn_types=[])
 
     monkeypatch.setenv("WORKBENCH_PLUGIN_IMPORT_SECONDS", "2")
-    with_plugins(monkeypatch, (FakeDist("wb-hangs"), FakeEntryPoint("hangs", hangs)))
+    with_plugins(monkeypatch, (fake_package("wb-hangs"), FakeEntryPoint("hangs", hangs)))
     try:
         result = CliRunner().invoke(main, ["list", "ffn", "--json"])
     finally:

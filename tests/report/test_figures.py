@@ -42,6 +42,23 @@ def test_panels_with_their_own_scale_get_their_own_colorbar(drawn, tmp_path):
     assert len([ax for ax in drawn[1].axes if ax.get_label() == "<colorbar>"]) == 1
 
 
+def test_heatmap_panels_name_their_shared_tokens_once_per_row_and_column(drawn, tmp_path):
+    """Six panels in rows of four: the tokens on the left of each row and under the lowest panel
+    of each column (row 0's last two panels have none below them)."""
+    ticks = list("abcd")
+    panels = [(f"head {h}", np.eye(4)) for h in range(6)]
+    figures.heatmaps(panels, tmp_path / "a.png", x_tokens=ticks, y_tokens=ticks, xlabel="key", ylabel="query", title="t")
+    axes = [ax for ax in drawn[0].axes if ax.get_label() != "<colorbar>" and ax.get_visible()]
+
+    def shown(labels):
+        return [t.get_text() for t in labels if t.get_visible() and t.get_text()]
+
+    assert [shown(ax.get_yticklabels()) == ticks for ax in axes] == [True, False, False, False, True, False]
+    assert [ax.get_ylabel() for ax in axes] == ["query", "", "", "", "query", ""]
+    assert [shown(ax.get_xticklabels()) == ticks for ax in axes] == [False, False, True, True, True, True]
+    assert [ax.get_xlabel() for ax in axes] == ["", "", "key", "key", "key", "key"]
+
+
 def test_palette_keeps_the_given_order_and_neighbours_apart():
     labels = [f"v{i}" for i in range(8)]
     palette = figures.variant_palette(labels)

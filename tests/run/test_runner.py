@@ -81,6 +81,27 @@ def test_peak_memory_measures_the_sessions_second_training_step():
     assert memory.instrument == "train_step_live_tensor_bytes"
 
 
+def session(memory: PeakMemory, steps: list[tuple[int | None, int]]) -> None:
+    """Steps as RunModule takes them: (the session's steps left, floats the step allocates)."""
+    for steps_left, floats in steps:
+        with memory.step(steps_left):
+            activations = torch.empty(floats)
+            del activations
+
+
+def test_peak_memory_measures_a_sessions_first_step_only_where_it_may_be_its_last():
+    memory = PeakMemory(on_cuda=False)
+    assert not memory.measures(3)  # the first of three: its optimizer state is not there yet
+    session(memory, [(3, 7000)])
+    assert memory.peak_bytes() is None  # not measured: no dispatch mode around it
+    session(memory, [(2, 3000), (1, 5000)])
+    assert memory.peak_bytes() == 3000 * 4  # the second step
+    for steps_left in (1, None):  # one step left, or a budget that ends the run when it is spent
+        memory = PeakMemory(on_cuda=False)
+        session(memory, [(steps_left, 1000)])
+        assert memory.peak_bytes() == 1000 * 4
+
+
 def test_flat_results_table_and_a_diverging_sibling(sweep_out):
     tmp, summary = sweep_out
     out = tmp / "out"

@@ -22,12 +22,11 @@ Reference: torch.distributed._tools.mem_tracker.MemTracker tracks storages the s
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
 
 INSTRUMENT = "torch_dispatch_live_tensor_bytes"
 
@@ -69,15 +68,26 @@ class LiveTensorBytes(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
-        inputs = {_storage_key(t) for t in tree_flatten((args, kwargs))[0] if _has_storage(t)}
-        for value in tree_flatten(out)[0]:
-            if _has_storage(value):
-                self._track(value, inputs)
+        inputs = {_storage_key(t) for t in _tensors((args, kwargs))}
+        for value in _tensors(out):
+            self._track(value, inputs)
         return out
 
 
-def _has_storage(value: Any) -> bool:
-    return isinstance(value, torch.Tensor) and not value.is_meta
+def _tensors(value: Any) -> Iterator[torch.Tensor]:
+    """The tensors with storage in an operator's arguments or results: nested tuples, lists and
+    dicts of them, what torch's tree_flatten finds in an ATen operator's. Walked here: the mode
+    sees every operator of the measured step, and with tree_flatten it added 14.5 ms to a 16 ms
+    step of the quickstart's model, 8 ms without."""
+    if isinstance(value, torch.Tensor):
+        if not value.is_meta:
+            yield value
+    elif isinstance(value, (tuple, list)):
+        for item in value:
+            yield from _tensors(item)
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _tensors(item)
 
 
 def _storage_key(tensor: torch.Tensor) -> int:

@@ -456,13 +456,22 @@ def heatmaps(panels: Sequence[tuple[str, np.ndarray]], path: Path, *, x_tokens: 
     longest = max(len(x_tokens), len(y_tokens))
     size = min(4.2, max(2.6, 0.38 * longest + 1.2))  # one readable cell per token, up to a point
     fig, axes = plt.subplots(rows, cols, figsize=(size * cols + 1.0, size * rows), layout="constrained", squeeze=False)
-    for ax, (name, matrix) in zip(axes.flat, panels):
+    for i, (ax, (name, matrix)) in enumerate(zip(axes.flat, panels)):
         ax.imshow(matrix, cmap=cmap, vmin=vmin, vmax=vmax, interpolation="nearest")  # square cells, row 0 on top
         _token_ticks(ax.set_xticks, x_tokens, rotation=90)
         _token_ticks(ax.set_yticks, y_tokens, rotation=0)
+        # Every panel has the same tokens: they are named once per row (first column) and per
+        # column (the lowest panel in it), as shared axes are; every label also costs layout time.
+        if i % cols:
+            ax.tick_params(labelleft=False)
+        else:
+            ax.set_ylabel(ylabel)
+        if i + cols < n:
+            ax.tick_params(labelbottom=False)
+        else:
+            ax.set_xlabel(xlabel)
         ax.spines[:].set_visible(False)
         ax.set_title(name, fontsize="small")
-        ax.set(xlabel=xlabel, ylabel=ylabel)
     for ax in list(axes.flat)[n:]:
         ax.set_visible(False)
     if vmin is None or vmax is None:  # each panel has its own scale: each gets its own colorbar

@@ -70,9 +70,13 @@ def batch_size(inputs: dict[str, torch.Tensor]) -> int:
     return next(iter(inputs.values())).shape[0]
 
 
+def unmeasured(steps_left: int | None) -> contextlib.AbstractContextManager:
+    return contextlib.nullcontext()
+
+
 class RunModule(pl.LightningModule):
     def __init__(self, config: dict[str, Any], task,
-                 measure_step: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext):
+                 measure_step: Callable[[int | None], contextlib.AbstractContextManager] = unmeasured):
         super().__init__()
         self.automatic_optimization = False  # training_step takes K steps a call (workbench.run.batches.StepCalls)
         init_stream = config["train"].get("init_stream", 0)
@@ -93,7 +97,8 @@ class RunModule(pl.LightningModule):
         self.last_step: str | None = None  # a counted budget's last step: whole, partial or dropped
         self.flops_by_shape: dict[tuple, int] = {}  # see counted_loss
         self.step_terms: dict[str, torch.Tensor] = {}  # the last loss's task loss and auxiliary terms (curves)
-        self.measure_step = measure_step  # around each optimizer step: PeakMemory.step (workbench.run.recording)
+        # around each optimizer step, given the session's steps left (None: a budget decides): PeakMemory.step
+        self.measure_step = measure_step
 
     def __setattr__(self, name: str, value: Any) -> None:
         # Lightning names the hook in progress before and after every hook call, ~40 times a step:
@@ -113,7 +118,7 @@ class RunModule(pl.LightningModule):
         optimizer, scheduler = self.optimizers(), self.lr_schedulers()
         steps = []
         for micro_batches in batch:
-            with self.measure_step():
+            with self.measure_step(None if self.budget_kind else self.trainer.max_steps - self.global_step):
                 spent = self.take_step(micro_batches, optimizer)
                 if spent is None:
                     break
