@@ -221,6 +221,14 @@ def children(pid: int) -> list[int]:
     return out
 
 
+def descendants(pid: int) -> list[int]:
+    """Every process under `pid`: a forkserver's workers are the driver's grandchildren."""
+    out = children(pid)
+    for child in list(out):
+        out += descendants(child)
+    return out
+
+
 def alive(pid: int) -> bool:
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
@@ -265,7 +273,7 @@ def start_sweep(tmp_path: Path, jobs: int) -> tuple[subprocess.Popen, Path, list
 @pytest.mark.parametrize("jobs", [1, 2])
 def test_sigterm_checkpoints_records_nothing_half_and_exits_non_zero(tmp_path, jobs):
     proc, out, training = start_sweep(tmp_path, jobs)
-    workers = children(proc.pid) if jobs > 1 else []
+    workers = descendants(proc.pid) if jobs > 1 else []
     try:
         proc.send_signal(signal.SIGTERM)  # to the driver only
         err = wait_within_cpu(proc, 300).stderr
@@ -285,7 +293,7 @@ def test_sigterm_checkpoints_records_nothing_half_and_exits_non_zero(tmp_path, j
 
 def test_no_worker_outlives_a_sigkilled_driver(tmp_path):
     proc, out, training = start_sweep(tmp_path, 2)
-    workers = [pid for pid in children(proc.pid) if alive(pid)]
+    workers = [pid for pid in descendants(proc.pid) if alive(pid)]
     assert workers
     proc.kill()
     proc.wait()
@@ -524,7 +532,7 @@ def group_signal(tmp_path: Path, text: str, when, sig: int = signal.SIGINT) -> t
             kill_group(proc)
             pytest.fail(f"the moment to signal never came: {proc.communicate()}")
         time.sleep(0.02)
-    group = [proc.pid, *children(proc.pid)]
+    group = [proc.pid, *descendants(proc.pid)]
     os.killpg(proc.pid, sig)
     try:
         err = wait_within_cpu(proc, 300).stderr
@@ -583,25 +591,27 @@ def test_a_group_signal_during_the_report_keeps_every_run_and_the_next_report_cl
     assert [p.name for p in (tmp_path / "reports").iterdir()] == ["tiny-reliability"]
 
 
-def test_a_worker_ignores_sigint_and_sigterm_from_its_first_instruction():
+@pytest.mark.parametrize("gpu", [True, False], ids=["spawned", "forked from the forkserver"])
+def test_a_worker_ignores_sigint_and_sigterm_from_its_first_instruction(gpu):
     """Issue 40: a spawned worker's blocked mask was reset (SigBlk 0: starting multiprocessing's
     resource tracker unblocks both in the driver), so a group signal while it imported torch
     killed it and its run was recorded failed. Read from /proc as soon as start() returns,
-    before the child has run a line of Python; with no resource tracker yet, as in a driver
-    that starts its first worker."""
-    import multiprocessing
+    before the child has run a line of Python; with no resource tracker and no forkserver yet,
+    as in a driver that starts its first worker. A forked worker's mask is its forkserver's."""
+    from workbench.run.executor import Worker, reap_resource_tracker, stop_forkserver, worker_context
 
-    from workbench.run.executor import Worker, reap_resource_tracker
-
+    stop_forkserver()
     reap_resource_tracker()
 
     handlers = {sig: signal.getsignal(sig) for sig in stopping.SIGNALS}
-    worker = Worker(multiprocessing.get_context("spawn"), threads=1)
+    worker = Worker(worker_context(gpu), threads=1)
     try:
         status = dict(line.split(":\t", 1) for line in Path(f"/proc/{worker.process.pid}/status").read_text().splitlines()
                       if line.startswith(("SigIgn", "SigBlk")))
         held = int(status["SigIgn"], 16) | int(status["SigBlk"], 16)
         assert all(held >> (sig - 1) & 1 for sig in stopping.SIGNALS), status
+        if not gpu:  # forked from a forkserver that has loaded torch: a worker pays no import of its own
+            assert "libtorch_cpu" in Path(f"/proc/{worker.process.pid}/maps").read_text()
         os.kill(worker.process.pid, signal.SIGINT)
         os.kill(worker.process.pid, signal.SIGTERM)
         worker.leave()
@@ -609,6 +619,7 @@ def test_a_worker_ignores_sigint_and_sigterm_from_its_first_instruction():
         assert worker.process.exitcode == 0  # it left when told to, not killed by either signal
     finally:
         worker.end()
+        stop_forkserver()
     assert {sig: signal.getsignal(sig) for sig in stopping.SIGNALS} == handlers  # the driver's are back
 
 
@@ -636,12 +647,13 @@ def test_a_group_signal_as_the_workers_appear_leaves_every_run_pending_without_a
 
 
 def worker_pids(pid: int) -> list[int]:
-    """The sweep's worker processes (not multiprocessing's resource tracker)."""
+    """The sweep's worker processes, spawned or forked from its forkserver (not multiprocessing's
+    resource tracker, nor the forkserver)."""
     out = []
     for child in children(pid):
         with contextlib.suppress(OSError):  # it ended meanwhile
-            if b"spawn_main" in Path(f"/proc/{child}/cmdline").read_bytes():
-                out.append(child)
+            command = Path(f"/proc/{child}/cmdline").read_bytes()
+            out += [child] if b"spawn_main" in command else children(child) if b"forkserver" in command else []
     return out
 
 

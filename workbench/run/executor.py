@@ -3,7 +3,11 @@ to run, skipping, resuming and recording stay in the runner (the driver process)
 cluster executor (Ray, ...) only has to implement `run`.
 
     InProcessExecutor       --jobs 1: one run after another in this process, every core its share
-    LocalProcessExecutor    --jobs N: N spawned worker processes, each with cores // N torch threads
+    LocalProcessExecutor    --jobs N: N worker processes, each with cores // N torch threads
+
+The workers of a Linux machine without a GPU are forked from a forkserver that has loaded
+torch, Lightning and the training code once (workbench.run.preload), so --jobs N pays those
+imports once, as --jobs 1 does, not once a worker (worker_context).
 
 Either way a run's share of the cores is the torch threads of the process that trains it, and
 the run trains on as many of them as its model can keep busy (workbench.hardware.run_threads:
@@ -26,12 +30,13 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
+import sys
 import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import suppress
-from multiprocessing import resource_tracker
+from multiprocessing import forkserver, resource_tracker
 from multiprocessing.connection import wait
 from pathlib import Path
 from typing import Any
@@ -111,6 +116,20 @@ def visible_gpu_ids(count: int) -> list[str]:
     return named[:count] if len(named) >= count else [str(i) for i in range(count)]
 
 
+def worker_context(gpu: bool):
+    """The multiprocessing context workers start in. On Linux without a GPU, a forkserver that
+    imports workbench.run.preload (torch, Lightning, the training code) once, before it forks
+    any worker: about 6 s of CPU per sweep on a 2-core CPU, not per worker. Elsewhere spawn, each worker
+    loading them itself: a process whose imports may have touched CUDA must not be forked, nor
+    one that loaded macOS's system frameworks. The forkserver's environment is the driver's
+    when the first worker starts; close_all stops it, so the next sweep starts a fresh one."""
+    if gpu or sys.platform != "linux":
+        return multiprocessing.get_context("spawn")
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(["workbench.run.preload"])
+    return context
+
+
 def worker_main(conn, stop_conn, threads: int, gpus: str | None = None) -> None:
     """A worker: runs the jobs the driver sends, one at a time, and sends back ("started",),
     then ("result", RunResult) or ("interrupted", "stopped at step N ..."); leaves on None or
@@ -122,7 +141,7 @@ def worker_main(conn, stop_conn, threads: int, gpus: str | None = None) -> None:
     if gpus is not None:  # before this worker's first CUDA call, which reads it
         os.environ["CUDA_VISIBLE_DEVICES"] = gpus
     with loading("torch"):
-        import torch  # a spawned worker loads torch here, once, before its first run
+        import torch  # a spawned worker loads torch here, once, before its first run (a forked one has it)
 
     torch.set_num_threads(threads)  # N workers share the cores instead of oversubscribing them
     while True:
@@ -204,7 +223,7 @@ def death_result(job: Job, exitcode: int | None, oom_before: int | None) -> list
 
 
 class Worker:
-    """One spawned worker process, the pipe to it, and the job it runs (None: idle)."""
+    """One worker process, the pipe to it, and the job it runs (None: idle)."""
 
     def __init__(self, context, threads: int, slot: int | None = None, gpus: str | None = None):
         self.conn, child = context.Pipe()
@@ -215,7 +234,10 @@ class Worker:
         # Started now, not inside start(): multiprocessing unblocks SIGINT and SIGTERM in this process
         # once it has started its resource tracker, and the worker would inherit them unblocked.
         resource_tracker.ensure_running()
-        with stopping.signals_blocked():  # the worker ignores signals before any can reach it
+        # The worker ignores signals before any can reach it; a forked one inherits the forkserver's
+        # mask, which the forkserver got here, as it started with the first worker. That first start
+        # waits for the forkserver's imports (a stop request meanwhile acts when they end).
+        with stopping.signals_blocked():
             self.process.start()
         child.close()
         stop_reader.close()
@@ -252,14 +274,24 @@ class Worker:
 
 
 def close_all(workers: list[Worker]) -> None:
-    """Tell every worker to leave; kill those still there after JOIN_S."""
+    """Tell every worker to leave; kill those still there after JOIN_S; then stop the forkserver
+    and the resource tracker."""
     for worker in workers:
         worker.leave()
     deadline = time.monotonic() + JOIN_S
     for worker in workers:
         worker.process.join(max(0.0, deadline - time.monotonic()))
         worker.end()
+    stop_forkserver()
     reap_resource_tracker()
+
+
+def stop_forkserver() -> None:
+    """The forkserver (worker_context) ends once no worker and no driver holds its pipe; stopped
+    and reaped here, so it is not left to end after the driver, and its CPU (its workers' too)
+    counts in the driver's children's, as a spawned worker's does."""
+    with suppress(Exception):  # a private API: at worst the forkserver ends on its own after the driver
+        forkserver._forkserver._stop()
 
 
 def reap_resource_tracker() -> None:
@@ -270,7 +302,8 @@ def reap_resource_tracker() -> None:
 
 
 class LocalProcessExecutor(Executor):
-    """N runs at once, each in a spawned worker process (a fresh CUDA context, no forked state)."""
+    """N runs at once, each in a worker process (worker_context: forked from a forkserver that
+    has loaded what a run needs, or spawned where a GPU needs a fresh CUDA context)."""
 
     def __init__(self, jobs: int, threads: int | None = None, on_start=None):
         self.n = jobs
@@ -304,7 +337,7 @@ class LocalProcessExecutor(Executor):
         return Worker(context, self.threads, slot, self.gpus[slot])
 
     def run(self, jobs: Sequence[Job]) -> Iterator[Any]:
-        context = multiprocessing.get_context("spawn")
+        context = worker_context(self.machine().cuda)
         queue = list(jobs)
         workers: list[Worker] = []
         stopped: list[str] = []  # what each running run did on the stop request
